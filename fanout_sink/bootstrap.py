@@ -1,0 +1,87 @@
+"""The two newcomer commands, runnable with nothing but a system ``python3``.
+
+``python3 -m fanout_sink.bootstrap demo`` and ``python3 -m fanout_sink.bootstrap test`` create the
+repository's ``.venv`` when missing, (re)install the project into it when ``pyproject.toml``
+changed, and then hand over to the real command inside the venv. Only the standard library may be
+imported here: on a fresh machine nothing else is installed yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".venv"
+_STAMP = VENV / ".fanout-sink-installed"
+_MIN_PYTHON = (3, 10)
+
+
+def _say(message: str) -> None:
+    print(f"[bootstrap] {message}", file=sys.stderr, flush=True)
+
+
+def _bin(name: str) -> Path:
+    return VENV / "bin" / name
+
+
+def ensure_venv() -> None:
+    """Create ``.venv`` and install the project with its dev extras; a no-op when up to date."""
+    if sys.version_info < _MIN_PYTHON:
+        wanted_version = ".".join(map(str, _MIN_PYTHON))
+        sys.exit(
+            f"fanout_sink needs Python {wanted_version}+, this is {sys.version.split()[0]}: run it with a newer python3."
+        )
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if _STAMP.exists() and _STAMP.read_text().strip() == wanted and _bin("fanout-sink").exists():
+        return
+    if not _bin("python").exists():
+        _say(f"creating {VENV}")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    _say("installing fanout-sink and its dependencies into .venv (first time: a few minutes)")
+    pip = [str(_bin("python")), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "install", "-e", f"{ROOT}[dev]"], check=True)
+    _STAMP.write_text(wanted + "\n")
+
+
+def _run(cmd: list[str]) -> int:
+    _say("$ " + " ".join(cmd))
+    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+
+
+def run_tests(pytest_args: list[str]) -> int:
+    """Lint, type-check, then the whole pytest suite; the first failing step decides the exit code."""
+    checks = [
+        [str(_bin("ruff")), "check", "fanout_sink", "tests"],
+        [str(_bin("ruff")), "format", "--check", "fanout_sink", "tests"],
+        [str(_bin("mypy"))],
+    ]
+    for check in checks:
+        code = _run(check)
+        if code != 0:
+            return code
+    code = _run([str(_bin("python")), "-m", "pytest", *pytest_args])
+    if code == 5:
+        _say("pytest collected no tests: that counts as a failure")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help"}:
+        print("usage: python3 -m fanout_sink.bootstrap demo | test [pytest args] | <fanout-sink args>")
+        return 0 if args else 2
+    ensure_venv()
+    os.environ.setdefault("PYSPARK_PYTHON", str(_bin("python")))
+    if args[0] == "test":
+        return run_tests(args[1:])
+    return _run([str(_bin("fanout-sink")), *args])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Fetches JVM jars from Maven Central with ``mvn`` into a cache folder and reuses them when present.
+
+Each jar set is described by a pom in ``poms/``; its cache folder is keyed by the pom's hash, so a
+version bump in the pom fetches anew while an unchanged pom is never fetched twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from fanout_sink.errors import StackError
+
+KAFKA_BROKER = "kafka-broker"
+SPARK_CONNECTORS = "spark-connectors"
+
+_COMPLETE_MARKER = ".complete"
+_FETCH_TIMEOUT_S = float(os.environ.get("FANOUT_SINK_MVN_TIMEOUT", "1200"))
+_UNREACHABLE_HINTS = (
+    "Could not transfer",
+    "UnknownHostException",
+    "Connection refused",
+    "Connect to",
+    "Network is unreachable",
+    "timed out",
+)
+
+
+def cache_dir() -> Path:
+    """Root of everything the project downloads; ``FANOUT_SINK_CACHE`` moves it (CI, shared disks)."""
+    override = os.environ.get("FANOUT_SINK_CACHE")
+    if override:
+        return Path(override).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fanout-sink"
+
+
+def require_tool(name: str, fix: str) -> str:
+    """Path of an executable on PATH, or a StackError saying how to install it."""
+    path = shutil.which(name)
+    if path is None:
+        raise StackError(f"`{name}` was not found on PATH", fix)
+    return path
+
+
+def _pom_text(jar_set: str) -> str:
+    return resources.files("fanout_sink.stack").joinpath("poms", f"{jar_set}.xml").read_text()
+
+
+def jar_dir(jar_set: str) -> Path:
+    digest = hashlib.sha256(_pom_text(jar_set).encode()).hexdigest()[:12]
+    return cache_dir() / "jars" / f"{jar_set}-{digest}"
+
+
+def fetch(jar_set: str, timeout_s: float = _FETCH_TIMEOUT_S) -> Path:
+    """Folder holding every runtime jar of ``jar_set``; downloads them on first use.
+
+    The download lands in a temporary folder renamed into place only when mvn succeeded, so an
+    interrupted fetch is never mistaken for a complete one.
+    """
+    target = jar_dir(jar_set)
+    if (target / _COMPLETE_MARKER).exists():
+        return target
+    mvn = require_tool("mvn", "install Maven 3.8+ (Debian: `apt-get install -y maven`) and retry")
+    require_tool("java", "install a JDK 17 (Debian: `apt-get install -y openjdk-17-jdk-headless`) and retry")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{jar_set}-", dir=target.parent))
+    try:
+        pom = work / "pom.xml"
+        pom.write_text(_pom_text(jar_set))
+        out = work / "jars"
+        settings = resources.files("fanout_sink.stack").joinpath("maven-settings.xml")
+        cmd = [
+            mvn, "-B", "-ntp", "-q", "-gs", str(settings), "-f", str(pom),
+            "-Dmaven.wagon.http.retryHandler.count=2",
+            "-Dmaven.wagon.rto=60000",
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
+        ]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise StackError(
+                f"fetching the {jar_set} jars with mvn took longer than {timeout_s:.0f}s",
+                "check that Maven Central is reachable (proxy settings in ~/.m2/settings.xml), "
+                "or raise FANOUT_SINK_MVN_TIMEOUT",
+            ) from exc
+        if proc.returncode != 0 or not any(out.glob("*.jar")):
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            unreachable = any(hint in tail for hint in _UNREACHABLE_HINTS)
+            raise StackError(
+                f"mvn could not fetch the {jar_set} jars (exit {proc.returncode})",
+                "Maven Central looks unreachable: check the network or the mirror/proxy in "
+                "~/.m2/settings.xml, then retry"
+                if unreachable
+                else f"read the mvn output below; the pom is {pom.name} in fanout_sink/stack/poms",
+                tail,
+            )
+        (out / _COMPLETE_MARKER).write_text(" ".join(cmd) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+        return target
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def jars(jar_set: str) -> list[Path]:
+    """The jars of a set, sorted, fetched when missing."""
+    return sorted(fetch(jar_set).glob("*.jar"))

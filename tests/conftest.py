@@ -1,0 +1,97 @@
+"""Shared fixtures: one real Kafka broker and one Spark session per test run, fresh catalogs per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.stack.broker import KafkaBroker
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """The suite's shared broker. Tests that stop or kill a broker use ``broker_factory`` instead."""
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[Callable[[], KafkaBroker]]:
+    """Private brokers for tests that restart or kill them; all are stopped at the end of the test."""
+    started: list[KafkaBroker] = []
+
+    def make() -> KafkaBroker:
+        broker = KafkaBroker(tmp_path / f"kafka-{len(started)}")
+        broker.start()
+        started.append(broker)
+        return broker
+
+    yield make
+    for broker in started:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def bootstrap_servers(kafka_broker: KafkaBroker) -> str:
+    return kafka_broker.bootstrap_servers
+
+
+@pytest.fixture
+def make_topic(bootstrap_servers: str) -> Callable[..., str]:
+    """Creates a uniquely named topic on the shared broker and returns its name."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+
+    def create(prefix: str = "t", partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
+        futures[name].result(timeout=30)
+        return name
+
+    return create
+
+
+@pytest.fixture
+def catalog_settings(tmp_path: Path) -> CatalogSettings:
+    """A fresh embedded catalog (SQLite + local warehouse) per test, under a name of its own.
+
+    Spark caches a catalog per name for the session's life, so the shared session needs new names.
+    """
+    return CatalogSettings(
+        name=f"lake_{uuid.uuid4().hex[:8]}",
+        type="sql",
+        uri=f"sqlite:///{tmp_path / 'catalog.db'}",
+        warehouse=f"file://{tmp_path / 'warehouse'}",
+    )
+
+
+@pytest.fixture
+def catalog(catalog_settings: CatalogSettings) -> Any:
+    return load_catalog(catalog_settings)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local Spark session for the run. Iceberg catalogs are added per test with ``spark_catalog``."""
+    from fanout_sink.spark_session import build_spark_session
+
+    session = build_spark_session(master="local[2]", app_name="fanout-sink-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def spark_catalog(spark: Any, catalog_settings: CatalogSettings) -> str:
+    """Registers this test's catalog in the shared Spark session and returns its name."""
+    from fanout_sink.catalog import spark_catalog_conf
+
+    for key, value in spark_catalog_conf(catalog_settings).items():
+        spark.conf.set(key, value)
+    return catalog_settings.name
