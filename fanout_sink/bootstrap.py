@@ -33,9 +33,8 @@ def ensure_venv() -> None:
     """Create ``.venv`` and install the project with its dev extras; a no-op when up to date."""
     if sys.version_info < _MIN_PYTHON:
         wanted_version = ".".join(map(str, _MIN_PYTHON))
-        sys.exit(
-            f"fanout_sink needs Python {wanted_version}+, this is {sys.version.split()[0]}: run it with a newer python3."
-        )
+        found = sys.version.split()[0]
+        sys.exit(f"fanout_sink needs Python {wanted_version}+, this is {found}: run it with a newer python3.")
     wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if _STAMP.exists() and _STAMP.read_text().strip() == wanted and _bin("fanout-sink").exists():
         return
