@@ -1,0 +1,63 @@
+"""The shapes that cross the seam between the worker (commit protocol) and routing/conversion.
+
+The worker hands a slice of raw Kafka records to a :data:`SliceProcessor` and gets back, per
+destination table, Arrow rows already in that table's schema, plus the dead letters to publish and
+the count of records deliberately filtered. The worker then writes files and publishes events;
+the processor never touches Kafka or writes data files itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+# Column names and types as Spark's Kafka source delivers them through mapInArrow (with
+# includeHeaders=true). Engine-free code and tests build raw slices with the same schema.
+RAW_RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field(
+            "headers",
+            pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
+        ),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One message for the dead-letter topic, complete with its reason and source headers."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass
+class TableRows:
+    """Rows for one table, converted to ``table``'s current schema (a PyIceberg ``Table``)."""
+
+    table: Any
+    rows: pa.Table
+
+
+@dataclass
+class RoutedSlice:
+    """What a processor made of one slice: rows per table identifier, dead letters, filtered count."""
+
+    tables: dict[str, TableRows] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    filtered: int = 0
+
+
+SliceProcessor = Callable[[pa.Table], RoutedSlice]
+"""Routes and converts a raw slice (``RAW_RECORD_SCHEMA``, one topic-partition, offsets ascending)."""
