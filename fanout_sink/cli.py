@@ -1,15 +1,83 @@
-"""The ``fanout-sink`` command."""
+"""The ``fanout-sink`` command: one entry point for operators, the demo and the local stack."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+from fanout_sink.errors import FanoutSinkError, StackError
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from fanout_sink.stack import daemon
+
+    work_dir = Path(args.dir) if args.dir else daemon.default_dir()
+    if args.action == "up":
+        state, started = daemon.up(work_dir, args.port)
+        if args.json:
+            print(
+                json.dumps(
+                    {"bootstrap.servers": state.bootstrap_servers, "started": started, "pid": state.pid}
+                )
+            )
+        else:
+            verb = "started" if started else "already running"
+            print(f"Kafka broker {verb} (pid {state.pid}, log {state.log_file})", file=sys.stderr)
+            print(f"bootstrap.servers={state.bootstrap_servers}")
+        return 0
+    if args.action == "down":
+        stopped = daemon.down(work_dir)
+        print("Kafka broker stopped" if stopped else f"no broker state in {work_dir}", file=sys.stderr)
+        return 0
+    report = daemon.status(work_dir)
+    if args.json:
+        print(json.dumps(report))
+    elif report["running"]:
+        print(f"running  bootstrap.servers={report['bootstrap.servers']}  pid={report['pid']}")
+    else:
+        print(f"not running (state folder {work_dir}); start it with `fanout-sink stack up`")
+    return 0 if report["running"] else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fanout_sink import demo
+
+    return demo.run(Path(args.dir), records=args.records)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fanout-sink", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    stack = commands.add_parser("stack", help="the local Kafka broker for development and tests")
+    stack.add_argument("action", choices=["up", "down", "status"])
+    stack.add_argument("--dir", help="state folder (default: ~/.cache/fanout-sink/stack)")
+    stack.add_argument("--port", type=int, help="broker port (default: 9092 when free, else any free port)")
+    stack.add_argument("--json", action="store_true", help="machine-readable output")
+    stack.set_defaults(func=_stack)
+
+    demo = commands.add_parser("demo", help="end to end on the embedded defaults, then show the tables")
+    demo.add_argument("--dir", default="demo-data", help="where the demo catalog and warehouse live")
+    demo.add_argument("--records", type=int, default=2000, help="sample events to produce")
+    demo.set_defaults(func=_demo)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fanout-sink")
-    parser.parse_args(argv)
-    return 0
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except StackError as exc:
+        print(f"fanout-sink: {exc.cause}\n  fix: {exc.fix}", file=sys.stderr)
+        if exc.details:
+            print(exc.details, file=sys.stderr)
+        return 2
+    except FanoutSinkError as exc:
+        print(f"fanout-sink: {exc}", file=sys.stderr)
+        return 2
+    return code
 
 
 if __name__ == "__main__":

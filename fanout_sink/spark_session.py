@@ -26,6 +26,7 @@ def spark_conf(catalog: CatalogSettings | None, extra: Mapping[str, str] | None 
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "4",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         "spark.pyspark.driver.python": sys.executable,
