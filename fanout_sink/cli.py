@@ -44,7 +44,15 @@ def _stack(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from fanout_sink import demo
 
-    return demo.run(Path(args.dir), records=args.records)
+    return demo.run(Path(args.dir), records=args.records, bootstrap_servers=args.bootstrap_servers)
+
+
+def _jars(args: argparse.Namespace) -> int:
+    from fanout_sink.stack import jars
+
+    paths = [str(path) for name in args.set for path in jars.jars(name)]
+    print(",".join(paths) if args.comma else "\n".join(paths))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="end to end on the embedded defaults, then show the tables")
     demo.add_argument("--dir", default="demo-data", help="where the demo catalog and warehouse live")
     demo.add_argument("--records", type=int, default=2000, help="sample events to produce")
+    demo.add_argument("--bootstrap-servers", help="use this Kafka cluster instead of the local stack")
     demo.set_defaults(func=_demo)
+
+    jar_sets = ["spark-connectors", "kafka-broker"]
+    jars = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")
+    jars.add_argument("--set", nargs="+", choices=jar_sets, default=["spark-connectors"])
+    jars.add_argument(
+        "--comma", action="store_true", help="one comma-separated line, as spark-submit --jars takes"
+    )
+    jars.set_defaults(func=_jars)
     return parser
 
 

@@ -100,11 +100,14 @@ def _append(catalog: Any, name: str, records: list[dict[str, Any]], commits: lis
     )
 
 
-def run(work_dir: Path, records: int = 2000) -> int:
+def run(work_dir: Path, records: int = 2000, bootstrap_servers: str | None = None) -> int:
+    """Run the demo against ``bootstrap_servers``, or against the local stack (started when down)."""
     work_dir = work_dir.resolve()
-    state, started = daemon.up(daemon.default_dir())
-    _say(f"Kafka broker {'started' if started else 'running'} at {state.bootstrap_servers}")
-    _ensure_topics(state.bootstrap_servers)
+    if bootstrap_servers is None:
+        state, started = daemon.up(daemon.default_dir())
+        bootstrap_servers = state.bootstrap_servers
+        _say(f"Kafka broker {'started' if started else 'running'} at {bootstrap_servers}")
+    _ensure_topics(bootstrap_servers)
     settings = CatalogSettings(
         name="lake",
         type="sql",
@@ -119,9 +122,9 @@ def run(work_dir: Path, records: int = 2000) -> int:
         if catalog.table_exists(identifier):
             start += len(catalog.load_table(identifier).scan(selected_fields=("id",)).to_arrow())
     _say(f"producing {records} sample events to topics {', '.join(TOPICS)}")
-    _produce(state.bootstrap_servers, records, start)
+    _produce(bootstrap_servers, records, start)
     for topic in TOPICS:
-        values, commits = _consume(state.bootstrap_servers, topic)
+        values, commits = _consume(bootstrap_servers, topic)
         by_type: dict[str, list[dict[str, Any]]] = {}
         for value in values:  # interim: the streaming pipeline routes in Arrow, not per record
             record = json.loads(value)

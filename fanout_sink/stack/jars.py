@@ -28,6 +28,7 @@ _UNREACHABLE_HINTS = (
     "Connect to",
     "Network is unreachable",
     "timed out",
+    "No plugin found for prefix",  # nothing cached and no repository answered
 )
 
 
@@ -75,8 +76,10 @@ def fetch(jar_set: str, timeout_s: float = _FETCH_TIMEOUT_S) -> Path:
         pom.write_text(_pom_text(jar_set))
         out = work / "jars"
         settings = resources.files("fanout_sink.stack").joinpath("maven-settings.xml")
+        user_settings = os.environ.get("FANOUT_SINK_MAVEN_SETTINGS")
         cmd = [
             mvn, "-B", "-ntp", "-q", "-gs", str(settings), "-f", str(pom),
+            *(["-s", user_settings] if user_settings else []),
             "-Dmaven.wagon.http.retryHandler.count=2",
             "-Dmaven.wagon.rto=60000",
             "dependency:copy-dependencies",
@@ -92,14 +95,15 @@ def fetch(jar_set: str, timeout_s: float = _FETCH_TIMEOUT_S) -> Path:
                 "or raise FANOUT_SINK_MVN_TIMEOUT",
             ) from exc
         if proc.returncode != 0 or not any(out.glob("*.jar")):
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            unreachable = any(hint in tail for hint in _UNREACHABLE_HINTS)
+            output = proc.stdout + proc.stderr
+            tail = "\n".join(output.strip().splitlines()[-15:])
+            unreachable = any(hint in output for hint in _UNREACHABLE_HINTS)
             raise StackError(
                 f"mvn could not fetch the {jar_set} jars (exit {proc.returncode})",
                 "Maven Central looks unreachable: check the network or the mirror/proxy in "
                 "~/.m2/settings.xml, then retry"
                 if unreachable
-                else f"read the mvn output below; the pom is {pom.name} in fanout_sink/stack/poms",
+                else f"read the mvn output below; the pom is fanout_sink/stack/poms/{jar_set}.xml",
                 tail,
             )
         (out / _COMPLETE_MARKER).write_text(" ".join(cmd) + "\n")
