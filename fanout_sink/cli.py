@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -47,6 +48,21 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.run(Path(args.dir), records=args.records, bootstrap_servers=args.bootstrap_servers)
 
 
+def _run(args: argparse.Namespace) -> int:
+    from fanout_sink.app import RunOptions, SinkApp
+    from fanout_sink.config import load_config, parse_duration
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_config(args.config)
+    options = RunOptions(
+        master=args.master,
+        available_now=args.available_now,
+        trigger_interval=parse_duration(args.trigger_interval) if args.trigger_interval else None,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+    )
+    return SinkApp(config, options).run()
+
+
 def _jars(args: argparse.Namespace) -> int:
     from fanout_sink.stack import jars
 
@@ -71,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--records", type=int, default=2000, help="sample events to produce")
     demo.add_argument("--bootstrap-servers", help="use this Kafka cluster instead of the local stack")
     demo.set_defaults(func=_demo)
+
+    run = commands.add_parser("run", help="run the sink as a Spark Structured Streaming application")
+    run.add_argument("--config", required=True, help="the sink's YAML file")
+    run.add_argument("--master", help="Spark master (default: spark.master in the config, else local[*])")
+    run.add_argument("--available-now", action="store_true", help="process what is in the topics now, commit, exit")
+    run.add_argument("--trigger-interval", help="micro-batch interval, e.g. 10s (default: spark.trigger-interval)")
+    run.add_argument("--max-offsets-per-trigger", type=int, help="cap on records per micro-batch")
+    run.set_defaults(func=_run)
 
     jar_sets = ["spark-connectors", "kafka-broker"]
     jars = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")

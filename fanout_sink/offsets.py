@@ -1,0 +1,95 @@
+"""Planned offset ranges of a micro-batch, read from Spark's checkpoint, and starting offsets.
+
+Offsets have holes (transaction markers, aborted and compacted records), so a slice's end is the
+end Spark planned for the batch, never the last record's offset + 1. Spark writes each batch's end
+offsets to ``offsets/<batchId>`` before running it, and the first batch's start offsets to
+``sources/0/0``; the start of batch N is the end of batch N-1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fanout_sink.errors import FanoutSinkError
+
+TopicPartitionKey = tuple[str, int]
+PlannedRanges = dict[TopicPartitionKey, tuple[int, int]]
+
+
+class CheckpointError(FanoutSinkError):
+    """The Spark checkpoint does not hold what the sink needs to plan a batch."""
+
+
+def _local_path(location: str) -> Path:
+    return Path(location[len("file://") :] if location.startswith("file://") else location)
+
+
+def _offsets_json(path: Path) -> dict[str, dict[str, int]]:
+    """The Kafka source's offsets: the last line of an offset log file (the first lines are versions)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot read Spark's offset log {path}: {exc}. The sink plans each batch from it; "
+            "check the checkpoint location's permissions."
+        ) from exc
+    line = text.strip().splitlines()[-1]
+    data: Any = json.loads(line)
+    return {topic: {part: int(off) for part, off in parts.items()} for topic, parts in data.items()}
+
+
+def _flatten(offsets: dict[str, dict[str, int]]) -> dict[TopicPartitionKey, int]:
+    return {(topic, int(part)): off for topic, parts in offsets.items() for part, off in parts.items()}
+
+
+def batch_end_offsets(checkpoint: str, batch_id: int) -> dict[TopicPartitionKey, int]:
+    return _flatten(_offsets_json(_local_path(checkpoint) / "offsets" / str(batch_id)))
+
+
+def planned_ranges(checkpoint: str, batch_id: int) -> PlannedRanges:
+    """``{(topic, partition): (start, end)}`` for batch ``batch_id``: start inclusive, end exclusive.
+
+    A partition that appears for the first time in this batch (new partition) starts at 0: the
+    worker then has no planned start to compare with beyond what the sink group says.
+    """
+    root = _local_path(checkpoint)
+    ends = batch_end_offsets(checkpoint, batch_id)
+    previous = root / "offsets" / str(batch_id - 1)
+    initial = root / "sources" / "0" / "0"
+    if batch_id > 0 and previous.exists():
+        starts = _flatten(_offsets_json(previous))
+    elif initial.exists():
+        starts = _flatten(_offsets_json(initial))
+    else:
+        raise CheckpointError(
+            f"Spark's checkpoint {root} has neither offsets/{batch_id - 1} nor sources/0/0, so batch "
+            f"{batch_id} cannot be planned. Was the checkpoint folder edited? Move it aside to restart "
+            "from the sink-managed group's offsets."
+        )
+    return {key: (min(starts.get(key, 0), end), end) for key, end in ends.items()}
+
+
+def last_committed_ends(checkpoint: str) -> dict[TopicPartitionKey, int] | None:
+    """End offsets of the newest batch Spark considers done (``commits/<id>``), or None when fresh."""
+    root = _local_path(checkpoint)
+    commits = root / "commits"
+    ids = sorted((int(p.name) for p in commits.iterdir() if p.name.isdigit()), reverse=True) if commits.is_dir() else []
+    for batch_id in ids:
+        path = root / "offsets" / str(batch_id)
+        if path.exists():
+            return _flatten(_offsets_json(path))
+    return None
+
+
+def starting_offsets_option(
+    topics: list[str], partitions: dict[str, int], committed: dict[TopicPartitionKey, int], fallback: str
+) -> str:
+    """Spark's ``startingOffsets`` JSON: the sink group's offset where known, else -2 (earliest) / -1 (latest)."""
+    default = -2 if fallback == "earliest" else -1
+    spec = {
+        topic: {str(part): committed.get((topic, part), default) for part in range(partitions[topic])}
+        for topic in topics
+    }
+    return json.dumps(spec)
