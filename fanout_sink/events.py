@@ -226,7 +226,7 @@ def decode(data: bytes) -> Event:
             f"control event version {version} is not supported by this fanout_sink (it reads version "
             f"{VERSION}). Upgrade fanout_sink on every process of the sink to the same release."
         )
-    record = fastavro.schemaless_reader(
+    record: dict[str, Any] = fastavro.schemaless_reader(  # type: ignore[assignment]
         io.BytesIO(data[_HEADER.size :]), envelope_schema(), None, return_record_name=True
     )
     branch, payload = record["payload"]
