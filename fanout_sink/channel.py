@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink import events as ev
 from fanout_sink.errors import ControlTopicError
@@ -218,19 +219,20 @@ class ControlReader:
     def _poll(self, timeout_s: float, end: int | None) -> Iterator[ControlEvent]:
         msg = self._consumer.poll(timeout_s)
         while msg is not None:
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    # Under read_committed EOF is at the last stable offset; transaction markers
-                    # below it occupy offsets no message is delivered for.
-                    self._position = max(self._position, msg.offset())
-                else:
-                    raise KafkaException(msg.error())
+            error = msg.error()
+            offset = msg.offset() or 0
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                # Under read_committed EOF is at the last stable offset; transaction markers
+                # below it occupy offsets no message is delivered for.
+                self._position = max(self._position, offset)
             else:
-                self._position = msg.offset() + 1
+                self._position = offset + 1
                 if msg.key() == self._key:
-                    event = ev.decode(msg.value())
+                    event = ev.decode(msg.value() or b"")
                     if event.sink == self.sink:
-                        yield ControlEvent(msg.offset(), event)
+                        yield ControlEvent(offset, event)
             if end is not None and self._position >= end:
                 return
             msg = self._consumer.poll(0)
