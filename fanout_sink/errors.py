@@ -21,3 +21,39 @@ class StackError(FanoutSinkError):
         if details:
             message += f"\n{details}"
         super().__init__(message)
+
+
+class EventVersionError(FanoutSinkError):
+    """A control-topic event was written by a newer (or foreign) encoder than this one understands.
+
+    Reading it with today's schema could misread fields silently, so decoding stops instead.
+    """
+
+
+class ControlTopicError(FanoutSinkError):
+    """The control topic exists with a shape the protocol cannot use (it needs exactly 1 partition)."""
+
+
+class OffsetGapError(FanoutSinkError):
+    """The sink-managed group is behind a slice: the records in between were never delivered.
+
+    Committing the slice would lose them for good, so the worker refuses.
+    """
+
+    def __init__(self, topic: str, partition: int, committed: int, start: int, end: int, group: str) -> None:
+        self.topic, self.partition, self.committed = topic, partition, committed
+        self.start, self.end, self.group = start, end, group
+        super().__init__(
+            f"gap in {topic}[{partition}]: group {group!r} has delivered up to offset {committed} but the "
+            f"slice to commit is [{start}, {end}); offsets {committed}..{start - 1} were never delivered.\n"
+            f"  fix: restart the stream from offset {committed} (for Spark: delete the checkpoint or set "
+            f"startingOffsets to the sink group's offsets); do not move the group's offset by hand."
+        )
+
+
+class ProducerFencedError(FanoutSinkError):
+    """A newer process took over this transactional id; this one must stop (it is a zombie)."""
+
+
+class TableChangedError(FanoutSinkError):
+    """A table's uuid is not the one the data files were written for (dropped and recreated)."""

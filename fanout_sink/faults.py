@@ -1,0 +1,73 @@
+"""Named fault-injection points, so tests and the chaos runner break real processes at exact moments.
+
+Exactly-once claims are only worth what the crash tests behind them are worth, and a crash test is
+only sharp when it kills the process between two precise steps (say, after table A's commit and
+before table B's). The protocol code calls :func:`fault_point` at those steps. It does nothing
+unless the environment variable ``FANOUT_SINK_FAULTS`` names the point, as a comma-separated list of
+``point=action``:
+
+- ``kill``: SIGKILL the own process (no cleanup, no ``finally``, like a lost machine);
+- ``raise``: raise :class:`InjectedFault`;
+- ``sleep:SECONDS``: pause, for example to hold a Kafka transaction open;
+- ``wait:PATH``: block until the file ``PATH`` exists (a test releases the process when it wants).
+
+In-process tests can also :func:`register` a callback for a point (for example to commit a
+competing snapshot between a table's load and its commit).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fanout_sink.errors import FanoutSinkError
+
+ENV_VAR = "FANOUT_SINK_FAULTS"
+
+_callbacks: dict[str, Callable[..., None]] = {}
+
+
+class InjectedFault(FanoutSinkError):
+    """Raised by a fault point configured with ``raise``: never seen outside tests and chaos runs."""
+
+
+def _actions() -> dict[str, str]:
+    spec = os.environ.get(ENV_VAR, "")
+    pairs = (item.split("=", 1) for item in spec.split(",") if "=" in item)
+    return {point.strip(): action.strip() for point, action in pairs}
+
+
+def fault_point(name: str, **context: object) -> None:
+    """Run the fault configured for ``name``, if any; ``context`` is passed to registered callbacks."""
+    callback = _callbacks.get(name)
+    if callback is not None:
+        callback(**context)
+    action = _actions().get(name)
+    if action is None:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "raise":
+        raise InjectedFault(f"fault injected at {name} ({ENV_VAR}={os.environ.get(ENV_VAR)})")
+    elif action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+    elif action.startswith("wait:"):
+        release = Path(action.split(":", 1)[1])
+        while not release.exists():
+            time.sleep(0.05)
+    else:
+        raise ValueError(f"unknown fault action {action!r} for {name} in {ENV_VAR}")
+
+
+@contextmanager
+def register(name: str, callback: Callable[..., None]) -> Iterator[None]:
+    """Call ``callback(**context)`` each time the point ``name`` is reached inside the ``with`` block."""
+    _callbacks[name] = callback
+    try:
+        yield
+    finally:
+        _callbacks.pop(name, None)
