@@ -288,7 +288,7 @@ def _literal_list(node: dict[str, Any]) -> list[Any] | None:
     return None
 
 
-def _function(view: RecordView, node: dict[str, Any]) -> pa.Array:
+def _function(view: RecordView, node: dict[str, Any]) -> tuple[pa.Array, pa.Array | None]:
     name, args = node["value"], node["children"]
     if len(args) != 2:
         raise Fallback(f"function {name}")
@@ -303,27 +303,29 @@ def _function(view: RecordView, node: dict[str, Any]) -> pa.Array:
         non_null = [v for v in values if v is not None]
         family = _family(column.type)
         if family == "null":
-            return _const(view, has_null)
+            return _const(view, has_null), None
         if family == "other" or any(_literal_family(v) != family for v in non_null):
             raise Fallback("membership types differ")
         if not non_null:
-            return column.is_null() if has_null else _const(view, False)
+            return (column.is_null() if has_null else _const(view, False)), None
         found = pc.is_in(column, value_set=pa.array(non_null, column.type if family != "number" else None))
-        return pc.if_else(column.is_null(), has_null, found)
+        return pc.if_else(column.is_null(), has_null, found), None
     if needle["type"] != "literal" or not isinstance(needle["value"], str):
         raise Fallback(f"function {name} needs a string literal")
     pattern = needle["value"]
     if name in {"contains", "starts_with", "ends_with", "regex"}:
         column = _string_arg(view, subject)
+        # jmespath raises on a non-string subject for all but regex (which is false there).
+        error = None if name == "regex" else column.is_null()
         if _family(column.type) == "null":
-            return _const(view, False)
+            return _const(view, False), error
         kernels: dict[str, Callable[..., pa.Array]] = {
             "contains": pc.match_substring,
             "starts_with": pc.starts_with,
             "ends_with": pc.ends_with,
             "regex": pc.match_substring_regex,
         }
-        return kernels[name](column, pattern).fill_null(False)
+        return kernels[name](column, pattern).fill_null(False), error
     raise Fallback(f"function {name}")
 
 
@@ -343,29 +345,51 @@ def _truthy_column(view: RecordView, column: pa.Array) -> pa.Array:
 
 
 def truth(view: RecordView, node: dict[str, Any]) -> pa.Array:
-    """A non-null boolean column: jmespath truthiness of ``node`` for each record."""
+    """A non-null boolean column: jmespath truthiness of ``node`` for each record.
+
+    A record for which jmespath would raise (``starts_with`` of a null, say) is false, as the
+    per-record path makes it; ``&&`` and ``||`` short-circuit like jmespath.
+    """
+    mask, error = _truth(view, node)
+    return pc.and_(mask, pc.invert(error)) if error is not None else mask
+
+
+def _truth(view: RecordView, node: dict[str, Any]) -> tuple[pa.Array, pa.Array | None]:
+    """(truthiness, rows on which jmespath raises or None when it cannot)."""
     kind = node["type"]
     if kind == "comparator":
-        return _comparator(view, node)
+        return _comparator(view, node), None
     if kind == "function_expression":
         return _function(view, node)
-    if kind == "and_expression":
-        return pc.and_(truth(view, node["children"][0]), truth(view, node["children"][1]))
-    if kind == "or_expression":
-        return pc.or_(truth(view, node["children"][0]), truth(view, node["children"][1]))
+    if kind in {"and_expression", "or_expression"}:
+        left, left_error = _truth(view, node["children"][0])
+        right, right_error = _truth(view, node["children"][1])
+        if kind == "and_expression":
+            mask = pc.and_(left, right)
+            reached = left  # the right side runs only when the left is truthy
+        else:
+            mask = pc.or_(left, right)
+            reached = pc.invert(left)
+        error = left_error
+        if right_error is not None:
+            right_reached = pc.and_(reached, right_error)
+            error = right_reached if error is None else pc.or_(error, right_reached)
+        return mask, error
     if kind == "not_expression":
-        return pc.invert(truth(view, node["children"][0]))
+        mask, error = _truth(view, node["children"][0])
+        return pc.invert(mask), error
     if kind == "literal":
         value = node["value"]
-        return _const(view, value not in (None, False, "", [], {}))
+        return _const(view, _truthy(value)), None
     names = _path(node)
     if names is not None:
-        return _truthy_column(view, _resolve(view, names))
+        return _truthy_column(view, _resolve(view, names)), None
     raise Fallback(f"{kind} expression")
 
 
 def _truthy(value: Any) -> bool:
-    return value not in (None, False, "", [], {})
+    """jmespath truthiness: false, null, "", [] and {} are false; 0 is true."""
+    return not (value is None or value is False or value == "" or value == [] or value == {})
 
 
 # --------------------------------------------------------------------------------------------
