@@ -389,7 +389,7 @@ def _truth(view: RecordView, node: dict[str, Any]) -> tuple[pa.Array, pa.Array |
 
 def _truthy(value: Any) -> bool:
     """jmespath truthiness: false, null, "", [] and {} are false; 0 is true."""
-    return not (value is None or value is False or value == "" or value == [] or value == {})
+    return not (value is None or value is False or value in ("", [], {}))
 
 
 # --------------------------------------------------------------------------------------------

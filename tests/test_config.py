@@ -138,7 +138,7 @@ def test_durations() -> None:
     assert parse_duration("1h") == timedelta(hours=1)
     assert parse_duration("250ms") == timedelta(milliseconds=250)
     assert parse_duration(12) == timedelta(seconds=12)
-    with pytest.raises(ValueError, match="e.g. 30s"):
+    with pytest.raises(ValueError, match=r"e\.g\. 30s"):
         parse_duration("5 minutes")
 
 
