@@ -57,3 +57,51 @@ class ProducerFencedError(FanoutSinkError):
 
 class TableChangedError(FanoutSinkError):
     """A table's uuid is not the one the data files were written for (dropped and recreated)."""
+
+
+class ConfigError(FanoutSinkError):
+    """The sink's YAML configuration is invalid; raised before anything starts.
+
+    Each problem names the file, the YAML path, what is wrong and an example of a valid value.
+    """
+
+    def __init__(self, source: str, path: str, problem: str, fix: str = "") -> None:
+        self.problems: list[tuple[str, str, str]] = [(path, problem, fix)]
+        self.source = source
+        super().__init__(self._render())
+
+    @classmethod
+    def many(cls, source: str, problems: list[tuple[str, str, str]]) -> ConfigError:
+        error = cls(source, *problems[0])
+        error.problems = list(problems)
+        error.args = (error._render(),)
+        return error
+
+    def _render(self) -> str:
+        lines = []
+        for path, problem, fix in self.problems:
+            line = f"{self.source}: {path}: {problem}"
+            if fix:
+                line += f"; {fix}"
+            lines.append(line)
+        return "\n".join(lines)
+
+
+class RecordError(FanoutSinkError):
+    """A record could not be decoded, routed or converted and ``errors.tolerance`` is ``none``."""
+
+    def __init__(self, topic: str, partition: int, offset: int, stage: str, reason: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.stage = stage
+        self.reason = reason
+        super().__init__(
+            f"record {topic}[{partition}]@{offset} failed at {stage}: {reason}\n"
+            "  fix: correct the producer or the sink's config, or set errors.tolerance: all with a "
+            "dead-letter.topic to divert such records"
+        )
+
+
+class TableError(FanoutSinkError):
+    """A destination table could not be loaded, created or evolved."""

@@ -1,0 +1,624 @@
+"""The sink's YAML configuration as typed, validated pydantic models.
+
+``load_config(path)`` reads a YAML file, substitutes ``${ENV_VAR}`` (and ``${ENV_VAR:-default}``)
+references in string values, and validates the result into a :class:`SinkConfig`. Anything wrong
+raises :class:`~fanout_sink.errors.ConfigError` before the sink starts, naming the YAML path, the
+problem and an example of a valid value, e.g.::
+
+    sink.yaml: tables."analytics.orders".partition-by[0]: unknown transform 'dayz(ts)'; use one of
+    identity, bucket[N], truncate[W], year, month, day, hour, e.g. "day(ts)"
+
+Key names follow the YAML (``commit-interval``, ``dead-letter``); Python attributes use snake case.
+Sections ``kafka``, ``catalog`` and ``source.schema-registry`` pass their keys through unchanged
+(librdkafka, PyIceberg and Schema Registry client property names). Secrets in them are named by
+:func:`is_secret_key`; :meth:`SinkConfig.redacted` and ``repr``/``str`` of a config hide them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import jmespath
+import yaml
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.errors import ConfigError
+
+# --------------------------------------------------------------------------------------------
+# Small value types
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """``30s``, ``5m``, ``1h``, ``250ms``, ``2d``; a bare number is seconds."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}; write a number with a unit, e.g. 30s, 5m or 1h")
+    if isinstance(value, int | float):
+        return timedelta(seconds=float(value))
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"not a duration: {value!r}; write a number with a unit, e.g. 30s, 5m or 1h")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"])
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+_IDENT_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_jmespath(value: str | None, example: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        jmespath.compile(value)
+    except jmespath.exceptions.JMESPathError as exc:
+        detail = str(exc).splitlines()[0]
+        raise ValueError(f"not a valid jmespath expression {value!r} ({detail}); e.g. {example}") from None
+    return value
+
+
+_TRANSFORM = re.compile(
+    r"^\s*(?:(?P<name>identity|year|month|day|hour|bucket|truncate)"
+    r"\s*(?:\[\s*(?P<arg>\d+)\s*\])?\s*\(\s*(?P<col>[A-Za-z_][\w.]*)\s*\)"
+    r"|(?P<bare>[A-Za-z_][\w.]*))\s*$"
+)
+TRANSFORM_HELP = 'use one of identity, bucket[N], truncate[W], year, month, day, hour, e.g. "day(ts)"'
+
+
+class PartitionField(BaseModel):
+    """One parsed ``partition-by`` entry: ``day(ts)``, ``bucket[16](id)``, ``truncate[4](name)``, ``id``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    transform: Literal["identity", "year", "month", "day", "hour", "bucket", "truncate"]
+    column: str
+    argument: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> PartitionField:
+        match = _TRANSFORM.match(text)
+        if not match:
+            raise ValueError(f"unknown transform {text!r}; {TRANSFORM_HELP}")
+        if match.group("bare"):
+            return cls(transform="identity", column=match.group("bare"))
+        name, arg = match.group("name"), match.group("arg")
+        if name in {"bucket", "truncate"} and arg is None:
+            letter = "N" if name == "bucket" else "W"
+            raise ValueError(f"{name} needs a width: {name}[{letter}](column), e.g. {name}[16](id)")
+        if name not in {"bucket", "truncate"} and arg is not None:
+            raise ValueError(f"{name} takes no width; e.g. {name}({match.group('col')})")
+        if arg is not None and int(arg) <= 0:
+            raise ValueError(f"{name} width must be positive; e.g. {name}[16]({match.group('col')})")
+        return cls.model_validate(
+            {"transform": name, "column": match.group("col"), "argument": int(arg) if arg else None}
+        )
+
+    def __str__(self) -> str:
+        arg = f"[{self.argument}]" if self.argument is not None else ""
+        return f"{self.transform}{arg}({self.column})"
+
+
+def _parse_partition(value: Any) -> Any:
+    return PartitionField.parse(value) if isinstance(value, str) else value
+
+
+def _listify_partitions(value: Any) -> Any:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else value
+
+
+PartitionBy = Annotated[
+    list[Annotated[PartitionField, BeforeValidator(_parse_partition)]],
+    BeforeValidator(_listify_partitions),
+]
+
+
+def check_table_identifier(value: str) -> str:
+    parts = value.split(".")
+    if len(parts) < 2 or not all(_IDENT_PART.match(p) for p in parts):
+        raise ValueError(
+            f"not a table identifier {value!r}; write <namespace>.<table> with letters, digits and _, "
+            'e.g. "analytics.orders"'
+        )
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+
+
+class _Section(BaseModel):
+    """YAML keys are kebab-case; unknown keys are errors (they are usually typos)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        alias_generator=AliasGenerator(validation_alias=lambda name: name.replace("_", "-")),
+    )
+
+
+class SourceSettings(_Section):
+    """``source:`` which topics to read and how their values are encoded."""
+
+    topics: list[str] = Field(default_factory=list, examples=[["orders", "payments"]])
+    pattern: str | None = Field(default=None, examples=["^shop\\..*"])
+    format: Literal["json", "avro", "confluent-avro"] = Field(default="json", examples=["json"])
+    schema_file: str | None = Field(default=None, validation_alias="schema", examples=["schemas/order.avsc"])
+    schema_registry: dict[str, str] = Field(default_factory=dict, examples=[{"url": "http://127.0.0.1:8081"}])
+    tombstones: Literal["skip", "dead-letter"] = Field(default="skip", examples=["skip"])
+    starting_offsets: Literal["earliest", "latest"] = Field(default="earliest", examples=["earliest"])
+
+    @field_validator("schema_registry", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> SourceSettings:
+        if not self.topics and not self.pattern:
+            raise ValueError("give topics or pattern; e.g. topics: [orders, payments]")
+        if self.topics and self.pattern:
+            raise ValueError("give topics or pattern, not both; e.g. topics: [orders, payments]")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern is not a regular expression ({exc}); e.g. '^shop\\..*'") from None
+        if self.format == "avro" and not self.schema_file:
+            raise ValueError("format avro needs schema: <file.avsc>; e.g. schema: schemas/order.avsc")
+        if self.format == "confluent-avro" and "url" not in self.schema_registry:
+            raise ValueError(
+                "format confluent-avro needs schema-registry.url; e.g. schema-registry: {url: http://127.0.0.1:8081}"
+            )
+        return self
+
+
+class ControlSettings(_Section):
+    """``control:`` the sink's control topic and its commit cadence."""
+
+    topic: str | None = Field(default=None, examples=["shop-events-control"])
+    commit_interval: Duration = Field(default=timedelta(seconds=30), examples=["30s"])
+    commit_timeout: Duration = Field(default=timedelta(seconds=60), examples=["60s"])
+
+
+class EvolutionSettings(_Section):
+    """``evolution:`` which schema changes the sink may make to a table on its own."""
+
+    add_columns: bool = Field(default=False, examples=[True])
+    widen_types: bool = Field(default=False, examples=[True])
+    make_optional: bool = Field(default=False, examples=[True])
+
+    @classmethod
+    def all_on(cls) -> EvolutionSettings:
+        return cls(add_columns=True, widen_types=True, make_optional=True)
+
+
+def _evolution(value: Any) -> Any:
+    if value is True:
+        return EvolutionSettings.all_on()
+    if value is False or value is None:
+        return EvolutionSettings()
+    return value
+
+
+Evolution = Annotated[EvolutionSettings, BeforeValidator(_evolution)]
+
+
+class ConversionSettings(_Section):
+    """How a table's columns find their values: name mapping and case-insensitive matching."""
+
+    name_mapping: dict[str, list[str]] = Field(
+        default_factory=dict, examples=[{"customer_id": ["customerId", "cust_id"]}]
+    )
+    case_insensitive: bool = Field(default=False, examples=[True])
+
+    @field_validator("name_mapping", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+
+class TableSettings(_Section):
+    """One entry of ``tables:``, keyed ``<namespace>.<table>``."""
+
+    when: str | None = Field(default=None, examples=["type == 'order'"])
+    select: str | None = Field(default=None, examples=["{id: id, customer: customer.id}"])
+    partition_by: PartitionBy = Field(default_factory=list, examples=[["day(ts)"]])
+    schema_file: str | None = Field(
+        default=None, validation_alias="schema", examples=["schemas/tables/orders.avsc"]
+    )
+    properties: dict[str, str] = Field(default_factory=dict, examples=[{"write.format.default": "parquet"}])
+    auto_create: bool = Field(default=True, examples=[True])
+    evolution: Evolution = Field(default_factory=EvolutionSettings, examples=[{"add-columns": True}])
+    conversion: ConversionSettings = Field(default_factory=ConversionSettings)
+
+    @field_validator("when")
+    @classmethod
+    def _when(cls, value: str | None) -> str | None:
+        return _check_jmespath(value, "\"type == 'order'\"")
+
+    @field_validator("select")
+    @classmethod
+    def _select(cls, value: str | None) -> str | None:
+        return _check_jmespath(value, '"{id: id, customer: customer.id}"')
+
+    @field_validator("properties", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+
+class UnmatchedSettings(_Section):
+    """``unmatched:`` what happens to a record that no static rule and no dynamic name routes."""
+
+    action: Literal["drop", "table", "dead-letter"] = Field(default="drop", examples=["drop"])
+    table: str | None = Field(default=None, examples=["analytics.other"])
+
+    @model_validator(mode="after")
+    def _check(self) -> UnmatchedSettings:
+        if self.action == "table" and not self.table:
+            raise ValueError("action table needs table: <ns>.<table>; e.g. table: analytics.other")
+        if self.table is not None:
+            check_table_identifier(self.table)
+        return self
+
+
+class DynamicSettings(_Section):
+    """``dynamic:`` table names computed per record by a jmespath expression."""
+
+    table: str = Field(examples=["join('.', ['raw', topic])"])
+    allow: str | None = Field(default=None, examples=["^raw\\.[a-z0-9_]+$"])
+    auto_create: bool = Field(default=False, examples=[True])
+    applies_to: Literal["unmatched", "all"] = Field(default="unmatched", examples=["unmatched"])
+    max_namespace_depth: int = Field(default=1, ge=1, examples=[1])
+    max_name_length: int = Field(default=128, ge=1, le=255, examples=[128])
+    select: str | None = Field(default=None, examples=["{id: id, ts: ts}"])
+    partition_by: PartitionBy = Field(default_factory=list, examples=[["day(ts)"]])
+    properties: dict[str, str] = Field(default_factory=dict)
+    evolution: Evolution = Field(default_factory=EvolutionSettings.all_on, examples=[True])
+    conversion: ConversionSettings = Field(default_factory=ConversionSettings)
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        checked = _check_jmespath(value, "\"join('.', ['raw', topic])\"")
+        assert checked is not None
+        return checked
+
+    @field_validator("select")
+    @classmethod
+    def _select(cls, value: str | None) -> str | None:
+        return _check_jmespath(value, '"{id: id, ts: ts}"')
+
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression ({exc}); e.g. '^raw\\.[a-z0-9_]+$'") from None
+        return value
+
+    def table_settings(self) -> TableSettings:
+        """Settings that every dynamically named table gets."""
+        return TableSettings(
+            select=self.select,
+            partition_by=self.partition_by,
+            properties=self.properties,
+            auto_create=self.auto_create,
+            evolution=self.evolution,
+            conversion=self.conversion,
+        )
+
+
+class DeadLetterSettings(_Section):
+    """``dead-letter:`` where records that cannot be delivered go."""
+
+    topic: str = Field(examples=["shop-events-dlq"])
+
+
+class ErrorSettings(_Section):
+    """``errors.tolerance``: ``all`` dead-letters a bad record, ``none`` stops the sink.
+
+    Unset, it is ``all`` when a ``dead-letter`` topic is configured and ``none`` otherwise.
+    """
+
+    tolerance: Literal["none", "all"] | None = Field(default=None, examples=["all"])
+
+
+class SparkSettings(_Section):
+    """``spark:`` read by the Spark app."""
+
+    master: str = Field(default="local[*]", examples=["local[*]"])
+    trigger_interval: Duration = Field(default=timedelta(seconds=10), examples=["10s"])
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1, examples=[100000])
+    checkpoint_location: str | None = Field(default=None, examples=["/var/lib/fanout-sink/checkpoints"])
+
+
+class SinkConfig(_Section):
+    """The whole ``sink.yaml``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", examples=["shop-events"])
+    kafka: dict[str, str] = Field(default_factory=dict, examples=[{"bootstrap.servers": "127.0.0.1:9092"}])
+    source: SourceSettings
+    control: ControlSettings = Field(default_factory=ControlSettings)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    tables: dict[str, TableSettings] = Field(default_factory=dict)
+    unmatched: UnmatchedSettings = Field(default_factory=UnmatchedSettings)
+    dynamic: DynamicSettings | None = None
+    dead_letter: DeadLetterSettings | None = None
+    errors: ErrorSettings = Field(default_factory=ErrorSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    base_dir: Path = Field(default=Path("."), exclude=True)
+    """Folder of the YAML file; relative schema paths resolve against it."""
+
+    @field_validator("kafka", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _table_keys(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for key, settings in value.items():
+                check_table_identifier(str(key))
+                if settings is None:
+                    value[key] = {}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> SinkConfig:
+        if self.control.topic is None:
+            object.__setattr__(
+                self, "control", self.control.model_copy(update={"topic": f"{self.name}-control"})
+            )
+        if self.errors.tolerance is None:
+            tolerance: Literal["none", "all"] = "all" if self.dead_letter is not None else "none"
+            object.__setattr__(self, "errors", ErrorSettings(tolerance=tolerance))
+        needs_dlq = {
+            "errors.tolerance": self.errors.tolerance == "all",
+            "unmatched.action": self.unmatched.action == "dead-letter",
+            "source.tombstones": self.source.tombstones == "dead-letter",
+        }
+        for key, needed in needs_dlq.items():
+            if needed and self.dead_letter is None:
+                raise ValueError(
+                    f"{key} sends records to the dead-letter topic, but dead-letter.topic is not set; "
+                    "e.g. dead-letter: {topic: shop-events-dlq}"
+                )
+        if self.unmatched.action == "table":
+            table = self.unmatched.table
+            if table not in self.tables:
+                raise ValueError(
+                    f"unmatched.table {table!r} is not declared under tables; "
+                    f"add it, e.g. tables: {{{table}: {{}}}}"
+                )
+            if self.tables[table].when is not None:
+                raise ValueError(
+                    f"unmatched.table {table!r} receives the unmatched records; remove its when: expression"
+                )
+        if not self.tables and self.dynamic is None:
+            raise ValueError(
+                "nothing to route to: declare tables or dynamic; "
+                "e.g. tables: {analytics.orders: {when: \"type == 'order'\"}}"
+            )
+        return self
+
+    def resolve(self, path: str) -> Path:
+        """A path from the config, relative to the YAML file's folder."""
+        candidate = Path(path)
+        return candidate if candidate.is_absolute() else self.base_dir / candidate
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as plain data with every secret replaced by ``***``."""
+        data: dict[str, Any] = redact(self.model_dump(mode="json", by_alias=False))
+        return data
+
+    def __repr__(self) -> str:
+        return f"SinkConfig({self.redacted()!r})"
+
+    def __str__(self) -> str:
+        return repr(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Secrets
+
+_SECRET_KEY = re.compile(
+    r"(password|passwd|secret|token|credential|private[._-]?key|account[._-]?key|"
+    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key[._-]?id|key[._-]?pem)",
+    re.IGNORECASE,
+)
+REDACTED = "***"
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a property key names a secret (SASL/SSL passwords, registry credentials, store keys)."""
+    return bool(_SECRET_KEY.search(key))
+
+
+def redact(data: Any) -> Any:
+    """A copy of nested dicts/lists with the values of secret keys replaced by ``***``."""
+    if isinstance(data, dict):
+        return {
+            k: REDACTED if is_secret_key(str(k)) and v is not None else redact(v) for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [redact(v) for v in data]
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _substitute_env(node: Any, path: str, source: str) -> Any:
+    if isinstance(node, dict):
+        return {k: _substitute_env(v, _join(path, k), source) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_substitute_env(v, f"{path}[{i}]", source) for i, v in enumerate(node)]
+    if isinstance(node, str):
+
+        def replace(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            value = os.environ.get(name, default)
+            if value is None:
+                raise ConfigError(
+                    source,
+                    path,
+                    f"environment variable {name} is not set",
+                    f"export {name}=... before starting, or write ${{{name}:-default}}",
+                )
+            return value
+
+        return _ENV_REF.sub(replace, node)
+    return node
+
+
+def _join(path: str, key: Any) -> str:
+    text = str(key)
+    part = f'"{text}"' if not re.match(r"^[A-Za-z0-9_-]+$", text) else text
+    return f"{path}.{part}" if path else part
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for item in loc:
+        path = f"{path}[{item}]" if isinstance(item, int) else _join(path, item)
+    return path
+
+
+def _example_for(loc: tuple[int | str, ...]) -> Any:
+    """The ``examples`` of the model field at ``loc``, walking the model classes."""
+    model: Any = SinkConfig
+    example: Any = None
+    for item in loc:
+        if isinstance(item, int) or model is None:
+            continue
+        fields = getattr(model, "model_fields", None)
+        if not fields:
+            model = None
+            continue
+        found = None
+        for name, info in fields.items():
+            alias = info.validation_alias if isinstance(info.validation_alias, str) else None
+            if item in {name, alias, name.replace("_", "-")}:
+                found = info
+                break
+        if found is None:
+            if model is SinkConfig.model_fields["tables"].annotation or str(item).count("."):
+                model = TableSettings
+            continue
+        example = found.examples[0] if found.examples else None
+        annotation = found.annotation
+        model = _model_in(annotation)
+        if item == "tables":
+            model = TableSettings
+    return example
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _format_example(example: Any) -> str:
+    if isinstance(example, str):
+        return f'"{example}"'
+    return yaml.safe_dump(example, default_flow_style=True).strip()
+
+
+def _errors(exc: ValidationError, source: str) -> ConfigError:
+    problems: list[tuple[str, str, str]] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        # Drop pydantic's union/function tags from the location.
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+        message = error["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        if message.startswith("Assertion failed, "):
+            message = message[len("Assertion failed, ") :]
+        if error["type"] == "extra_forbidden":
+            message = f"unknown key {loc[-1]!r} (a typo?)"
+        fix = ""
+        if "e.g." not in message and "use one of" not in message:
+            example = _example_for(loc)
+            if error["type"] == "extra_forbidden":
+                fix = "remove it or check its spelling against the documented keys"
+            elif example is not None:
+                fix = f"e.g. {_format_example(example)}"
+        problems.append((_location(loc) or "(top level)", message, fix))
+    return ConfigError.many(source, problems)
+
+
+def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> SinkConfig:
+    """Validate already-parsed YAML data (a mapping) into a :class:`SinkConfig`."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, "(top level)", "the file is not a YAML mapping", "start with name: my-sink")
+    data = _substitute_env(data, "", source)
+    if base_dir is not None:
+        data = {**data, "base_dir": base_dir}
+    try:
+        return SinkConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _errors(exc, source) from None
+
+
+def load_config(path: str | Path) -> SinkConfig:
+    """Read, substitute and validate a sink YAML file; raise :class:`ConfigError` on any problem."""
+    path = Path(path)
+    source = path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            source, "(file)", f"cannot read {path}: {exc.strerror}", "pass --config <sink.yaml>"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(file)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(
+            source, where, f"not valid YAML: {problem}", "check indentation and quoting"
+        ) from None
+    return parse_config(data, source, base_dir=path.resolve().parent)

@@ -1,0 +1,428 @@
+"""Kafka value bytes -> Arrow, a whole batch at a time.
+
+Three formats (``source.format``):
+
+* ``json``: one JSON object per value. The batch is newline-joined in Arrow and parsed by
+  ``pyarrow.json.read_json`` in one call. Strings stay strings (Arrow's timestamp inference is
+  undone: conversion parses timestamps per the table's column type). Only when the batch fails is
+  each value parsed on its own, to isolate the bad ones; the good ones are parsed in one call again.
+* ``avro``: schemaless Avro with the writer schema from an ``.avsc`` file (``source.schema``).
+* ``confluent-avro``: Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
+  body); schemas are fetched once per id with confluent-kafka's ``SchemaRegistryClient``.
+
+Every decoder returns a :class:`Decoded`: the records as an Arrow table, the index of each
+record's row in the input, and the failures (input index, reason) that become dead letters.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from fanout_sink.errors import ConfigError, FanoutSinkError
+
+
+class DecodeSetupError(FanoutSinkError):
+    """A decoder could not be built (bad schema file) or reach its Schema Registry."""
+
+
+@dataclass
+class Decoded:
+    """Decoded records of one batch of values.
+
+    ``records`` has one row per decoded value, ``rows[i]`` is the input index of ``records`` row
+    ``i``; ``failures`` lists ``(input index, reason)`` of values that could not be decoded.
+    ``lossy`` names top-level columns whose Arrow type does not reflect every record (JSON fields
+    that change type within a batch are kept as JSON text); routing evaluates predicates on those
+    per record. ``python()`` returns the records as Python objects (computed once, on demand).
+    """
+
+    records: pa.Table
+    rows: np.ndarray
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    lossy: frozenset[str] = frozenset()
+    _python: Callable[[], list[Any]] | None = None
+    _python_cache: list[Any] | None = None
+
+    def python(self) -> list[Any]:
+        if self._python_cache is None:
+            self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
+        return self._python_cache
+
+
+class Decoder(Protocol):
+    def __call__(self, values: pa.Array) -> Decoded: ...
+
+
+def _empty() -> Decoded:
+    return Decoded(pa.table({}), np.zeros(0, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+
+
+def _without_timestamps(dtype: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(dtype):
+        return pa.string()
+    if pa.types.is_struct(dtype):
+        return pa.struct([f.with_type(_without_timestamps(f.type)) for f in dtype])
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return pa.list_(dtype.value_field.with_type(_without_timestamps(dtype.value_type)))
+    return dtype
+
+
+def _newline_joined(values: pa.Array) -> pa.Buffer:
+    """The values as one newline-delimited buffer; line breaks inside values become spaces.
+
+    A line break can only sit between tokens of valid JSON, so replacing it keeps the value's
+    meaning and keeps one value per line.
+    """
+    values = values.cast(pa.large_binary())
+    values = pc.replace_substring(values, b"\n", b" ")
+    values = pc.replace_substring(values, b"\r", b" ")
+    joined = pc.binary_join_element_wise(
+        values, pa.scalar(b"", pa.large_binary()), pa.scalar(b"\n", pa.large_binary())
+    )
+    if joined.null_count:
+        joined = joined.fill_null(b"\n")
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64)[
+        joined.offset : joined.offset + len(joined) + 1
+    ]
+    data = joined.buffers()[2]
+    start, end = int(offsets[0]), int(offsets[-1])
+    return data.slice(start, end - start)
+
+
+def _read_json(buffer: pa.Buffer) -> pa.Table:
+    table = pa_json.read_json(pa.BufferReader(buffer))
+    schema = pa.schema([f.with_type(_without_timestamps(f.type)) for f in table.schema])
+    if schema.equals(table.schema):
+        return table
+    options = pa_json.ParseOptions(explicit_schema=schema)
+    return pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+
+
+def _arrow_from_python(objects: Sequence[dict[str, Any]]) -> tuple[pa.Table, frozenset[str]]:
+    """Columns from Python objects; a column whose values do not share a type becomes JSON text."""
+    names: dict[str, None] = {}
+    for obj in objects:
+        names.update(dict.fromkeys(obj))
+    columns: dict[str, pa.Array] = {}
+    lossy: set[str] = set()
+    for name in names:
+        values = [obj.get(name) for obj in objects]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            lossy.add(name)
+            columns[name] = pa.array(
+                [v if v is None or isinstance(v, str) else json.dumps(v) for v in values], pa.string()
+            )
+    if not columns:
+        return pa.table({"__empty": pa.nulls(len(objects))}).drop_columns(["__empty"]), frozenset()
+    return pa.table(columns), frozenset(lossy)
+
+
+class JsonDecoder:
+    """Batch JSON decoding with per-record isolation of bad values."""
+
+    def __call__(self, values: pa.Array) -> Decoded:
+        n = len(values)
+        if n == 0:
+            return _empty()
+        raw = values
+
+        def python(indices: np.ndarray | None = None) -> Callable[[], list[Any]]:
+            def load() -> list[Any]:
+                chosen = raw if indices is None else raw.take(pa.array(indices))
+                return [json.loads(v) for v in chosen.to_pylist() if v is not None]
+
+            return load
+
+        if values.null_count == 0:
+            try:
+                table = _read_json(_newline_joined(values))
+                if table.num_rows == n:
+                    return Decoded(table, np.arange(n, dtype=np.int64), _python=python())
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass
+        return self._isolate(values, python)
+
+    def _isolate(self, values: pa.Array, python: Callable[[np.ndarray], Callable[[], list[Any]]]) -> Decoded:
+        good: list[int] = []
+        objects: list[dict[str, Any]] = []
+        failures: list[tuple[int, str]] = []
+        for index, value in enumerate(values.to_pylist()):
+            if value is None:
+                failures.append((index, "value is null"))
+                continue
+            try:
+                obj = json.loads(value)
+            except (ValueError, UnicodeDecodeError) as exc:
+                failures.append((index, f"invalid JSON: {exc}"))
+                continue
+            if not isinstance(obj, dict):
+                failures.append((index, f"value is a JSON {type(obj).__name__}, not an object"))
+                continue
+            good.append(index)
+            objects.append(obj)
+        rows = np.asarray(good, dtype=np.int64)
+        if not good:
+            return Decoded(pa.table({}), rows, failures)
+        good_values = values.take(pa.array(rows))
+        try:
+            table = _read_json(_newline_joined(good_values))
+            if table.num_rows == len(good):
+                return Decoded(table, rows, failures, _python_cache=objects)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+        table, lossy = _arrow_from_python(objects)
+        return Decoded(table, rows, failures, lossy=lossy, _python_cache=objects)
+
+
+# --------------------------------------------------------------------------------------------
+# Avro
+
+
+def avro_to_arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None) -> tuple[pa.DataType, bool]:
+    """Arrow type of a (fastavro-parsed or JSON) Avro schema and whether it is nullable."""
+    named = {} if named is None else named
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        if len(branches) != 1:
+            raise DecodeSetupError(
+                f"Avro union {schema} has several non-null branches; only [null, T] unions are supported"
+            )
+        dtype, _ = avro_to_arrow_type(branches[0], named)
+        return dtype, True
+    if isinstance(schema, str):
+        primitive = {
+            "null": pa.null(),
+            "boolean": pa.bool_(),
+            "int": pa.int32(),
+            "long": pa.int64(),
+            "float": pa.float32(),
+            "double": pa.float64(),
+            "bytes": pa.binary(),
+            "string": pa.string(),
+        }
+        if schema in primitive:
+            return primitive[schema], schema == "null"
+        if schema in named:
+            return named[schema], False
+        raise DecodeSetupError(f"unknown Avro type {schema!r}")
+    kind = schema.get("type")
+    logical = schema.get("logicalType")
+    if logical == "decimal":
+        return pa.decimal128(int(schema["precision"]), int(schema.get("scale", 0))), False
+    if logical == "date":
+        return pa.date32(), False
+    if logical == "time-millis":
+        return pa.time32("ms"), False
+    if logical == "time-micros":
+        return pa.time64("us"), False
+    if logical in {"timestamp-millis", "timestamp-micros"}:
+        return pa.timestamp("us", tz="UTC"), False
+    if logical in {"local-timestamp-millis", "local-timestamp-micros"}:
+        return pa.timestamp("us"), False
+    if logical == "uuid":
+        return pa.string(), False
+    if kind == "record":
+        fields = []
+        for f in schema["fields"]:
+            dtype, nullable = avro_to_arrow_type(f["type"], named)
+            fields.append(pa.field(f["name"], dtype, nullable=nullable))
+        struct = pa.struct(fields)
+        named[schema["name"]] = struct
+        if "namespace" in schema:
+            named[f"{schema['namespace']}.{schema['name']}"] = struct
+        return struct, False
+    if kind == "enum":
+        named[schema["name"]] = pa.string()
+        return pa.string(), False
+    if kind == "fixed":
+        dtype = pa.binary(int(schema["size"]))
+        named[schema["name"]] = dtype
+        return dtype, False
+    if kind == "array":
+        item, nullable = avro_to_arrow_type(schema["items"], named)
+        return pa.list_(pa.field("element", item, nullable=nullable)), False
+    if kind == "map":
+        item, nullable = avro_to_arrow_type(schema["values"], named)
+        return pa.map_(pa.string(), pa.field("value", item, nullable=nullable)), False
+    if isinstance(kind, str | list | dict):
+        return avro_to_arrow_type(kind, named)
+    raise DecodeSetupError(f"unsupported Avro schema {schema!r}")
+
+
+def avro_to_arrow_schema(schema: dict[str, Any]) -> pa.Schema:
+    dtype, _ = avro_to_arrow_type(schema)
+    if not pa.types.is_struct(dtype):
+        raise DecodeSetupError("the Avro schema must be a record")
+    return pa.schema(list(dtype))
+
+
+def _decode_avro(
+    values: list[bytes | None], schema: Any, arrow_schema: pa.Schema, skip: int = 0
+) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
+    from fastavro import schemaless_reader
+
+    objects: list[dict[str, Any]] = []
+    good: list[int] = []
+    failures: list[tuple[int, str]] = []
+    for index, value in enumerate(values):
+        if value is None:
+            failures.append((index, "value is null"))
+            continue
+        stream = io.BytesIO(value)
+        stream.seek(skip)
+        try:
+            obj = schemaless_reader(stream, schema, None)
+        except Exception as exc:  # fastavro raises many types on bad input
+            failures.append((index, f"invalid Avro for the writer schema: {type(exc).__name__}: {exc}"))
+            continue
+        if stream.tell() != len(value):
+            failures.append((index, f"invalid Avro: {len(value) - stream.tell()} trailing bytes"))
+            continue
+        if not isinstance(obj, dict):
+            failures.append((index, "Avro value is not a record"))
+            continue
+        good.append(index)
+        objects.append(obj)
+    return objects, good, failures
+
+
+def _avro_table(objects: list[dict[str, Any]], arrow_schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(objects, schema=arrow_schema)
+
+
+def load_avro_schema(path: Path) -> dict[str, Any]:
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DecodeSetupError(f"cannot read Avro schema {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise DecodeSetupError(f"Avro schema {path} is not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise DecodeSetupError(f"Avro schema {path} must be a record schema object")
+    return schema
+
+
+class AvroDecoder:
+    """Schemaless Avro values written with one known schema."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        from fastavro import parse_schema
+
+        self.schema = parse_schema(schema)
+        self.arrow_schema = avro_to_arrow_schema(schema)
+
+    def __call__(self, values: pa.Array) -> Decoded:
+        if len(values) == 0:
+            return _empty()
+        objects, good, failures = _decode_avro(values.to_pylist(), self.schema, self.arrow_schema)
+        table = _avro_table(objects, self.arrow_schema)
+        return Decoded(table, np.asarray(good, dtype=np.int64), failures, _python_cache=objects)
+
+
+class ConfluentAvroDecoder:
+    """Confluent wire-format Avro; writer schemas resolved through the Schema Registry, cached per id."""
+
+    MAGIC = 0
+
+    def __init__(self, registry_conf: dict[str, str]) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self._client = SchemaRegistryClient(dict(registry_conf))
+        self._schemas: dict[int, tuple[Any, pa.Schema] | str] = {}
+        self._lock = threading.Lock()
+
+    def schema(self, schema_id: int) -> tuple[Any, pa.Schema] | str:
+        """Parsed writer schema and Arrow schema for an id, or the reason it is unusable."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+        from fastavro import parse_schema
+
+        with self._lock:
+            cached = self._schemas.get(schema_id)
+        if cached is not None:
+            return cached
+        try:
+            registered = self._client.get_schema(schema_id)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                result: tuple[Any, pa.Schema] | str = f"unknown schema id {schema_id} in the Schema Registry"
+            else:
+                raise DecodeSetupError(
+                    f"Schema Registry lookup of schema id {schema_id} failed: {exc}"
+                ) from exc
+        else:
+            if (registered.schema_type or "AVRO") != "AVRO":
+                result = f"schema id {schema_id} is {registered.schema_type}, not AVRO"
+            else:
+                try:
+                    raw = json.loads(registered.schema_str or "")
+                    result = (parse_schema(raw), avro_to_arrow_schema(raw))
+                except (ValueError, DecodeSetupError) as exc:
+                    result = f"schema id {schema_id} cannot be used: {exc}"
+        with self._lock:
+            self._schemas[schema_id] = result
+        return result
+
+    def __call__(self, values: pa.Array) -> Decoded:
+        if len(values) == 0:
+            return _empty()
+        raw = values.to_pylist()
+        failures: list[tuple[int, str]] = []
+        by_id: dict[int, list[int]] = {}
+        for index, value in enumerate(raw):
+            if value is None or len(value) < 5 or value[0] != self.MAGIC:
+                failures.append((index, "not Confluent wire format (magic byte 0 + 4-byte schema id)"))
+                continue
+            by_id.setdefault(int.from_bytes(value[1:5], "big"), []).append(index)
+        parts: list[pa.Table] = []
+        rows: list[int] = []
+        objects: list[dict[str, Any]] = []
+        for schema_id, indices in by_id.items():
+            resolved = self.schema(schema_id)
+            if isinstance(resolved, str):
+                failures.extend((i, resolved) for i in indices)
+                continue
+            writer, arrow_schema = resolved
+            objs, good, bad = _decode_avro([raw[i] for i in indices], writer, arrow_schema, skip=5)
+            failures.extend((indices[i], reason) for i, reason in bad)
+            parts.append(_avro_table(objs, arrow_schema))
+            rows.extend(indices[i] for i in good)
+            objects.extend(objs)
+        failures.sort()
+        if not parts:
+            return Decoded(pa.table({}), np.zeros(0, dtype=np.int64), failures)
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+        order = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")
+        table = table.take(pa.array(order))
+        ordered = [objects[i] for i in order]
+        return Decoded(table, np.asarray(rows, dtype=np.int64)[order], failures, _python_cache=ordered)
+
+
+def build_decoder(config: Any) -> Decoder:
+    """The decoder for ``config.source`` (a :class:`~fanout_sink.config.SinkConfig`)."""
+    source = config.source
+    if source.format == "json":
+        return JsonDecoder()
+    if source.format == "avro":
+        path = config.resolve(source.schema_file)
+        try:
+            return AvroDecoder(load_avro_schema(path))
+        except DecodeSetupError as exc:
+            raise ConfigError("config", "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
+    return ConfluentAvroDecoder(source.schema_registry)

@@ -1,0 +1,195 @@
+"""The YAML config: typed models, errors that name the path and the fix, env vars, secrets."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config import PartitionField, is_secret_key, load_config, parse_config, parse_duration
+from fanout_sink.errors import ConfigError
+
+DESIGN_SKETCH = """
+name: shop-events
+kafka: {bootstrap.servers: 127.0.0.1:9092}
+source: {topics: [orders, payments], format: json}
+control: {topic: shop-events-control, commit-interval: 30s, commit-timeout: 60s}
+catalog: {name: lake, type: sql, uri: "sqlite:///warehouse/catalog.db", warehouse: "file:///warehouse"}
+tables:
+  analytics.orders:
+    when: "type == 'order'"
+    select: "{id: id, customer: customer.id, total: amount, ts: ts}"
+    partition-by: ["day(ts)"]
+  analytics.payments: {when: "type == 'payment'"}
+dynamic: {table: "join('.', ['raw', topic])", allow: "^raw\\\\.[a-z0-9_]+$", auto-create: true}
+dead-letter: {topic: shop-events-dlq}
+"""
+
+
+def _base(**overrides: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "shop",
+        "source": {"topics": ["orders"]},
+        "tables": {"analytics.orders": {}},
+    }
+    data.update(overrides)
+    return data
+
+
+def _error(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "sink.yaml")
+    return str(info.value)
+
+
+def test_design_sketch_loads(tmp_path: Path) -> None:
+    path = tmp_path / "sink.yaml"
+    path.write_text(DESIGN_SKETCH)
+    config = load_config(path)
+    assert config.name == "shop-events"
+    assert config.kafka == {"bootstrap.servers": "127.0.0.1:9092"}
+    assert config.source.topics == ["orders", "payments"]
+    assert config.control.commit_interval == timedelta(seconds=30)
+    assert config.control.commit_timeout == timedelta(minutes=1)
+    assert isinstance(config.catalog, CatalogSettings)
+    assert config.catalog.name == "lake"
+    orders = config.tables["analytics.orders"]
+    assert orders.partition_by == [PartitionField(transform="day", column="ts")]
+    assert config.tables["analytics.payments"].when == "type == 'payment'"
+    assert config.dynamic is not None and config.dynamic.auto_create
+    assert config.dead_letter is not None and config.dead_letter.topic == "shop-events-dlq"
+    assert config.errors.tolerance == "all"  # a dead-letter topic is configured
+    assert config.base_dir == tmp_path
+
+
+def test_partition_error_names_path_problem_and_example() -> None:
+    message = _error(_base(tables={"analytics.orders": {"partition-by": ["id", "dayz(ts)"]}}))
+    assert message == (
+        "sink.yaml: tables.\"analytics.orders\".partition-by[1]: unknown transform 'dayz(ts)'; use one of "
+        'identity, bucket[N], truncate[W], year, month, day, hour, e.g. "day(ts)"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ts", PartitionField(transform="identity", column="ts")),
+        ("identity(region)", PartitionField(transform="identity", column="region")),
+        ("bucket[16](id)", PartitionField(transform="bucket", column="id", argument=16)),
+        ("truncate[4](name)", PartitionField(transform="truncate", column="name", argument=4)),
+        ("year(ts)", PartitionField(transform="year", column="ts")),
+        ("month(ts)", PartitionField(transform="month", column="ts")),
+        ("hour(ts)", PartitionField(transform="hour", column="ts")),
+    ],
+)
+def test_partition_transforms(text: str, expected: PartitionField) -> None:
+    assert PartitionField.parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (_base(tables={"analytics.orders": {"whenn": "x"}}), 'tables."analytics.orders".whenn: unknown key'),
+        (_base(tables={"analytics.orders": {"when": "type =="}}), "e.g. \"type == 'order'\""),
+        (_base(tables={"orders": {}}), 'e.g. "analytics.orders"'),
+        (_base(control={"commit-interval": "soon"}), "control.commit-interval: not a duration"),
+        (_base(source={"topics": ["a"], "format": "xml"}), "source.format:"),
+        (_base(source={"topics": ["a"], "format": "avro"}), "schema: schemas/order.avsc"),
+        (_base(source={"topics": ["a"], "format": "confluent-avro"}), "schema-registry: {url:"),
+        (_base(source={}), "give topics or pattern"),
+        (_base(unmatched={"action": "dead-letter"}), "dead-letter.topic is not set"),
+        (_base(unmatched={"action": "table", "table": "a.other"}), "not declared under tables"),
+        (_base(tables={}), "nothing to route to"),
+        (_base(name="bad name!"), "name:"),
+        (_base(tables={"analytics.orders": {"partition-by": ["bucket(id)"]}}), "bucket[16](id)"),
+        (_base(dynamic={"table": "topic", "allow": "(["}), "not a regular expression"),
+        (_base(spark={"max-offsets-per-trigger": 0}), "spark.max-offsets-per-trigger"),
+    ],
+)
+def test_bad_configs_fail_with_path_and_fix(data: dict[str, Any], fragment: str) -> None:
+    message = _error(data)
+    assert message.startswith("sink.yaml: ")
+    assert fragment in message
+
+
+def test_missing_required_key_gives_example() -> None:
+    message = _error({"source": {"topics": ["a"]}, "tables": {"a.b": {}}})
+    assert 'name: Field required; e.g. "shop-events"' in message
+
+
+def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "sink.yaml"
+    path.write_text("name: x\nsource: {topics: [a]\n")
+    with pytest.raises(ConfigError, match=r"sink.yaml: line \d+, column \d+: not valid YAML"):
+        load_config(path)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config("/nonexistent/sink.yaml")
+
+
+def test_durations() -> None:
+    assert parse_duration("30s") == timedelta(seconds=30)
+    assert parse_duration("5m") == timedelta(minutes=5)
+    assert parse_duration("1h") == timedelta(hours=1)
+    assert parse_duration("250ms") == timedelta(milliseconds=250)
+    assert parse_duration(12) == timedelta(seconds=12)
+    with pytest.raises(ValueError, match=r"e\.g\. 30s"):
+        parse_duration("5 minutes")
+
+
+def test_env_substitution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SASL_PASSWORD", "s3cret")
+    config = parse_config(
+        _base(
+            kafka={"sasl.password": "${SASL_PASSWORD}", "client.id": "${CLIENT_ID:-fanout}"},
+        ),
+        "sink.yaml",
+    )
+    assert config.kafka == {"sasl.password": "s3cret", "client.id": "fanout"}
+    monkeypatch.delenv("SASL_PASSWORD")
+    message = _error(_base(kafka={"sasl.password": "${SASL_PASSWORD}"}))
+    assert 'kafka."sasl.password": environment variable SASL_PASSWORD is not set' in message
+
+
+def test_secrets_are_redacted() -> None:
+    config = parse_config(
+        _base(
+            kafka={"bootstrap.servers": "b:9092", "sasl.password": "kafka-secret", "ssl.key.password": "k2"},
+            source={
+                "topics": ["a"],
+                "format": "confluent-avro",
+                "schema-registry": {"url": "http://r", "basic.auth.user.info": "user:registry-secret"},
+            },
+            catalog={"name": "lake", "s3.secret-access-key": "store-secret", "s3.access-key-id": "AKIA"},
+        ),
+        "sink.yaml",
+    )
+    for text in (repr(config), str(config), str(config.redacted())):
+        for secret in ("kafka-secret", "k2", "registry-secret", "store-secret", "AKIA"):
+            assert secret not in text
+    assert config.redacted()["kafka"]["bootstrap.servers"] == "b:9092"
+    assert is_secret_key("sasl.password") and is_secret_key("basic.auth.user.info")
+    assert not is_secret_key("bootstrap.servers")
+
+
+def test_defaults_and_spark_section() -> None:
+    config = parse_config(
+        _base(spark={"master": "local[2]", "trigger-interval": "5s", "checkpoint-location": "/tmp/c"}), "x"
+    )
+    assert config.control.topic == "shop-control"
+    assert config.errors.tolerance == "none"  # no dead-letter topic
+    assert config.spark.trigger_interval == timedelta(seconds=5)
+    assert config.spark.checkpoint_location == "/tmp/c"
+    assert config.source.tombstones == "skip"
+    assert config.source.starting_offsets == "earliest"
+
+
+def test_evolution_shorthand() -> None:
+    config = parse_config(_base(tables={"a.b": {"evolution": True}}), "x")
+    evolution = config.tables["a.b"].evolution
+    assert evolution.add_columns and evolution.widen_types and evolution.make_optional
