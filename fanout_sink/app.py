@@ -77,7 +77,10 @@ def _executor_state(config_json: str) -> tuple[SliceWorker, Any]:
             from fanout_sink.processor import build_processor
 
             config = SinkConfig.model_validate_json(config_json)
-            _EXECUTOR_STATE[key] = (_slice_worker(config), build_processor(config, load_catalog(config.catalog)))
+            _EXECUTOR_STATE[key] = (
+                _slice_worker(config),
+                build_processor(config, load_catalog(config.catalog)),
+            )
         return _EXECUTOR_STATE[key]
 
 
@@ -179,9 +182,15 @@ class SinkApp:
         return {t: len(metadata.topics[t].partitions) for t in sorted(set(wanted))}
 
     def _sink_group_offsets(self, partitions: dict[str, int]) -> dict[offsets.TopicPartitionKey, int]:
-        from fanout_sink.worker import committed_offsets
+        from fanout_sink.worker import committed_offset
 
-        return committed_offsets(self._driver_worker._admin_client(), self._driver_worker.group, partitions)
+        admin, group = self._driver_worker._admin_client(), self._driver_worker.group
+        found = {
+            (t, p): committed_offset(admin, group, t, p)
+            for t, count in partitions.items()
+            for p in range(count)
+        }
+        return {key: value for key, value in found.items() if value is not None}
 
     def _reconcile_checkpoint(self, committed: dict[offsets.TopicPartitionKey, int]) -> None:
         """A checkpoint ahead of the sink group would skip undelivered records: move it aside."""
@@ -260,7 +269,9 @@ class SinkApp:
                 continue
             # Offsets without a visible record (markers, aborted): the end offset must be committed too.
             empty = RAW_RECORD_SCHEMA.empty_table()
-            result = self._driver_worker.commit_slice(topic, partition, start, end, empty, self._driver_processor())
+            result = self._driver_worker.commit_slice(
+                topic, partition, start, end, empty, self._driver_processor()
+            )
             rows.append(_result_batch(result).to_pylist()[0])
         return rows
 
@@ -315,7 +326,9 @@ class SinkApp:
             list(partitions), partitions, committed, self.config.source.starting_offsets
         )
         spark = build_spark_session(
-            self.config.catalog, master=self.options.master or self.config.spark.master, app_name=self.config.name
+            self.config.catalog,
+            master=self.options.master or self.config.spark.master,
+            app_name=self.config.name,
         )
         self._coordinator = self._start_coordinator()
         for sig in (signal.SIGTERM, signal.SIGINT):

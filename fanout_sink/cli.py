@@ -91,8 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the sink as a Spark Structured Streaming application")
     run.add_argument("--config", required=True, help="the sink's YAML file")
     run.add_argument("--master", help="Spark master (default: spark.master in the config, else local[*])")
-    run.add_argument("--available-now", action="store_true", help="process what is in the topics now, commit, exit")
-    run.add_argument("--trigger-interval", help="micro-batch interval, e.g. 10s (default: spark.trigger-interval)")
+    run.add_argument(
+        "--available-now", action="store_true", help="process what is in the topics now, commit, exit"
+    )
+    run.add_argument(
+        "--trigger-interval", help="micro-batch interval, e.g. 10s (default: spark.trigger-interval)"
+    )
     run.add_argument("--max-offsets-per-trigger", type=int, help="cap on records per micro-batch")
     run.set_defaults(func=_run)
 

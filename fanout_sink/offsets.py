@@ -75,7 +75,11 @@ def last_committed_ends(checkpoint: str) -> dict[TopicPartitionKey, int] | None:
     """End offsets of the newest batch Spark considers done (``commits/<id>``), or None when fresh."""
     root = _local_path(checkpoint)
     commits = root / "commits"
-    ids = sorted((int(p.name) for p in commits.iterdir() if p.name.isdigit()), reverse=True) if commits.is_dir() else []
+    ids = (
+        sorted((int(p.name) for p in commits.iterdir() if p.name.isdigit()), reverse=True)
+        if commits.is_dir()
+        else []
+    )
     for batch_id in ids:
         path = root / "offsets" / str(batch_id)
         if path.exists():
@@ -86,7 +90,10 @@ def last_committed_ends(checkpoint: str) -> dict[TopicPartitionKey, int] | None:
 def starting_offsets_option(
     topics: list[str], partitions: dict[str, int], committed: dict[TopicPartitionKey, int], fallback: str
 ) -> str:
-    """Spark's ``startingOffsets`` JSON: the sink group's offset where known, else -2 (earliest) / -1 (latest)."""
+    """Spark's ``startingOffsets`` JSON: the sink group's offset where known, else the fallback.
+
+    Spark spells earliest as -2 and latest as -1 inside the JSON form.
+    """
     default = -2 if fallback == "earliest" else -1
     spec = {
         topic: {str(part): committed.get((topic, part), default) for part in range(partitions[topic])}

@@ -1,6 +1,7 @@
 """Entry point for ``spark-submit``: the same app as ``fanout-sink run``, with the master from submit.
 
-    spark-submit --jars "$(fanout-sink jars --comma)" "$(python -c 'import fanout_sink.spark_main as m; print(m.__file__)')" --config sink.yaml
+entry=$(python -c 'import fanout_sink.spark_main as m; print(m.__file__)')
+spark-submit --jars "$(fanout-sink jars --comma)" "$entry" --config sink.yaml
 """
 
 from __future__ import annotations
