@@ -49,6 +49,11 @@ RESULT_SCHEMA = pa.schema(
         pa.field("files", pa.string()),
     ]
 )
+# The same columns in Spark's DDL, as mapInArrow declares its output.
+RESULT_DDL = ", ".join(
+    f"`{f.name}` {'string' if f.type == pa.string() else 'int' if f.type == pa.int32() else 'bigint'}"
+    for f in RESULT_SCHEMA
+)
 _SPLITTING_OPTIONS = ("minPartitions", "maxRecordsPerPartition")
 
 
@@ -69,18 +74,19 @@ _EXECUTOR_STATE: dict[str, tuple[SliceWorker, Any]] = {}
 _EXECUTOR_LOCK = threading.Lock()
 
 
-def _executor_state(config_json: str) -> tuple[SliceWorker, Any]:
-    """One worker and one processor per Python worker process and config, reused across tasks."""
-    key = hashlib.sha256(config_json.encode()).hexdigest()
+def config_key(config: SinkConfig) -> str:
+    return hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+
+
+def _executor_state(key: str, config: SinkConfig) -> tuple[SliceWorker, Any]:
+    """One worker and one processor per Python worker process and config, reused across tasks:
+    producers, catalog connections and loaded tables outlive a single micro-batch."""
     with _EXECUTOR_LOCK:
         if key not in _EXECUTOR_STATE:
             from fanout_sink.processor import build_processor
 
-            config = SinkConfig.model_validate_json(config_json)
-            _EXECUTOR_STATE[key] = (
-                _slice_worker(config),
-                build_processor(config, load_catalog(config.catalog)),
-            )
+            processor = build_processor(config, load_catalog(config.catalog))
+            _EXECUTOR_STATE[key] = (_slice_worker(config), processor)
         return _EXECUTOR_STATE[key]
 
 
@@ -114,7 +120,7 @@ def _result_batch(result: SliceResult) -> pa.RecordBatch:
 
 
 def run_task(
-    config_json: str, ranges: offsets.PlannedRanges, batches: Iterator[pa.RecordBatch]
+    key: str, config: SinkConfig, ranges: offsets.PlannedRanges, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """One Spark task = one source topic-partition's slice of the micro-batch."""
     collected = [batch for batch in batches if batch.num_rows]
@@ -130,7 +136,7 @@ def run_task(
         )
     topic, partition = str(topics[0]), int(partitions[0].as_py())
     start, end = ranges[(topic, partition)]
-    worker, processor = _executor_state(config_json)
+    worker, processor = _executor_state(key, config)
     yield _result_batch(worker.commit_slice(topic, partition, start, end, raw, processor))
 
 
@@ -153,7 +159,7 @@ class SinkApp:
         self.config = config
         self.options = options or RunOptions()
         self.checkpoint = checkpoint_location(config)
-        self._config_json = config.model_dump_json(by_alias=False)
+        self._config_key = config_key(config)
         self._driver_worker = _slice_worker(config)
         self._stop_requested = threading.Event()
         self._batch_lock = threading.Lock()
@@ -261,8 +267,8 @@ class SinkApp:
             self._log_batch(batch_id, results, time.monotonic() - started)
 
     def _run_batch(self, frame: Any, ranges: offsets.PlannedRanges) -> list[dict[str, Any]]:
-        task = functools.partial(run_task, self._config_json, ranges)
-        rows = [row.asDict() for row in frame.mapInArrow(task, RESULT_SCHEMA).collect()]
+        task = functools.partial(run_task, self._config_key, self.config, ranges)
+        rows = [row.asDict() for row in frame.mapInArrow(task, RESULT_DDL).collect()]
         reported = {(row["topic"], row["partition"]) for row in rows}
         for (topic, partition), (start, end) in sorted(ranges.items()):
             if (topic, partition) in reported or end <= start:

@@ -50,6 +50,9 @@ def build_spark_session(
     if resolved_master is not None and resolved_master.startswith("local"):
         # A local run talks to itself only: keep Spark's driver and block manager on loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # PySpark picks the Python of its workers from this variable (not from spark.pyspark.python);
+        # without it they run a bare `python3` that lacks the sink's packages.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit the JVM exists already (PYSPARK_GATEWAY_PORT is set) and owns the master.
     if resolved_master is not None:
