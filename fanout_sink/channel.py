@@ -180,10 +180,13 @@ class ControlReader:
     def seek_to_committed(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
         """Start at the coordinator group's committed low watermark (or the beginning)."""
         committed = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0].offset
-        start = committed if committed >= 0 else 0
-        self._consumer.assign([TopicPartition(self.topic, CONTROL_PARTITION, start)])
-        self._position = start
-        return start
+        return self.seek(committed if committed >= 0 else 0)
+
+    def seek(self, offset: int) -> int:
+        """Read from control offset ``offset`` on (``status`` and tests read the whole history)."""
+        self._consumer.assign([TopicPartition(self.topic, CONTROL_PARTITION, offset)])
+        self._position = offset
+        return offset
 
     @property
     def position(self) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from fanout_sink import channel, writer
@@ -32,6 +32,7 @@ from fanout_sink import events as ev
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
 from fanout_sink.faults import fault_point
 from fanout_sink.records import SliceProcessor
+from fanout_sink.source_offsets import committed_offset
 
 
 @dataclass
@@ -58,23 +59,6 @@ def table_ref(table: Any) -> ev.TableRef:
     """The reference a ``DataWritten`` carries: identifier plus the uuid the files were written for."""
     *namespace, name = table.name()
     return ev.TableRef(namespace=tuple(namespace), name=name, uuid=str(table.metadata.table_uuid))
-
-
-def committed_offset(
-    admin: AdminClient, group: str, topic: str, partition: int, timeout_s: float = channel.DEFAULT_TIMEOUT_S
-) -> int | None:
-    """The group's committed offset for one partition, waiting for pending transactional commits."""
-
-    def ask() -> int | None:
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, partition)])
-        futures = admin.list_consumer_group_offsets([request], require_stable=True, request_timeout=timeout_s)
-        result = futures[group].result(timeout=timeout_s)
-        tp = result.topic_partitions[0]
-        if tp.error is not None:
-            raise KafkaException(tp.error)
-        return int(tp.offset) if tp.offset >= 0 else None
-
-    return channel.retry_transient(ask, timeout_s)
 
 
 def _max_timestamp_ms(raw: pa.Table) -> int | None:

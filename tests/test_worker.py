@@ -14,7 +14,8 @@ from procs.common import create_tables, end_offset, make_processor, produce_json
 from fanout_sink import channel, faults
 from fanout_sink import events as ev
 from fanout_sink.errors import OffsetGapError, ProducerFencedError
-from fanout_sink.worker import SliceWorker, committed_offset
+from fanout_sink.source_offsets import committed_offset
+from fanout_sink.worker import SliceWorker
 
 pytestmark = pytest.mark.kafka
 

@@ -23,7 +23,8 @@ from pyiceberg.types import LongType, NestedField, StringType
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.channel import sink_group
 from fanout_sink.records import RAW_RECORD_SCHEMA, DeadLetter, RoutedSlice, SliceProcessor, TableRows
-from fanout_sink.worker import SliceResult, SliceWorker, committed_offset
+from fanout_sink.source_offsets import committed_offset
+from fanout_sink.worker import SliceResult, SliceWorker
 
 NAMESPACE = "sink"
 TABLE_SCHEMA = Schema(
