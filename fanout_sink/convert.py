@@ -179,7 +179,7 @@ def _decimals(array: pa.Array, target: pa.DataType) -> pa.Array:
     if _is_string(src):
         array = pc.cast(pc.utf8_trim_whitespace(array.cast(pa.string())), pa.decimal128(38, 18))
     elif pa.types.is_integer(src):
-        return pc.cast(array, target)
+        array = pc.cast(pc.cast(array, pa.int64()), pa.decimal128(38, 18))
     elif not pa.types.is_decimal(src):
         raise pa.ArrowNotImplementedError(f"cannot convert {_type_name(src)} to {_type_name(target)}")
     rounded = pc.round(array, ndigits=target.scale, round_mode="half_towards_infinity")
