@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -179,7 +180,7 @@ def _decimals(array: pa.Array, target: pa.DataType) -> pa.Array:
     if _is_string(src):
         array = pc.cast(pc.utf8_trim_whitespace(array.cast(pa.string())), pa.decimal128(38, 18))
     elif pa.types.is_integer(src):
-        return pc.cast(array, target)
+        array = pc.cast(pc.cast(array, pa.int64()), pa.decimal128(38, 18))
     elif not pa.types.is_decimal(src):
         raise pa.ArrowNotImplementedError(f"cannot convert {_type_name(src)} to {_type_name(target)}")
     rounded = pc.round(array, ndigits=target.scale, round_mode="half_towards_infinity")
@@ -461,6 +462,14 @@ def _zero(dtype: pa.DataType, n: int) -> pa.Array:
         return pa.array([""] * n, dtype)
     if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
         return pa.array([b""] * n, dtype)
+    if pa.types.is_boolean(dtype):
+        return pa.array(np.zeros(n, dtype=bool))
+    if pa.types.is_decimal(dtype):
+        return pa.array([Decimal(0)] * n, dtype)
+    if pa.types.is_date32(dtype) or pa.types.is_time32(dtype):
+        return pa.array(np.zeros(n, dtype=np.int32)).cast(dtype)
+    if pa.types.is_temporal(dtype):
+        return pa.array(np.zeros(n, dtype=np.int64)).cast(dtype)
     return pc.cast(pa.array(np.zeros(n, dtype=np.int8)), dtype)
 
 

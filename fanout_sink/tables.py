@@ -269,6 +269,13 @@ class TableManager:
         """The table after the schema changes ``rows`` need and ``settings.evolution`` allows."""
         from pyiceberg.exceptions import CommitFailedException
 
+        retryable: tuple[type[BaseException], ...] = (CommitFailedException, ValueError)
+        try:  # an embedded SQLite catalog reports a concurrent writer as "database is locked"
+            from sqlalchemy.exc import OperationalError
+
+            retryable = (*retryable, OperationalError)
+        except ImportError:  # pragma: no cover - other catalogs
+            pass
         matching = Matching.of(settings.conversion)
         evolution = settings.evolution
         if not (evolution.add_columns or evolution.widen_types or evolution.make_optional):
@@ -281,7 +288,7 @@ class TableManager:
                 _apply(table, changes)
                 log.info("evolved table %s: %s", name, changes.describe())
                 return self._remember(name, self.catalog.load_table(name))
-            except (CommitFailedException, ValueError) as exc:
+            except retryable as exc:
                 if attempt + 1 == self.retries:
                     raise TableError(f"table {name}: schema change kept conflicting: {exc}") from exc
                 time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
