@@ -26,9 +26,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from fanout_sink import channel, offsets
+from fanout_sink import channel, offsets, source_offsets
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
+from fanout_sink.coordinator import Coordinator
 from fanout_sink.errors import FanoutSinkError
 from fanout_sink.records import RAW_RECORD_SCHEMA
 from fanout_sink.worker import SliceResult, SliceWorker
@@ -66,6 +67,7 @@ class RunOptions:
     trigger_interval: timedelta | None = None
     max_offsets_per_trigger: int | None = None
     batch_retries: int = 3
+    spark_conf: tuple[tuple[str, str], ...] = ()
 
 
 # --- executor side -------------------------------------------------------------------------------
@@ -165,7 +167,7 @@ class SinkApp:
         self._batch_lock = threading.Lock()
         self._query: Any = None
         self._processor: Any = None
-        self._coordinator: Any = None
+        self._coordinator: Coordinator | None = None
         self.batches_done = 0
 
     # planning and recovery
@@ -188,14 +190,9 @@ class SinkApp:
         return {t: len(metadata.topics[t].partitions) for t in sorted(set(wanted))}
 
     def _sink_group_offsets(self, partitions: dict[str, int]) -> dict[offsets.TopicPartitionKey, int]:
-        from fanout_sink.worker import committed_offset
-
         admin, group = self._driver_worker._admin_client(), self._driver_worker.group
-        found = {
-            (t, p): committed_offset(admin, group, t, p)
-            for t, count in partitions.items()
-            for p in range(count)
-        }
+        wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
+        found = source_offsets.committed_offsets(admin, group, wanted)
         return {key: value for key, value in found.items() if value is not None}
 
     def _reconcile_checkpoint(self, committed: dict[offsets.TopicPartitionKey, int]) -> None:
@@ -253,6 +250,11 @@ class SinkApp:
     def process_batch(self, frame: Any, batch_id: int) -> None:
         """foreachBatch body: deliver every planned slice, retrying the batch on failure."""
         with self._batch_lock:
+            if self._coordinator is not None and self._coordinator.error is not None:
+                raise FanoutSinkError(
+                    f"the coordinator of sink {self.config.name!r} stopped: {self._coordinator.error}. "
+                    "Restart the app; it resumes from the sink group and the tables' summaries."
+                ) from self._coordinator.error
             ranges = offsets.planned_ranges(self.checkpoint, batch_id)
             started = time.monotonic()
             for attempt in range(1, self.options.batch_retries + 1):
@@ -336,7 +338,7 @@ class SinkApp:
             master=self.options.master or self.config.spark.master,
             app_name=self.config.name,
         )
-        self._coordinator = self._start_coordinator()
+        self._coordinator = self._start_coordinator(list(partitions))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
         threading.Thread(target=self._stopper, name="fanout-sink-stopper", daemon=True).start()
@@ -358,13 +360,26 @@ class SinkApp:
             self._stop_coordinator()
         return 0
 
-    def _start_coordinator(self) -> Any:
-        from fanout_sink.coordinator import Coordinator
-
-        coordinator = Coordinator.from_config(self.config)
+    def _start_coordinator(self, topics: list[str]) -> Coordinator:
+        control = self.config.control
+        coordinator = Coordinator(
+            sink=self.config.name,
+            kafka_conf=dict(self.config.kafka),
+            control_topic=control_topic(self.config),
+            catalog=load_catalog(self.config.catalog),
+            source_topics=topics,
+            commit_interval_s=control.commit_interval.total_seconds(),
+            commit_timeout_s=control.commit_timeout.total_seconds(),
+        )
         coordinator.start()
         return coordinator
 
     def _stop_coordinator(self) -> None:
-        if self._coordinator is not None:
-            self._coordinator.stop(commit_now=True)
+        if self._coordinator is None:
+            return
+        try:
+            result = self._coordinator.stop(commit_now=True)
+            if result is not None:
+                log.info("final commit round: %s", result)
+        finally:
+            self._coordinator.close()

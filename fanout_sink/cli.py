@@ -48,6 +48,13 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.run(Path(args.dir), records=args.records, bootstrap_servers=args.bootstrap_servers)
 
 
+def _key_value(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--conf takes KEY=VALUE, got {item!r}")
+    return key.strip(), value
+
+
 def _run(args: argparse.Namespace) -> int:
     from fanout_sink.app import RunOptions, SinkApp
     from fanout_sink.config import load_config, parse_duration
@@ -59,6 +66,7 @@ def _run(args: argparse.Namespace) -> int:
         available_now=args.available_now,
         trigger_interval=parse_duration(args.trigger_interval) if args.trigger_interval else None,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
+        spark_conf=tuple(_key_value(item) for item in args.conf),
     )
     return SinkApp(config, options).run()
 
@@ -98,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trigger-interval", help="micro-batch interval, e.g. 10s (default: spark.trigger-interval)"
     )
     run.add_argument("--max-offsets-per-trigger", type=int, help="cap on records per micro-batch")
+    run.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
+    )
     run.set_defaults(func=_run)
 
     jar_sets = ["spark-connectors", "kafka-broker"]

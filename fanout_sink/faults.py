@@ -7,6 +7,8 @@ unless the environment variable ``FANOUT_SINK_FAULTS`` names the point, as a com
 ``point=action``:
 
 - ``kill``: SIGKILL the own process (no cleanup, no ``finally``, like a lost machine);
+- ``kill-once:PATH``: the same, unless the file ``PATH`` exists; it is created just before the kill,
+  so the retried attempt (a Spark task retry, a restarted app) passes the point;
 - ``raise``: raise :class:`InjectedFault`;
 - ``sleep:SECONDS``: pause, for example to hold a Kafka transaction open;
 - ``wait:PATH``: block until the file ``PATH`` exists (a test releases the process when it wants).
@@ -50,6 +52,13 @@ def fault_point(name: str, **context: object) -> None:
     if action is None:
         return
     if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action.startswith("kill-once:"):
+        marker = Path(action.split(":", 1)[1])
+        try:
+            marker.touch(exist_ok=False)
+        except FileExistsError:
+            return
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "raise":
         raise InjectedFault(f"fault injected at {name} ({ENV_VAR}={os.environ.get(ENV_VAR)})")
