@@ -326,13 +326,18 @@ class SinkApp:
     def run(self) -> int:
         from fanout_sink.spark_session import build_spark_session
 
+        log.info("sink %r: checking control topic %s", self.config.name, control_topic(self.config))
         channel.ensure_control_topic(dict(self.config.kafka), control_topic(self.config))
         partitions = self._topics_and_partitions()
         committed = self._sink_group_offsets(partitions)
+        log.info("source partitions %s; sink group %r has delivered up to %s", partitions,
+                 self._driver_worker.group, {f"{t}[{p}]": o for (t, p), o in sorted(committed.items())})  # fmt: skip
         self._reconcile_checkpoint(committed)
         starting = offsets.starting_offsets_option(
             list(partitions), partitions, committed, self.config.source.starting_offsets
         )
+        log.info("starting Spark (master %s, checkpoint %s)", self.options.master or self.config.spark.master,
+                 self.checkpoint)  # fmt: skip
         spark = build_spark_session(
             self.config.catalog,
             master=self.options.master or self.config.spark.master,

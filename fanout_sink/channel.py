@@ -84,7 +84,10 @@ def ensure_control_topic(
 ) -> None:
     """Create the control topic with one partition, or check that the existing one has exactly one."""
     admin = AdminClient(_client_conf(kafka_conf))
-    metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+    # Ask for all topics, never for one by name: a metadata request naming a topic that does not
+    # exist intermittently crashes librdkafka's process (SIGSEGV seen here on the first run of a
+    # sink; confluent-kafka-python issue 1547 describes the same family of crashes).
+    metadata = admin.list_topics(timeout=timeout_s).topics.get(topic)
     if metadata is None or metadata.error is not None:
         futures = admin.create_topics([NewTopic(topic, num_partitions=1)], operation_timeout=timeout_s)
         try:
@@ -95,7 +98,7 @@ def ensure_control_topic(
                     f"could not create control topic {topic!r}: {exc.args[0].str()}\n"
                     "  fix: create it by hand with 1 partition, or grant the sink CREATE on the cluster."
                 ) from exc
-        metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics[topic]
+        metadata = admin.list_topics(timeout=timeout_s).topics[topic]
     partitions = len(metadata.partitions)
     if partitions != 1:
         raise ControlTopicError(

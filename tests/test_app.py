@@ -1,0 +1,183 @@
+"""The Spark app end to end on the real broker and catalog: exact id sets per table after kills."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.sample_data import shop_events
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+STATIC = {"shop.orders": "order", "shop.payments": "payment", "shop.clicks": "click"}
+DYNAMIC = {"raw.order": "order", "raw.payment": "payment", "raw.click": "click"}
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for an app in a child process. The test session's own Spark exports its
+    gateway port and secret; a child that inherits them attaches to that JVM instead of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    env["PYTHONFAULTHANDLER"] = "1"
+    return {**env, **(extra or {})}
+
+
+class SinkRun:
+    """One sink under test: its topics, config file, produced ids and how to run the app."""
+
+    def __init__(
+        self, tmp_path: Path, bootstrap: str, settings: CatalogSettings, make_topic: Callable[..., str]
+    ):
+        self.tmp_path = tmp_path
+        self.bootstrap = bootstrap
+        self.settings = settings
+        self.name = f"sink-{uuid.uuid4().hex[:6]}"
+        self.topics = {
+            "orders": make_topic("orders", partitions=3),
+            "clicks": make_topic("clicks", partitions=2),
+        }
+        self.expected: dict[str, set[str]] = {}
+        self.produced = 0
+        self.config = tmp_path / "sink.yaml"
+        self.config.write_text(
+            yaml.safe_dump(
+                {
+                    "name": self.name,
+                    "kafka": {"bootstrap.servers": bootstrap},
+                    "source": {"topics": sorted(self.topics.values()), "format": "json"},
+                    "control": {"topic": f"{self.name}-control", "commit-interval": "2s"},
+                    "catalog": settings.model_dump(),
+                    "tables": {table: {"when": f"type == '{kind}'"} for table, kind in STATIC.items()},
+                    "dynamic": {
+                        "table": "join('.', ['raw', type])",
+                        "allow": "^raw\\.[a-z]+$",
+                        "auto-create": True,
+                        "applies-to": "all",
+                    },
+                    "spark": {"checkpoint-location": str(tmp_path / "checkpoints"), "master": "local[2]"},
+                }
+            )
+        )
+
+    def produce(self, count: int) -> None:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.name}-source"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for event in shop_events(count, start=self.produced):
+            producer.produce(self.topics[event.topic], key=event.key, value=event.value)
+            kind = event.key.decode().split("-")[0]
+            for table, wanted in {**STATIC, **DYNAMIC}.items():
+                if wanted == kind:
+                    self.expected.setdefault(table, set()).add(event.key.decode())
+            producer.poll(0)
+        producer.commit_transaction(60)
+        self.produced += count
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(self.config), *args]
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 420) -> str:
+        result = subprocess.run(
+            self.command(*args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=child_env(env),
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        return result.stderr
+
+    def table_ids(self) -> dict[str, list[str]]:
+        catalog = load_catalog(self.settings)
+        return {
+            table: sorted(
+                catalog.load_table(table).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
+            )
+            for table in self.expected
+        }
+
+    def assert_exact(self) -> None:
+        got = self.table_ids()
+        for table, ids in self.expected.items():
+            duplicates = len(got[table]) - len(set(got[table]))
+            assert duplicates == 0, f"{table}: {duplicates} duplicate rows"
+            assert set(got[table]) == ids, f"{table}: missing {len(ids - set(got[table]))}"
+
+
+@pytest.fixture
+def sink_run(
+    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+) -> SinkRun:
+    return SinkRun(tmp_path, bootstrap_servers, catalog_settings, make_topic)
+
+
+def test_available_now_into_static_and_dynamic_tables_read_both_ways(
+    sink_run: SinkRun, spark: Any, spark_catalog: str
+) -> None:
+    sink_run.produce(1500)
+    log = sink_run.run("--available-now", "--max-offsets-per-trigger", "800")
+    assert "batch 0:" in log and "batch 1:" in log, "the cap splits the run into several micro-batches"
+    sink_run.assert_exact()
+
+    # A second run with nothing new delivers nothing twice.
+    sink_run.run("--available-now")
+    sink_run.assert_exact()
+
+    orders = f"{spark_catalog}.shop.orders"
+    spark_ids = {row.id for row in spark.sql(f"SELECT id FROM {orders}").collect()}
+    assert spark_ids == sink_run.expected["shop.orders"]
+    summaries = spark.sql(f"SELECT summary FROM {orders}.snapshots ORDER BY committed_at").collect()
+    assert summaries, "the sink committed at least one snapshot"
+    prefix = f"fanout-sink.{sink_run.name}."
+    last = summaries[-1].summary
+    assert {key for key in last if key.startswith(prefix)} >= {
+        f"{prefix}commit-id",
+        f"{prefix}control-offsets",
+    }
+
+
+def test_driver_killed_mid_run_then_restarted(sink_run: SinkRun) -> None:
+    sink_run.produce(2400)
+    env = child_env({"FANOUT_SINK_FAULTS": "worker.after-commit=sleep:1"})
+    app = subprocess.Popen(
+        sink_run.command("--trigger-interval", "1s", "--max-offsets-per-trigger", "400"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    assert app.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "batch 1:" not in seen and time.monotonic() < deadline and app.poll() is None:
+        seen += app.stderr.readline()
+    assert "batch 1:" in seen, seen[-3000:]
+    time.sleep(2.5)  # each slice sleeps 1s after its transaction: the kill lands inside batch 2
+    os.killpg(app.pid, signal.SIGKILL)  # the driver, its JVM and every Python worker at once
+    app.wait(30)
+
+    sink_run.produce(300)  # the world goes on while the sink is down
+    sink_run.run("--available-now")
+    sink_run.assert_exact()
+
+
+def test_executor_python_worker_killed_mid_batch_in_local_cluster(sink_run: SinkRun, tmp_path: Path) -> None:
+    sink_run.produce(900)
+    marker = tmp_path / "worker-killed"
+    sink_run.run(
+        "--available-now",
+        "--master", "local-cluster[2,1,1024]",
+        "--conf", f"spark.executorEnv.FANOUT_SINK_FAULTS=worker.after-write-files=kill-once:{marker}",
+        "--conf", "spark.task.maxFailures=4",
+    )  # fmt: skip
+    assert marker.exists(), "a Python worker was killed after writing its files, before its transaction"
+    sink_run.assert_exact()
