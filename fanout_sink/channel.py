@@ -95,8 +95,14 @@ def ensure_control_topic(
                     f"could not create control topic {topic!r}: {exc.args[0].str()}\n"
                     "  fix: create it by hand with 1 partition, or grant the sink CREATE on the cluster."
                 ) from exc
-        metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics[topic]
-    partitions = len(metadata.partitions)
+    # A topic just created (by us or a concurrent process) shows no partitions until a leader is elected.
+    deadline = time.monotonic() + timeout_s
+    while (metadata is None or metadata.error is not None or not metadata.partitions) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+        metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+    partitions = len(metadata.partitions) if metadata is not None else 0
     if partitions != 1:
         raise ControlTopicError(
             f"control topic {topic!r} has {partitions} partitions; the sink needs exactly 1 so that "

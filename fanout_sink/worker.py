@@ -25,14 +25,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from fanout_sink import channel, writer
 from fanout_sink import events as ev
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
 from fanout_sink.faults import fault_point
 from fanout_sink.records import SliceProcessor
-from fanout_sink.source_offsets import committed_offset
+from fanout_sink.source_offsets import GroupOffsets
 
 
 @dataclass
@@ -94,12 +93,15 @@ class SliceWorker:
         self._producers: dict[str, Producer] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._admin: AdminClient | None = None
+        self._offsets: GroupOffsets | None = None
+        self._control_checked = False
 
-    def _admin_client(self) -> AdminClient:
-        if self._admin is None:
-            self._admin = AdminClient(channel._client_conf(self.kafka_conf))
-        return self._admin
+    def committed_offset(self, topic: str, partition: int) -> int | None:
+        """The sink-managed group's stable committed offset for one source partition."""
+        with self._guard:
+            if self._offsets is None:
+                self._offsets = GroupOffsets(self.kafka_conf, self.group, stable=True)
+            return self._offsets.committed([(topic, partition)], self.timeout_s)[(topic, partition)]
 
     def _metadata(self) -> bytes:
         if self._group_metadata is None:
@@ -128,6 +130,10 @@ class SliceWorker:
     ) -> SliceResult:
         """Deliver the planned offset range ``[start_offset, end_offset)`` of one source partition."""
         txn_id = channel.worker_transactional_id(self.sink, topic, partition)
+        if not self._control_checked:
+            # Producing to a missing topic only times out; creating or checking it once says why.
+            channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
+            self._control_checked = True
         with self._lock(txn_id):
             producer = self._producer(txn_id)  # fences older attempts before anything is read
             try:
@@ -155,7 +161,7 @@ class SliceWorker:
         raw: pa.Table,
         process: SliceProcessor,
     ) -> SliceResult:
-        committed = committed_offset(self._admin_client(), self.group, topic, partition, self.timeout_s)
+        committed = self.committed_offset(topic, partition)
         result = SliceResult(topic, partition, start, end, committed, records_in=raw.num_rows)
         if committed is not None and committed >= end:
             result.skipped_delivered = raw.num_rows
@@ -220,3 +226,6 @@ class SliceWorker:
         for producer in self._producers.values():
             producer.flush(self.timeout_s)
         self._producers.clear()
+        if self._offsets is not None:
+            self._offsets.close()
+            self._offsets = None

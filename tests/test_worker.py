@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient
 from procs.common import create_tables, end_offset, make_processor, produce_json, read_slice
 
 from fanout_sink import channel, faults
@@ -39,7 +38,7 @@ def _setup(bootstrap: str, make_topic: Callable[..., str], catalog: Any) -> tupl
 
 
 def _committed(bootstrap: str, sink: str, topic: str) -> int | None:
-    return committed_offset(AdminClient({"bootstrap.servers": bootstrap}), channel.sink_group(sink), topic, 0)
+    return committed_offset({"bootstrap.servers": bootstrap}, channel.sink_group(sink), topic, 0)
 
 
 def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
