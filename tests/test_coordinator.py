@@ -264,3 +264,25 @@ def test_event_decoding_ignores_other_sinks_on_a_shared_control_topic(
     coordinator.commit_round()
     assert table_ids(catalog, "c") == expected["c"]
     coordinator.close()
+
+
+def test_coordinator_thread_commits_on_its_interval_and_at_stop(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    import time
+
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    coordinator = sink.coordinator(commit_interval_s=0.5)
+    coordinator.start()
+    expected = _produce(sink, range(12), tables="ab")
+    sink.batch()
+    deadline = time.monotonic() + 30
+    while table_ids(catalog, "a") != expected["a"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert table_ids(catalog, "a") == expected["a"]
+    more = _produce(sink, range(12, 20), tables="ab")
+    sink.batch()
+    coordinator.stop(commit_now=True)
+    coordinator.close()
+    for name in "ab":
+        assert table_ids(catalog, name) == expected[name] + more[name]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs.common import create_tables, produce_json, table_ids
+from procs.common import create_tables, end_offset, produce_json, read_slice, table_ids
 
 from fanout_sink import channel
 from fanout_sink.catalog import CatalogSettings
@@ -32,7 +32,9 @@ PROCS = Path(__file__).parent / "procs"
 class Child:
     """Runs the worker or coordinator scripts of one sink in child processes."""
 
-    def __init__(self, bootstrap: str, topics: dict[str, int], settings: CatalogSettings) -> None:
+    def __init__(
+        self, bootstrap: str, topics: dict[str, int], settings: CatalogSettings, dlq: str | None = None
+    ) -> None:
         self.sink = f"k{uuid.uuid4().hex[:6]}"
         self.bootstrap = bootstrap
         self.topics = topics
@@ -43,6 +45,7 @@ class Child:
                 "control": f"{self.sink}-control",
                 "topics": topics,
                 "catalog": settings.model_dump(),
+                "dlq": dlq,
             }
         )
 
@@ -162,3 +165,41 @@ def test_zombie_worker_process_is_fenced(
     child.run("run_coordinator.py")
     assert table_ids(catalog, "a") == expected["a"]
     assert table_ids(catalog, "b") == expected["b"]
+
+
+def test_counts_reconcile_across_a_killed_worker(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, catalog_settings: CatalogSettings
+) -> None:
+    """I5: good, malformed and filtered records; the worker dies after partition 0's transaction.
+    After the retry: rows + dead letters + filtered = records in, each dead letter exactly once."""
+    topic, dlq = make_topic("src", partitions=2), make_topic("dlq")
+    create_tables(catalog, ["a", "b"])
+    good: dict[str, list[int]] = {"a": [], "b": []}
+    bad = skipped = 0
+    for partition in range(2):
+        values: list[dict[str, Any] | bytes] = []
+        for i in range(12):
+            ident = partition * 100 + i
+            if i % 4 == 3:
+                values.append(f"garbage-{ident}".encode())
+                bad += 1
+            elif i % 4 == 2:
+                values.append({"id": ident, "table": "skip"})
+                skipped += 1
+            else:
+                values.append({"id": ident, "table": "ab"[i % 2]})
+                good["ab"[i % 2]].append(ident)
+        produce_json(bootstrap_servers, topic, partition, values)
+    child = Child(bootstrap_servers, {topic: 2}, catalog_settings, dlq=dlq)
+    child.run("run_worker.py", "worker.after-commit=kill", expect=-signal.SIGKILL)
+    child.run("run_worker.py")
+    child.run("run_coordinator.py")
+
+    rows = table_ids(catalog, "a") + table_ids(catalog, "b")
+    assert table_ids(catalog, "a") == good["a"] and table_ids(catalog, "b") == good["b"]
+    letters = read_slice(bootstrap_servers, dlq, 0, 0, end_offset(bootstrap_servers, dlq, 0))
+    assert sorted(letters["value"].to_pylist()) == sorted(
+        f"garbage-{p * 100 + i}".encode() for p in range(2) for i in range(12) if i % 4 == 3
+    )
+    records_in = sum(end_offset(bootstrap_servers, topic, p) for p in range(2))
+    assert records_in == len(rows) + letters.num_rows + skipped == 24

@@ -17,7 +17,9 @@ from fanout_sink.worker import SliceWorker
 def main() -> int:
     cfg = json.loads(sys.argv[1])
     catalog = catalog_from(cfg["catalog"])
-    worker = SliceWorker(cfg["sink"], {"bootstrap.servers": cfg["bootstrap"]}, cfg["control"])
+    worker = SliceWorker(
+        cfg["sink"], {"bootstrap.servers": cfg["bootstrap"]}, cfg["control"], dead_letter_topic=cfg.get("dlq")
+    )
     results = run_batch(worker, cfg["bootstrap"], cfg["topics"], make_processor(catalog))
     print(json.dumps([[r.topic, r.partition, r.transaction_committed, r.skipped_delivered] for r in results]))
     worker.close()
