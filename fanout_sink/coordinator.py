@@ -47,6 +47,7 @@ class TableCommit:
 
     identifier: str
     outcome: str  # "committed" | "already-committed" | "table-missing" | "failed"
+    table_uuid: str | None = None
     snapshot_id: int | None = None
     files: int = 0
     stale_files: int = 0  # written for another table uuid: never appended
@@ -244,7 +245,7 @@ class Coordinator:
             payloads: list[ev.Payload] = [
                 ev.CommitToTable(
                     commit_id=commit_id,
-                    table=due[t][0].event.table,
+                    table=due[t][0].event.table.model_copy(update={"uuid": outcome.table_uuid}),
                     snapshot_id=outcome.snapshot_id,
                     vtts_ms=vtts,
                 )
@@ -299,6 +300,7 @@ class Coordinator:
                 outcome.outcome = "table-missing"
                 return outcome
             table_uuid = str(table.metadata.table_uuid)
+            outcome.table_uuid = table_uuid
             stale = [p for p in items if p.event.table.uuid != table_uuid]
             outcome.stale_files = sum(len(p.event.files) for p in stale)
             if stale:
