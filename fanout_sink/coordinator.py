@@ -264,9 +264,8 @@ class Coordinator:
         if not due:
             return {}
         results: dict[str, TableCommit] = {}
-        with ThreadPoolExecutor(
-            max_workers=self.max_parallel_commits, thread_name_prefix="table-commit"
-        ) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.max_parallel_commits, thread_name_prefix="table-commit")
+        try:
             futures = {
                 identifier: pool.submit(self._commit_table, identifier, items, round_end, commit_id, vtts)
                 for identifier, items in due.items()
@@ -283,6 +282,9 @@ class Coordinator:
                         "commit of %s failed; its files stay pending for the next round", identifier
                     )
                     results[identifier] = TableCommit(identifier, "failed", error=repr(exc))
+        finally:
+            # Do not wait for a commit that timed out: the round goes on without it.
+            pool.shutdown(wait=False, cancel_futures=True)
         return results
 
     def _commit_table(

@@ -203,3 +203,40 @@ def test_counts_reconcile_across_a_killed_worker(
     )
     records_in = sum(end_offset(bootstrap_servers, topic, p) for p in range(2))
     assert records_in == len(rows) + letters.num_rows + skipped == 24
+
+
+def test_two_coordinator_processes_of_one_sink(
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    catalog: Any,
+    catalog_settings: CatalogSettings,
+    tmp_path: Path,
+) -> None:
+    """I3: coordinator 1 loads sink.a and stalls before committing; coordinator 2 starts (fencing 1)
+    and commits everything; coordinator 1 wakes up: its commit conflicts, the re-check finds the
+    files already in the table, and its next Kafka transaction fails as fenced."""
+    child, _topic, expected = _setup(bootstrap_servers, make_topic, catalog, catalog_settings, partitions=2)
+    child.run("run_worker.py")
+    release = tmp_path / "release-first-coordinator"
+    first = child.start("run_coordinator.py", f"coordinator.before-table-commit=wait:{release}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until the first one has started its round
+        reader = channel.ControlReader(
+            child.sink, {"bootstrap.servers": bootstrap_servers}, f"{child.sink}-control"
+        )
+        reader.seek(0)
+        started = any(
+            type(e.event.payload).__name__ == "StartCommit" for e in reader.read_until(reader.end_offset())
+        )
+        reader.close()
+        if started:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert json.loads(child.run("run_coordinator.py")) == {"sink.a": "committed", "sink.b": "committed"}
+    release.touch()
+    _out, err = first.communicate(timeout=120)
+    assert first.returncode == 1 and "ProducerFencedError" in err
+    for name in "ab":
+        assert table_ids(catalog, name) == expected[name]
+        assert len(catalog.load_table(f"sink.{name}").snapshots()) == 1
