@@ -18,6 +18,7 @@ worker half of I3 (fencing) are kept. The order of steps is the protocol:
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedEr
 from fanout_sink.faults import fault_point
 from fanout_sink.records import SliceProcessor
 from fanout_sink.source_offsets import GroupOffsets
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,7 +74,10 @@ class SliceWorker:
     """Commits slices for one sink; cheap to reuse (one producer per transactional id, cached).
 
     A lock per transactional id keeps two threads of one process from sharing a transaction. A
-    producer that is fenced is dropped: the next slice for its partition creates a new one.
+    producer that is fenced is dropped. If it was created for this very slice, the attempt is a
+    zombie and stops (``ProducerFencedError``). If it was cached from an earlier slice, another
+    process ran the partition in between (a moved task): the slice starts over once with a new
+    producer. Either way the stable offset read after fencing decides what is left to deliver.
     """
 
     def __init__(
@@ -135,21 +141,43 @@ class SliceWorker:
             channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
             self._control_checked = True
         with self._lock(txn_id):
-            producer = self._producer(txn_id)  # fences older attempts before anything is read
+            cached = txn_id in self._producers
             try:
-                return self._commit(producer, topic, partition, start_offset, end_offset, raw, process)
-            except KafkaException as exc:
-                error = exc.args[0]
-                self._producers.pop(txn_id, None)
-                if channel.is_fenced(error):
-                    raise ProducerFencedError(
-                        f"the transaction for {topic}[{partition}] was fenced: a newer attempt for this "
-                        f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
-                        "newer one delivers the records."
-                    ) from exc
-                if error.txn_requires_abort():
-                    producer.abort_transaction(self.timeout_s)
-                raise
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+            except ProducerFencedError:
+                if not cached:
+                    raise
+                # The cached producer was fenced since its last slice: this partition ran in another
+                # process meanwhile (Spark moved the task). That is not a zombie situation, so start
+                # over once with a new producer, which fences in turn and re-reads the offset.
+                log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+
+    def _attempt(
+        self,
+        txn_id: str,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        raw: pa.Table,
+        process: SliceProcessor,
+    ) -> SliceResult:
+        producer = self._producer(txn_id)  # a new producer fences older attempts before anything is read
+        try:
+            return self._commit(producer, topic, partition, start, end, raw, process)
+        except KafkaException as exc:
+            error = exc.args[0]
+            self._producers.pop(txn_id, None)
+            if channel.is_fenced(error):
+                raise ProducerFencedError(
+                    f"the transaction for {topic}[{partition}] was fenced: a newer attempt for this "
+                    f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
+                    "newer one delivers the records."
+                ) from exc
+            if error.txn_requires_abort():
+                producer.abort_transaction(self.timeout_s)
+            raise
 
     def _commit(
         self,
