@@ -88,8 +88,10 @@ class SliceWorker:
         group_metadata: bytes | None = None,
         dead_letter_topic: str | None = None,
         timeout_s: float = channel.DEFAULT_TIMEOUT_S,
+        max_files_per_event: int = 100,
     ) -> None:
         self.sink = sink_name
+        self.max_files_per_event = max(1, max_files_per_event)
         self.kafka_conf = dict(kafka_conf)
         self.control_topic = control_topic
         self.dead_letter_topic = dead_letter_topic
@@ -209,11 +211,13 @@ class SliceWorker:
             data_files = writer.write_data_files(table_rows.table, table_rows.rows)
             result.rows[identifier] = table_rows.rows.num_rows
             result.files[identifier] = len(data_files)
-            if data_files:
+            records = [writer.to_record(f, table_rows.table) for f in data_files]
+            # Several events for many files, so that no message outgrows the broker's size limit.
+            for i in range(0, len(records), self.max_files_per_event):
                 written.append(
                     ev.DataWritten(
                         table=table_ref(table_rows.table),
-                        files=tuple(writer.to_record(f, table_rows.table) for f in data_files),
+                        files=tuple(records[i : i + self.max_files_per_event]),
                         topic=topic,
                         partition=partition,
                         next_offset=end,
