@@ -154,8 +154,13 @@ class Coordinator:
             while not self._stopping.is_set():
                 self.poll_once(0.5)
                 if time.monotonic() - last >= self.commit_interval_s:
-                    self.commit_round()
                     last = time.monotonic()
+                    try:
+                        self.commit_round()
+                    except (KafkaException, TimeoutError):
+                        # Broker unreachable or restarting: nothing was lost (files stay pending,
+                        # tables re-check their offsets), so try again next interval.
+                        log.exception("commit round of sink %r failed; retrying next interval", self.sink)
         except BaseException as exc:
             log.exception("coordinator of sink %r stopped", self.sink)
             self.error = exc
