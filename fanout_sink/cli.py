@@ -71,6 +71,13 @@ def _run(args: argparse.Namespace) -> int:
     return SinkApp(config, options).run()
 
 
+def _status(args: argparse.Namespace) -> int:
+    from fanout_sink.status import run as status_run
+
+    print(status_run(Path(args.config), args.json))
+    return 0
+
+
 def _jars(args: argparse.Namespace) -> int:
     from fanout_sink.stack import jars
 
@@ -110,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
     )
     run.set_defaults(func=_run)
+
+    status = commands.add_parser("status", help="per table: last commit, VTTS; per source partition: lag")
+    status.add_argument("--config", required=True, help="the sink's YAML file")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=_status)
 
     jar_sets = ["spark-connectors", "kafka-broker"]
     jars = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")

@@ -47,6 +47,7 @@ class TableCommit:
 
     identifier: str
     outcome: str  # "committed" | "already-committed" | "table-missing" | "failed"
+    table_uuid: str | None = None
     snapshot_id: int | None = None
     files: int = 0
     stale_files: int = 0  # written for another table uuid: never appended
@@ -153,8 +154,13 @@ class Coordinator:
             while not self._stopping.is_set():
                 self.poll_once(0.5)
                 if time.monotonic() - last >= self.commit_interval_s:
-                    self.commit_round()
                     last = time.monotonic()
+                    try:
+                        self.commit_round()
+                    except (KafkaException, TimeoutError):
+                        # Broker unreachable or restarting: nothing was lost (files stay pending,
+                        # tables re-check their offsets), so try again next interval.
+                        log.exception("commit round of sink %r failed; retrying next interval", self.sink)
         except BaseException as exc:
             log.exception("coordinator of sink %r stopped", self.sink)
             self.error = exc
@@ -244,7 +250,7 @@ class Coordinator:
             payloads: list[ev.Payload] = [
                 ev.CommitToTable(
                     commit_id=commit_id,
-                    table=due[t][0].event.table,
+                    table=due[t][0].event.table.model_copy(update={"uuid": outcome.table_uuid}),
                     snapshot_id=outcome.snapshot_id,
                     vtts_ms=vtts,
                 )
@@ -263,9 +269,8 @@ class Coordinator:
         if not due:
             return {}
         results: dict[str, TableCommit] = {}
-        with ThreadPoolExecutor(
-            max_workers=self.max_parallel_commits, thread_name_prefix="table-commit"
-        ) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.max_parallel_commits, thread_name_prefix="table-commit")
+        try:
             futures = {
                 identifier: pool.submit(self._commit_table, identifier, items, round_end, commit_id, vtts)
                 for identifier, items in due.items()
@@ -282,6 +287,9 @@ class Coordinator:
                         "commit of %s failed; its files stay pending for the next round", identifier
                     )
                     results[identifier] = TableCommit(identifier, "failed", error=repr(exc))
+        finally:
+            # Do not wait for a commit that timed out: the round goes on without it.
+            pool.shutdown(wait=False, cancel_futures=True)
         return results
 
     def _commit_table(
@@ -299,6 +307,7 @@ class Coordinator:
                 outcome.outcome = "table-missing"
                 return outcome
             table_uuid = str(table.metadata.table_uuid)
+            outcome.table_uuid = table_uuid
             stale = [p for p in items if p.event.table.uuid != table_uuid]
             outcome.stale_files = sum(len(p.event.files) for p in stale)
             if stale:

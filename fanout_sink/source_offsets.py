@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from fanout_sink import channel
 
@@ -32,41 +31,64 @@ class PartitionPosition:
         return self.committed is not None and self.committed >= self.end
 
 
-def committed_offset(
-    admin: AdminClient, group: str, topic: str, partition: int, timeout_s: float = channel.DEFAULT_TIMEOUT_S
-) -> int | None:
-    """The group's committed offset for one partition, waiting for pending transactional commits."""
-    return committed_offsets(admin, group, [(topic, partition)], timeout_s)[(topic, partition)]
+class GroupOffsets:
+    """Reads a group's committed offsets through a consumer that never subscribes (never joins).
 
+    ``stable`` sets ``isolation.level=read_committed``, which makes librdkafka ask the broker for
+    stable offsets only (``require_stable``: it waits while a transaction has an offset commit
+    pending). A worker needs that: it must see what a fenced attempt finally did. The coordinator and
+    ``status`` must not wait, or a round would stall behind a worker's open transaction.
 
-def committed_offsets(
-    admin: AdminClient,
-    group: str,
-    partitions: list[tuple[str, int]],
-    timeout_s: float = channel.DEFAULT_TIMEOUT_S,
-    stable: bool = True,
-) -> dict[tuple[str, int], int | None]:
-    """Committed offsets of many partitions at once.
-
-    ``stable`` (``require_stable``) waits until no transaction has an offset commit pending: a worker
-    needs that (it must see what the fenced attempt finally did); the coordinator and ``status`` must
-    not, or a round would wait for a worker's open transaction.
+    (AdminClient.list_consumer_group_offsets would do too, but confluent-kafka 2.16.1 segfaults in it
+    when the broker answers the first request with COORDINATOR_LOAD_IN_PROGRESS.)
     """
 
-    def ask() -> dict[tuple[str, int], int | None]:
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in partitions])
-        futures = admin.list_consumer_group_offsets(
-            [request], require_stable=stable, request_timeout=timeout_s
+    def __init__(self, kafka_conf: dict[str, Any], group: str, stable: bool = True) -> None:
+        self.group = group
+        isolation = "read_committed" if stable else "read_uncommitted"
+        self._consumer = Consumer(
+            {
+                **channel._client_conf(kafka_conf),
+                "group.id": group,
+                "isolation.level": isolation,
+                "enable.auto.commit": False,
+            }
         )
-        result = futures[group].result(timeout=timeout_s)
-        found: dict[tuple[str, int], int | None] = {}
-        for tp in result.topic_partitions:
-            if tp.error is not None:
-                raise KafkaException(tp.error)
-            found[(tp.topic, tp.partition)] = int(tp.offset) if tp.offset >= 0 else None
-        return found
 
-    return channel.retry_transient(ask, timeout_s)
+    def committed(
+        self, partitions: list[tuple[str, int]], timeout_s: float = channel.DEFAULT_TIMEOUT_S
+    ) -> dict[tuple[str, int], int | None]:
+        def ask() -> dict[tuple[str, int], int | None]:
+            found: dict[tuple[str, int], int | None] = {}
+            answer = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in partitions], timeout=timeout_s
+            )
+            for tp in answer:
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+                found[(tp.topic, tp.partition)] = int(tp.offset) if tp.offset >= 0 else None
+            return found
+
+        return channel.retry_transient(ask, timeout_s)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def committed_offset(
+    kafka_conf: dict[str, Any],
+    group: str,
+    topic: str,
+    partition: int,
+    timeout_s: float = channel.DEFAULT_TIMEOUT_S,
+    stable: bool = True,
+) -> int | None:
+    """One partition's committed offset (``stable``: pending transactional commits are waited for)."""
+    reader = GroupOffsets(kafka_conf, group, stable=stable)
+    try:
+        return reader.committed([(topic, partition)], timeout_s)[(topic, partition)]
+    finally:
+        reader.close()
 
 
 def source_positions(
@@ -88,7 +110,9 @@ def source_positions(
         consumer.close()
     if not partitions:
         return []
-    committed = committed_offsets(
-        AdminClient(conf), channel.sink_group(sink), partitions, timeout_s, stable=False
-    )
+    reader = GroupOffsets(kafka_conf, channel.sink_group(sink), stable=False)
+    try:
+        committed = reader.committed(partitions, timeout_s)
+    finally:
+        reader.close()
     return [PartitionPosition(t, p, committed.get((t, p)), ends[(t, p)]) for t, p in partitions]

@@ -18,6 +18,7 @@ worker half of I3 (fencing) are kept. The order of steps is the protocol:
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,14 +26,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from fanout_sink import channel, writer
 from fanout_sink import events as ev
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
 from fanout_sink.faults import fault_point
 from fanout_sink.records import SliceProcessor
-from fanout_sink.source_offsets import committed_offset
+from fanout_sink.source_offsets import GroupOffsets
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,7 +74,10 @@ class SliceWorker:
     """Commits slices for one sink; cheap to reuse (one producer per transactional id, cached).
 
     A lock per transactional id keeps two threads of one process from sharing a transaction. A
-    producer that is fenced is dropped: the next slice for its partition creates a new one.
+    producer that is fenced is dropped. If it was created for this very slice, the attempt is a
+    zombie and stops (``ProducerFencedError``). If it was cached from an earlier slice, another
+    process ran the partition in between (a moved task): the slice starts over once with a new
+    producer. Either way the stable offset read after fencing decides what is left to deliver.
     """
 
     def __init__(
@@ -83,8 +88,10 @@ class SliceWorker:
         group_metadata: bytes | None = None,
         dead_letter_topic: str | None = None,
         timeout_s: float = channel.DEFAULT_TIMEOUT_S,
+        max_files_per_event: int = 100,
     ) -> None:
         self.sink = sink_name
+        self.max_files_per_event = max(1, max_files_per_event)
         self.kafka_conf = dict(kafka_conf)
         self.control_topic = control_topic
         self.dead_letter_topic = dead_letter_topic
@@ -94,12 +101,15 @@ class SliceWorker:
         self._producers: dict[str, Producer] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._admin: AdminClient | None = None
+        self._offsets: GroupOffsets | None = None
+        self._control_checked = False
 
-    def _admin_client(self) -> AdminClient:
-        if self._admin is None:
-            self._admin = AdminClient(channel._client_conf(self.kafka_conf))
-        return self._admin
+    def committed_offset(self, topic: str, partition: int) -> int | None:
+        """The sink-managed group's stable committed offset for one source partition."""
+        with self._guard:
+            if self._offsets is None:
+                self._offsets = GroupOffsets(self.kafka_conf, self.group, stable=True)
+            return self._offsets.committed([(topic, partition)], self.timeout_s)[(topic, partition)]
 
     def _metadata(self) -> bytes:
         if self._group_metadata is None:
@@ -128,22 +138,48 @@ class SliceWorker:
     ) -> SliceResult:
         """Deliver the planned offset range ``[start_offset, end_offset)`` of one source partition."""
         txn_id = channel.worker_transactional_id(self.sink, topic, partition)
+        if not self._control_checked:
+            # Producing to a missing topic only times out; creating or checking it once says why.
+            channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
+            self._control_checked = True
         with self._lock(txn_id):
-            producer = self._producer(txn_id)  # fences older attempts before anything is read
+            cached = txn_id in self._producers
             try:
-                return self._commit(producer, topic, partition, start_offset, end_offset, raw, process)
-            except KafkaException as exc:
-                error = exc.args[0]
-                self._producers.pop(txn_id, None)
-                if channel.is_fenced(error):
-                    raise ProducerFencedError(
-                        f"the transaction for {topic}[{partition}] was fenced: a newer attempt for this "
-                        f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
-                        "newer one delivers the records."
-                    ) from exc
-                if error.txn_requires_abort():
-                    producer.abort_transaction(self.timeout_s)
-                raise
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+            except ProducerFencedError:
+                if not cached:
+                    raise
+                # The cached producer was fenced since its last slice: this partition ran in another
+                # process meanwhile (Spark moved the task). That is not a zombie situation, so start
+                # over once with a new producer, which fences in turn and re-reads the offset.
+                log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+
+    def _attempt(
+        self,
+        txn_id: str,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        raw: pa.Table,
+        process: SliceProcessor,
+    ) -> SliceResult:
+        producer = self._producer(txn_id)  # a new producer fences older attempts before anything is read
+        try:
+            return self._commit(producer, topic, partition, start, end, raw, process)
+        except KafkaException as exc:
+            error = exc.args[0]
+            self._producers.pop(txn_id, None)
+            if channel.is_fenced(error):
+                raise ProducerFencedError(
+                    f"the transaction for {topic}[{partition}] was fenced: a newer attempt for this "
+                    f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
+                    "newer one delivers the records."
+                ) from exc
+            if error.txn_requires_abort():
+                producer.abort_transaction(self.timeout_s)
+            raise
 
     def _commit(
         self,
@@ -155,7 +191,7 @@ class SliceWorker:
         raw: pa.Table,
         process: SliceProcessor,
     ) -> SliceResult:
-        committed = committed_offset(self._admin_client(), self.group, topic, partition, self.timeout_s)
+        committed = self.committed_offset(topic, partition)
         result = SliceResult(topic, partition, start, end, committed, records_in=raw.num_rows)
         if committed is not None and committed >= end:
             result.skipped_delivered = raw.num_rows
@@ -175,11 +211,13 @@ class SliceWorker:
             data_files = writer.write_data_files(table_rows.table, table_rows.rows)
             result.rows[identifier] = table_rows.rows.num_rows
             result.files[identifier] = len(data_files)
-            if data_files:
+            records = [writer.to_record(f, table_rows.table) for f in data_files]
+            # Several events for many files, so that no message outgrows the broker's size limit.
+            for i in range(0, len(records), self.max_files_per_event):
                 written.append(
                     ev.DataWritten(
                         table=table_ref(table_rows.table),
-                        files=tuple(writer.to_record(f, table_rows.table) for f in data_files),
+                        files=tuple(records[i : i + self.max_files_per_event]),
                         topic=topic,
                         partition=partition,
                         next_offset=end,
@@ -220,3 +258,6 @@ class SliceWorker:
         for producer in self._producers.values():
             producer.flush(self.timeout_s)
         self._producers.clear()
+        if self._offsets is not None:
+            self._offsets.close()
+            self._offsets = None

@@ -264,3 +264,52 @@ def test_event_decoding_ignores_other_sinks_on_a_shared_control_topic(
     coordinator.commit_round()
     assert table_ids(catalog, "c") == expected["c"]
     coordinator.close()
+
+
+def test_coordinator_thread_commits_on_its_interval_and_at_stop(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    import time
+
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    coordinator = sink.coordinator(commit_interval_s=0.5)
+    coordinator.start()
+    expected = _produce(sink, range(12), tables="ab")
+    sink.batch()
+    deadline = time.monotonic() + 30
+    while table_ids(catalog, "a") != expected["a"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert table_ids(catalog, "a") == expected["a"]
+    more = _produce(sink, range(12, 20), tables="ab")
+    sink.batch()
+    coordinator.stop(commit_now=True)
+    coordinator.close()
+    for name in "ab":
+        assert table_ids(catalog, name) == expected[name] + more[name]
+
+
+def test_many_files_travel_in_several_events_and_land_in_one_snapshot(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="id"))
+    catalog.create_table("sink.p", schema=TABLE_SCHEMA, partition_spec=spec)  # one file per id
+    topic = next(iter(sink.topics))
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "p"} for i in range(10)])
+    worker = SliceWorker(sink.name, sink.conf, sink.control, max_files_per_event=3)
+    sink.batch(worker)
+    worker.close()
+    coordinator = sink.coordinator()
+    result = coordinator.commit_round()
+    coordinator.close()
+    assert result.tables["sink.p"].files == 10
+    assert table_ids(catalog, "p") == list(range(10))
+    assert len(catalog.load_table("sink.p").snapshots()) == 1
+    reader = channel.ControlReader(sink.name, sink.conf, sink.control)
+    reader.seek(0)
+    kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
+    reader.close()
+    assert kinds.count("DataWritten") == 4

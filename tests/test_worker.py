@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient
 from procs.common import create_tables, end_offset, make_processor, produce_json, read_slice
 
 from fanout_sink import channel, faults
@@ -39,7 +38,7 @@ def _setup(bootstrap: str, make_topic: Callable[..., str], catalog: Any) -> tupl
 
 
 def _committed(bootstrap: str, sink: str, topic: str) -> int | None:
-    return committed_offset(AdminClient({"bootstrap.servers": bootstrap}), channel.sink_group(sink), topic, 0)
+    return committed_offset({"bootstrap.servers": bootstrap}, channel.sink_group(sink), topic, 0)
 
 
 def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
@@ -180,3 +179,28 @@ def test_zombie_attempt_is_fenced_and_the_newer_attempt_delivers_once(
     # The fenced producer was dropped: the zombie's next call fences back and finds the slice delivered.
     assert zombie.commit_slice(source, 0, 0, 6, raw, process).skipped_delivered == 6
     zombie.close()
+
+
+def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Executor 1 commits batch 1, executor 2 commits batch 2 (fencing executor 1's cached producer),
+    executor 1 gets batch 3: it must deliver it, not fail the task."""
+    sink, source, control, first = _setup(bootstrap_servers, make_topic, catalog)
+    process = make_processor(catalog)
+    conf = {"bootstrap.servers": bootstrap_servers}
+    second = SliceWorker(sink, conf, control)
+    caplog.set_level("INFO", logger="fanout_sink.worker")
+    for batch, worker in enumerate((first, second, first)):
+        produce_json(bootstrap_servers, source, 0, [{"id": batch * 10 + i, "table": "a"} for i in range(3)])
+        start, end = batch * 3, batch * 3 + 3
+        result = worker.commit_slice(
+            source, 0, start, end, read_slice(bootstrap_servers, source, 0, start, end), process
+        )
+        assert result.transaction_committed and result.rows == {"sink.a": 3}
+    assert _committed(bootstrap_servers, sink, source) == 9
+    assert "was fenced since its last use" in caplog.text
+    written = [p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)]
+    assert [w.next_offset for w in written] == [3, 6, 9]
+    first.close()
+    second.close()

@@ -52,6 +52,9 @@ def free_port() -> int:
 
 def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like the broker's own listener: connections of a killed broker linger in TIME_WAIT, which
+        # must not count as "taken" (without this, restart after kill() waits and then fails).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

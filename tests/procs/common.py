@@ -23,7 +23,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.channel import sink_group
 from fanout_sink.records import RAW_RECORD_SCHEMA, DeadLetter, RoutedSlice, SliceProcessor, TableRows
-from fanout_sink.source_offsets import committed_offset
+from fanout_sink.source_offsets import GroupOffsets
 from fanout_sink.worker import SliceResult, SliceWorker
 
 NAMESPACE = "sink"
@@ -155,13 +155,17 @@ def run_batch(
     worker: SliceWorker, bootstrap: str, topics: dict[str, int], process: SliceProcessor
 ) -> list[SliceResult]:
     """One micro-batch: per source partition, plan [sink group offset or 0, last stable offset) and commit."""
+    # Planning reads the group without waiting for pending transactions (a dead attempt's open
+    # transaction would block a stable read until it times out); Spark plans from its checkpoint.
+    planner = GroupOffsets(worker.kafka_conf, sink_group(worker.sink), stable=False)
     results = []
     for topic, partitions in topics.items():
         for partition in range(partitions):
-            start = committed_offset(worker._admin_client(), sink_group(worker.sink), topic, partition) or 0
+            start = planner.committed([(topic, partition)])[(topic, partition)] or 0
             end = end_offset(bootstrap, topic, partition)
             raw = read_slice(bootstrap, topic, partition, start, end)
             results.append(worker.commit_slice(topic, partition, start, end, raw, process))
+    planner.close()
     return results
 
 

@@ -1,0 +1,26 @@
+"""Fault points are inert unless named in FANOUT_SINK_FAULTS."""
+
+from __future__ import annotations
+
+import pytest
+
+from fanout_sink import faults
+
+
+def test_fault_points_do_nothing_unless_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(faults.ENV_VAR, raising=False)
+    faults.fault_point("worker.before-commit")
+    monkeypatch.setenv(faults.ENV_VAR, "other.point=kill, worker.before-commit=raise")
+    with pytest.raises(faults.InjectedFault, match=r"worker\.before-commit"):
+        faults.fault_point("worker.before-commit")
+    monkeypatch.setenv(faults.ENV_VAR, "worker.before-commit=explode")
+    with pytest.raises(ValueError, match="unknown fault action"):
+        faults.fault_point("worker.before-commit")
+
+
+def test_registered_callbacks_get_the_context() -> None:
+    seen: list[object] = []
+    with faults.register("p", lambda **ctx: seen.append(ctx)):
+        faults.fault_point("p", table="t")
+    faults.fault_point("p", table="after")
+    assert seen == [{"table": "t"}]
