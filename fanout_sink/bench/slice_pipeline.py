@@ -175,10 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     text = table(results)
     if args.out is not None:
-        args.out.write_text(
-            f"# slice pipeline benchmark\n\n`python -m fanout_sink.bench.slice_pipeline --records {args.records}`"
-            f"\n\n{text}\n"
-        )
+        command = f"python -m fanout_sink.bench.slice_pipeline --records {args.records}"
+        args.out.write_text(f"# slice pipeline benchmark\n\n`{command}`\n\n{text}\n")
     return 0
 
 
