@@ -44,6 +44,7 @@ from fanout_sink.decode import Decoded, _arrow_from_python
 
 META_FIELDS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers")
 META_ROOT = "_kafka"
+UNMATCHED_REASON = "no table matched the record (unmatched.action is dead-letter)"
 
 
 class _Functions(jp_functions.Functions):
@@ -666,7 +667,7 @@ class Router:
             if action == "drop":
                 routes.dropped = len(unmatched)
             elif action == "dead-letter":
-                routes.dead.extend((int(p), "no table matched the record") for p in unmatched)
+                routes.dead.extend((int(p), UNMATCHED_REASON) for p in unmatched)
             else:
                 assert self.default_table is not None
                 routes.tables[self.default_table] = unmatched

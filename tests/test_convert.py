@@ -195,3 +195,17 @@ def test_one_bad_value_is_isolated_by_bisection(n: int) -> None:
     converted, failures = _one(LongType(), values)
     assert len(converted) == n - 1
     assert [p for p, _, _ in failures] == [n // 2]
+
+
+def test_nested_values_from_json_text() -> None:
+    """A field that changed type within a batch arrives as JSON text and still converts."""
+    schema = Schema(
+        NestedField(
+            1, "customer", StructType(NestedField(2, "id", LongType(), required=False)), required=False
+        ),
+        NestedField(3, "tags", ListType(4, StringType(), element_required=False), required=False),
+    ).as_arrow()
+    rows = pa.table({"customer": ['{"id": 1}', "7", None], "tags": ['["a"]', "[]", '"x"']})
+    result = convert(rows, schema)
+    assert result.rows.to_pylist() == [{"customer": {"id": 1}, "tags": ["a"]}]
+    assert [(p, c) for p, c, _ in result.failures] == [(1, "customer"), (2, "tags")]

@@ -158,6 +158,47 @@ def test_tolerance_none_raises_with_coordinates(catalog_settings: CatalogSetting
     process(make_raw_slice([_encode(good)], topic="events"))  # good records pass
 
 
+def test_tolerance_none_still_dead_letters_by_policy(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    """Tombstones and unmatched records are dead-lettered by configuration, not errors."""
+    config = _config(
+        catalog_settings,
+        source={"topics": ["events"], "tombstones": "dead-letter"},
+        unmatched={"action": "dead-letter"},
+        dynamic=None,
+        errors={"tolerance": "none"},
+    )
+    out = build_processor(config, catalog)(make_raw_slice([None, _encode({"type": "other"})]))
+    stages = [deadletter.header(d, deadletter.STAGE) for d in out.dead_letters]
+    assert stages == ["tombstone", "route"]
+
+
+def test_avro_source(catalog_settings: CatalogSettings, catalog: Any, tmp_path: Path) -> None:
+    import io
+
+    import fastavro
+
+    schema = {
+        "type": "record",
+        "name": "Event",
+        "fields": [
+            {"name": "type", "type": "string"},
+            {"name": "id", "type": "long"},
+            {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        ],
+    }
+    (tmp_path / "event.avsc").write_text(json.dumps(schema))
+    config = _config(
+        catalog_settings,
+        source={"topics": ["events"], "format": "avro", "schema": str(tmp_path / "event.avsc")},
+        dynamic=None,
+    )
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), {"type": "order", "id": 5, "ts": 0})
+    out = build_processor(config, catalog)(make_raw_slice([buffer.getvalue(), b"\xff"]))
+    assert out.tables["analytics.orders"].rows.column("id").to_pylist() == [5]
+    assert [deadletter.header(d, deadletter.STAGE) for d in out.dead_letters] == ["decode"]
+
+
 def test_convert_failure_in_one_table_keeps_the_other_route(
     catalog_settings: CatalogSettings, catalog: Any
 ) -> None:

@@ -14,6 +14,7 @@ from fanout_sink.config import parse_config
 from fanout_sink.decode import JsonDecoder
 from fanout_sink.rawslice import make_raw_slice
 from fanout_sink.routing import (
+    UNMATCHED_REASON,
     NameExpression,
     NameRules,
     Predicate,
@@ -259,7 +260,7 @@ def test_router_multi_route_and_drop() -> None:
 
 def test_router_unmatched_to_dead_letter_and_default_table() -> None:
     routes = Router(_config(unmatched={"action": "dead-letter"})).route(_view(RECORDS))
-    assert routes.dead == [(1, "no table matched the record")]
+    assert routes.dead == [(1, UNMATCHED_REASON)]
     config = _config(
         tables={"analytics.orders": {"when": "type == 'order'"}, "analytics.other": {}},
         unmatched={"action": "table", "table": "analytics.other"},
