@@ -68,11 +68,24 @@ def normalise_field(f: pa.Field, optional: bool = False) -> pa.Field:
     return pa.field(f.name, normalise_type(f.type), nullable=True if optional else f.nullable)
 
 
-def infer_schema(rows: pa.Table, partition_by: list[Any]) -> pa.Schema:
-    """An Arrow schema for a new table from its first rows; every column optional."""
+def infer_schema(rows: pa.Table, partition_by: list[Any], skip_null_columns: bool = False) -> pa.Schema:
+    """An Arrow schema for a new table from its first rows; every column optional.
+
+    A column that is null in every row has no type to learn: it becomes a string column, or, with
+    ``skip_null_columns`` (when the table may add columns later), it is left out until a value
+    arrives and schema evolution adds it with its real type.
+    """
     time_columns = {p.column for p in partition_by if p.transform in _TIME_TRANSFORMS}
     fields = []
+    partition_columns = {p.column for p in partition_by}
     for f in rows.schema:
+        if (
+            skip_null_columns
+            and f.name not in partition_columns
+            and rows.column(f.name).null_count == rows.num_rows
+            and rows.num_columns > 1
+        ):
+            continue
         dtype = normalise_type(f.type)
         if f.name in time_columns and pa.types.is_string(dtype):
             try:
@@ -204,6 +217,14 @@ class TableManager:
             return self.config.dynamic.table_settings()
         raise TableError(f"table {name} is not configured")
 
+    def invalidate(self, name: str | None = None) -> None:
+        """Forget one cached table (or all): the next use reloads it from the catalog."""
+        with self._lock:
+            if name is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(name, None)
+
     def cached(self, name: str) -> Any | None:
         with self._lock:
             return self._cache.get(name)
@@ -231,7 +252,7 @@ class TableManager:
         if schema is None:
             if sample is None:
                 raise TableError(f"table {name} has no schema file and no rows to infer a schema from")
-            schema = infer_schema(sample, settings.partition_by)
+            schema = infer_schema(sample, settings.partition_by, settings.evolution.add_columns)
         try:
             table = self._create(name, settings, schema)
         except TableAlreadyExistsError:

@@ -234,3 +234,33 @@ def test_rows_match_table_schema_after_evolution(catalog_settings: CatalogSettin
     assert rows.rows.schema.equals(rows.table.schema().as_arrow(), check_metadata=True)
     assert rows.rows.to_pylist() == [{"id": 2, "new": {"a": 1}}]
     assert isinstance(rows.rows, pa.Table)
+
+
+def test_dynamic_table_without_auto_create_is_dead_lettered(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    config = _config(
+        catalog_settings,
+        dynamic={"table": "join('.', ['raw', kind])", "allow": r"^raw\.[a-z]+$", "auto-create": False},
+    )
+    process = build_processor(config, catalog)
+    out = process(make_raw_slice([_encode({"type": "event", "kind": "click"})]))
+    (letter,) = out.dead_letters
+    assert "auto-create is off" in (deadletter.header(letter, deadletter.REASON) or "")
+    assert deadletter.header(letter, deadletter.TABLE) == "raw.click"
+    catalog.create_namespace("raw")
+    catalog.create_table("raw.click", schema=pa.schema([pa.field("kind", pa.string())]))
+    process.refresh_tables()
+    out = process(make_raw_slice([_encode({"type": "event", "kind": "click"})]))
+    # dynamic tables evolve by default: the record's other field is added
+    assert out.tables["raw.click"].rows.to_pylist() == [{"kind": "click", "type": "event"}]
+
+
+def test_null_only_columns_wait_for_a_value(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    """With add-columns on, a column null in the first batch is added later with its real type."""
+    config = _config(catalog_settings, tables={"analytics.events": {"evolution": True}}, dynamic=None)
+    process = build_processor(config, catalog)
+    process(make_raw_slice([_encode({"id": 1, "score": None})]))
+    out = process(make_raw_slice([_encode({"id": 2, "score": 7})]))
+    table = out.tables["analytics.events"].table
+    assert str(table.schema().find_field("score").field_type) == "long"
