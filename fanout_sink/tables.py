@@ -16,7 +16,6 @@ one table converge on one schema; a change that another worker already made is a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -257,6 +256,11 @@ class TableManager:
             table = self._create(name, settings, schema)
         except TableAlreadyExistsError:
             table = self.catalog.load_table(name)
+        except Exception:
+            # A concurrent create can also surface as the catalog's own conflict error.
+            if not self.catalog.table_exists(name):
+                raise
+            table = self.catalog.load_table(name)
         return self._remember(name, table)
 
     def _declared_schema(self, name: str, settings: Any) -> pa.Schema | None:
@@ -272,8 +276,15 @@ class TableManager:
         from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
         namespace = tuple(name.split(".")[:-1])
-        with contextlib.suppress(NamespaceAlreadyExistsError):
+        try:
             self.catalog.create_namespace_if_not_exists(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        except Exception:
+            # Another worker created it between the check and the insert (SQL catalogs report
+            # that as an integrity error): fine when it exists now.
+            if not self.catalog.namespace_exists(namespace):
+                raise
         txn = self.catalog.create_table_transaction(name, schema=schema, properties=dict(settings.properties))
         if settings.partition_by:
             with txn.update_spec() as spec:
