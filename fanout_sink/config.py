@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.errors import ConfigError
+from fanout_sink.errors import ConfigError, FanoutSinkError
 
 # --------------------------------------------------------------------------------------------
 # Small value types
@@ -589,6 +589,30 @@ def _errors(exc: ValidationError, source: str) -> ConfigError:
     return ConfigError.many(source, problems)
 
 
+def _check_schema_files(config: SinkConfig, source: str) -> None:
+    """Schema files named by the config exist and are usable Avro record schemas."""
+    from fanout_sink.decode import avro_to_arrow_schema, load_avro_schema
+
+    named: list[tuple[str, str | None]] = [("source.schema", config.source.schema_file)]
+    named += [(f'tables."{name}".schema', t.schema_file) for name, t in config.tables.items()]
+    problems: list[tuple[str, str, str]] = []
+    for path_in_yaml, file in named:
+        if not file:
+            continue
+        resolved = config.resolve(file)
+        if not resolved.is_file():
+            problems.append(
+                (path_in_yaml, f"schema file {resolved} not found", "give a path relative to the YAML file")
+            )
+            continue
+        try:
+            avro_to_arrow_schema(load_avro_schema(resolved))
+        except FanoutSinkError as exc:
+            problems.append((path_in_yaml, str(exc), 'e.g. {"type": "record", "name": "R", "fields": [...]}'))
+    if problems:
+        raise ConfigError.many(source, problems)
+
+
 def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> SinkConfig:
     """Validate already-parsed YAML data (a mapping) into a :class:`SinkConfig`."""
     if not isinstance(data, dict):
@@ -597,9 +621,11 @@ def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = No
     if base_dir is not None:
         data = {**data, "base_dir": base_dir}
     try:
-        return SinkConfig.model_validate(data)
+        config = SinkConfig.model_validate(data)
     except ValidationError as exc:
         raise _errors(exc, source) from None
+    _check_schema_files(config, source)
+    return config
 
 
 def load_config(path: str | Path) -> SinkConfig:

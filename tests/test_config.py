@@ -193,3 +193,12 @@ def test_evolution_shorthand() -> None:
     config = parse_config(_base(tables={"a.b": {"evolution": True}}), "x")
     evolution = config.tables["a.b"].evolution
     assert evolution.add_columns and evolution.widen_types and evolution.make_optional
+
+
+def test_schema_files_checked_at_load(tmp_path: Path) -> None:
+    message = _error(_base(tables={"analytics.orders": {"schema": str(tmp_path / "missing.avsc")}}))
+    assert 'tables."analytics.orders".schema: schema file' in message and "not found" in message
+    bad = tmp_path / "bad.avsc"
+    bad.write_text('{"type": "record", "name": "R", "fields": [{"name": "x", "type": ["int", "string"]}]}')
+    message = _error(_base(source={"topics": ["a"], "format": "avro", "schema": str(bad)}))
+    assert "source.schema: Avro union" in message
