@@ -54,6 +54,10 @@ class Decoded:
     _python: Callable[[], list[Any]] | None = None
     _python_cache: list[Any] | None = None
 
+    def with_rows(self, rows: np.ndarray) -> Decoded:
+        """The same records with other row indices and no failures (after re-indexing)."""
+        return Decoded(self.records, rows, [], self.lossy, self._python, self._python_cache)
+
     def python(self) -> list[Any]:
         if self._python_cache is None:
             self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
@@ -486,5 +490,5 @@ def build_decoder(config: Any) -> Decoder:
         try:
             return AvroDecoder(load_avro_schema(path))
         except DecodeSetupError as exc:
-            raise ConfigError("config", "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
+            raise ConfigError(config.name, "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
     return ConfluentAvroDecoder(source.schema_registry)

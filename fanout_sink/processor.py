@@ -108,14 +108,7 @@ class RoutingProcessor:
         present = np.flatnonzero(~tombstone)
         decoded = self.decoder(values.take(pa.array(present, pa.int64())))
         failures.extend(_Failure(int(present[i]), "decode", reason) for i, reason in decoded.failures)
-        decoded = Decoded(
-            decoded.records,
-            present[decoded.rows] if len(decoded.rows) else decoded.rows,
-            [],
-            decoded.lossy,
-            decoded._python,
-            decoded._python_cache,
-        )
+        decoded = decoded.with_rows(present[decoded.rows] if len(decoded.rows) else decoded.rows)
         view = RecordView.build(decoded, raw)
         routes = self.router.route(view)
         out.filtered += routes.dropped

@@ -119,8 +119,7 @@ class RecordView:
                 for entry in entries or []:
                     value = entry["value"]
                     obj[entry["key"]] = "" if value is None else value.decode("utf-8", "replace")
-                obj_final = obj
-                result.append(obj_final)
+                result.append(obj)
             self.headers = result
         return self.headers
 
