@@ -508,6 +508,16 @@ class NameExpression:
                 result.append(None)
         return result
 
+    def array(self, view: RecordView, positions: np.ndarray) -> pa.Array | None:
+        """Names for ``positions`` as an Arrow string column, or None when not vectorisable."""
+        try:
+            array = self._vectorised(view).take(pa.array(positions, pa.int64()))
+        except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            self.last_vectorised = False
+            return None
+        self.last_vectorised = True
+        return array
+
     def _vectorised(self, view: RecordView) -> pa.Array:
         node = self._ast
         names = _path(node)
@@ -533,8 +543,9 @@ class NameExpression:
                 if item_names is None:
                     raise Fallback("join part")
                 column = _resolve(view, item_names)
-                if _family(column.type) != "string" or column.null_count:
-                    raise Fallback("join part is not a non-null string column")
+                if _family(column.type) != "string":
+                    raise Fallback("join part is not a string column")
+                # A null part makes jmespath's join raise (no name: unmatched); Arrow gives null.
                 parts.append(column.cast(pa.string()))
             return pc.binary_join_element_wise(*parts, pa.scalar(sep["value"], pa.string()))
         raise Fallback("name expression form")
@@ -625,6 +636,50 @@ class Router:
         )
         self._name_cache: dict[str, tuple[str | None, str | None]] = {}
 
+    def _check_name(self, raw: Any) -> tuple[str | None, str | None]:
+        if not isinstance(raw, str):
+            return normalise_table_name(raw, self.name_rules)
+        checked = self._name_cache.get(raw)
+        if checked is None:
+            checked = normalise_table_name(raw, self.name_rules)
+            if len(self._name_cache) < 10_000:
+                self._name_cache[raw] = checked
+        return checked
+
+    def _dynamic_groups(
+        self, view: RecordView, candidates: np.ndarray, matched: np.ndarray, routes: Routes
+    ) -> dict[str, np.ndarray]:
+        """Positions per dynamic table; rejected names become dead letters; ``matched`` is updated."""
+        assert self.dynamic is not None
+        groups: dict[str, list[np.ndarray]] = {}
+        array = self.dynamic.array(view, candidates) if self.vectorised else None
+        if array is not None:
+            # Vectorised: validate each distinct name once, then group positions by name.
+            encoded = array.dictionary_encode()
+            codes = np.asarray(encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            for code, raw in enumerate(encoded.dictionary.to_pylist()):
+                positions = candidates[codes == code]
+                matched[positions] = True
+                table, reason = self._check_name(raw)
+                if table is None:
+                    message = reason or "rejected dynamic table name"
+                    routes.dead.extend((int(p), message) for p in positions)
+                else:
+                    groups.setdefault(table, []).append(positions)
+        else:
+            for pos, raw in zip(
+                candidates.tolist(), self.dynamic.names(view, candidates, False), strict=True
+            ):
+                if raw is None:
+                    continue
+                matched[pos] = True
+                table, reason = self._check_name(raw)
+                if table is None:
+                    routes.dead.append((pos, reason or "rejected dynamic table name"))
+                else:
+                    groups.setdefault(table, []).append(np.asarray([pos], dtype=np.int64))
+        return {table: np.sort(np.concatenate(parts)) for table, parts in groups.items()}
+
     def route(self, view: RecordView) -> Routes:
         n = len(view)
         routes = Routes()
@@ -638,28 +693,10 @@ class Router:
             applies_all = self.config.dynamic.applies_to == "all"
             candidates = np.arange(n) if applies_all else np.flatnonzero(~matched)
             if len(candidates):
-                names = self.dynamic.names(view, candidates, self.vectorised)
-                groups: dict[str, list[int]] = {}
-                for pos, raw in zip(candidates.tolist(), names, strict=True):
-                    if raw is None:
-                        continue
-                    key = raw if isinstance(raw, str) else repr(raw)
-                    checked = self._name_cache.get(key) if isinstance(raw, str) else None
-                    if checked is None:
-                        checked = normalise_table_name(raw, self.name_rules)
-                        if isinstance(raw, str) and len(self._name_cache) < 10_000:
-                            self._name_cache[key] = checked
-                    table, reason = checked
-                    matched[pos] = True
-                    if table is None:
-                        routes.dead.append((pos, reason or "rejected dynamic table name"))
-                    else:
-                        groups.setdefault(table, []).append(pos)
+                groups = self._dynamic_groups(view, candidates, matched, routes)
                 for table, positions in groups.items():
-                    extra = np.asarray(positions, dtype=np.int64)
-                    if table in routes.tables:
-                        extra = np.union1d(routes.tables[table], extra)
-                    routes.tables[table] = extra
+                    known = routes.tables.get(table)
+                    routes.tables[table] = positions if known is None else np.union1d(known, positions)
         unmatched = np.flatnonzero(~matched)
         if len(unmatched):
             action = self.config.unmatched.action

@@ -136,6 +136,7 @@ def test_vectorised_and_per_record_processors_agree(catalog_settings: CatalogSet
     slow = build_processor(config, catalog, vectorised=False)
     first = fast(slice_)
     assert fast.router.rules["analytics.orders"].last_vectorised  # type: ignore[union-attr]
+    assert fast.router.dynamic is not None and fast.router.dynamic.last_vectorised
     second = slow(slice_)
     assert not slow.router.rules["analytics.orders"].last_vectorised  # type: ignore[union-attr]
     assert _summary(first) == _summary(second)
