@@ -373,7 +373,8 @@ def _convert(
         bad.add(
             int(positions[index]),
             path,
-            f"column {path!r}: cannot convert {_show(value)} ({_type_name(src)}) to {_type_name(dtype)}",
+            f"column {path!r}: cannot convert {_show(value)} ({_type_name(src)}) to {_type_name(dtype)}; "
+            "send a value of the column's type, or map another field to it with select",
         )
     return result
 

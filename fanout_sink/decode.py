@@ -215,7 +215,9 @@ class JsonDecoder:
             try:
                 obj = json.loads(value) if value is not None else None
             except (ValueError, UnicodeDecodeError) as exc:
-                failures.append((index, f"invalid JSON: {exc}"))
+                failures.append(
+                    (index, f"invalid JSON: {exc}; producers must send one JSON object per message")
+                )
                 continue
             if not isinstance(obj, dict):
                 failures.append((index, "value is not a JSON object"))
@@ -236,7 +238,9 @@ class JsonDecoder:
             try:
                 obj = json.loads(value)
             except (ValueError, UnicodeDecodeError) as exc:
-                failures.append((index, f"invalid JSON: {exc}"))
+                failures.append(
+                    (index, f"invalid JSON: {exc}; producers must send one JSON object per message")
+                )
                 continue
             if not isinstance(obj, dict):
                 failures.append((index, f"value is a JSON {type(obj).__name__}, not an object"))
@@ -427,7 +431,10 @@ class ConfluentAvroDecoder:
             registered = self._client.get_schema(schema_id)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
-                result: tuple[Any, pa.Schema] | str = f"unknown schema id {schema_id} in the Schema Registry"
+                result: tuple[Any, pa.Schema] | str = (
+                    f"unknown schema id {schema_id} in the Schema Registry; "
+                    "check source.schema-registry.url points at the producer's registry"
+                )
             else:
                 raise DecodeSetupError(
                     f"Schema Registry lookup of schema id {schema_id} failed: {exc}"
@@ -453,7 +460,12 @@ class ConfluentAvroDecoder:
         by_id: dict[int, list[int]] = {}
         for index, value in enumerate(raw):
             if value is None or len(value) < 5 or value[0] != self.MAGIC:
-                failures.append((index, "not Confluent wire format (magic byte 0 + 4-byte schema id)"))
+                failures.append(
+                    (
+                        index,
+                        "not Confluent wire format (magic byte 0, 4-byte schema id); is source.format right?",
+                    )
+                )
                 continue
             by_id.setdefault(int.from_bytes(value[1:5], "big"), []).append(index)
         parts: list[pa.Table] = []

@@ -143,6 +143,10 @@ class RecordView:
 
     def column(self, name: str) -> pa.Array:
         """A top-level name as a column: a record field, else metadata; unknown names are all null."""
+        if name == META_ROOT:  # always the metadata, even when a record has a field of that name
+            return pa.StructArray.from_arrays(
+                [c.combine_chunks() for c in self.meta.columns], names=self.meta.column_names
+            )
         if name in self.decoded.lossy:
             raise Fallback(f"column {name} has mixed types in this batch")
         records = self.decoded.records
@@ -160,10 +164,6 @@ class RecordView:
             raise Fallback("headers are evaluated per record")
         if name in self.meta.column_names:
             return self.meta.column(name).combine_chunks()
-        if name == META_ROOT:
-            return pa.StructArray.from_arrays(
-                [c.combine_chunks() for c in self.meta.columns], names=self.meta.column_names
-            )
         return pa.nulls(len(self))
 
 
@@ -598,7 +598,10 @@ def normalise_table_name(raw: Any, rules: NameRules) -> tuple[str | None, str | 
         if not _PART.match(part):
             return None, f"dynamic table name {shown!r}: part {part!r} may hold only a-z, 0-9 and _"
     if rules.allow is not None and not re.fullmatch(rules.allow, name):
-        return None, f"dynamic table name {name!r} does not match dynamic.allow {rules.allow!r}"
+        return None, (
+            f"dynamic table name {name!r} does not match dynamic.allow {rules.allow!r}; "
+            "if the table is wanted, widen dynamic.allow"
+        )
     return name, None
 
 
