@@ -414,23 +414,23 @@ class SinkConfig(_Section):
         for key, needed in needs_dlq.items():
             if needed and self.dead_letter is None:
                 raise ValueError(
-                    f"{key} sends records to the dead-letter topic, but dead-letter.topic is not set; "
+                    f"@{key}: sends records to the dead-letter topic, but dead-letter.topic is not set; "
                     "e.g. dead-letter: {topic: shop-events-dlq}"
                 )
         if self.unmatched.action == "table":
             table = self.unmatched.table
             if table not in self.tables:
                 raise ValueError(
-                    f"unmatched.table {table!r} is not declared under tables; "
+                    f"@unmatched.table: {table!r} is not declared under tables; "
                     f"add it, e.g. tables: {{{table}: {{}}}}"
                 )
             if self.tables[table].when is not None:
                 raise ValueError(
-                    f"unmatched.table {table!r} receives the unmatched records; remove its when: expression"
+                    f"@unmatched.table: {table!r} receives the unmatched records; remove its when: expression"
                 )
         if not self.tables and self.dynamic is None:
             raise ValueError(
-                "nothing to route to: declare tables or dynamic; "
+                "@tables: nothing to route to: declare tables or dynamic; "
                 "e.g. tables: {analytics.orders: {when: \"type == 'order'\"}}"
             )
         return self
@@ -585,7 +585,10 @@ def _errors(exc: ValidationError, source: str) -> ConfigError:
                 fix = "remove it or check its spelling against the documented keys"
             elif example is not None:
                 fix = f"e.g. {_format_example(example)}"
-        problems.append((_location(loc) or "(top level)", message, fix))
+        where = _location(loc) or "(top level)"
+        if message.startswith("@") and ": " in message:  # a model-level check naming its own key
+            where, message = message[1:].split(": ", 1)
+        problems.append((where, message, fix))
     return ConfigError.many(source, problems)
 
 
