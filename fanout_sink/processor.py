@@ -125,7 +125,8 @@ class RoutingProcessor:
         if errors and self.config.errors.tolerance == "none":
             first = min(errors, key=lambda f: f.index)
             row = raw.slice(first.index, 1).to_pylist()[0]
-            raise RecordError(row["topic"], row["partition"], row["offset"], first.stage, first.reason)
+            reason = first.reason if first.table is None else f"{first.reason} (table {first.table})"
+            raise RecordError(row["topic"], row["partition"], row["offset"], first.stage, reason)
         if failures:
             failures.sort(key=lambda f: (f.index, f.table or ""))
             indices = pa.array([f.index for f in failures], pa.int64())

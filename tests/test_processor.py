@@ -157,6 +157,10 @@ def test_tolerance_none_raises_with_coordinates(catalog_settings: CatalogSetting
     assert "events[4]@41" in str(error) and "invalid JSON" in str(error)
     assert "errors.tolerance: all" in str(error)
     process(make_raw_slice([_encode(good)], topic="events"))  # good records pass
+    with pytest.raises(
+        RecordError, match=r"events\[0\]@0 failed at convert: column 'id'.*\(table analytics.orders\)"
+    ):
+        process(make_raw_slice([_encode({**good, "id": "x"})], topic="events"))
 
 
 def test_tolerance_none_still_dead_letters_by_policy(catalog_settings: CatalogSettings, catalog: Any) -> None:
