@@ -132,6 +132,7 @@ def _timestamps(array: pa.Array, target: pa.DataType) -> pa.Array:
         digits = pc.match_substring_regex(text, _DIGITS).fill_null(False)
         plain = pc.and_(pc.invert(zoned), pc.invert(digits))
         text = pc.replace_substring_regex(text, r"(\d{2}:\d{2}(:\d{2}(\.\d+)?)?)\s*[zZ]$", r"\1+00:00")
+        text = pc.replace_substring_regex(text, r"(\d)\s+([+-]\d{2}(:?\d{2})?)$", r"\1\2")
         parts = [
             pc.cast(pc.cast(_where(zoned, text), aware), naive if not tz_target else aware),
             pc.cast(_where(plain, text), naive).cast(aware if tz_target else naive),

@@ -54,6 +54,7 @@ def test_timestamps_with_and_without_zone_and_epoch_millis() -> None:
     inputs = [
         "2024-05-01T10:00:00Z",
         "2024-05-01T12:00:00+02:00",
+        "2024-05-01 11:00:00 +0100",
         "2024-05-01 10:00:00",
         "2024-05-01T10:00:00.123456",
         "1714557600000",
@@ -62,10 +63,10 @@ def test_timestamps_with_and_without_zone_and_epoch_millis() -> None:
     values, failures = _one(TimestamptzType(), inputs)
     assert failures == []
     ten = datetime(2024, 5, 1, 10, tzinfo=UTC)
-    assert values[:3] == [ten, ten, ten]
-    assert values[3] == datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
-    assert values[4] == ten
-    assert values[5] == datetime(2024, 5, 1, tzinfo=UTC)
+    assert values[:4] == [ten, ten, ten, ten]
+    assert values[4] == datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
+    assert values[5] == ten
+    assert values[6] == datetime(2024, 5, 1, tzinfo=UTC)
     naive, failures = _one(TimestampType(), ["2024-05-01T12:00:00+02:00", "2024-05-01T10:00:00"])
     assert failures == []
     assert naive == [datetime(2024, 5, 1, 10), datetime(2024, 5, 1, 10)]
