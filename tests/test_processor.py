@@ -269,3 +269,18 @@ def test_null_only_columns_wait_for_a_value(catalog_settings: CatalogSettings, c
     out = process(make_raw_slice([_encode({"id": 2, "score": 7})]))
     table = out.tables["analytics.events"].table
     assert str(table.schema().find_field("score").field_type) == "long"
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(records=st.lists(_record, min_size=1, max_size=20))
+def test_both_paths_agree_on_random_slices(catalog_settings: CatalogSettings, records: list[Any]) -> None:
+    config = _config(catalog_settings)
+    catalog = load_catalog(catalog_settings)
+    slice_ = make_raw_slice([_encode(r) for r in records])
+    fast = build_processor(config, catalog)(slice_)
+    slow = build_processor(config, catalog, vectorised=False)(slice_)
+    assert _summary(fast) == _summary(slow)
