@@ -202,11 +202,13 @@ def _apply(table: Any, changes: _Changes) -> None:
 class TableManager:
     """Loads, creates and evolves the sink's tables; caches loaded tables for the process."""
 
-    def __init__(self, catalog: Any, config: Any, retries: int = 12) -> None:
+    def __init__(self, catalog: Any, config: Any, retries: int = 12, max_age_seconds: float = 300.0) -> None:
         self.catalog = catalog
         self.config = config
         self.retries = retries
-        self._cache: dict[str, Any] = {}
+        self.max_age_seconds = max_age_seconds
+        """A cached table is reloaded after this long, to see other workers' schema changes."""
+        self._cache: dict[str, tuple[Any, float]] = {}
         self._lock = threading.Lock()
 
     def settings_for(self, name: str) -> Any:
@@ -226,11 +228,14 @@ class TableManager:
 
     def cached(self, name: str) -> Any | None:
         with self._lock:
-            return self._cache.get(name)
+            entry = self._cache.get(name)
+        if entry is None or time.monotonic() - entry[1] > self.max_age_seconds:
+            return None
+        return entry[0]
 
     def _remember(self, name: str, table: Any) -> Any:
         with self._lock:
-            self._cache[name] = table
+            self._cache[name] = (table, time.monotonic())
         return table
 
     def ensure(self, name: str, settings: Any, sample: pa.Table | None = None) -> Any:

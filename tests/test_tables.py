@@ -180,3 +180,13 @@ def test_concurrent_auto_create_converges(catalog_settings: CatalogSettings, cat
     assert errors == []
     assert len(set(uuids)) == 1 and len(uuids) == workers
     assert catalog.load_table("a.new").metadata.table_uuid == uuids[0]
+
+
+def test_cached_tables_expire(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    config = _config(catalog_settings, {"a.t": {}})
+    manager = TableManager(catalog, config, max_age_seconds=0.0)
+    table = manager.ensure("a.t", config.tables["a.t"], sample=pa.table({"id": [1]}))
+    with catalog.load_table("a.t").update_schema() as update:  # another worker's change
+        update.add_column("other", StringType())
+    assert manager.ensure("a.t", config.tables["a.t"]).schema().column_names == ["id", "other"]
+    assert table.schema().column_names == ["id"]
