@@ -8,8 +8,9 @@ values parse as timestamps). The partition spec (``partition-by``) and ``propert
 in the same transaction as the create.
 
 ``evolve`` compares incoming rows with the table schema and, as the table's ``evolution`` settings
-allow, adds columns (nested too), widens ``int`` to ``long`` and ``float`` to ``double`` when values
-do not fit, and makes a required column optional when rows lack it. On a commit conflict it
+allow, adds columns (top-level, and fields of struct columns; not yet inside lists or maps),
+widens ``int`` to ``long`` and ``float`` to ``double`` when values do not fit, and makes a
+required column optional when rows lack it. On a commit conflict it
 reloads the table and recomputes the change against the new schema, so several workers evolving
 one table converge on one schema; a change that another worker already made is a no-op.
 """
