@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.errors import ConfigError
+from fanout_sink.errors import ConfigError, FanoutSinkError
 
 # --------------------------------------------------------------------------------------------
 # Small value types
@@ -414,23 +414,23 @@ class SinkConfig(_Section):
         for key, needed in needs_dlq.items():
             if needed and self.dead_letter is None:
                 raise ValueError(
-                    f"{key} sends records to the dead-letter topic, but dead-letter.topic is not set; "
+                    f"@{key}: sends records to the dead-letter topic, but dead-letter.topic is not set; "
                     "e.g. dead-letter: {topic: shop-events-dlq}"
                 )
         if self.unmatched.action == "table":
             table = self.unmatched.table
             if table not in self.tables:
                 raise ValueError(
-                    f"unmatched.table {table!r} is not declared under tables; "
+                    f"@unmatched.table: {table!r} is not declared under tables; "
                     f"add it, e.g. tables: {{{table}: {{}}}}"
                 )
             if self.tables[table].when is not None:
                 raise ValueError(
-                    f"unmatched.table {table!r} receives the unmatched records; remove its when: expression"
+                    f"@unmatched.table: {table!r} receives the unmatched records; remove its when: expression"
                 )
         if not self.tables and self.dynamic is None:
             raise ValueError(
-                "nothing to route to: declare tables or dynamic; "
+                "@tables: nothing to route to: declare tables or dynamic; "
                 "e.g. tables: {analytics.orders: {when: \"type == 'order'\"}}"
             )
         return self
@@ -585,8 +585,35 @@ def _errors(exc: ValidationError, source: str) -> ConfigError:
                 fix = "remove it or check its spelling against the documented keys"
             elif example is not None:
                 fix = f"e.g. {_format_example(example)}"
-        problems.append((_location(loc) or "(top level)", message, fix))
+        where = _location(loc) or "(top level)"
+        if message.startswith("@") and ": " in message:  # a model-level check naming its own key
+            where, message = message[1:].split(": ", 1)
+        problems.append((where, message, fix))
     return ConfigError.many(source, problems)
+
+
+def _check_schema_files(config: SinkConfig, source: str) -> None:
+    """Schema files named by the config exist and are usable Avro record schemas."""
+    from fanout_sink.decode import avro_to_arrow_schema, load_avro_schema
+
+    named: list[tuple[str, str | None]] = [("source.schema", config.source.schema_file)]
+    named += [(f'tables."{name}".schema', t.schema_file) for name, t in config.tables.items()]
+    problems: list[tuple[str, str, str]] = []
+    for path_in_yaml, file in named:
+        if not file:
+            continue
+        resolved = config.resolve(file)
+        if not resolved.is_file():
+            problems.append(
+                (path_in_yaml, f"schema file {resolved} not found", "give a path relative to the YAML file")
+            )
+            continue
+        try:
+            avro_to_arrow_schema(load_avro_schema(resolved))
+        except FanoutSinkError as exc:
+            problems.append((path_in_yaml, str(exc), 'e.g. {"type": "record", "name": "R", "fields": [...]}'))
+    if problems:
+        raise ConfigError.many(source, problems)
 
 
 def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> SinkConfig:
@@ -597,9 +624,11 @@ def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = No
     if base_dir is not None:
         data = {**data, "base_dir": base_dir}
     try:
-        return SinkConfig.model_validate(data)
+        config = SinkConfig.model_validate(data)
     except ValidationError as exc:
         raise _errors(exc, source) from None
+    _check_schema_files(config, source)
+    return config
 
 
 def load_config(path: str | Path) -> SinkConfig:

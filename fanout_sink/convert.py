@@ -132,6 +132,7 @@ def _timestamps(array: pa.Array, target: pa.DataType) -> pa.Array:
         digits = pc.match_substring_regex(text, _DIGITS).fill_null(False)
         plain = pc.and_(pc.invert(zoned), pc.invert(digits))
         text = pc.replace_substring_regex(text, r"(\d{2}:\d{2}(:\d{2}(\.\d+)?)?)\s*[zZ]$", r"\1+00:00")
+        text = pc.replace_substring_regex(text, r"(\d)\s+([+-]\d{2}(:?\d{2})?)$", r"\1\2")
         parts = [
             pc.cast(pc.cast(_where(zoned, text), aware), naive if not tz_target else aware),
             pc.cast(_where(plain, text), naive).cast(aware if tz_target else naive),
@@ -305,6 +306,17 @@ def _convert(
         src = array.type
     if pa.types.is_null(src):
         return pa.nulls(n, dtype)
+    if _is_string(src) and (
+        pa.types.is_struct(dtype)
+        or pa.types.is_list(dtype)
+        or pa.types.is_large_list(dtype)
+        or pa.types.is_map(dtype)
+    ):
+        parsed = _parse_json_text(array, dtype, path, positions, bad)
+        if parsed is not None:
+            array, src = parsed, parsed.type
+            if pa.types.is_null(src):
+                return pa.nulls(n, dtype)
     if pa.types.is_struct(dtype):
         if not pa.types.is_struct(src):
             return _fail_all(array, dtype, path, positions, bad)
@@ -362,9 +374,43 @@ def _convert(
         bad.add(
             int(positions[index]),
             path,
-            f"column {path!r}: cannot convert {_show(value)} ({_type_name(src)}) to {_type_name(dtype)}",
+            f"column {path!r}: cannot convert {_show(value)} ({_type_name(src)}) to {_type_name(dtype)}; "
+            "send a value of the column's type, or map another field to it with select",
         )
     return result
+
+
+def _parse_json_text(
+    array: pa.Array, dtype: pa.DataType, path: str, positions: np.ndarray, bad: _Bad
+) -> pa.Array | None:
+    """JSON text (a field whose type changed within a batch is kept as text) -> nested Arrow values.
+
+    Per value, in Python: this only runs for columns that could not be decoded as one type.
+    """
+    values: list[Any] = []
+    for index, text in enumerate(array.to_pylist()):
+        if text is None:
+            values.append(None)
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+            bad.add(int(positions[index]), path, f"column {path!r}: {_show(text)} is not a JSON value")
+        if pa.types.is_struct(dtype) or pa.types.is_map(dtype):
+            if value is not None and not isinstance(value, dict):
+                bad.add(int(positions[index]), path, f"column {path!r}: {_show(text)} is not a JSON object")
+                value = None
+            if pa.types.is_map(dtype) and isinstance(value, dict):
+                value = list(value.items())
+        elif value is not None and not isinstance(value, list):
+            bad.add(int(positions[index]), path, f"column {path!r}: {_show(text)} is not a JSON array")
+            value = None
+        values.append(value)
+    try:
+        return pa.array(values) if not pa.types.is_map(dtype) else pa.array(values, dtype)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return None
 
 
 def _convert_map(

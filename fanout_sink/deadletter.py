@@ -78,3 +78,9 @@ def header(letter: DeadLetter, key: str) -> str | None:
         if name == key:
             found = value.decode("utf-8")
     return found
+
+
+def publish(producer: Any, topic: str, letters: list[DeadLetter]) -> None:
+    """Produce dead letters with a confluent-kafka ``Producer``; call inside the worker's transaction."""
+    for letter in letters:
+        producer.produce(topic, key=letter.key, value=letter.value, headers=list(letter.headers))

@@ -12,6 +12,8 @@ k - 1 extra routes. :attr:`RoutingProcessor.last_stats` reports these numbers fo
 
 With ``errors.tolerance: none`` the first bad record (lowest offset) raises
 :class:`~fanout_sink.errors.RecordError` naming topic, partition, offset and the reason instead.
+Dead letters by policy (``source.tombstones: dead-letter``, ``unmatched.action: dead-letter``) are
+not errors: they are dead-lettered under either tolerance.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fanout_sink.convert import Matching, convert
 from fanout_sink.decode import Decoded, Decoder, build_decoder
 from fanout_sink.errors import RecordError, TableError
 from fanout_sink.records import RAW_RECORD_SCHEMA, RoutedSlice, TableRows
-from fanout_sink.routing import Projection, RecordView, Router
+from fanout_sink.routing import UNMATCHED_REASON, Projection, RecordView, Router
 from fanout_sink.tables import TableManager
 
 
@@ -53,6 +55,8 @@ class _Failure:
     reason: str
     table: str | None = None
     column: str | None = None
+    policy: bool = False
+    """Dead-lettered by configuration (tombstones, unmatched), not because the record is bad."""
 
 
 class RoutingProcessor:
@@ -68,6 +72,10 @@ class RoutingProcessor:
         self.tables = TableManager(catalog, config)
         self._projections: dict[str, Projection] = {}
         self.last_stats = SliceStats()
+
+    def refresh_tables(self, name: str | None = None) -> None:
+        """Drop cached tables (e.g. after a table was dropped and recreated); they reload on use."""
+        self.tables.invalidate(name)
 
     def _projection(self, expression: str) -> Projection:
         found = self._projections.get(expression)
@@ -90,36 +98,35 @@ class RoutingProcessor:
             else:
                 failures.extend(
                     _Failure(
-                        int(i), "tombstone", "tombstone (null value) and source.tombstones is dead-letter"
+                        int(i),
+                        "tombstone",
+                        "tombstone (null value) and source.tombstones is dead-letter",
+                        policy=True,
                     )
                     for i in np.flatnonzero(tombstone)
                 )
         present = np.flatnonzero(~tombstone)
         decoded = self.decoder(values.take(pa.array(present, pa.int64())))
         failures.extend(_Failure(int(present[i]), "decode", reason) for i, reason in decoded.failures)
-        decoded = Decoded(
-            decoded.records,
-            present[decoded.rows] if len(decoded.rows) else decoded.rows,
-            [],
-            decoded.lossy,
-            decoded._python,
-            decoded._python_cache,
-        )
+        decoded = decoded.with_rows(present[decoded.rows] if len(decoded.rows) else decoded.rows)
         view = RecordView.build(decoded, raw)
         routes = self.router.route(view)
         out.filtered += routes.dropped
         route_counts = np.zeros(len(view), dtype=np.int64)
         for pos, reason in routes.dead:
-            failures.append(_Failure(int(decoded.rows[pos]), "route", reason))
+            policy = reason == UNMATCHED_REASON
+            failures.append(_Failure(int(decoded.rows[pos]), "route", reason, policy=policy))
             route_counts[pos] += 1
         for name, positions in routes.tables.items():
             route_counts[positions] += 1
             self._to_table(name, positions, view, decoded, out, failures)
         stats.extra_routes = int(np.maximum(route_counts - 1, 0).sum())
-        if failures and self.config.errors.tolerance == "none":
-            first = min(failures, key=lambda f: f.index)
+        errors = [f for f in failures if not f.policy]
+        if errors and self.config.errors.tolerance == "none":
+            first = min(errors, key=lambda f: f.index)
             row = raw.slice(first.index, 1).to_pylist()[0]
-            raise RecordError(row["topic"], row["partition"], row["offset"], first.stage, first.reason)
+            reason = first.reason if first.table is None else f"{first.reason} (table {first.table})"
+            raise RecordError(row["topic"], row["partition"], row["offset"], first.stage, reason)
         if failures:
             failures.sort(key=lambda f: (f.index, f.table or ""))
             indices = pa.array([f.index for f in failures], pa.int64())
@@ -135,7 +142,7 @@ class RoutingProcessor:
                 )
                 for row, f in zip(rows, failures, strict=True)
             ]
-        stats.dead_letters = len(out.dead_letters) if self.config.errors.tolerance == "all" else 0
+        stats.dead_letters = len(out.dead_letters)
         stats.filtered = out.filtered
         stats.rows_per_table = {name: rows.rows.num_rows for name, rows in out.tables.items()}
         stats.rows = sum(stats.rows_per_table.values())

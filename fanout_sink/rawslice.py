@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pyarrow as pa
 
@@ -42,3 +43,20 @@ def make_raw_slice(
         },
         schema=RAW_RECORD_SCHEMA,
     )
+
+
+def from_messages(messages: Iterable[Any]) -> pa.Table:
+    """A raw slice from confluent-kafka ``Message`` objects (as a plain consumer returns them)."""
+    rows: dict[str, list[Any]] = {name: [] for name in RAW_RECORD_SCHEMA.names}
+    for message in messages:
+        kind, millis = message.timestamp()
+        rows["key"].append(message.key())
+        rows["value"].append(message.value())
+        rows["topic"].append(message.topic())
+        rows["partition"].append(message.partition())
+        rows["offset"].append(message.offset())
+        rows["timestamp"].append(datetime.fromtimestamp(millis / 1000, tz=timezone.utc))
+        rows["timestampType"].append(kind)
+        headers = message.headers() or []
+        rows["headers"].append([{"key": k, "value": v} for k, v in headers])
+    return pa.table(rows, schema=RAW_RECORD_SCHEMA)

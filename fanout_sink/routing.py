@@ -44,6 +44,7 @@ from fanout_sink.decode import Decoded, _arrow_from_python
 
 META_FIELDS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers")
 META_ROOT = "_kafka"
+UNMATCHED_REASON = "no table matched the record (unmatched.action is dead-letter)"
 
 
 class _Functions(jp_functions.Functions):
@@ -118,8 +119,7 @@ class RecordView:
                 for entry in entries or []:
                     value = entry["value"]
                     obj[entry["key"]] = "" if value is None else value.decode("utf-8", "replace")
-                obj_final = obj
-                result.append(obj_final)
+                result.append(obj)
             self.headers = result
         return self.headers
 
@@ -143,6 +143,10 @@ class RecordView:
 
     def column(self, name: str) -> pa.Array:
         """A top-level name as a column: a record field, else metadata; unknown names are all null."""
+        if name == META_ROOT:  # always the metadata, even when a record has a field of that name
+            return pa.StructArray.from_arrays(
+                [c.combine_chunks() for c in self.meta.columns], names=self.meta.column_names
+            )
         if name in self.decoded.lossy:
             raise Fallback(f"column {name} has mixed types in this batch")
         records = self.decoded.records
@@ -160,10 +164,6 @@ class RecordView:
             raise Fallback("headers are evaluated per record")
         if name in self.meta.column_names:
             return self.meta.column(name).combine_chunks()
-        if name == META_ROOT:
-            return pa.StructArray.from_arrays(
-                [c.combine_chunks() for c in self.meta.columns], names=self.meta.column_names
-            )
         return pa.nulls(len(self))
 
 
@@ -508,6 +508,16 @@ class NameExpression:
                 result.append(None)
         return result
 
+    def array(self, view: RecordView, positions: np.ndarray) -> pa.Array | None:
+        """Names for ``positions`` as an Arrow string column, or None when not vectorisable."""
+        try:
+            array = self._vectorised(view).take(pa.array(positions, pa.int64()))
+        except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            self.last_vectorised = False
+            return None
+        self.last_vectorised = True
+        return array
+
     def _vectorised(self, view: RecordView) -> pa.Array:
         node = self._ast
         names = _path(node)
@@ -533,8 +543,9 @@ class NameExpression:
                 if item_names is None:
                     raise Fallback("join part")
                 column = _resolve(view, item_names)
-                if _family(column.type) != "string" or column.null_count:
-                    raise Fallback("join part is not a non-null string column")
+                if _family(column.type) != "string":
+                    raise Fallback("join part is not a string column")
+                # A null part makes jmespath's join raise (no name: unmatched); Arrow gives null.
                 parts.append(column.cast(pa.string()))
             return pc.binary_join_element_wise(*parts, pa.scalar(sep["value"], pa.string()))
         raise Fallback("name expression form")
@@ -587,7 +598,10 @@ def normalise_table_name(raw: Any, rules: NameRules) -> tuple[str | None, str | 
         if not _PART.match(part):
             return None, f"dynamic table name {shown!r}: part {part!r} may hold only a-z, 0-9 and _"
     if rules.allow is not None and not re.fullmatch(rules.allow, name):
-        return None, f"dynamic table name {name!r} does not match dynamic.allow {rules.allow!r}"
+        return None, (
+            f"dynamic table name {name!r} does not match dynamic.allow {rules.allow!r}; "
+            "if the table is wanted, widen dynamic.allow"
+        )
     return name, None
 
 
@@ -625,6 +639,50 @@ class Router:
         )
         self._name_cache: dict[str, tuple[str | None, str | None]] = {}
 
+    def _check_name(self, raw: Any) -> tuple[str | None, str | None]:
+        if not isinstance(raw, str):
+            return normalise_table_name(raw, self.name_rules)
+        checked = self._name_cache.get(raw)
+        if checked is None:
+            checked = normalise_table_name(raw, self.name_rules)
+            if len(self._name_cache) < 10_000:
+                self._name_cache[raw] = checked
+        return checked
+
+    def _dynamic_groups(
+        self, view: RecordView, candidates: np.ndarray, matched: np.ndarray, routes: Routes
+    ) -> dict[str, np.ndarray]:
+        """Positions per dynamic table; rejected names become dead letters; ``matched`` is updated."""
+        assert self.dynamic is not None
+        groups: dict[str, list[np.ndarray]] = {}
+        array = self.dynamic.array(view, candidates) if self.vectorised else None
+        if array is not None:
+            # Vectorised: validate each distinct name once, then group positions by name.
+            encoded = array.dictionary_encode()
+            codes = np.asarray(encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            for code, raw in enumerate(encoded.dictionary.to_pylist()):
+                positions = candidates[codes == code]
+                matched[positions] = True
+                table, reason = self._check_name(raw)
+                if table is None:
+                    message = reason or "rejected dynamic table name"
+                    routes.dead.extend((int(p), message) for p in positions)
+                else:
+                    groups.setdefault(table, []).append(positions)
+        else:
+            for pos, raw in zip(
+                candidates.tolist(), self.dynamic.names(view, candidates, False), strict=True
+            ):
+                if raw is None:
+                    continue
+                matched[pos] = True
+                table, reason = self._check_name(raw)
+                if table is None:
+                    routes.dead.append((pos, reason or "rejected dynamic table name"))
+                else:
+                    groups.setdefault(table, []).append(np.asarray([pos], dtype=np.int64))
+        return {table: np.sort(np.concatenate(parts)) for table, parts in groups.items()}
+
     def route(self, view: RecordView) -> Routes:
         n = len(view)
         routes = Routes()
@@ -638,35 +696,17 @@ class Router:
             applies_all = self.config.dynamic.applies_to == "all"
             candidates = np.arange(n) if applies_all else np.flatnonzero(~matched)
             if len(candidates):
-                names = self.dynamic.names(view, candidates, self.vectorised)
-                groups: dict[str, list[int]] = {}
-                for pos, raw in zip(candidates.tolist(), names, strict=True):
-                    if raw is None:
-                        continue
-                    key = raw if isinstance(raw, str) else repr(raw)
-                    checked = self._name_cache.get(key) if isinstance(raw, str) else None
-                    if checked is None:
-                        checked = normalise_table_name(raw, self.name_rules)
-                        if isinstance(raw, str) and len(self._name_cache) < 10_000:
-                            self._name_cache[key] = checked
-                    table, reason = checked
-                    matched[pos] = True
-                    if table is None:
-                        routes.dead.append((pos, reason or "rejected dynamic table name"))
-                    else:
-                        groups.setdefault(table, []).append(pos)
+                groups = self._dynamic_groups(view, candidates, matched, routes)
                 for table, positions in groups.items():
-                    extra = np.asarray(positions, dtype=np.int64)
-                    if table in routes.tables:
-                        extra = np.union1d(routes.tables[table], extra)
-                    routes.tables[table] = extra
+                    known = routes.tables.get(table)
+                    routes.tables[table] = positions if known is None else np.union1d(known, positions)
         unmatched = np.flatnonzero(~matched)
         if len(unmatched):
             action = self.config.unmatched.action
             if action == "drop":
                 routes.dropped = len(unmatched)
             elif action == "dead-letter":
-                routes.dead.extend((int(p), "no table matched the record") for p in unmatched)
+                routes.dead.extend((int(p), UNMATCHED_REASON) for p in unmatched)
             else:
                 assert self.default_table is not None
                 routes.tables[self.default_table] = unmatched

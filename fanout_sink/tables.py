@@ -8,15 +8,15 @@ values parse as timestamps). The partition spec (``partition-by``) and ``propert
 in the same transaction as the create.
 
 ``evolve`` compares incoming rows with the table schema and, as the table's ``evolution`` settings
-allow, adds columns (nested too), widens ``int`` to ``long`` and ``float`` to ``double`` when values
-do not fit, and makes a required column optional when rows lack it. On a commit conflict it
+allow, adds columns (top-level, and fields of struct columns; not yet inside lists or maps),
+widens ``int`` to ``long`` and ``float`` to ``double`` when values do not fit, and makes a
+required column optional when rows lack it. On a commit conflict it
 reloads the table and recomputes the change against the new schema, so several workers evolving
 one table converge on one schema; a change that another worker already made is a no-op.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -68,11 +68,24 @@ def normalise_field(f: pa.Field, optional: bool = False) -> pa.Field:
     return pa.field(f.name, normalise_type(f.type), nullable=True if optional else f.nullable)
 
 
-def infer_schema(rows: pa.Table, partition_by: list[Any]) -> pa.Schema:
-    """An Arrow schema for a new table from its first rows; every column optional."""
+def infer_schema(rows: pa.Table, partition_by: list[Any], skip_null_columns: bool = False) -> pa.Schema:
+    """An Arrow schema for a new table from its first rows; every column optional.
+
+    A column that is null in every row has no type to learn: it becomes a string column, or, with
+    ``skip_null_columns`` (when the table may add columns later), it is left out until a value
+    arrives and schema evolution adds it with its real type.
+    """
     time_columns = {p.column for p in partition_by if p.transform in _TIME_TRANSFORMS}
     fields = []
+    partition_columns = {p.column for p in partition_by}
     for f in rows.schema:
+        if (
+            skip_null_columns
+            and f.name not in partition_columns
+            and rows.column(f.name).null_count == rows.num_rows
+            and rows.num_columns > 1
+        ):
+            continue
         dtype = normalise_type(f.type)
         if f.name in time_columns and pa.types.is_string(dtype):
             try:
@@ -190,11 +203,13 @@ def _apply(table: Any, changes: _Changes) -> None:
 class TableManager:
     """Loads, creates and evolves the sink's tables; caches loaded tables for the process."""
 
-    def __init__(self, catalog: Any, config: Any, retries: int = 12) -> None:
+    def __init__(self, catalog: Any, config: Any, retries: int = 12, max_age_seconds: float = 300.0) -> None:
         self.catalog = catalog
         self.config = config
         self.retries = retries
-        self._cache: dict[str, Any] = {}
+        self.max_age_seconds = max_age_seconds
+        """A cached table is reloaded after this long, to see other workers' schema changes."""
+        self._cache: dict[str, tuple[Any, float]] = {}
         self._lock = threading.Lock()
 
     def settings_for(self, name: str) -> Any:
@@ -204,13 +219,24 @@ class TableManager:
             return self.config.dynamic.table_settings()
         raise TableError(f"table {name} is not configured")
 
+    def invalidate(self, name: str | None = None) -> None:
+        """Forget one cached table (or all): the next use reloads it from the catalog."""
+        with self._lock:
+            if name is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(name, None)
+
     def cached(self, name: str) -> Any | None:
         with self._lock:
-            return self._cache.get(name)
+            entry = self._cache.get(name)
+        if entry is None or time.monotonic() - entry[1] > self.max_age_seconds:
+            return None
+        return entry[0]
 
     def _remember(self, name: str, table: Any) -> Any:
         with self._lock:
-            self._cache[name] = table
+            self._cache[name] = (table, time.monotonic())
         return table
 
     def ensure(self, name: str, settings: Any, sample: pa.Table | None = None) -> Any:
@@ -231,10 +257,15 @@ class TableManager:
         if schema is None:
             if sample is None:
                 raise TableError(f"table {name} has no schema file and no rows to infer a schema from")
-            schema = infer_schema(sample, settings.partition_by)
+            schema = infer_schema(sample, settings.partition_by, settings.evolution.add_columns)
         try:
             table = self._create(name, settings, schema)
         except TableAlreadyExistsError:
+            table = self.catalog.load_table(name)
+        except Exception:
+            # A concurrent create can also surface as the catalog's own conflict error.
+            if not self.catalog.table_exists(name):
+                raise
             table = self.catalog.load_table(name)
         return self._remember(name, table)
 
@@ -251,8 +282,15 @@ class TableManager:
         from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
         namespace = tuple(name.split(".")[:-1])
-        with contextlib.suppress(NamespaceAlreadyExistsError):
+        try:
             self.catalog.create_namespace_if_not_exists(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        except Exception:
+            # Another worker created it between the check and the insert (SQL catalogs report
+            # that as an integrity error): fine when it exists now.
+            if not self.catalog.namespace_exists(namespace):
+                raise
         txn = self.catalog.create_table_transaction(name, schema=schema, properties=dict(settings.properties))
         if settings.partition_by:
             with txn.update_spec() as spec:

@@ -100,9 +100,12 @@ def test_partition_transforms(text: str, expected: PartitionField) -> None:
         (_base(source={"topics": ["a"], "format": "avro"}), "schema: schemas/order.avsc"),
         (_base(source={"topics": ["a"], "format": "confluent-avro"}), "schema-registry: {url:"),
         (_base(source={}), "give topics or pattern"),
-        (_base(unmatched={"action": "dead-letter"}), "dead-letter.topic is not set"),
-        (_base(unmatched={"action": "table", "table": "a.other"}), "not declared under tables"),
-        (_base(tables={}), "nothing to route to"),
+        (_base(unmatched={"action": "dead-letter"}), "sink.yaml: unmatched.action: sends records"),
+        (
+            _base(unmatched={"action": "table", "table": "a.other"}),
+            "unmatched.table: 'a.other' is not declared",
+        ),
+        (_base(tables={}), "sink.yaml: tables: nothing to route to"),
         (_base(name="bad name!"), "name:"),
         (_base(tables={"analytics.orders": {"partition-by": ["bucket(id)"]}}), "bucket[16](id)"),
         (_base(dynamic={"table": "topic", "allow": "(["}), "not a regular expression"),
@@ -193,3 +196,12 @@ def test_evolution_shorthand() -> None:
     config = parse_config(_base(tables={"a.b": {"evolution": True}}), "x")
     evolution = config.tables["a.b"].evolution
     assert evolution.add_columns and evolution.widen_types and evolution.make_optional
+
+
+def test_schema_files_checked_at_load(tmp_path: Path) -> None:
+    message = _error(_base(tables={"analytics.orders": {"schema": str(tmp_path / "missing.avsc")}}))
+    assert 'tables."analytics.orders".schema: schema file' in message and "not found" in message
+    bad = tmp_path / "bad.avsc"
+    bad.write_text('{"type": "record", "name": "R", "fields": [{"name": "x", "type": ["int", "string"]}]}')
+    message = _error(_base(source={"topics": ["a"], "format": "avro", "schema": str(bad)}))
+    assert "source.schema: Avro union" in message

@@ -54,6 +54,7 @@ def test_timestamps_with_and_without_zone_and_epoch_millis() -> None:
     inputs = [
         "2024-05-01T10:00:00Z",
         "2024-05-01T12:00:00+02:00",
+        "2024-05-01 11:00:00 +0100",
         "2024-05-01 10:00:00",
         "2024-05-01T10:00:00.123456",
         "1714557600000",
@@ -62,10 +63,10 @@ def test_timestamps_with_and_without_zone_and_epoch_millis() -> None:
     values, failures = _one(TimestamptzType(), inputs)
     assert failures == []
     ten = datetime(2024, 5, 1, 10, tzinfo=UTC)
-    assert values[:3] == [ten, ten, ten]
-    assert values[3] == datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
-    assert values[4] == ten
-    assert values[5] == datetime(2024, 5, 1, tzinfo=UTC)
+    assert values[:4] == [ten, ten, ten, ten]
+    assert values[4] == datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
+    assert values[5] == ten
+    assert values[6] == datetime(2024, 5, 1, tzinfo=UTC)
     naive, failures = _one(TimestampType(), ["2024-05-01T12:00:00+02:00", "2024-05-01T10:00:00"])
     assert failures == []
     assert naive == [datetime(2024, 5, 1, 10), datetime(2024, 5, 1, 10)]
@@ -195,3 +196,17 @@ def test_one_bad_value_is_isolated_by_bisection(n: int) -> None:
     converted, failures = _one(LongType(), values)
     assert len(converted) == n - 1
     assert [p for p, _, _ in failures] == [n // 2]
+
+
+def test_nested_values_from_json_text() -> None:
+    """A field that changed type within a batch arrives as JSON text and still converts."""
+    schema = Schema(
+        NestedField(
+            1, "customer", StructType(NestedField(2, "id", LongType(), required=False)), required=False
+        ),
+        NestedField(3, "tags", ListType(4, StringType(), element_required=False), required=False),
+    ).as_arrow()
+    rows = pa.table({"customer": ['{"id": 1}', "7", None], "tags": ['["a"]', "[]", '"x"']})
+    result = convert(rows, schema)
+    assert result.rows.to_pylist() == [{"customer": {"id": 1}, "tags": ["a"]}]
+    assert [(p, c) for p, c, _ in result.failures] == [(1, "customer"), (2, "tags")]

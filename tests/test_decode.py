@@ -166,7 +166,7 @@ def test_confluent_avro_resolves_and_caches_schema(registry: _Registry) -> None:
     assert decoded.records.column("id").to_pylist() == [1, 2]
     reasons = dict(decoded.failures)
     assert "not Confluent wire format" in reasons[1]
-    assert reasons[2] == "unknown schema id 99 in the Schema Registry"
+    assert reasons[2].startswith("unknown schema id 99 in the Schema Registry")
     asked = len(registry.requests)
     decoder(pa.array([_wire(7, _avro(ORDER_SCHEMA, _order(3)))]))
     assert len(registry.requests) == asked  # cached per id

@@ -136,6 +136,7 @@ def test_vectorised_and_per_record_processors_agree(catalog_settings: CatalogSet
     slow = build_processor(config, catalog, vectorised=False)
     first = fast(slice_)
     assert fast.router.rules["analytics.orders"].last_vectorised  # type: ignore[union-attr]
+    assert fast.router.dynamic is not None and fast.router.dynamic.last_vectorised
     second = slow(slice_)
     assert not slow.router.rules["analytics.orders"].last_vectorised  # type: ignore[union-attr]
     assert _summary(first) == _summary(second)
@@ -156,6 +157,51 @@ def test_tolerance_none_raises_with_coordinates(catalog_settings: CatalogSetting
     assert "events[4]@41" in str(error) and "invalid JSON" in str(error)
     assert "errors.tolerance: all" in str(error)
     process(make_raw_slice([_encode(good)], topic="events"))  # good records pass
+    with pytest.raises(
+        RecordError, match=r"events\[0\]@0 failed at convert: column 'id'.*\(table analytics.orders\)"
+    ):
+        process(make_raw_slice([_encode({**good, "id": "x"})], topic="events"))
+
+
+def test_tolerance_none_still_dead_letters_by_policy(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    """Tombstones and unmatched records are dead-lettered by configuration, not errors."""
+    config = _config(
+        catalog_settings,
+        source={"topics": ["events"], "tombstones": "dead-letter"},
+        unmatched={"action": "dead-letter"},
+        dynamic=None,
+        errors={"tolerance": "none"},
+    )
+    out = build_processor(config, catalog)(make_raw_slice([None, _encode({"type": "other"})]))
+    stages = [deadletter.header(d, deadletter.STAGE) for d in out.dead_letters]
+    assert stages == ["tombstone", "route"]
+
+
+def test_avro_source(catalog_settings: CatalogSettings, catalog: Any, tmp_path: Path) -> None:
+    import io
+
+    import fastavro
+
+    schema = {
+        "type": "record",
+        "name": "Event",
+        "fields": [
+            {"name": "type", "type": "string"},
+            {"name": "id", "type": "long"},
+            {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        ],
+    }
+    (tmp_path / "event.avsc").write_text(json.dumps(schema))
+    config = _config(
+        catalog_settings,
+        source={"topics": ["events"], "format": "avro", "schema": str(tmp_path / "event.avsc")},
+        dynamic=None,
+    )
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), {"type": "order", "id": 5, "ts": 0})
+    out = build_processor(config, catalog)(make_raw_slice([buffer.getvalue(), b"\xff"]))
+    assert out.tables["analytics.orders"].rows.column("id").to_pylist() == [5]
+    assert [deadletter.header(d, deadletter.STAGE) for d in out.dead_letters] == ["decode"]
 
 
 def test_convert_failure_in_one_table_keeps_the_other_route(
@@ -193,3 +239,48 @@ def test_rows_match_table_schema_after_evolution(catalog_settings: CatalogSettin
     assert rows.rows.schema.equals(rows.table.schema().as_arrow(), check_metadata=True)
     assert rows.rows.to_pylist() == [{"id": 2, "new": {"a": 1}}]
     assert isinstance(rows.rows, pa.Table)
+
+
+def test_dynamic_table_without_auto_create_is_dead_lettered(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    config = _config(
+        catalog_settings,
+        dynamic={"table": "join('.', ['raw', kind])", "allow": r"^raw\.[a-z]+$", "auto-create": False},
+    )
+    process = build_processor(config, catalog)
+    out = process(make_raw_slice([_encode({"type": "event", "kind": "click"})]))
+    (letter,) = out.dead_letters
+    assert "auto-create is off" in (deadletter.header(letter, deadletter.REASON) or "")
+    assert deadletter.header(letter, deadletter.TABLE) == "raw.click"
+    catalog.create_namespace("raw")
+    catalog.create_table("raw.click", schema=pa.schema([pa.field("kind", pa.string())]))
+    process.refresh_tables()
+    out = process(make_raw_slice([_encode({"type": "event", "kind": "click"})]))
+    # dynamic tables evolve by default: the record's other field is added
+    assert out.tables["raw.click"].rows.to_pylist() == [{"kind": "click", "type": "event"}]
+
+
+def test_null_only_columns_wait_for_a_value(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    """With add-columns on, a column null in the first batch is added later with its real type."""
+    config = _config(catalog_settings, tables={"analytics.events": {"evolution": True}}, dynamic=None)
+    process = build_processor(config, catalog)
+    process(make_raw_slice([_encode({"id": 1, "score": None})]))
+    out = process(make_raw_slice([_encode({"id": 2, "score": 7})]))
+    table = out.tables["analytics.events"].table
+    assert str(table.schema().find_field("score").field_type) == "long"
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(records=st.lists(_record, min_size=1, max_size=20))
+def test_both_paths_agree_on_random_slices(catalog_settings: CatalogSettings, records: list[Any]) -> None:
+    config = _config(catalog_settings)
+    catalog = load_catalog(catalog_settings)
+    slice_ = make_raw_slice([_encode(r) for r in records])
+    fast = build_processor(config, catalog)(slice_)
+    slow = build_processor(config, catalog, vectorised=False)(slice_)
+    assert _summary(fast) == _summary(slow)

@@ -14,6 +14,7 @@ from fanout_sink.config import parse_config
 from fanout_sink.decode import JsonDecoder
 from fanout_sink.rawslice import make_raw_slice
 from fanout_sink.routing import (
+    UNMATCHED_REASON,
     NameExpression,
     NameRules,
     Predicate,
@@ -259,7 +260,7 @@ def test_router_multi_route_and_drop() -> None:
 
 def test_router_unmatched_to_dead_letter_and_default_table() -> None:
     routes = Router(_config(unmatched={"action": "dead-letter"})).route(_view(RECORDS))
-    assert routes.dead == [(1, "no table matched the record")]
+    assert routes.dead == [(1, UNMATCHED_REASON)]
     config = _config(
         tables={"analytics.orders": {"when": "type == 'order'"}, "analytics.other": {}},
         unmatched={"action": "table", "table": "analytics.other"},
@@ -281,3 +282,34 @@ def test_router_dynamic_with_hostile_names() -> None:
     assert [p for p, _ in routes.dead] == [2]
     assert "path separator" in routes.dead[0][1]
     assert routes.dropped == 1  # no type: the name expression fails, the record is unmatched
+
+
+_kind_values = st.one_of(
+    st.sampled_from(["click", "View", "sign-up", "../x", "a.b", "x\ty", "", "UPPER_case"]),
+    st.none(),
+    st.just(_MISSING),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kinds=st.lists(_kind_values, min_size=1, max_size=15),
+    applies_to=st.sampled_from(["unmatched", "all"]),
+    numeric=st.booleans(),
+)
+def test_dynamic_routing_vectorised_and_per_record_agree(
+    kinds: list[Any], applies_to: str, numeric: bool
+) -> None:
+    records = [_strip({"type": "order" if i % 3 == 0 else "x", "kind": k}) for i, k in enumerate(kinds)]
+    if numeric:
+        records.append({"kind": 5})  # a number: the name column is no longer all strings
+    config = _config(
+        tables={"analytics.orders": {"when": "type == 'order'"}},
+        dynamic={"table": "join('.', ['raw', kind])", "allow": r"^raw\.[a-z_]+$", "applies-to": applies_to},
+        unmatched={"action": "dead-letter"},
+    )
+    view = _view(records)
+    fast = Router(config).route(view)
+    slow = Router(config, vectorised=False).route(view)
+    assert {k: v.tolist() for k, v in fast.tables.items()} == {k: v.tolist() for k, v in slow.tables.items()}
+    assert fast.dead == slow.dead and fast.dropped == slow.dropped

@@ -153,3 +153,40 @@ def test_concurrent_evolution_converges(catalog_settings: CatalogSettings, catal
     assert sorted(names) == sorted(["id", "shared", *[f"col_{i}" for i in range(workers)]])
     # Each worker committed exactly one schema change on top of the created schema.
     assert len(final.metadata.schemas) == workers + 1
+
+
+def test_concurrent_auto_create_converges(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    """Workers that see a new table at the same moment all end up with the one table."""
+    config = _config(catalog_settings, {"a.new": {"partition-by": ["bucket[4](id)"]}})
+    settings = config.tables["a.new"]
+    workers = 4
+    barrier = threading.Barrier(workers)
+    uuids: list[Any] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            own = TableManager(load_catalog(catalog_settings), config)
+            barrier.wait()
+            uuids.append(own.ensure("a.new", settings, sample=pa.table({"id": [1]})).metadata.table_uuid)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    assert len(set(uuids)) == 1 and len(uuids) == workers
+    assert catalog.load_table("a.new").metadata.table_uuid == uuids[0]
+
+
+def test_cached_tables_expire(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    config = _config(catalog_settings, {"a.t": {}})
+    manager = TableManager(catalog, config, max_age_seconds=0.0)
+    table = manager.ensure("a.t", config.tables["a.t"], sample=pa.table({"id": [1]}))
+    with catalog.load_table("a.t").update_schema() as update:  # another worker's change
+        update.add_column("other", StringType())
+    assert manager.ensure("a.t", config.tables["a.t"]).schema().column_names == ["id", "other"]
+    assert table.schema().column_names == ["id"]
