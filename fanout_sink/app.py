@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from confluent_kafka.admin import AdminClient
 
 from fanout_sink import channel, offsets, source_offsets
 from fanout_sink.catalog import load_catalog
@@ -173,7 +174,7 @@ class SinkApp:
     # planning and recovery
 
     def _topics_and_partitions(self) -> dict[str, int]:
-        admin = self._driver_worker._admin_client()
+        admin = AdminClient(channel._client_conf(dict(self.config.kafka)))
         metadata = admin.list_topics(timeout=30)
         wanted = list(self.config.source.topics)
         if self.config.source.pattern:
@@ -190,9 +191,17 @@ class SinkApp:
         return {t: len(metadata.topics[t].partitions) for t in sorted(set(wanted))}
 
     def _sink_group_offsets(self, partitions: dict[str, int]) -> dict[offsets.TopicPartitionKey, int]:
-        admin, group = self._driver_worker._admin_client(), self._driver_worker.group
-        wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
-        found = source_offsets.committed_offsets(admin, group, wanted)
+        """What the sink group says was delivered, read without waiting for open transactions.
+
+        Only where Spark starts reading depends on it: an answer that is too low (a transaction still
+        pending) is harmless, because each worker fences, reads stably and skips what is delivered.
+        """
+        reader = source_offsets.GroupOffsets(dict(self.config.kafka), self._driver_worker.group, stable=False)
+        try:
+            wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
+            found = reader.committed(wanted)
+        finally:
+            reader.close()
         return {key: value for key, value in found.items() if value is not None}
 
     def _reconcile_checkpoint(self, committed: dict[offsets.TopicPartitionKey, int]) -> None:
@@ -326,18 +335,17 @@ class SinkApp:
     def run(self) -> int:
         from fanout_sink.spark_session import build_spark_session
 
-        log.info("sink %r: checking control topic %s", self.config.name, control_topic(self.config))
         channel.ensure_control_topic(dict(self.config.kafka), control_topic(self.config))
         partitions = self._topics_and_partitions()
         committed = self._sink_group_offsets(partitions)
-        log.info("source partitions %s; sink group %r has delivered up to %s", partitions,
-                 self._driver_worker.group, {f"{t}[{p}]": o for (t, p), o in sorted(committed.items())})  # fmt: skip
+        delivered = {f"{t}[{p}]": o for (t, p), o in sorted(committed.items())}
+        log.info("source partitions %s; sink group has delivered up to %s", partitions, delivered)
         self._reconcile_checkpoint(committed)
         starting = offsets.starting_offsets_option(
             list(partitions), partitions, committed, self.config.source.starting_offsets
         )
-        log.info("starting Spark (master %s, checkpoint %s)", self.options.master or self.config.spark.master,
-                 self.checkpoint)  # fmt: skip
+        master = self.options.master or self.config.spark.master
+        log.info("starting Spark (master %s, checkpoint %s)", master, self.checkpoint)
         spark = build_spark_session(
             self.config.catalog,
             master=self.options.master or self.config.spark.master,
