@@ -348,8 +348,9 @@ class SinkApp:
         log.info("starting Spark (master %s, checkpoint %s)", master, self.checkpoint)
         spark = build_spark_session(
             self.config.catalog,
-            master=self.options.master or self.config.spark.master,
+            master=master,
             app_name=self.config.name,
+            extra_conf=dict(self.options.spark_conf),
         )
         self._coordinator = self._start_coordinator(list(partitions))
         for sig in (signal.SIGTERM, signal.SIGINT):

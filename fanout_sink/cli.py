@@ -45,7 +45,10 @@ def _stack(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from fanout_sink import demo
 
-    return demo.run(Path(args.dir), records=args.records, bootstrap_servers=args.bootstrap_servers)
+    config = Path(args.config) if args.config else None
+    return demo.run(
+        Path(args.dir), records=args.records, bootstrap_servers=args.bootstrap_servers, config_path=config
+    )
 
 
 def _key_value(item: str) -> tuple[str, str]:
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", default="demo-data", help="where the demo catalog and warehouse live")
     demo.add_argument("--records", type=int, default=2000, help="sample events to produce")
     demo.add_argument("--bootstrap-servers", help="use this Kafka cluster instead of the local stack")
+    demo.add_argument("--config", help="the sink YAML to run (default: routing/shop-demo.yaml)")
     demo.set_defaults(func=_demo)
 
     run = commands.add_parser("run", help="run the sink as a Spark Structured Streaming application")

@@ -1,163 +1,185 @@
-"""The README's first command: real events through a real broker into Iceberg tables, shown two ways.
+"""The README's first command: sample shop events through the real sink app into Iceberg tables.
 
-Until the streaming pipeline lands this runs the round trip directly: it produces sample events to
-the local broker in a Kafka transaction, reads them back with ``read_committed`` through a consumer
-group, appends them to one Iceberg table per topic, and shows the tables through PyIceberg and
-through Spark SQL (Iceberg's JDBC catalog over the same SQLite file).
+It produces realistic orders, payments and clicks (plus a few malformed records) to two topics on
+the local broker, runs the streaming app once with ``--available-now`` on ``routing/shop-demo.yaml``,
+and then shows what landed: rows through PyIceberg and through Spark SQL (Iceberg's JDBC catalog on
+the same SQLite file), the snapshot summaries the sink wrote, each table's VTTS, and the dead letters.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink import table_state
+from fanout_sink.app import RunOptions, SinkApp
+from fanout_sink.catalog import load_catalog
+from fanout_sink.config import SinkConfig, load_config
+from fanout_sink.deadletter import header
+from fanout_sink.records import DeadLetter
 from fanout_sink.sample_data import shop_events
 from fanout_sink.stack import daemon
 
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "routing" / "shop-demo.yaml"
 TOPICS = {"orders": 3, "clicks": 2}
-TABLES = ("orders", "payments", "clicks")  # one per event type
-NAMESPACE = "demo"
+
+
+def malformed_events(run: int) -> list[tuple[str, bytes]]:
+    """Records a real feed also carries; each must end up in the dead-letter topic, not lost."""
+    bad_customer = b'{"type":"order","id":"order-bad-customer-%d","customer":{"id":"n/a"},"ts":"2026-01-01"}'
+    return [
+        ("orders", b'{"type":"order","id":"order-truncated-%d","customer":' % run),
+        ("orders", bad_customer % run),
+        ("orders", b'{"type":"order","id":"order-no-ts-%d","customer":{"id":7},"amount":"3.50"}' % run),
+        ("clicks", b'{"type":"refund","id":"refund-%d"}' % run),
+        ("clicks", b"\xff\xfe not utf-8 %d" % run),
+    ]
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _ensure_topics(bootstrap: str) -> None:
+def _ensure_topics(bootstrap: str, names: dict[str, int]) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=30).topics)
-    missing = [NewTopic(name, parts, 1) for name, parts in TOPICS.items() if name not in existing]
+    missing = [NewTopic(name, parts, 1) for name, parts in names.items() if name not in existing]
     for future in admin.create_topics(missing).values() if missing else []:
         future.result(timeout=30)
 
 
-def _produce(bootstrap: str, records: int, start: int) -> None:
+def _end_offsets(bootstrap: str, topics: dict[str, int]) -> int:
+    """Records ever written to the demo topics: the next run numbers its events after them."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fanout-sink-demo-probe"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=30)[1]
+            for topic, count in topics.items()
+            for part in range(count)
+        )
+    finally:
+        consumer.close()
+
+
+def _produce(bootstrap: str, records: int, start: int) -> int:
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "fanout-sink-demo-producer"})
     producer.init_transactions(30)
     producer.begin_transaction()
     for event in shop_events(records, start=start):
         producer.produce(event.topic, key=event.key, value=event.value)
         producer.poll(0)
+    bad = malformed_events(start)
+    for topic, value in bad:
+        producer.produce(topic, value=value)
     producer.commit_transaction(60)
+    return len(bad)
 
 
-def _consume(bootstrap: str, topic: str) -> tuple[list[bytes], list[TopicPartition]]:
-    """Every committed record of ``topic`` past the demo group's offsets, and the offsets to commit."""
+def _dead_letters(bootstrap: str, topic: str) -> list[DeadLetter]:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": "fanout-sink-demo",
+            "group.id": "fanout-sink-demo-dlq-reader",
             "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
             "enable.partition.eof": True,
         }
     )
-    consumer.subscribe([topic])
-    values: list[bytes] = []
+    metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+    consumer.assign([TopicPartition(topic, part, 0) for part in metadata.partitions])
+    letters: list[DeadLetter] = []
     at_eof: set[int] = set()
-    positions: dict[int, int] = {}
     try:
-        while len(at_eof) < TOPICS[topic]:
-            msg = consumer.poll(1.0)
+        while len(at_eof) < len(metadata.partitions):
+            msg = consumer.poll(2.0)
             if msg is None:
-                continue
-            value, partition, offset, error = msg.value(), msg.partition(), msg.offset(), msg.error()
+                break
+            error, partition = msg.error(), msg.partition()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF and partition is not None:
                     at_eof.add(partition)
-                    continue
-                raise RuntimeError(f"reading {topic}: {error}")
-            if value is not None and partition is not None and offset is not None:
-                values.append(value)
-                positions[partition] = offset + 1
-        commits = [TopicPartition(topic, part, offset) for part, offset in positions.items()]
-        if commits:
-            consumer.commit(offsets=commits, asynchronous=False)
+                continue
+            raw = msg.headers() or []
+            pairs = list(raw.items()) if isinstance(raw, dict) else list(raw)
+            headers = [(str(k), v.encode() if isinstance(v, str) else bytes(v or b"")) for k, v in pairs]
+            letters.append(DeadLetter(key=msg.key(), value=msg.value(), headers=headers))
     finally:
         consumer.close()
-    return values, commits
+    return letters
 
 
-def _append(catalog: Any, name: str, records: list[dict[str, Any]], commits: list[TopicPartition]) -> None:
-    rows = pa.Table.from_pylist(records)
-    identifier = f"{NAMESPACE}.{name}"
-    if not catalog.table_exists(identifier):
-        catalog.create_namespace_if_not_exists(NAMESPACE)
-        catalog.create_table(identifier, schema=rows.schema)
-    table = catalog.load_table(identifier)
-    offsets = ",".join(f"{tp.partition}:{tp.offset}" for tp in sorted(commits, key=lambda tp: tp.partition))
-    table.append(
-        rows.cast(table.schema().as_arrow()), snapshot_properties={"fanout-sink.demo.offsets": offsets}
-    )
+def _when(ms: int | None) -> str:
+    return "unknown" if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat()
 
 
-def run(work_dir: Path, records: int = 2000, bootstrap_servers: str | None = None) -> int:
+def show(config: SinkConfig, bootstrap: str) -> None:
+    catalog = load_catalog(config.catalog)
+    print("\n== through PyIceberg ==")
+    for name in config.tables:
+        table = catalog.load_table(name)
+        data = table.scan().to_arrow()
+        state = table_state.read_state(table, config.name)
+        print(f"{config.catalog.name}.{name}: {data.num_rows} rows, {len(table.snapshots())} snapshots, "
+              f"VTTS {_when(state.vtts_ms)}")  # fmt: skip
+        print(data.slice(0, 3).to_pandas().to_string(index=False, max_colwidth=40))
+
+    print("\n== through Spark SQL (Iceberg's JDBC catalog on the same SQLite file) ==")
+    from fanout_sink.spark_session import build_spark_session
+
+    spark = build_spark_session(config.catalog, app_name="fanout-sink-demo")
+    lake = config.catalog.name
+    spark.sql(
+        "SELECT country, count(*) AS orders, sum(amount) AS revenue "
+        f"FROM {lake}.shop.orders GROUP BY country ORDER BY revenue DESC"
+    ).show(5, truncate=False)
+    spark.sql(f"SELECT method, count(*) AS payments FROM {lake}.shop.payments GROUP BY method").show()
+    prefix = f"fanout-sink.{config.name}"
+    spark.sql(
+        f"SELECT snapshot_id, summary['added-records'] AS added, summary['{prefix}.commit-id'] AS commit_id, "
+        f"summary['{prefix}.control-offsets'] AS control_offsets, summary['{prefix}.vtts'] AS vtts "
+        f"FROM {lake}.shop.orders.snapshots ORDER BY committed_at"
+    ).show(truncate=False)
+
+    if config.dead_letter is not None:
+        letters = _dead_letters(bootstrap, config.dead_letter.topic)
+        print(f"\n== dead-letter topic {config.dead_letter.topic}: {len(letters)} records ==")
+        for letter in letters[-5:]:
+            where = [
+                header(letter, f"fanout-sink.source.{part}") for part in ("topic", "partition", "offset")
+            ]
+            source = f"{where[0]}[{where[1]}]@{where[2]}"
+            print(
+                f"  {source}: {header(letter, 'fanout-sink.stage')}: {header(letter, 'fanout-sink.reason')}"
+            )
+
+
+def run(
+    work_dir: Path, records: int = 2000, bootstrap_servers: str | None = None, config_path: Path | None = None
+) -> int:
     """Run the demo against ``bootstrap_servers``, or against the local stack (started when down)."""
     work_dir = work_dir.resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
     if bootstrap_servers is None:
         state, started = daemon.up(daemon.default_dir())
         bootstrap_servers = state.bootstrap_servers
         _say(f"Kafka broker {'started' if started else 'running'} at {bootstrap_servers}")
-    _ensure_topics(bootstrap_servers)
-    settings = CatalogSettings(
-        name="lake",
-        type="sql",
-        uri=f"sqlite:///{work_dir / 'catalog.db'}",
-        warehouse=f"file://{work_dir / 'warehouse'}",
-    )
-    catalog = load_catalog(settings)
-    # Number this run's events after those already in the tables, so every run adds new ids.
-    start = 0
-    for name in TABLES:
-        identifier = f"{NAMESPACE}.{name}"
-        if catalog.table_exists(identifier):
-            start += len(catalog.load_table(identifier).scan(selected_fields=("id",)).to_arrow())
-    _say(f"producing {records} sample events to topics {', '.join(TOPICS)}")
-    _produce(bootstrap_servers, records, start)
-    for topic in TOPICS:
-        values, commits = _consume(bootstrap_servers, topic)
-        by_type: dict[str, list[dict[str, Any]]] = {}
-        for value in values:  # interim: the streaming pipeline routes in Arrow, not per record
-            record = json.loads(value)
-            by_type.setdefault(f"{record['type']}s", []).append(record)
-        for name, rows in by_type.items():
-            _append(catalog, name, rows, commits)
-            _say(f"{topic}: {len(rows)} new {name} appended to lake.{NAMESPACE}.{name}")
-
-    print("\n== through PyIceberg ==")
-    for name in TABLES:
-        table = catalog.load_table(f"{NAMESPACE}.{name}")
-        data = table.scan().to_arrow()
-        print(f"lake.{NAMESPACE}.{name}: {data.num_rows} rows, {len(table.snapshots())} snapshots")
-        print(data.select(["id", "ts"]).slice(0, 3).to_pandas().to_string(index=False))
-
-    print("\n== through Spark SQL (Iceberg JDBC catalog on the same SQLite file) ==")
-    from fanout_sink.spark_session import build_spark_session
-
-    spark = build_spark_session(settings, app_name="fanout-sink-demo")
-    try:
-        orders = f"lake.{NAMESPACE}.orders"
-        spark.sql(
-            "SELECT customer.country, count(*) AS orders, round(sum(CAST(amount AS DOUBLE)), 2) AS revenue "
-            f"FROM {orders} GROUP BY customer.country ORDER BY revenue DESC"
-        ).show(5, truncate=False)
-        spark.sql(
-            f"SELECT page, count(*) AS clicks FROM lake.{NAMESPACE}.clicks GROUP BY page ORDER BY clicks DESC"
-        ).show(5, truncate=False)
-        spark.sql(
-            "SELECT snapshot_id, summary['added-records'] AS added, "
-            f"summary['fanout-sink.demo.offsets'] AS offsets FROM {orders}.snapshots ORDER BY committed_at"
-        ).show(truncate=False)
-    finally:
-        spark.stop()
-    print(f"Tables live in {work_dir}; query them with PyIceberg (catalog 'lake', uri {settings.uri}).")
+    os.environ["KAFKA_BOOTSTRAP"] = bootstrap_servers
+    os.environ["FANOUT_SINK_DEMO_DIR"] = str(work_dir)
+    config = load_config(config_path or DEFAULT_CONFIG)
+    topics = dict(TOPICS)
+    if config.dead_letter is not None:
+        topics[config.dead_letter.topic] = 1
+    _ensure_topics(bootstrap_servers, topics)
+    start = _end_offsets(bootstrap_servers, TOPICS)
+    bad = _produce(bootstrap_servers, records, start)
+    _say(f"produced {records} sample events and {bad} malformed records to {', '.join(TOPICS)}; "
+         f"running sink {config.name!r} with --available-now")  # fmt: skip
+    SinkApp(config, RunOptions(available_now=True)).run()
+    show(config, bootstrap_servers)
+    print(f"\nTables live in {work_dir}; `fanout-sink status --config ...` shows lag and VTTS.")
     return 0

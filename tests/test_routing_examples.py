@@ -28,6 +28,7 @@ def _values(*records: Any) -> list[bytes | None]:
 
 def test_every_example_is_tested() -> None:
     tested = {"static-multi-table.yaml", "filter-projection.yaml", "dynamic.yaml", "dead-letter.yaml"}
+    tested.add("shop-demo.yaml")  # run end to end by tests/test_demo.py
     assert {p.name for p in EXAMPLES.glob("*.yaml")} == tested
 
 
