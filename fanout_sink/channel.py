@@ -38,6 +38,8 @@ _TRANSIENT = {
     KafkaError.UNSTABLE_OFFSET_COMMIT,
     KafkaError._TIMED_OUT,
     KafkaError._TRANSPORT,
+    KafkaError.NOT_LEADER_FOR_PARTITION,  # a just-created topic, before its leader is ready
+    KafkaError.LEADER_NOT_AVAILABLE,
 }
 
 

@@ -8,6 +8,7 @@ the same SQLite file), the snapshot summaries the sink wrote, each table's VTTS,
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from datetime import datetime, timezone
@@ -17,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from fanout_sink import table_state
+from fanout_sink import channel, table_state
 from fanout_sink.app import RunOptions, SinkApp
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig, load_config
@@ -57,12 +58,17 @@ def _ensure_topics(bootstrap: str, names: dict[str, int]) -> None:
 def _end_offsets(bootstrap: str, topics: dict[str, int]) -> int:
     """Records ever written to the demo topics: the next run numbers its events after them."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fanout-sink-demo-probe"})
+
+    def high(topic: str, partition: int) -> int:
+        low_high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return int(low_high[1]) if low_high else 0
+
     try:
-        return sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=30)[1]
-            for topic, count in topics.items()
-            for part in range(count)
-        )
+        total = 0
+        for topic, count in topics.items():
+            for part in range(count):
+                total += channel.retry_transient(functools.partial(high, topic, part))
+        return total
     finally:
         consumer.close()
 
