@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,13 +38,19 @@ class SinkRun:
     """One sink under test: its topics, config file, produced ids and how to run the app."""
 
     def __init__(
-        self, tmp_path: Path, bootstrap: str, settings: CatalogSettings, make_topic: Callable[..., str]
+        self,
+        tmp_path: Path,
+        bootstrap: str,
+        settings: CatalogSettings,
+        make_topic: Callable[..., str],
+        topics: dict[str, str] | None = None,
+        commit_interval: str = "2s",
     ):
         self.tmp_path = tmp_path
         self.bootstrap = bootstrap
         self.settings = settings
         self.name = f"sink-{uuid.uuid4().hex[:6]}"
-        self.topics = {
+        self.topics = topics or {
             "orders": make_topic("orders", partitions=3),
             "clicks": make_topic("clicks", partitions=2),
         }
@@ -56,7 +63,7 @@ class SinkRun:
                     "name": self.name,
                     "kafka": {"bootstrap.servers": bootstrap},
                     "source": {"topics": sorted(self.topics.values()), "format": "json"},
-                    "control": {"topic": f"{self.name}-control", "commit-interval": "2s"},
+                    "control": {"topic": f"{self.name}-control", "commit-interval": commit_interval},
                     "catalog": settings.model_dump(),
                     "tables": {table: {"when": f"type == '{kind}'"} for table, kind in STATIC.items()},
                     "dynamic": {
@@ -181,3 +188,64 @@ def test_executor_python_worker_killed_mid_batch_in_local_cluster(sink_run: Sink
     )  # fmt: skip
     assert marker.exists(), "a Python worker was killed after writing its files, before its transaction"
     sink_run.assert_exact()
+
+
+def _start_streaming(sink_run: SinkRun) -> subprocess.Popen[str]:
+    app = subprocess.Popen(
+        sink_run.command("--trigger-interval", "1s"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env(),
+    )  # fmt: skip
+    return app
+
+
+def _read_until(app: subprocess.Popen[str], marker: str, timeout_s: float = 300) -> str:
+    assert app.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while marker not in seen and time.monotonic() < deadline and app.poll() is None:
+        seen += app.stderr.readline()
+    assert marker in seen, seen[-3000:]
+    return seen
+
+
+def test_sigterm_finishes_the_batch_commits_and_exits_zero(
+    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+) -> None:
+    """With a commit interval far beyond the test, the tables can only be filled by the stop's commit."""
+    sink_run = SinkRun(tmp_path, bootstrap_servers, catalog_settings, make_topic, commit_interval="1h")
+    sink_run.produce(600)
+    app = _start_streaming(sink_run)
+    _read_until(app, "batch 0:")
+    app.send_signal(signal.SIGTERM)
+    _, rest = app.communicate(timeout=180)
+    assert app.returncode == 0, rest[-3000:]
+    assert "stop requested" in rest and "final commit round" in rest
+    sink_run.assert_exact()
+
+
+def test_checkpoint_ahead_of_the_sink_group_is_moved_aside(
+    tmp_path: Path, bootstrap_servers: str, make_topic: Callable[..., str]
+) -> None:
+    """A checkpoint that claims more than the sink group delivered (here: copied from another sink)
+    must not make the sink skip records: the group wins, and the operator is told."""
+    first = SinkRun(tmp_path / "a", bootstrap_servers, _settings(tmp_path / "a"), make_topic)
+    first.produce(500)
+    first.run("--available-now")
+    second = SinkRun(
+        tmp_path / "b", bootstrap_servers, _settings(tmp_path / "b"), make_topic, topics=first.topics
+    )
+    second.expected = first.expected
+    shutil.copytree(tmp_path / "a" / "checkpoints" / first.name, tmp_path / "b" / "checkpoints" / second.name)
+    log = second.run("--available-now")
+    assert "ahead of the sink-managed group" in log
+    second.assert_exact()
+    assert list((tmp_path / "b" / "checkpoints").glob(f"{second.name}.stale-*")), "the old checkpoint is kept"
+
+
+def _settings(folder: Path) -> CatalogSettings:
+    folder.mkdir(parents=True, exist_ok=True)
+    return CatalogSettings(
+        name=f"lake_{uuid.uuid4().hex[:8]}",
+        uri=f"sqlite:///{folder / 'catalog.db'}",
+        warehouse=f"file://{folder / 'warehouse'}",
+    )
