@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import logging
+import resource
 import shutil
 import signal
 import threading
@@ -49,6 +50,7 @@ RESULT_SCHEMA = pa.schema(
         pa.field("filtered", pa.int64()),
         pa.field("rows", pa.string()),
         pa.field("files", pa.string()),
+        pa.field("peak_rss_mb", pa.int64()),
     ]
 )
 # The same columns in Spark's DDL, as mapInArrow declares its output.
@@ -116,6 +118,8 @@ def _result_batch(result: SliceResult) -> pa.RecordBatch:
                 "filtered": result.filtered,
                 "rows": json.dumps(result.rows),
                 "files": json.dumps(result.files),
+                # The process that ran the slice (an executor's Python worker, or the driver).
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
             }
         ],
         schema=RESULT_SCHEMA,
@@ -309,7 +313,7 @@ class SinkApp:
                 files[name] = files.get(name, 0) + count
         log.info(
             "batch %d: %d records in, %d already delivered, %d dead-lettered, %d filtered, rows %s, files %s "
-            "(%.1fs, %d slices)",
+            "(%.1fs, %d slices, peak worker RSS %d MB)",
             batch_id,
             sum(r["records_in"] for r in results),
             sum(r["skipped"] for r in results),
@@ -319,6 +323,7 @@ class SinkApp:
             json.dumps(files, sort_keys=True),
             seconds,
             len(results),
+            max((r["peak_rss_mb"] for r in results), default=0),
         )
 
     def request_stop(self, *_: Any) -> None:
