@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 
-from fanout_sink import channel, offsets, source_offsets
+from fanout_sink import channel, offsets, progress, source_offsets
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.coordinator import Coordinator
@@ -258,7 +258,7 @@ class SinkApp:
         limit = self.options.max_offsets_per_trigger or self.config.spark.max_offsets_per_trigger
         if limit:
             reader = reader.option("maxOffsetsPerTrigger", str(limit))
-        return reader.load()
+        return progress.observe(reader.load())
 
     def process_batch(self, frame: Any, batch_id: int) -> None:
         """foreachBatch body: deliver every planned slice, retrying the batch on failure."""
@@ -357,6 +357,7 @@ class SinkApp:
             app_name=self.config.name,
             extra_conf=dict(self.options.spark_conf),
         )
+        spark.streams.addListener(progress.ProgressLogger())
         self._coordinator = self._start_coordinator(list(partitions))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)

@@ -136,6 +136,7 @@ def test_available_now_into_static_and_dynamic_tables_read_both_ways(
     sink_run.produce(1500)
     log = sink_run.run("--available-now", "--max-offsets-per-trigger", "800")
     assert "batch 0:" in log and "batch 1:" in log, "the cap splits the run into several micro-batches"
+    assert "spark progress: batch 1" in log and "'records_in':" in log, "Spark's own progress is logged too"
     sink_run.assert_exact()
 
     # A second run with nothing new delivers nothing twice.
