@@ -58,11 +58,23 @@ def _key_value(item: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _log_to_stderr() -> None:
+    """The sink's own log on stderr at INFO, on a handler of its own: it shows whether or not something
+    configured the root logger first, and py4j's INFO chatter stays out."""
+    logger = logging.getLogger("fanout_sink")
+    logger.setLevel(logging.INFO)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def _run(args: argparse.Namespace) -> int:
     from fanout_sink.app import RunOptions, SinkApp
     from fanout_sink.config import load_config, parse_duration
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_to_stderr()
     config = load_config(args.config)
     options = RunOptions(
         master=args.master,

@@ -250,3 +250,23 @@ def _settings(folder: Path) -> CatalogSettings:
         uri=f"sqlite:///{folder / 'catalog.db'}",
         warehouse=f"file://{folder / 'warehouse'}",
     )
+
+
+def test_spark_submit_runs_the_same_app(sink_run: SinkRun) -> None:
+    """The cluster entry point: spark-submit owns the master and the jars, the app does the rest."""
+    import fanout_sink.spark_main
+    from fanout_sink.stack import jars
+
+    sink_run.produce(300)
+    connector_jars = ",".join(str(path) for path in jars.jars(jars.SPARK_CONNECTORS))
+    submit = Path(sys.executable).parent / "spark-submit"
+    result = subprocess.run(
+        [str(submit), "--master", "local[2]", "--jars", connector_jars, fanout_sink.spark_main.__file__,
+         "--config", str(sink_run.config), "--available-now"],
+        capture_output=True, text=True, timeout=420, check=False,
+        env=child_env({"PYSPARK_PYTHON": sys.executable}),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    # spark-submit's Python runner merges the app's stderr into its stdout.
+    assert "fanout_sink.app: batch 0:" in result.stdout + result.stderr, "the sink's log shows there too"
+    sink_run.assert_exact()
