@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
@@ -56,6 +57,48 @@ def make_topic(bootstrap_servers: str) -> Callable[..., str]:
         return name
 
     return create
+
+
+def read_partition(
+    bootstrap: str, topic: str, isolation: str = "read_committed", expect_at_least: int = 0
+) -> list[Message]:
+    """Every message of partition 0 that ``isolation`` lets through, reading until its end (bounded)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}-{isolation}",
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    messages: list[Message] = []
+    try:
+        for _ in range(200):
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and len(messages) >= expect_at_least:
+                    break
+                continue
+            messages.append(message)
+    finally:
+        consumer.close()
+    return messages
+
+
+@pytest.fixture
+def read_topic(bootstrap_servers: str) -> Callable[..., list[Message]]:
+    """``read_topic(topic, isolation="read_committed", expect_at_least=0)`` on the shared broker."""
+
+    def read(topic: str, isolation: str = "read_committed", expect_at_least: int = 0) -> list[Message]:
+        return read_partition(bootstrap_servers, topic, isolation, expect_at_least)
+
+    return read
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from fanout_sink import deadletter
 from fanout_sink.catalog import CatalogSettings
@@ -18,35 +18,12 @@ from fanout_sink.rawslice import from_messages
 pytestmark = pytest.mark.kafka
 
 
-def _consume(bootstrap: str, topic: str, count: int) -> list[Any]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-{topic}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    messages: list[Any] = []
-    try:
-        for _ in range(120):
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF and len(messages) >= count:
-                    break
-                continue
-            messages.append(message)
-    finally:
-        consumer.close()
-    return messages
-
-
 def test_dead_letters_round_trip_in_a_transaction(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog_settings: CatalogSettings, catalog: Any
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    catalog_settings: CatalogSettings,
+    catalog: Any,
+    read_topic: Callable[..., list[Any]],
 ) -> None:
     source, dlq = make_topic("orders"), make_topic("dlq")
     producer = Producer({"bootstrap.servers": bootstrap_servers})
@@ -55,7 +32,7 @@ def test_dead_letters_round_trip_in_a_transaction(
     producer.produce(source, key=b"k1", value=b"{not json", headers=[("trace", b"t1")])
     producer.produce(source, key=b"k2", value=None)
     producer.flush(30)
-    raw = from_messages(_consume(bootstrap_servers, source, 3))
+    raw = from_messages(read_topic(source, expect_at_least=3))
     assert raw.num_rows == 3
 
     config = parse_config(
@@ -83,7 +60,7 @@ def test_dead_letters_round_trip_in_a_transaction(
     deadletter.publish(txn, dlq, out.dead_letters)
     txn.commit_transaction(30)
 
-    published = _consume(bootstrap_servers, dlq, 2)
+    published = read_topic(dlq, expect_at_least=2)
     assert len(published) == 2  # the aborted copies are invisible to read_committed
     bad, tombstone = published
     assert (bad.key(), bad.value()) == (b"k1", b"{not json")

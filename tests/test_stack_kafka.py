@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka import (
@@ -18,34 +19,6 @@ from confluent_kafka.admin import AdminClient
 pytestmark = pytest.mark.kafka
 
 
-def _read_all(bootstrap: str, topic: str, isolation: str, expect_at_least: int = 0) -> list[bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{topic}-{isolation}",
-            "isolation.level": isolation,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    values: list[bytes] = []
-    try:
-        for _ in range(200):
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF and len(values) >= expect_at_least:
-                    break
-                continue
-            values.append(msg.value())
-    finally:
-        consumer.close()
-    return values
-
-
 def _transactional_producer(bootstrap: str, txn_id: str) -> Producer:
     producer = Producer(
         {"bootstrap.servers": bootstrap, "transactional.id": txn_id, "transaction.timeout.ms": 60000}
@@ -55,7 +28,7 @@ def _transactional_producer(bootstrap: str, txn_id: str) -> Producer:
 
 
 def test_transaction_commits_records_with_offsets_of_a_memberless_group(
-    bootstrap_servers: str, make_topic: Callable[..., str]
+    bootstrap_servers: str, make_topic: Callable[..., str], read_topic: Callable[..., list[Any]]
 ) -> None:
     source, sink = make_topic("source"), make_topic("sink")
     group = f"sink-group-{source}"
@@ -81,9 +54,9 @@ def test_transaction_commits_records_with_offsets_of_a_memberless_group(
     producer.commit_transaction(30)
     holder.close()
 
-    committed = _read_all(bootstrap_servers, sink, "read_committed", expect_at_least=6)
+    committed = [m.value() for m in read_topic(sink, "read_committed", expect_at_least=6)]
     assert committed == [f"committed-{i}".encode() for i in range(5)] + [b"after-abort"]
-    uncommitted = _read_all(bootstrap_servers, sink, "read_uncommitted", expect_at_least=9)
+    uncommitted = [m.value() or b"" for m in read_topic(sink, "read_uncommitted", expect_at_least=9)]
     assert sum(v.startswith(b"aborted-") for v in uncommitted) == 3
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
@@ -93,7 +66,7 @@ def test_transaction_commits_records_with_offsets_of_a_memberless_group(
 
 
 def test_second_producer_with_same_transactional_id_fences_the_first(
-    bootstrap_servers: str, make_topic: Callable[..., str]
+    bootstrap_servers: str, make_topic: Callable[..., str], read_topic: Callable[..., list[Any]]
 ) -> None:
     topic = make_topic("fence")
     txn_id = f"txn-{topic}"
@@ -113,4 +86,4 @@ def test_second_producer_with_same_transactional_id_fences_the_first(
     error = excinfo.value.args[0]
     assert error.fatal() or error.code() in {KafkaError._FENCED, KafkaError.PRODUCER_FENCED}
 
-    assert _read_all(bootstrap_servers, topic, "read_committed", expect_at_least=1) == [b"from-successor"]
+    assert [m.value() for m in read_topic(topic, expect_at_least=1)] == [b"from-successor"]
