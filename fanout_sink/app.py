@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import resource
 import shutil
 import signal
@@ -182,8 +183,6 @@ class SinkApp:
         metadata = admin.list_topics(timeout=30)
         wanted = list(self.config.source.topics)
         if self.config.source.pattern:
-            import re
-
             rx = re.compile(self.config.source.pattern)
             wanted += [t for t in metadata.topics if rx.fullmatch(t) and not t.startswith("__")]
         missing = [t for t in wanted if t not in metadata.topics]
@@ -246,10 +245,10 @@ class SinkApp:
             .option("includeHeaders", "true")
             .option("startingOffsets", starting)
             .option("failOnDataLoss", "true")
-            .option("kafka.isolation.level", "read_committed")
         )
         for key, value in self.config.kafka.items():
             reader = reader.option(f"kafka.{key}", value)
+        # After the user's properties, so read_committed always wins: aborted records never reach a worker.
         reader = reader.option("kafka.isolation.level", "read_committed")
         if source.pattern:
             reader = reader.option("subscribePattern", source.pattern)
