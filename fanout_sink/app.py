@@ -340,6 +340,8 @@ class SinkApp:
         from fanout_sink.spark_session import build_spark_session
 
         channel.ensure_control_topic(dict(self.config.kafka), control_topic(self.config))
+        if self.config.dead_letter is not None:
+            channel.ensure_topic(dict(self.config.kafka), self.config.dead_letter.topic, "dead-letter topic")
         partitions = self._topics_and_partitions()
         committed = self._sink_group_offsets(partitions)
         delivered = {f"{t}[{p}]": o for (t, p), o in sorted(committed.items())}

@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink import events as ev
-from fanout_sink.errors import ControlTopicError
+from fanout_sink.errors import TopicError
 
 CONTROL_PARTITION = 0
 DEFAULT_TIMEOUT_S = 30.0
@@ -81,10 +81,15 @@ def _client_conf(kafka_conf: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kafka_conf.items() if k not in {"group.id", "transactional.id"}}
 
 
-def ensure_control_topic(
-    kafka_conf: dict[str, Any], topic: str, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> None:
-    """Create the control topic with one partition, or check that the existing one has exactly one."""
+def ensure_topic(
+    kafka_conf: dict[str, Any], topic: str, purpose: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> int:
+    """Create ``topic`` (one partition) unless it exists; its partition count once it has a leader.
+
+    The sink's own topics must exist before the first transaction writes to them: brokers usually
+    refuse to auto-create topics, and a produce to a missing topic waits in the transaction until
+    the commit times out, far from the cause.
+    """
     admin = AdminClient(_client_conf(kafka_conf))
     metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
     if metadata is None or metadata.error is not None:
@@ -93,9 +98,9 @@ def ensure_control_topic(
             futures[topic].result(timeout=timeout_s)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise ControlTopicError(
-                    f"could not create control topic {topic!r}: {exc.args[0].str()}\n"
-                    "  fix: create it by hand with 1 partition, or grant the sink CREATE on the cluster."
+                raise TopicError(
+                    f"could not create {purpose} {topic!r}: {exc.args[0].str()}\n"
+                    "  fix: create it by hand, or grant the sink CREATE on the cluster."
                 ) from exc
     # A topic just created (by us or a concurrent process) shows no partitions until a leader is elected.
     deadline = time.monotonic() + timeout_s
@@ -104,9 +109,16 @@ def ensure_control_topic(
     ):
         time.sleep(0.1)
         metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    partitions = len(metadata.partitions) if metadata is not None else 0
+    return len(metadata.partitions) if metadata is not None else 0
+
+
+def ensure_control_topic(
+    kafka_conf: dict[str, Any], topic: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """Create the control topic with one partition, or check that the existing one has exactly one."""
+    partitions = ensure_topic(kafka_conf, topic, "control topic", timeout_s)
     if partitions != 1:
-        raise ControlTopicError(
+        raise TopicError(
             f"control topic {topic!r} has {partitions} partitions; the sink needs exactly 1 so that "
             "control offsets are one total order.\n"
             "  fix: point control.topic at a new name (the sink creates it), or recreate this topic "

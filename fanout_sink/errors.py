@@ -30,8 +30,8 @@ class EventVersionError(FanoutSinkError):
     """
 
 
-class ControlTopicError(FanoutSinkError):
-    """The control topic exists with a shape the protocol cannot use (it needs exactly 1 partition)."""
+class TopicError(FanoutSinkError):
+    """One of the sink's own topics (control, dead letters) cannot be created or has an unusable shape."""
 
 
 class OffsetGapError(FanoutSinkError):

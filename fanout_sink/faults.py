@@ -11,7 +11,10 @@ unless the environment variable ``FANOUT_SINK_FAULTS`` names the point, as a com
   so the retried attempt (a Spark task retry, a restarted app) passes the point;
 - ``raise``: raise :class:`InjectedFault`;
 - ``sleep:SECONDS``: pause, for example to hold a Kafka transaction open;
-- ``wait:PATH``: block until the file ``PATH`` exists (a test releases the process when it wants).
+- ``wait:PATH``: block until the file ``PATH`` exists (a test releases the process when it wants);
+- ``when:PATH:ACTION``: do ``ACTION`` (``kill`` or ``raise``) once each time the file ``PATH`` is
+  found at the point, removing it first; the chaos runner arms a point this way at a moment of its
+  choosing, in a process that was started long before.
 
 In-process tests can also :func:`register` a callback for a point (for example to commit a
 competing snapshot between a table's load and its commit).
@@ -51,6 +54,14 @@ def fault_point(name: str, **context: object) -> None:
     action = _actions().get(name)
     if action is None:
         return
+    if action.startswith("when:"):
+        armed, _, action = action[len("when:") :].rpartition(":")
+        if action not in {"kill", "raise"} or not armed:
+            raise ValueError(f"{ENV_VAR}: {name} must be when:PATH:kill or when:PATH:raise")
+        try:
+            Path(armed).unlink()  # only one process (or thread) wins the removal: the fault fires once
+        except FileNotFoundError:
+            return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action.startswith("kill-once:"):

@@ -9,7 +9,7 @@ import pytest
 
 from fanout_sink import channel
 from fanout_sink import events as ev
-from fanout_sink.errors import ControlTopicError
+from fanout_sink.errors import TopicError
 
 pytestmark = pytest.mark.kafka
 
@@ -22,7 +22,7 @@ def test_control_topic_is_created_with_one_partition_and_checked(
     channel.ensure_control_topic(conf, name)
     channel.ensure_control_topic(conf, name)  # present and fine: no error
     wide = make_topic("control-wide", partitions=3)
-    with pytest.raises(ControlTopicError, match=r"has 3 partitions.*exactly 1"):
+    with pytest.raises(TopicError, match=r"has 3 partitions.*exactly 1"):
         channel.ensure_control_topic(conf, wide)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fanout_sink import faults
@@ -24,3 +26,17 @@ def test_registered_callbacks_get_the_context() -> None:
         faults.fault_point("p", table="t")
     faults.fault_point("p", table="after")
     assert seen == [{"table": "t"}]
+
+
+def test_when_fires_once_per_arming(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    armed = tmp_path / "arm"
+    monkeypatch.setenv(faults.ENV_VAR, f"coordinator.before-table-commit=when:{armed}:raise")
+    faults.fault_point("coordinator.before-table-commit")  # not armed: nothing happens
+    armed.touch()
+    with pytest.raises(faults.InjectedFault):
+        faults.fault_point("coordinator.before-table-commit")
+    assert not armed.exists(), "firing disarms the point"
+    faults.fault_point("coordinator.before-table-commit")
+    monkeypatch.setenv(faults.ENV_VAR, f"p=when:{armed}:sleep:1")
+    with pytest.raises(ValueError, match="when:PATH:kill"):
+        faults.fault_point("p")

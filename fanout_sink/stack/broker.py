@@ -269,12 +269,13 @@ class KafkaBroker:
             self._process.wait(timeout=30)
         self._process = None
 
-    def restart(self, timeout_s: float = 120.0) -> BrokerState:
-        """Stop and start again on the same ports with the same data."""
+    def restart(self, timeout_s: float = 120.0, away_s: float = 0.0) -> BrokerState:
+        """Stop and start again on the same ports with the same data, ``away_s`` seconds later."""
         assert self.state is not None
         self._requested_port = self.state.port
         self._requested_controller_port = self.state.controller_port
         self.stop()
+        time.sleep(away_s)
         deadline = time.monotonic() + 30
         while not (port_is_free(self.state.port) and port_is_free(self.state.controller_port)):
             if time.monotonic() > deadline:

@@ -1,0 +1,93 @@
+"""The ways a chaos cycle breaks the sink, each one a real event a production sink lives through.
+
+- ``driver``: SIGKILL of the driver's whole process group at a random moment (a lost machine);
+- ``python-worker``: SIGKILL of one busy PySpark Python worker (an executor's task dies mid-slice);
+- ``broker``: the broker stops, stays away for a while, and starts again on the same ports and data;
+- ``catalog-commit``: the next table commit to the catalog fails (an injected fault, the app lives on);
+- ``coordinator``: SIGKILL of the driver right after one table's commit, before the next table's.
+
+The last two are armed through ``FANOUT_SINK_FAULTS=<point>=when:<file>:<action>``: the app is started
+with the points configured, and the runner creates the file when the cycle's moment comes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+KINDS = ("driver", "python-worker", "broker", "catalog-commit", "coordinator")
+
+
+def fault_spec(arm_dir: Path) -> str:
+    """The ``FANOUT_SINK_FAULTS`` value every app start gets: inert until a file is armed."""
+    return ",".join(
+        [
+            f"coordinator.before-table-commit=when:{arm_dir / 'catalog-commit'}:raise",
+            f"coordinator.after-table-commit=when:{arm_dir / 'coordinator'}:kill",
+        ]
+    )
+
+
+def arm(arm_dir: Path, kind: str) -> Path:
+    path = arm_dir / kind
+    path.touch()
+    return path
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def python_workers(app_pid: int) -> list[int]:
+    """PySpark's forked Python workers under the app (children of a ``pyspark.daemon``)."""
+    daemons = [p for p in _descendants(app_pid) if "pyspark.daemon" in _cmdline(p)]
+    forked = [c for d in daemons for c in _children(d) if "pyspark" in _cmdline(c)]
+    return forked or [p for p in _descendants(app_pid) if "pyspark.worker" in _cmdline(p)]
+
+
+def kill_busy_python_worker(app_pid: int, timeout_s: float = 60.0) -> int | None:
+    """SIGKILL a Python worker that is using CPU (one in the middle of a slice); the pid, or None."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = python_workers(app_pid)
+        before = {pid: _cpu_ticks(pid) for pid in workers}
+        time.sleep(0.2)
+        busy = [pid for pid in workers if _cpu_ticks(pid) > before[pid]]
+        if busy:
+            try:
+                os.kill(busy[0], signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return busy[0]
+    return None

@@ -1,0 +1,65 @@
+"""What the chaos sink is configured to do, and so what every record must become.
+
+The config and the expectation sit side by side on purpose: a change of a route without the matching
+change of ``expected_tables`` shows up as losses or duplicates in the verdict, never as silence.
+Every record kind exercises something: orders and payments fan out to three tables (two static, one
+dynamic and auto-created), clicks to two, noise to none (filtered), and malformed JSON is
+dead-lettered.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fanout_sink.catalog import CatalogSettings
+
+# Static table -> the record types it takes; every routed type also goes to ``region.<region>``.
+ROUTES = {
+    "chaos.orders": ("order",),
+    "chaos.payments": ("payment",),
+    "chaos.money": ("order", "payment"),
+    "chaos.clicks": ("click",),
+}
+NAMESPACES = ("chaos", "region")
+
+
+def expected_tables(value: bytes) -> list[str] | None:
+    """The tables a record lands in (empty: filtered); None when it is bad and must be dead-lettered."""
+    try:
+        body = json.loads(value)
+    except ValueError:
+        return None
+    kind = body.get("type")
+    tables = [name for name, kinds in ROUTES.items() if kind in kinds]
+    return [*tables, f"region.{body['region']}"] if tables else []
+
+
+def sink_config(
+    name: str, bootstrap: str, topics: list[str], catalog: CatalogSettings, work_dir: Path
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kafka": {"bootstrap.servers": bootstrap},
+        "source": {"topics": topics, "format": "json"},
+        "control": {"topic": f"{name}-control", "commit-interval": "3s", "commit-timeout": "60s"},
+        "catalog": catalog.model_dump(),
+        "tables": {
+            table: {"when": " || ".join(f"type == '{k}'" for k in kinds)} for table, kinds in ROUTES.items()
+        },
+        "dynamic": {
+            "table": "join('.', ['region', region])",
+            "allow": "^region\\.[a-z]+$",
+            "auto-create": True,
+            "applies-to": "all",
+        },
+        "unmatched": {"action": "drop"},
+        "dead-letter": {"topic": f"{name}-dlq"},
+        "errors": {"tolerance": "all"},
+        "spark": {
+            "master": "local[2]",
+            "checkpoint-location": str(work_dir / "checkpoints"),
+            "max-offsets-per-trigger": 60000,
+        },
+    }

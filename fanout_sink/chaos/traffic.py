@@ -1,0 +1,115 @@
+"""The chaos run's producer: records with unique ids, written at a steerable rate through broker restarts.
+
+The verdict compares tables with what the source topics hold, so this producer only has to be honest
+about what it attempted; it is idempotent (no duplicates from its own retries) and patient (a message
+waits out a broker restart instead of timing out), so the topics hold each record exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message, Producer
+
+# Share of each record kind; ``noise`` matches no route (filtered), ``bad`` is malformed JSON.
+KINDS: dict[str, float] = {"order": 0.33, "payment": 0.2, "click": 0.35, "noise": 0.1, "bad": 0.02}
+REGIONS = ("eu", "us", "apac")
+
+
+@dataclass
+class TrafficStats:
+    attempted: int = 0
+    acked: int = 0
+    failed: int = 0
+
+
+def record(seq: int, rng: random.Random, prefix: str) -> tuple[str, bytes]:
+    """One record's id and value; the id is also the key, so a dead letter can be traced back."""
+    kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+    rid = f"{prefix}-{seq:09d}"
+    ts = 1_700_000_000_000 + seq
+    if kind == "bad":
+        return rid, f'{{"id": "{rid}", "type": "order", "amount": '.encode()
+    body: dict[str, object] = {"id": rid, "type": kind, "seq": seq, "ts": ts}
+    if kind in {"order", "payment"}:
+        body.update(region=rng.choice(REGIONS), amount=round(rng.uniform(1, 500), 2))
+    elif kind == "click":
+        body.update(region=rng.choice(REGIONS), page=f"/p/{rng.randrange(1000)}")
+    return rid, json.dumps(body, separators=(",", ":")).encode()
+
+
+class Traffic:
+    """A background producer of ``total`` records over ``topics``; ``rate`` (records/s) may change."""
+
+    def __init__(self, bootstrap: str, topics: list[str], total: int, seed: int, rate: float = 1e3) -> None:
+        self.topics = topics
+        self.total = total
+        self.rate = rate
+        self.stats = TrafficStats()
+        self._rng = random.Random(seed)
+        self._prefix = f"r{seed}"
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 20,
+                # A broker restart must delay records, never drop them: wait far longer than one.
+                "message.timeout.ms": 900_000,
+            }
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-traffic", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self.stats.attempted >= self.total
+
+    def _delivered(self, error: KafkaError | None, _message: Message) -> None:
+        if error is None:
+            self.stats.acked += 1
+        else:
+            self.stats.failed += 1
+
+    def _run(self) -> None:
+        chunk = 200
+        while not self._stop.is_set() and not self.done:
+            started = time.monotonic()
+            for _ in range(min(chunk, self.total - self.stats.attempted)):
+                seq = self.stats.attempted
+                rid, value = record(seq, self._rng, self._prefix)
+                topic = self.topics[seq % len(self.topics)]
+                while True:
+                    try:
+                        self._producer.produce(topic, rid.encode(), value, on_delivery=self._delivered)
+                        break
+                    except BufferError:  # the queue is full while the broker is away: wait for room
+                        self._producer.poll(0.5)
+                self.stats.attempted += 1
+            self._producer.poll(0)
+            self._stop.wait(max(0.0, chunk / max(self.rate, 1.0) - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        """Stop producing (a run that failed); records already queued get a short chance to go out."""
+        self._stop.set()
+        self._thread.join(30)
+        self._producer.flush(5)
+
+    def finish(self, timeout_s: float = 900.0) -> TrafficStats:
+        """Wait until every record was produced and acknowledged (or ``timeout_s`` passed)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.done and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.2)
+        self._stop.set()
+        self._thread.join(30)
+        remaining = self._producer.flush(max(1.0, deadline - time.monotonic()))
+        if remaining:
+            raise TimeoutError(f"{remaining} record(s) still unacknowledged after {timeout_s:.0f}s")
+        return self.stats
