@@ -16,6 +16,7 @@ Names derived from the sink name, in one place because every part must agree on 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink import events as ev
-from fanout_sink.errors import TopicError
+from fanout_sink.errors import TopicError, TransactionStuckError
 
 CONTROL_PARTITION = 0
 DEFAULT_TIMEOUT_S = 30.0
@@ -134,6 +135,39 @@ def transactional_producer(
     producer = Producer(conf)
     producer.init_transactions(timeout_s)
     return producer
+
+
+def send_offsets(
+    producer: Producer, offsets: list[TopicPartition], metadata: Any, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """``send_offsets_to_transaction`` with a deadline that holds.
+
+    librdkafka can block in it far past its timeout when the group coordinator goes away during
+    the call, e.g. across a broker restart (confluentinc/librdkafka#5456 and #5511; seen here with
+    confluent-kafka 2.16.1 by the chaos runner: a coordinator stalled for minutes, then was fenced
+    by the broker's transaction timeout). The call runs in a helper thread; past the deadline,
+    :class:`TransactionStuckError` tells the caller to drop this producer and fence it with a new one.
+    """
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            producer.send_offsets_to_transaction(offsets, metadata, timeout_s)
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="send-offsets-to-transaction", daemon=True).start()
+    if not done.wait(timeout_s + 5.0):
+        raise TransactionStuckError(
+            f"send_offsets_to_transaction for {[(tp.topic, tp.partition) for tp in offsets]} did not return "
+            f"within {timeout_s + 5.0:.0f}s (a librdkafka hang after a broker restart); the producer is "
+            "replaced and its transaction aborted"
+        )
+    if failure:
+        raise failure[0]
 
 
 def memberless_group_metadata(kafka_conf: dict[str, Any], group: str) -> bytes:

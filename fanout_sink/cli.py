@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -75,6 +77,8 @@ def _run(args: argparse.Namespace) -> int:
     from fanout_sink.config import load_config, parse_duration
 
     _log_to_stderr()
+    # `kill -USR1 <pid>` prints every thread's stack: the first question about a sink that seems stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = load_config(args.config)
     options = RunOptions(
         master=args.master,

@@ -34,7 +34,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from fanout_sink import channel, table_state, writer
 from fanout_sink import events as ev
 from fanout_sink.commit_state import CommitState, PendingFiles
-from fanout_sink.errors import ProducerFencedError
+from fanout_sink.errors import ProducerFencedError, TransactionStuckError
 from fanout_sink.faults import fault_point
 from fanout_sink.source_offsets import source_positions
 
@@ -157,7 +157,7 @@ class Coordinator:
                     last = time.monotonic()
                     try:
                         self.commit_round()
-                    except (KafkaException, TimeoutError):
+                    except (KafkaException, TimeoutError):  # TransactionStuckError is a TimeoutError
                         # Broker unreachable or restarting: nothing was lost (files stay pending,
                         # tables re-check their offsets), so try again next interval.
                         log.exception("commit round of sink %r failed; retrying next interval", self.sink)
@@ -187,8 +187,12 @@ class Coordinator:
         if self._fenced:
             # Re-opening would fence the newer coordinator back: a fenced coordinator stays down.
             raise ProducerFencedError(f"coordinator of sink {self.sink!r} was fenced and cannot be reused")
-        if self._producer is None or self._reader is None:
+        if self._reader is None:
             self.open()
+        elif self._producer is None:  # replaced after a stuck call: a new one fences the old
+            self._producer = channel.transactional_producer(
+                self.kafka_conf, channel.coordinator_transactional_id(self.sink), self.timeout_s
+            )
         assert self._producer is not None and self._reader is not None
         return self._producer, self._reader
 
@@ -209,8 +213,12 @@ class Coordinator:
                 channel.produce_event(producer, self.control_topic, self.sink, payload)
             if offsets:
                 assert self._metadata is not None
-                producer.send_offsets_to_transaction(offsets, self._metadata, self.timeout_s)
+                channel.send_offsets(producer, offsets, self._metadata, self.timeout_s)
             producer.commit_transaction(self.timeout_s)
+        except TransactionStuckError:
+            # The next round's producer fences this one; the control reader and pending state stay.
+            self._producer = None
+            raise
         except KafkaException as exc:
             error = exc.args[0]
             if channel.is_fenced(error):
@@ -261,6 +269,13 @@ class Coordinator:
             watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)
             self._publish(payloads, [watermark])
             self.last_round = result
+            if result.tables:
+                log.info(
+                    "commit %s: %s (vtts %s)",
+                    commit_id,
+                    ", ".join(f"{t} {c.outcome} ({c.files} files)" for t, c in sorted(result.tables.items())),
+                    vtts,
+                )
             return result
 
     def _commit_tables(

@@ -51,6 +51,14 @@ class OffsetGapError(FanoutSinkError):
         )
 
 
+class TransactionStuckError(FanoutSinkError, TimeoutError):
+    """A transactional call outlived its deadline: the producer is given up and replaced.
+
+    A new producer with the same transactional id fences the stuck one, and the broker aborts its
+    open transaction, so nothing it sent becomes visible.
+    """
+
+
 class ProducerFencedError(FanoutSinkError):
     """A newer process took over this transactional id; this one must stop (it is a zombie)."""
 

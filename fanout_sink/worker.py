@@ -29,7 +29,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from fanout_sink import channel, writer
 from fanout_sink import events as ev
-from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
+from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError, TransactionStuckError
 from fanout_sink.faults import fault_point
 from fanout_sink.records import SliceProcessor
 from fanout_sink.source_offsets import GroupOffsets
@@ -168,6 +168,9 @@ class SliceWorker:
         producer = self._producer(txn_id)  # a new producer fences older attempts before anything is read
         try:
             return self._commit(producer, topic, partition, start, end, raw, process)
+        except TransactionStuckError:
+            self._producers.pop(txn_id, None)  # the next attempt's producer fences this one
+            raise
         except KafkaException as exc:
             error = exc.args[0]
             self._producers.pop(txn_id, None)
@@ -243,9 +246,8 @@ class SliceWorker:
         for letter in routed.dead_letters:
             headers: list[tuple[str, str | bytes | None]] = list(letter.headers)
             producer.produce(str(dead_letter_topic), key=letter.key, value=letter.value, headers=headers)
-        producer.send_offsets_to_transaction(
-            [TopicPartition(topic, partition, end)], self._metadata(), self.timeout_s
-        )
+        source_offsets = [TopicPartition(topic, partition, end)]
+        channel.send_offsets(producer, source_offsets, self._metadata(), self.timeout_s)
         fault_point("worker.before-commit", topic=topic, partition=partition)
         producer.commit_transaction(self.timeout_s)
         fault_point("worker.after-commit", topic=topic, partition=partition)

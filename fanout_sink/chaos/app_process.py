@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 _BATCH_LINE = re.compile(r"fanout_sink\.app: batch \d+:")
+_STARTED_LINE = re.compile(r"fanout_sink\.progress: streaming query .* started")
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -41,6 +42,7 @@ class AppProcess:
         self.env = env
         self.starts = 0
         self.batches = 0
+        self.streaming = False  # this start's query is up (it logs batches only when records arrive)
         self.exits: list[int] = []
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
@@ -56,6 +58,7 @@ class AppProcess:
     def start(self) -> None:
         assert not self.running(), "the app is already running"
         self.starts += 1
+        self.streaming = False
         with self.log_file.open("a") as log:
             log.write(f"\n===== start {self.starts} at {time.strftime('%H:%M:%S')} =====\n")
         self._proc = subprocess.Popen(
@@ -74,19 +77,22 @@ class AppProcess:
         with self.log_file.open("a") as log:
             for line in proc.stderr:
                 log.write(line)
+                if _STARTED_LINE.search(line):
+                    self.streaming = True
                 if _BATCH_LINE.search(line):
                     with self._lock:
                         self.batches += 1
             log.flush()
 
-    def wait_for_batches(self, count: int, timeout_s: float) -> bool:
-        """Wait until ``count`` more batches were logged; False if the app died or time ran out."""
+    def wait_working(self, timeout_s: float, batch: bool) -> bool:
+        """Wait until the query is up and, with ``batch``, one more batch was logged; False if the
+        app died or time ran out."""
         with self._lock:
-            target = self.batches + count
+            target = self.batches + (1 if batch else 0)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                if self.batches >= target:
+                if self.streaming and self.batches >= target:
                     return True
             if not self.running():
                 return False

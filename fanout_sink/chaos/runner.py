@@ -25,6 +25,7 @@ from fanout_sink.errors import FanoutSinkError
 from fanout_sink.stack.broker import KafkaBroker
 
 log = logging.getLogger("fanout_sink.chaos")
+MIN_RATE = 20.0  # records/s: a trickle at least, so every cycle has work in flight to break
 
 
 class ChaosError(FanoutSinkError):
@@ -109,7 +110,7 @@ class ChaosRun:
                 time.sleep(1)
             stats = traffic.finish()
             log.info("producer done: %d records acknowledged, %d failed", stats.acked, stats.failed)
-            self._drain(app, command, env)
+            self._drain(app, traffic, command, env)
             self.result.verdict = verify(
                 bootstrap, self.topics, f"{self.name}-dlq", self.name, load_catalog(self.catalog)
             )
@@ -151,11 +152,12 @@ class ChaosRun:
             log.info("app exited with %s; restarting it", app.exits[-1])
         app.start()
 
-    def _working(self, app: AppProcess) -> None:
-        """Wait until the app commits batches again (after a start, it first has to start Spark)."""
+    def _working(self, app: AppProcess, traffic: Traffic) -> None:
+        """Wait until the app works: its query is up and, while records still arrive, it commits a
+        batch (a breakage should land on a sink with work in flight)."""
         for _ in range(4):
             self._keep_running(app)
-            if app.wait_for_batches(1, self.options.start_timeout_s):
+            if app.wait_working(self.options.start_timeout_s, batch=not traffic.done):
                 return
             if app.running():
                 break
@@ -165,7 +167,7 @@ class ChaosRun:
         schedule = self._schedule()
         cycle_started = time.monotonic()
         for cycle, kind in enumerate(schedule, 1):
-            self._working(app)
+            self._working(app, traffic)
             time.sleep(self.rng.uniform(0.0, self.options.max_delay_s))
             landed = self._break(app, kind)
             (self.result.kills if landed else self.result.skipped)[kind] += 1
@@ -175,7 +177,8 @@ class ChaosRun:
             elapsed = (time.monotonic() - cycle_started) / cycle
             cycles_left = len(schedule) - cycle
             remaining = traffic.total - traffic.stats.attempted
-            traffic.rate = remaining / max(cycles_left * elapsed, 1.0) if cycles_left else 5000.0
+            pace = remaining / max(cycles_left * elapsed, 1.0) if cycles_left else 5000.0
+            traffic.rate = max(pace, MIN_RATE)
 
     def _break(self, app: AppProcess, kind: str) -> bool:
         if kind == "driver":
@@ -197,9 +200,9 @@ class ChaosRun:
             app.wait_exit(60)  # the kill of the driver process; the reap takes the group with it
         return fired
 
-    def _drain(self, app: AppProcess, command: list[str], env: dict[str, str]) -> None:
+    def _drain(self, app: AppProcess, traffic: Traffic, command: list[str], env: dict[str, str]) -> None:
         """Stop as an operator would (SIGTERM), then one available-now run delivers the rest."""
-        self._working(app)
+        self._working(app, traffic)
         log.info("app stopped with exit code %d", app.stop())
         final = AppProcess([*command, "--available-now"], self.work_dir / "app.log", env)
         final.start()

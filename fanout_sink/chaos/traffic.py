@@ -79,7 +79,7 @@ class Traffic:
             self.stats.failed += 1
 
     def _run(self) -> None:
-        chunk = 200
+        chunk = 50
         while not self._stop.is_set() and not self.done:
             started = time.monotonic()
             for _ in range(min(chunk, self.total - self.stats.attempted)):
@@ -88,7 +88,7 @@ class Traffic:
                 topic = self.topics[seq % len(self.topics)]
                 while True:
                     try:
-                        self._producer.produce(topic, rid.encode(), value, on_delivery=self._delivered)
+                        self._producer.produce(topic, value, rid.encode(), on_delivery=self._delivered)
                         break
                     except BufferError:  # the queue is full while the broker is away: wait for room
                         self._producer.poll(0.5)
