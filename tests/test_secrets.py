@@ -1,0 +1,175 @@
+"""Secrets from the config never reach an output: the app runs through SASL with marker secrets, then
+every output it made is searched for them.
+
+The SASL password is the broker's real one (rows landing prove it was used); the catalog's
+object-store keys and the registry credentials are markers the local warehouse ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import read_partition
+from test_app import child_env
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.cli import main
+from fanout_sink.stack.broker import KafkaBroker, SaslUser
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+GOOD, BAD = 40, 3
+
+
+def _marker(kind: str) -> str:
+    return f"MARKER-{kind}-{uuid.uuid4().hex}"
+
+
+def _found(data: bytes | str, markers: Iterable[str]) -> list[str]:
+    """The markers in ``data`` (also with their ``MARKER-`` prefix cut, in case of partial echoes)."""
+    blob = data.encode() if isinstance(data, str) else data
+    return [m for m in markers if m.encode() in blob or m.split("-")[-1].encode() in blob]
+
+
+def _sink_yaml(
+    folder: Path, name: str, kafka: dict[str, str], topics: dict[str, str], **secrets: str
+) -> Path:
+    catalog = CatalogSettings.model_validate(
+        {
+            "name": f"lake_{uuid.uuid4().hex[:8]}",
+            "uri": f"sqlite:///{folder / 'catalog.db'}",
+            "warehouse": f"file://{folder / 'warehouse'}",
+            "s3.access-key-id": secrets["s3_key_id"],
+            "s3.secret-access-key": secrets["s3_secret"],
+            "adls.account-key": secrets["adls_key"],
+        }
+    )
+    config = folder / "sink.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "kafka": kafka,
+                "source": {
+                    "topics": [topics["source"]],
+                    "format": "json",
+                    "schema-registry": {
+                        "url": "http://127.0.0.1:9",
+                        "basic.auth.user.info": f"registry:{secrets['registry']}",
+                    },
+                },
+                "control": {"topic": topics["control"], "commit-interval": "2s"},
+                "catalog": catalog.model_dump(),
+                "tables": {"shop.orders": {"when": "type == 'order'"}},
+                "dead-letter": {"topic": topics["dlq"]},
+                "spark": {"checkpoint-location": str(folder / "checkpoints"), "master": "local[2]"},
+            }
+        )
+    )
+    return config
+
+
+def _messages(broker: KafkaBroker, topic: str, at_least: int) -> list[Message]:
+    return read_partition(broker.bootstrap_servers, topic, expect_at_least=at_least)
+
+
+def _message_bytes(message: Message) -> bytes:
+    headers = b"".join(k.encode() + (v or b"") for k, v in message.headers() or [])
+    return (message.key() or b"") + (message.value() or b"") + headers
+
+
+def test_marker_secrets_reach_no_output_of_a_sasl_run(
+    broker_factory: Callable[..., KafkaBroker],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    password = _marker("sasl")
+    markers = {
+        "sasl.password": password,
+        "s3_key_id": _marker("s3id"),
+        "s3_secret": _marker("s3secret"),
+        "adls_key": _marker("adls"),
+        "registry": _marker("registry"),
+    }
+    broker = broker_factory(sasl_user=SaslUser("sink", password))
+    name = f"sink-{uuid.uuid4().hex[:6]}"
+    topics = {"source": f"src-{name}", "control": f"{name}-control", "dlq": f"{name}-dlq"}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})  # the PLAINTEXT listener
+    for future in admin.create_topics([NewTopic(topics["source"], 2), NewTopic(topics["dlq"], 1)]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for i in range(GOOD):
+        producer.produce(
+            topics["source"], json.dumps({"type": "order", "id": f"o-{i}"}).encode(), partition=i % 2
+        )
+    for i in range(BAD):
+        producer.produce(topics["source"], b"{not json", partition=i % 2)
+    producer.flush(30)
+
+    app_dir = tmp_path / "app"  # everything the app writes; the broker's own files live beside it
+    (app_dir / "events").mkdir(parents=True)
+    kafka = {
+        "bootstrap.servers": broker.sasl_bootstrap_servers,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "sink",
+        "sasl.password": "${KAFKA_PASSWORD}",
+    }
+    config = _sink_yaml(app_dir, name, kafka, topics, **{k: v for k, v in markers.items() if "." not in k})
+    run = subprocess.run(
+        [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--available-now",
+         "--conf", "spark.eventLog.enabled=true", "--conf", "spark.eventLog.compress=false",
+         "--conf", f"spark.eventLog.dir=file://{app_dir / 'events'}",
+         "--conf", f"spark.local.dir={app_dir / 'spark-local'}"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env=child_env({"KAFKA_PASSWORD": password, "FANOUT_SINK_SPARK_LOG_LEVEL": "INFO"}),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "final commit round" in run.stderr
+
+    leaks: dict[str, list[str]] = {}
+    for label, text in (("app stdout", run.stdout), ("app stderr", run.stderr)):
+        leaks[label] = _found(text, markers.values())
+
+    # The rows landed: the app really authenticated with the password.
+    monkeypatch.setenv("KAFKA_PASSWORD", password)
+    settings = CatalogSettings.model_validate(yaml.safe_load(config.read_text())["catalog"])
+    catalog = load_catalog(settings)
+    table = catalog.load_table("shop.orders")
+    assert table.scan().to_arrow().num_rows == GOOD
+    for snapshot in table.snapshots():
+        leaks[f"snapshot {snapshot.snapshot_id} summary"] = _found(
+            json.dumps(snapshot.summary.model_dump()), markers.values()
+        )
+    leaks["table properties"] = _found(json.dumps(table.properties), markers.values())
+
+    control = _messages(broker, topics["control"], at_least=3)
+    dead_letters = _messages(broker, topics["dlq"], at_least=BAD)
+    assert len(dead_letters) == BAD
+    for label, messages in (("control topic", control), ("dead-letter topic", dead_letters)):
+        leaks[label] = [m for message in messages for m in _found(_message_bytes(message), markers.values())]
+
+    capfd.readouterr()
+    for args in (["status", "--config", str(config)], ["status", "--config", str(config), "--json"]):
+        assert main(args) == 0
+        out, err = capfd.readouterr()
+        assert "shop.orders: commit" in out or '"shop.orders"' in out, out
+        leaks[" ".join(args[::2])] = _found(out + err, markers.values())
+
+    files = [path for path in app_dir.rglob("*") if path.is_file() and path != config]
+    assert any(path.name.startswith("events_") for path in files), "Spark wrote an event log"
+    assert any("checkpoints" in path.parts for path in files) and any(path.suffix == ".db" for path in files)
+    for path in files:
+        leaks[str(path.relative_to(app_dir))] = _found(path.read_bytes(), markers.values())
+
+    assert {where: found for where, found in leaks.items() if found} == {}
