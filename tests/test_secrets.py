@@ -78,6 +78,24 @@ def _sink_yaml(
     return config
 
 
+def _log4j_info(folder: Path) -> Path:
+    """A log4j2 config under which the app's ``FANOUT_SINK_SPARK_LOG_LEVEL=INFO`` takes effect: Spark's
+    ``setLogLevel`` changes nothing (and keeps PySpark's WARN console filter) when the root level is
+    INFO already, as it is in Spark's default config. Then Spark logs at INFO, with the Java Kafka
+    client's config dumps."""
+    path = folder / "log4j2-info.properties"
+    path.write_text(
+        "appender.console.type = Console\n"
+        "appender.console.name = console\n"
+        "appender.console.target = SYSTEM_ERR\n"
+        "appender.console.layout.type = PatternLayout\n"
+        "appender.console.layout.pattern = %d %p %c: %m%n%ex\n"
+        "rootLogger.level = warn\n"
+        "rootLogger.appenderRef.console.ref = console\n"
+    )
+    return path
+
+
 def _messages(broker: KafkaBroker, topic: str, at_least: int) -> list[Message]:
     return read_partition(broker.bootstrap_servers, topic, expect_at_least=at_least)
 
@@ -126,14 +144,17 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         "sasl.password": "${KAFKA_PASSWORD}",
     }
     config = _sink_yaml(app_dir, name, kafka, topics, **{k: v for k, v in markers.items() if "." not in k})
+    command = [
+        sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--available-now",
+        "--conf", "spark.eventLog.enabled=true", "--conf", "spark.eventLog.compress=false",
+        "--conf", f"spark.eventLog.dir=file://{app_dir / 'events'}",
+        "--conf", f"spark.local.dir={app_dir / 'spark-local'}",
+        "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={_log4j_info(tmp_path)}",
+    ]  # fmt: skip
+    env = {"KAFKA_PASSWORD": password, "FANOUT_SINK_SPARK_LOG_LEVEL": "INFO"}
     run = subprocess.run(
-        [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--available-now",
-         "--conf", "spark.eventLog.enabled=true", "--conf", "spark.eventLog.compress=false",
-         "--conf", f"spark.eventLog.dir=file://{app_dir / 'events'}",
-         "--conf", f"spark.local.dir={app_dir / 'spark-local'}"],
-        capture_output=True, text=True, timeout=300, check=False,
-        env=child_env({"KAFKA_PASSWORD": password, "FANOUT_SINK_SPARK_LOG_LEVEL": "INFO"}),
-    )  # fmt: skip
+        command, capture_output=True, text=True, timeout=300, check=False, env=child_env(env)
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     assert "final commit round" in run.stderr
 
@@ -165,6 +186,19 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         out, err = capfd.readouterr()
         assert "shop.orders: commit" in out or '"shop.orders"' in out, out
         leaks[" ".join(args[::2])] = _found(out + err, markers.values())
+
+    # A run that fails inside a batch: Spark's error, with its query description and plan, names no secret.
+    producer.produce(topics["source"], json.dumps({"type": "order", "id": "o-late"}).encode(), partition=0)
+    producer.flush(30)
+    failed = subprocess.run(
+        [*command, "--conf", "spark.task.maxFailures=1"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env=child_env({**env, "FANOUT_SINK_FAULTS": "worker.after-write-files=raise"}),
+    )  # fmt: skip
+    assert failed.returncode != 0 and "InjectedFault" in failed.stderr, failed.stderr[-3000:]
+    Path("/tmp/secrets_failed_stderr.txt").write_text(failed.stderr)
+    Path("/tmp/secrets_ok_stderr.txt").write_text(run.stderr)
+    leaks["failing run's output"] = _found(failed.stdout + failed.stderr, markers.values())
 
     files = [path for path in app_dir.rglob("*") if path.is_file() and path != config]
     assert any(path.name.startswith("events_") for path in files), "Spark wrote an event log"
