@@ -13,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -24,8 +25,6 @@ from test_app import child_env
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.cli import main
 from fanout_sink.stack.broker import KafkaBroker, SaslUser
-
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 GOOD, BAD = 40, 3
 
@@ -105,6 +104,8 @@ def _message_bytes(message: Message) -> bytes:
     return (message.key() or b"") + (message.value() or b"") + headers
 
 
+@pytest.mark.spark
+@pytest.mark.kafka
 def test_marker_secrets_reach_no_output_of_a_sasl_run(
     broker_factory: Callable[..., KafkaBroker],
     tmp_path: Path,
@@ -157,6 +158,7 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert "final commit round" in run.stderr
+    assert "sasl.jaas.config = [hidden]" in run.stderr, "Spark logged at INFO, the Kafka client's config too"
 
     leaks: dict[str, list[str]] = {}
     for label, text in (("app stdout", run.stdout), ("app stderr", run.stderr)):
@@ -196,8 +198,6 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         env=child_env({**env, "FANOUT_SINK_FAULTS": "worker.after-write-files=raise"}),
     )  # fmt: skip
     assert failed.returncode != 0 and "InjectedFault" in failed.stderr, failed.stderr[-3000:]
-    Path("/tmp/secrets_failed_stderr.txt").write_text(failed.stderr)
-    Path("/tmp/secrets_ok_stderr.txt").write_text(run.stderr)
     leaks["failing run's output"] = _found(failed.stdout + failed.stderr, markers.values())
 
     files = [path for path in app_dir.rglob("*") if path.is_file() and path != config]
@@ -207,3 +207,29 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         leaks[str(path.relative_to(app_dir))] = _found(path.read_bytes(), markers.values())
 
     assert {where: found for where, found in leaks.items() if found} == {}
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ({"kafka": {"sasl.username": "u", "sasl.password": "{m}", "sasl.mechanism": "GSSAPI"}},
+         "sasl.mechanism"),
+        ({"kafka": {"sasl.password": "{m}"}}, "sasl.username"),
+        ({"kafka": {"sasl.jaas.config": 'PlainLoginModule required password="{m}";'}}, "sasl.jaas.config"),
+        ({"kafka": "sasl.password={m}"}, "kafka"),
+        ({"catalog": {"name": "not a name", "s3.secret-access-key": "{m}"}}, "catalog.name"),
+        ({"source": {"topics": ["t"], "format": "xml", "schema-registry": {"basic.auth.user.info": "u:{m}"}}},
+         "source.format"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_is_reported_without_the_secret_next_to_it(
+    section: dict[str, Any], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = _marker("bad-config")
+    data = {"name": "s", "source": {"topics": ["t"]}, "tables": {"a.b": {}}, **section}
+    config = tmp_path / "sink.yaml"
+    config.write_text(yaml.safe_dump(data).replace("{m}", marker))
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert named in err, err
+    assert _found(err, [marker]) == []
