@@ -34,6 +34,7 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.coordinator import Coordinator
 from fanout_sink.errors import FanoutSinkError
+from fanout_sink.java_kafka import spark_kafka_options
 from fanout_sink.records import RAW_RECORD_SCHEMA
 from fanout_sink.worker import SliceResult, SliceWorker
 
@@ -160,6 +161,15 @@ def checkpoint_location(config: SinkConfig) -> str:
     return str(Path(base) / config.name)
 
 
+def _java_client_names(spark: Any) -> frozenset[str]:
+    """Property names the Java consumer and admin client on Spark's classpath know (Spark's Kafka
+    source uses both), asked from the JVM so that they match its kafka-clients version."""
+    clients = spark._jvm.org.apache.kafka.clients
+    consumer = clients.consumer.ConsumerConfig.configNames()
+    admin = clients.admin.AdminClientConfig.configNames()
+    return frozenset(str(name) for names in (consumer, admin) for name in names)
+
+
 class SinkApp:
     """Runs one sink: the streaming query, the per-batch driver work and the coordinator thread."""
 
@@ -246,8 +256,14 @@ class SinkApp:
             .option("startingOffsets", starting)
             .option("failOnDataLoss", "true")
         )
-        for key, value in self.config.kafka.items():
-            reader = reader.option(f"kafka.{key}", value)
+        kafka = spark_kafka_options(self.config.kafka, _java_client_names(spark))
+        if kafka.left_out:
+            log.info(
+                "kafka properties not given to Spark's Kafka source (unknown to the Java client, or "
+                "refused by Spark): %s",
+                ", ".join(kafka.left_out),
+            )
+        reader = reader.options(**kafka.options)
         # After the user's properties, so read_committed always wins: aborted records never reach a worker.
         reader = reader.option("kafka.isolation.level", "read_committed")
         if source.pattern:

@@ -37,6 +37,7 @@ from pydantic import (
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
+from fanout_sink.java_kafka import sasl_jaas_config
 
 # --------------------------------------------------------------------------------------------
 # Small value types
@@ -387,6 +388,13 @@ class SinkConfig(_Section):
             return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
         return value
 
+    @field_validator("kafka")
+    @classmethod
+    def _translatable(cls, value: dict[str, str]) -> dict[str, str]:
+        """The same properties must also configure Spark's Java Kafka client: check that they can."""
+        sasl_jaas_config(value)
+        return value
+
     @field_validator("tables", mode="before")
     @classmethod
     def _table_keys(cls, value: Any) -> Any:
@@ -455,11 +463,12 @@ class SinkConfig(_Section):
 # --------------------------------------------------------------------------------------------
 # Secrets
 
-_SECRET_KEY = re.compile(
+SECRET_KEY_PATTERN = (
     r"(password|passwd|secret|token|credential|private[._-]?key|account[._-]?key|"
-    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key[._-]?id|key[._-]?pem)",
-    re.IGNORECASE,
+    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key|key[._-]?pem)"
 )
+"""What names a secret, case-insensitively; also valid as a Java regex (Spark's redaction takes it)."""
+_SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.IGNORECASE)
 REDACTED = "***"
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
+from fanout_sink.config import SECRET_KEY_PATTERN
 from fanout_sink.stack import jars
 
 
@@ -30,6 +31,10 @@ def spark_conf(catalog: CatalogSettings | None, extra: Mapping[str, str] | None 
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         "spark.pyspark.driver.python": sys.executable,
+        # Spark hides conf entries and data source options whose key or value matches this, in logs,
+        # event logs and the UI. Its default misses catalog keys such as s3.access-key-id and
+        # adls.account-key, so it gets the names the sink's config treats as secret.
+        "spark.redaction.regex": f"(?i){SECRET_KEY_PATTERN}",
     }
     if catalog is not None:
         conf.update(spark_catalog_conf(catalog))

@@ -13,45 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fanout_sink import table_state
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.errors import FanoutSinkError
+from fanout_sink.config import load_config
 from fanout_sink.source_offsets import PartitionPosition, source_positions
-
-
-@dataclass(frozen=True)
-class StatusConfig:
-    """The few config keys status needs (until the full config model is wired in)."""
-
-    name: str
-    kafka: dict[str, Any]
-    control_topic: str
-    source_topics: list[str]
-    catalog: CatalogSettings
-
-
-def load_status_config(path: Path) -> StatusConfig:
-    """Reads only ``name``, ``kafka``, ``control.topic``, ``source.topics`` and ``catalog`` from YAML."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise FanoutSinkError(
-            f"cannot read config {path}: {exc.strerror}\n  fix: pass --config FILE"
-        ) from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        raise FanoutSinkError(f"{path}: `name` (the sink name) is missing\n  fix: add `name: <sink name>`")
-    name = raw["name"]
-    control = raw.get("control") or {}
-    source = raw.get("source") or {}
-    return StatusConfig(
-        name=name,
-        kafka={str(k): v for k, v in (raw.get("kafka") or {}).items()},
-        control_topic=str(control.get("topic") or f"{name}-control"),
-        source_topics=[str(t) for t in (source.get("topics") or [])],
-        catalog=CatalogSettings(**(raw.get("catalog") or {})),
-    )
 
 
 @dataclass(frozen=True)
@@ -141,9 +106,13 @@ def render_text(status: SinkStatus) -> str:
 
 
 def run(config_path: Path, as_json: bool) -> str:
-    """What ``fanout-sink status`` prints."""
-    config = load_status_config(config_path)
+    """What ``fanout-sink status`` prints.
+
+    The config is loaded as the app loads it (``${ENV_VAR}`` references resolved, e.g. a SASL password),
+    so status reaches the same cluster and catalog the same way.
+    """
+    config = load_config(config_path)
     status = collect_status(
-        config.name, config.kafka, config.control_topic, config.catalog, config.source_topics
+        config.name, dict(config.kafka), str(config.control.topic), config.catalog, config.source.topics
     )
     return json.dumps(status.to_json(), indent=2) if as_json else render_text(status)

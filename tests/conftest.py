@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.stack.broker import KafkaBroker
+from fanout_sink.stack.broker import KafkaBroker, SaslUser
 
 
 @pytest.fixture(scope="session")
@@ -25,12 +25,13 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
 
 
 @pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator[Callable[[], KafkaBroker]]:
-    """Private brokers for tests that restart or kill them; all are stopped at the end of the test."""
+def broker_factory(tmp_path: Path) -> Iterator[Callable[..., KafkaBroker]]:
+    """Private brokers for tests that restart or kill them, or need a SASL listener
+    (``broker_factory(sasl_user=SaslUser(...))``); all are stopped at the end of the test."""
     started: list[KafkaBroker] = []
 
-    def make() -> KafkaBroker:
-        broker = KafkaBroker(tmp_path / f"kafka-{len(started)}")
+    def make(sasl_user: SaslUser | None = None) -> KafkaBroker:
+        broker = KafkaBroker(tmp_path / f"kafka-{len(started)}", sasl_user=sasl_user)
         broker.start()
         started.append(broker)
         return broker

@@ -149,11 +149,15 @@ def test_env_substitution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SASL_PASSWORD", "s3cret")
     config = parse_config(
         _base(
-            kafka={"sasl.password": "${SASL_PASSWORD}", "client.id": "${CLIENT_ID:-fanout}"},
+            kafka={
+                "sasl.username": "${SASL_USER:-sink}",
+                "sasl.password": "${SASL_PASSWORD}",
+                "sasl.mechanism": "PLAIN",
+            },
         ),
         "sink.yaml",
     )
-    assert config.kafka == {"sasl.password": "s3cret", "client.id": "fanout"}
+    assert config.kafka == {"sasl.username": "sink", "sasl.password": "s3cret", "sasl.mechanism": "PLAIN"}
     monkeypatch.delenv("SASL_PASSWORD")
     message = _error(_base(kafka={"sasl.password": "${SASL_PASSWORD}"}))
     assert 'kafka."sasl.password": environment variable SASL_PASSWORD is not set' in message
@@ -162,7 +166,13 @@ def test_env_substitution(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_secrets_are_redacted() -> None:
     config = parse_config(
         _base(
-            kafka={"bootstrap.servers": "b:9092", "sasl.password": "kafka-secret", "ssl.key.password": "k2"},
+            kafka={
+                "bootstrap.servers": "b:9092",
+                "sasl.mechanism": "PLAIN",
+                "sasl.username": "sink",
+                "sasl.password": "kafka-secret",
+                "ssl.key.password": "k2",
+            },
             source={
                 "topics": ["a"],
                 "format": "confluent-avro",
@@ -177,6 +187,7 @@ def test_secrets_are_redacted() -> None:
             assert secret not in text
     assert config.redacted()["kafka"]["bootstrap.servers"] == "b:9092"
     assert is_secret_key("sasl.password") and is_secret_key("basic.auth.user.info")
+    assert is_secret_key("adls.account-key") and is_secret_key("fs.s3a.access.key")
     assert not is_secret_key("bootstrap.servers")
 
 

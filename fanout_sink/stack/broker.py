@@ -15,14 +15,17 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from fanout_sink.errors import StackError
+from fanout_sink.java_kafka import jaas_quote
 from fanout_sink.stack import jars
 
 READY_LINE = "Kafka Server started"
+SASL_LISTENER = "SASL_CLIENT"
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256")
 _STATE_FILE = "broker.json"
 _LOG_FILE = "broker.log"
 
@@ -37,10 +40,19 @@ class BrokerState:
     cluster_id: str
     data_dir: str
     log_file: str
+    sasl_port: int | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class SaslUser:
+    """The one user a SASL broker accepts, by PLAIN and by SCRAM-SHA-256 (the password is not shown)."""
+
+    username: str
+    password: str = field(repr=False)
 
 
 def free_port() -> int:
@@ -60,6 +72,32 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def _usable(port: int | None, taken: tuple[int, ...]) -> int:
+    """``port`` when it is free and not one of ``taken``, else a free port that is neither."""
+    while port is None or port in taken or not port_is_free(port):
+        port = free_port()
+    return port
+
+
+def _sasl_properties(user: SaslUser) -> dict[str, str]:
+    """The SASL listener's mechanisms and JAAS configs. PLAIN checks ``user_<name>`` entries of its
+    JAAS config; SCRAM checks the credentials stored in the metadata log at format time."""
+    prefix = f"listener.name.{SASL_LISTENER.lower()}"
+    plain = f"org.apache.kafka.common.security.plain.PlainLoginModule required user_{user.username}="
+    return {
+        f"{prefix}.sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
+        f"{prefix}.plain.sasl.jaas.config": f"{plain}{jaas_quote(user.password)};",
+        f"{prefix}.scram-sha-256.sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        ),
+    }
+
+
+def _escape_property(value: str) -> str:
+    """A value for a Java properties file, where a backslash starts an escape."""
+    return value.replace("\\", "\\\\")
 
 
 def _new_cluster_id() -> str:
@@ -117,10 +155,19 @@ class KafkaBroker:
     is what fault-injection tests need to mimic a broker bounce.
     """
 
-    def __init__(self, work_dir: Path, port: int | None = None, controller_port: int | None = None) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        port: int | None = None,
+        controller_port: int | None = None,
+        sasl_user: SaslUser | None = None,
+    ) -> None:
+        """``sasl_user`` adds a SASL_PLAINTEXT client listener (PLAIN and SCRAM-SHA-256) that accepts
+        that user only; the PLAINTEXT listener stays for the controller, the broker itself and tools."""
         self.work_dir = work_dir.resolve()
         self._requested_port = port
         self._requested_controller_port = controller_port
+        self.sasl_user = sasl_user
         self._process: subprocess.Popen[bytes] | None = None
         self.state: BrokerState | None = None
 
@@ -131,10 +178,17 @@ class KafkaBroker:
         return self.state.bootstrap_servers
 
     @property
+    def sasl_bootstrap_servers(self) -> str:
+        """The SASL_PLAINTEXT listener's address (the broker was given a ``sasl_user``)."""
+        if self.state is None or self.state.sasl_port is None:
+            raise StackError("the broker has no SASL listener", "start it with sasl_user=SaslUser(...)")
+        return f"127.0.0.1:{self.state.sasl_port}"
+
+    @property
     def log_file(self) -> Path:
         return self.work_dir / _LOG_FILE
 
-    def _choose_ports(self) -> tuple[int, int]:
+    def _choose_ports(self) -> tuple[int, int, int | None]:
         previous = load_state(self.work_dir)
         port = self._requested_port or (previous.port if previous else None)
         cport = self._requested_controller_port or (previous.controller_port if previous else None)
@@ -145,26 +199,31 @@ class KafkaBroker:
                     f"port {wanted} on 127.0.0.1 is already taken",
                     f"stop the process holding it (`ss -ltnp 'sport = :{wanted}'`) or choose another port",
                 )
-        if port is None or not port_is_free(port):
-            port = free_port()
-        if cport is None or cport == port or not port_is_free(cport):
-            cport = free_port()
-            while cport == port:
-                cport = free_port()
-        return port, cport
+        port = _usable(port, taken=())
+        cport = _usable(cport, taken=(port,))
+        if self.sasl_user is None:
+            return port, cport, None
+        return port, cport, _usable(previous.sasl_port if previous else None, taken=(port, cport))
 
-    def _write_config(self, port: int, cport: int) -> Path:
+    def _write_config(self, port: int, cport: int, sasl_port: int | None) -> Path:
         data_dir = self.work_dir / "data"
         data_dir.mkdir(parents=True, exist_ok=True)
+        listeners = {"PLAINTEXT": port, "CONTROLLER": cport}
+        protocols = {"CONTROLLER": "PLAINTEXT", "PLAINTEXT": "PLAINTEXT"}
+        if sasl_port is not None:
+            listeners[SASL_LISTENER] = sasl_port
+            protocols[SASL_LISTENER] = "SASL_PLAINTEXT"
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{cport}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items()),
+            "advertised.listeners": ",".join(
+                f"{name}://127.0.0.1:{p}" for name, p in listeners.items() if name != "CONTROLLER"
+            ),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(f"{name}:{p}" for name, p in protocols.items()),
             "log.dirs": str(data_dir),
             "num.partitions": "3",
             "auto.create.topics.enable": "false",
@@ -179,8 +238,10 @@ class KafkaBroker:
             "log.cleaner.dedupe.buffer.size": "33554432",
             "log.flush.interval.messages": "9223372036854775807",
         }
+        if sasl_port is not None and self.sasl_user is not None:
+            props.update(_sasl_properties(self.sasl_user))
         path = self.work_dir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        path.write_text("".join(f"{k}={_escape_property(v)}\n" for k, v in props.items()))
         return path
 
     def start(self, timeout_s: float = 120.0) -> BrokerState:
@@ -197,14 +258,18 @@ class KafkaBroker:
         )
         classpath = str(jars.fetch(jars.KAFKA_BROKER) / "*")
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        port, cport = self._choose_ports()
-        config = self._write_config(port, cport)
+        port, cport, sasl_port = self._choose_ports()
+        config = self._write_config(port, cport, sasl_port)
         cluster_id = existing.cluster_id if existing else _new_cluster_id()
+        scram = []
+        if self.sasl_user is not None:
+            user = self.sasl_user
+            scram = ["--add-scram", f"SCRAM-SHA-256=[name={user.username},password={user.password}]"]
         log4j = resources.files("fanout_sink.stack").joinpath("log4j2-broker.properties")
         jvm = [java, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         fmt = subprocess.run(
             [*jvm, "-Xmx256m", "kafka.tools.StorageTool", "format", "-t", cluster_id,
-             "-c", str(config), "--ignore-formatted"],
+             "-c", str(config), "--ignore-formatted", *scram],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         if fmt.returncode != 0:
@@ -221,7 +286,7 @@ class KafkaBroker:
             )  # fmt: skip
         self.state = BrokerState(
             pid=self._process.pid, port=port, controller_port=cport, cluster_id=cluster_id,
-            data_dir=str(self.work_dir / "data"), log_file=str(self.log_file),
+            data_dir=str(self.work_dir / "data"), log_file=str(self.log_file), sasl_port=sasl_port,
         )  # fmt: skip
         self._wait_ready(log_offset, timeout_s)
         (self.work_dir / _STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2) + "\n")
