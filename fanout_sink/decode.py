@@ -6,6 +6,12 @@ Three formats (``source.format``):
   ``pyarrow.json.read_json`` in one call. Strings stay strings (Arrow's timestamp inference is
   undone: conversion parses timestamps per the table's column type). Only when the batch fails is
   each value parsed on its own, to isolate the bad ones; the good ones are parsed in one call again.
+  A value must be UTF-8 (not guessed: ``json.loads`` of bytes would read UTF-16 or UTF-32), hold no
+  ``NaN``/``Infinity`` (not JSON; Arrow's parser accepts them) nor unpaired surrogate escapes, and be
+  at most :data:`MAX_NESTING` levels deep: Arrow's parser overflows the C stack (a segfault) at about
+  20 000 levels and Python's recursion limit is near 1 000, so depth is measured before parsing.
+  Integers beyond int64 never reach Arrow's parser, which would make their whole column double and
+  round every large id in the batch; they are built from exact Python ints instead.
 * ``avro``: schemaless Avro with the writer schema from an ``.avsc`` file (``source.schema``).
 * ``confluent-avro``: Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
   body); schemas are fetched once per id with confluent-kafka's ``SchemaRegistryClient``.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +81,77 @@ def _empty() -> Decoded:
 
 # --------------------------------------------------------------------------------------------
 # JSON
+
+MAX_NESTING = 64
+"""Deepest JSON nesting (objects and arrays) a value may have; deeper values are dead-lettered."""
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BIG_INT = r"(?:^|[\[:,])\s*-?\d{19,}\s*(?:[\]},]|$)"
+"""An integer token of 19 or more digits: it may not fit int64 (a cheap, conservative test)."""
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+
+
+def _nesting(value: bytes) -> int:
+    """How deep objects and arrays nest in ``value`` (brackets inside strings do not count)."""
+    brackets = np.frombuffer(_STRING.sub(b"", value), dtype=np.uint8)
+    steps = np.zeros(len(brackets), dtype=np.int64)
+    steps[(brackets == ord("[")) | (brackets == ord("{"))] = 1
+    steps[(brackets == ord("]")) | (brackets == ord("}"))] = -1
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
+    """Indices of values with more opening brackets than :data:`MAX_NESTING` (depth then decides)."""
+    opening = pc.add(pc.count_substring(values, "["), pc.count_substring(values, "{"))
+    return np.flatnonzero(np.asarray(pc.greater(opening, MAX_NESTING).fill_null(False), dtype=bool))
+
+
+def _safe_for_arrow(values: pa.Array) -> bool:
+    """True when Arrow's JSON parser may see every value: UTF-8, shallow enough, no int beyond int64."""
+    try:
+        values.cast(pa.string())
+    except pa.ArrowInvalid:
+        return False
+    if pc.any(pc.match_substring_regex(values, _BIG_INT)).as_py():
+        return False
+    suspects = _may_nest_too_deep(values)
+    return all(_nesting(values[int(i)].as_py()) <= MAX_NESTING for i in suspects)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
+
+
+def parse_json_value(value: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
+    """One Kafka value -> ``(object, None)``, or ``(None, reason)`` when it is not a JSON object."""
+    if value is None:
+        return None, "value is null"
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, (
+            f"value is not UTF-8: byte 0x{value[exc.start]:02x} at offset {exc.start} ({exc.reason}); "
+            "producers must send JSON encoded as UTF-8"
+        )
+    if value.count(b"[") + value.count(b"{") > MAX_NESTING:
+        depth = _nesting(value)
+        if depth > MAX_NESTING:
+            return None, f"value nests {depth} levels deep; the limit is {MAX_NESTING}"
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        return None, f"invalid JSON: {exc}; producers must send one JSON object per message"
+    if not isinstance(obj, dict):
+        return None, f"value is a JSON {type(obj).__name__}, not an object"
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return None, (
+                f"value holds an unpaired surrogate escape (\\u{ord(exc.object[exc.start]):04x}), "
+                "which is no Unicode character; producers must send valid Unicode"
+            )
+    return obj, None
 
 
 def _without_timestamps(dtype: pa.DataType) -> pa.DataType:
@@ -141,6 +219,20 @@ def _has_timestamp(dtype: pa.DataType) -> bool:
     return not _without_timestamps(dtype).equals(dtype)
 
 
+def _has_non_finite(data: pa.Table | pa.Array) -> bool:
+    """Whether any float (at any depth) is NaN or infinite: Arrow's parser took a ``NaN`` literal."""
+    if isinstance(data, pa.Table):
+        return any(_has_non_finite(column.combine_chunks()) for column in data.columns)
+    dtype = data.type
+    if pa.types.is_floating(dtype):
+        return bool(pc.any(pc.invert(pc.is_finite(data))).as_py())
+    if pa.types.is_struct(dtype):
+        return any(_has_non_finite(pc.struct_field(data, i)) for i in range(dtype.num_fields))
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return _has_non_finite(data.flatten())
+    return False
+
+
 def _arrow_from_python(objects: Sequence[dict[str, Any]]) -> tuple[pa.Table, frozenset[str]]:
     """Columns from Python objects; a column whose values do not share a type becomes JSON text."""
     names: dict[str, None] = {}
@@ -184,14 +276,14 @@ class JsonDecoder:
         def python(indices: np.ndarray | None = None) -> Callable[[], list[Any]]:
             def load() -> list[Any]:
                 chosen = raw if indices is None else raw.take(pa.array(indices))
-                return [json.loads(v) for v in chosen.to_pylist() if v is not None]
+                return [json.loads(v.decode("utf-8")) for v in chosen.to_pylist() if v is not None]
 
             return load
 
-        if values.null_count == 0:
+        if values.null_count == 0 and _safe_for_arrow(values):
             try:
                 table = _read_json(_newline_joined(values), self._known)
-                if table.num_rows == n:
+                if table.num_rows == n and not _has_non_finite(table):
                     self._remember(table.schema)
                     return Decoded(table, np.arange(n, dtype=np.int64), _python=python())
             except (pa.ArrowInvalid, pa.ArrowTypeError):
@@ -207,56 +299,39 @@ class JsonDecoder:
         fields.update({f.name: f for f in schema})
         self._known = pa.schema(list(fields.values())) if len(fields) <= 1000 else schema
 
-    def _per_record(self, values: pa.Array) -> Decoded:
+    @staticmethod
+    def _parse_each(values: pa.Array) -> tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]:
+        """Every value on its own: (good indices, their objects, failures)."""
         good: list[int] = []
         objects: list[dict[str, Any]] = []
         failures: list[tuple[int, str]] = []
         for index, value in enumerate(values.to_pylist()):
-            try:
-                obj = json.loads(value) if value is not None else None
-            except (ValueError, UnicodeDecodeError) as exc:
-                failures.append(
-                    (index, f"invalid JSON: {exc}; producers must send one JSON object per message")
-                )
-                continue
-            if not isinstance(obj, dict):
-                failures.append((index, "value is not a JSON object"))
+            obj, reason = parse_json_value(value)
+            if obj is None:
+                failures.append((index, reason or "not a JSON object"))
                 continue
             good.append(index)
             objects.append(obj)
+        return good, objects, failures
+
+    def _per_record(self, values: pa.Array) -> Decoded:
+        good, objects, failures = self._parse_each(values)
         table, lossy = _arrow_from_python(objects)
         return Decoded(table, np.asarray(good, dtype=np.int64), failures, lossy=lossy, _python_cache=objects)
 
     def _isolate(self, values: pa.Array, python: Callable[[np.ndarray], Callable[[], list[Any]]]) -> Decoded:
-        good: list[int] = []
-        objects: list[dict[str, Any]] = []
-        failures: list[tuple[int, str]] = []
-        for index, value in enumerate(values.to_pylist()):
-            if value is None:
-                failures.append((index, "value is null"))
-                continue
-            try:
-                obj = json.loads(value)
-            except (ValueError, UnicodeDecodeError) as exc:
-                failures.append(
-                    (index, f"invalid JSON: {exc}; producers must send one JSON object per message")
-                )
-                continue
-            if not isinstance(obj, dict):
-                failures.append((index, f"value is a JSON {type(obj).__name__}, not an object"))
-                continue
-            good.append(index)
-            objects.append(obj)
+        good, objects, failures = self._parse_each(values)
         rows = np.asarray(good, dtype=np.int64)
         if not good:
             return Decoded(pa.table({}), rows, failures)
         good_values = values.take(pa.array(rows))
-        try:
-            table = _read_json(_newline_joined(good_values))
-            if table.num_rows == len(good):
-                return Decoded(table, rows, failures, _python_cache=objects)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            pass
+        if _safe_for_arrow(good_values):
+            try:
+                table = _read_json(_newline_joined(good_values))
+                if table.num_rows == len(good):
+                    return Decoded(table, rows, failures, _python_cache=objects)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass
         table, lossy = _arrow_from_python(objects)
         return Decoded(table, rows, failures, lossy=lossy, _python_cache=objects)
 
