@@ -70,6 +70,25 @@ class Decoded:
             self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
         return self._python_cache
 
+    def take(self, positions: np.ndarray) -> pa.Table:
+        """The records at ``positions``, lossy columns rebuilt from just those records' values.
+
+        A field whose type differs between records bound for different tables (a bad record's
+        string ``id`` next to good integer ids) then keeps its real type in each table; without
+        this, a dynamically created table took the JSON text type from its bad neighbours.
+        """
+        rows = self.records.take(pa.array(positions, pa.int64()))
+        if not self.lossy:
+            return rows
+        objects = self.python()
+        lossy = [name for name in rows.column_names if name in self.lossy]
+        rebuilt, _ = _arrow_from_python(
+            [{name: objects[p].get(name) for name in lossy} for p in positions.tolist()]
+        )
+        for name in lossy:
+            rows = rows.set_column(rows.column_names.index(name), name, rebuilt.column(name))
+        return rows
+
 
 class Decoder(Protocol):
     def __call__(self, values: pa.Array) -> Decoded: ...
