@@ -10,8 +10,10 @@ Three formats (``source.format``):
   ``NaN``/``Infinity`` (not JSON; Arrow's parser accepts them) nor unpaired surrogate escapes, and be
   at most :data:`MAX_NESTING` levels deep: Arrow's parser overflows the C stack (a segfault) at about
   20 000 levels and Python's recursion limit is near 1 000, so depth is measured before parsing.
-  Integers beyond int64 never reach Arrow's parser, which would make their whole column double and
-  round every large id in the batch; they are built from exact Python ints instead.
+  Only values that start as an object and hold no raw line break inside a string reach Arrow's
+  parser (a top-level ``null`` first in its input segfaults it; the newline join would turn the
+  line break into a space). Neither do integers beyond int64: Arrow would make their whole column
+  double and round every large id in the batch; they are built from exact Python ints instead.
 * ``avro``: schemaless Avro with the writer schema from an ``.avsc`` file (``source.schema``).
 * ``confluent-avro``: Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
   body); schemas are fetched once per id with confluent-kafka's ``SchemaRegistryClient``.
@@ -126,15 +128,38 @@ def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
 
 
 def _safe_for_arrow(values: pa.Array) -> bool:
-    """True when Arrow's JSON parser may see every value: UTF-8, shallow enough, no int beyond int64."""
+    """True when Arrow's JSON parser may see every value: UTF-8, an object (a ``null`` first in the
+    buffer segfaults it), shallow enough, no int beyond int64, no line break inside a string."""
     try:
         values.cast(pa.string())
     except pa.ArrowInvalid:
         return False
+    if not pc.all(pc.match_substring_regex(values, r"^[ \t\r\n]*\{")).as_py():
+        return False
     if pc.any(pc.match_substring_regex(values, _BIG_INT)).as_py():
         return False
     suspects = _may_nest_too_deep(values)
-    return all(_nesting(values[int(i)].as_py()) <= MAX_NESTING for i in suspects)
+    if any(_nesting(values[int(i)].as_py()) > MAX_NESTING for i in suspects):
+        return False
+    broken = np.flatnonzero(
+        np.asarray(pc.match_substring_regex(values, "[\r\n]").fill_null(False), dtype=bool)
+    )
+    return not any(_line_break_in_string(values[int(i)].as_py()) for i in broken)
+
+
+def _line_break_in_string(value: bytes) -> bool:
+    """A raw line break inside a string (invalid JSON) would be made a space by the newline join."""
+    return any(b"\n" in text or b"\r" in text for text in _STRING.findall(value))
+
+
+_JSON_KINDS = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 def _no_constant(name: str) -> Any:
@@ -161,7 +186,7 @@ def parse_json_value(value: bytes | None) -> tuple[dict[str, Any] | None, str | 
     except ValueError as exc:
         return None, f"invalid JSON: {exc}; producers must send one JSON object per message"
     if not isinstance(obj, dict):
-        return None, f"value is a JSON {type(obj).__name__}, not an object"
+        return None, f"value is a JSON {_JSON_KINDS.get(type(obj), 'value')}, not an object"
     if _SURROGATE_ESCAPE.search(text):
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
@@ -241,7 +266,7 @@ def _has_timestamp(dtype: pa.DataType) -> bool:
 def _has_non_finite(data: pa.Table | pa.Array) -> bool:
     """Whether any float (at any depth) is NaN or infinite: Arrow's parser took a ``NaN`` literal."""
     if isinstance(data, pa.Table):
-        return any(_has_non_finite(column.combine_chunks()) for column in data.columns)
+        return any(_has_non_finite(chunk) for column in data.columns for chunk in column.chunks)
     dtype = data.type
     if pa.types.is_floating(dtype):
         return bool(pc.any(pc.invert(pc.is_finite(data))).as_py())

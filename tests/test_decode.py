@@ -81,8 +81,8 @@ def test_json_bad_values_are_isolated() -> None:
     reasons = dict(decoded.failures)
     assert set(reasons) == {1, 2, 3, 5}
     assert reasons[1].startswith("invalid JSON")
-    assert reasons[2] == "value is a JSON list, not an object"
-    assert reasons[5] == "value is a JSON int, not an object"
+    assert reasons[2] == "value is a JSON array, not an object"
+    assert reasons[5] == "value is a JSON number, not an object"
 
 
 def test_json_mixed_types_are_kept_as_text_and_marked_lossy() -> None:
@@ -191,3 +191,22 @@ def test_integer_beyond_int64_does_not_round_its_neighbours() -> None:
     assert converted.rows.column("id").to_pylist() == [9007199254740993]
     ((position, column, reason),) = converted.failures
     assert (position, column) == (1, "id") and "123456789012345678901234567890" in reason
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"null", "value is a JSON null, not an object"),  # first in Arrow's input, it segfaulted
+        (b" \n null", "value is a JSON null, not an object"),
+        (b'{"k\r": "v"}', "invalid JSON: Invalid control character"),  # was read as key "k "
+        (b'{"k": "line\nbreak"}', "invalid JSON: Invalid control character"),
+    ],
+)
+def test_values_arrows_parser_mishandles_are_isolated(value: bytes, reason: str) -> None:
+    """Found by tests/test_properties.py: both decoding paths must agree with json.loads."""
+    for per_record in (False, True):
+        decoded = JsonDecoder(per_record=per_record)(pa.array([value, b'{"id": 1}', b'{"id": 2}']))
+        assert decoded.rows.tolist() == [1, 2]
+        assert decoded.records.column("id").to_pylist() == [1, 2]
+        ((index, got),) = decoded.failures
+        assert index == 0 and got.startswith(reason), got

@@ -110,8 +110,8 @@ CASES: tuple[BadRecord, ...] = (
     ),
     BadRecord("trailing garbage", _order() + b" trailing", "decode", "invalid JSON: Extra data"),
     BadRecord("two objects", _order() + _order(), "decode", "invalid JSON: Extra data"),
-    BadRecord("array, not an object", b"[1, 2, 3]", "decode", "value is a JSON list, not an object"),
-    BadRecord("string, not an object", b'"order"', "decode", "value is a JSON str, not an object"),
+    BadRecord("array, not an object", b"[1, 2, 3]", "decode", "value is a JSON array, not an object"),
+    BadRecord("string, not an object", b'"order"', "decode", "value is a JSON string, not an object"),
     BadRecord("empty value", b"", "decode", "invalid JSON: Expecting value"),
     BadRecord("NaN", _order()[:-1] + b', "amount": NaN}', "decode", "NaN is not a JSON value"),
     BadRecord(
