@@ -10,7 +10,16 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
-from corpus.bad_records import CLICKS, ORDERS, REPO, BadRecord, good_record, interleaved, sink_settings
+from corpus.bad_records import (
+    CLICKS,
+    ORDERS,
+    REPO,
+    BadRecord,
+    assert_dead_letter,
+    good_record,
+    interleaved,
+    sink_settings,
+)
 from procs.registry import Registry, wire
 
 from fanout_sink import deadletter
@@ -47,22 +56,6 @@ def _slice(entries: list[BadRecord | int], start: int = START) -> pa.Table:
     )
 
 
-def assert_dead_letter(letter: DeadLetter, case: BadRecord, offset: int) -> None:
-    """``letter`` is ``case``'s dead letter: original record, stage, reason, table, column, coordinates."""
-
-    def header(key: str) -> str | None:
-        return deadletter.header(letter, key)
-
-    reason = header(deadletter.REASON) or ""
-    assert header(deadletter.STAGE) == case.stage, case.name
-    assert case.reason in reason and len(reason) <= 4000, (case.name, reason[:300])
-    assert (header(deadletter.TABLE), header(deadletter.COLUMN)) == (case.table, case.column), case.name
-    assert header(deadletter.SOURCE_TOPIC) == TOPIC and header(deadletter.SOURCE_PARTITION) == str(PARTITION)
-    assert header(deadletter.SOURCE_OFFSET) == str(offset), case.name
-    assert (letter.key, letter.value) == (case.key, case.value), case.name
-    assert letter.headers[: len(case.headers)] == list(case.headers), case.name
-
-
 def _check_outcome(out: RoutedSlice, entries: list[BadRecord | int], start: int) -> None:
     bad = {start + i: e for i, e in enumerate(entries) if isinstance(e, BadRecord)}
     by_offset: dict[int, list[DeadLetter]] = {}
@@ -73,7 +66,7 @@ def _check_outcome(out: RoutedSlice, entries: list[BadRecord | int], start: int)
     assert set(by_offset) == set(bad), "dead letters only for bad records"
     for offset, case in bad.items():
         (letter,) = by_offset[offset]
-        assert_dead_letter(letter, case, offset)
+        assert_dead_letter(letter, case, TOPIC, PARTITION, offset)
     goods = [(*good_record(e), e) for e in entries if isinstance(e, int)]
     for table in (ORDERS, CLICKS):
         expected = sorted(i for _, t, i in goods if t == table)
@@ -178,5 +171,15 @@ def test_confluent_avro_unknown_schema_ids_and_broken_frames(
     assert out.tables[ORDERS].rows.column("id").to_pylist() == list(range(len(AVRO_CASES)))
     assert len(out.dead_letters) == len(AVRO_CASES)
     for i, (letter, case) in enumerate(zip(out.dead_letters, AVRO_CASES, strict=True)):
-        assert_dead_letter(letter, case, START + 2 * i + 1)
+        assert_dead_letter(letter, case, TOPIC, PARTITION, START + 2 * i + 1)
     assert f"/schemas/ids/{UNKNOWN_ID}" in " ".join(registry.requests)
+
+
+def test_record_error_is_recovered_from_sparks_text() -> None:
+    """Raised on an executor, the error reaches the driver as text inside Spark's own exception."""
+    error = RecordError("shop-events.v1", 1, 41, "convert", "column 'id': cannot convert 'x' (table a.b)")
+    spark_text = f"Job aborted.\nTraceback (most recent call last):\n  ...\nfanout_sink.errors.{type(error).__name__}: {error}\n\tat org.apache.spark..."
+    found = RecordError.find(spark_text)
+    assert found is not None and str(found) == str(error)
+    assert (found.topic, found.partition, found.offset, found.stage) == ("shop-events.v1", 1, 41, "convert")
+    assert RecordError.find("Job aborted: java.lang.OutOfMemoryError") is None

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fanout_sink import deadletter
+from fanout_sink.records import DeadLetter
+
 REPO = Path(__file__).resolve().parents[2]
 ORDERS = "shop.orders"
 CLICKS = "raw.click"
@@ -210,3 +213,19 @@ def interleaved(cases: tuple[BadRecord, ...] = CASES) -> list[BadRecord | int]:
     for i, case in enumerate(cases, start=1):
         entries += [case, i]
     return entries
+
+
+def assert_dead_letter(letter: DeadLetter, case: BadRecord, topic: str, partition: int, offset: int) -> None:
+    """``letter`` is ``case``'s dead letter: original record, stage, reason, table, column, coordinates."""
+
+    def header(key: str) -> str | None:
+        return deadletter.header(letter, key)
+
+    reason = header(deadletter.REASON) or ""
+    assert header(deadletter.STAGE) == case.stage, case.name
+    assert case.reason in reason and len(reason) <= 4000, (case.name, reason[:300])
+    assert (header(deadletter.TABLE), header(deadletter.COLUMN)) == (case.table, case.column), case.name
+    assert header(deadletter.SOURCE_TOPIC) == topic and header(deadletter.SOURCE_PARTITION) == str(partition)
+    assert header(deadletter.SOURCE_OFFSET) == str(offset), case.name
+    assert (letter.key, letter.value) == (case.key, case.value), case.name
+    assert letter.headers[: len(case.headers)] == list(case.headers), case.name
