@@ -109,6 +109,7 @@ MAX_NESTING = 64
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _BIG_INT = r"(?:^|[\[:,])\s*-?\d{19,}\s*(?:[\]},]|$)"
 """An integer token of 19 or more digits: it may not fit int64 (a cheap, conservative test)."""
+_BIG_INT_TOKEN = re.compile(_BIG_INT.encode())
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
 
 
@@ -129,22 +130,27 @@ def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
 
 def _safe_for_arrow(values: pa.Array) -> bool:
     """True when Arrow's JSON parser may see every value: UTF-8, an object (a ``null`` first in the
-    buffer segfaults it), shallow enough, no int beyond int64, no line break inside a string."""
+    buffer segfaults it), shallow enough, no int beyond int64, no line break inside a string.
+
+    Whole-batch kernels pick the few suspects; only those are looked at one by one.
+    """
     try:
         values.cast(pa.string())
     except pa.ArrowInvalid:
         return False
     if not pc.all(pc.match_substring_regex(values, r"^[ \t\r\n]*\{")).as_py():
         return False
-    if pc.any(pc.match_substring_regex(values, _BIG_INT)).as_py():
-        return False
-    suspects = _may_nest_too_deep(values)
-    if any(_nesting(values[int(i)].as_py()) > MAX_NESTING for i in suspects):
-        return False
-    broken = np.flatnonzero(
-        np.asarray(pc.match_substring_regex(values, "[\r\n]").fill_null(False), dtype=bool)
+    big_or_broken = pc.match_substring_regex(values, _BIG_INT + r"|[\r\n]").fill_null(False)
+    suspects = np.union1d(np.flatnonzero(np.asarray(big_or_broken, dtype=bool)), _may_nest_too_deep(values))
+    return not any(_unsafe(values[int(i)].as_py()) for i in suspects)
+
+
+def _unsafe(value: bytes) -> bool:
+    return (
+        _BIG_INT_TOKEN.search(value) is not None
+        or _line_break_in_string(value)
+        or _nesting(value) > MAX_NESTING
     )
-    return not any(_line_break_in_string(values[int(i)].as_py()) for i in broken)
 
 
 def _line_break_in_string(value: bytes) -> bool:
@@ -166,6 +172,10 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+"""One decoder for every value (``json.loads`` with options builds a new one per call)."""
+
+
 def parse_json_value(value: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
     """One Kafka value -> ``(object, None)``, or ``(None, reason)`` when it is not a JSON object."""
     if value is None:
@@ -182,7 +192,7 @@ def parse_json_value(value: bytes | None) -> tuple[dict[str, Any] | None, str | 
         if depth > MAX_NESTING:
             return None, f"value nests {depth} levels deep; the limit is {MAX_NESTING}"
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = _DECODER.decode(text)
     except ValueError as exc:
         return None, f"invalid JSON: {exc}; producers must send one JSON object per message"
     if not isinstance(obj, dict):
@@ -240,7 +250,7 @@ def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
     if known is not None:
         try:
             options = pa_json.ParseOptions(explicit_schema=known, unexpected_field_behavior="infer")
-            table = pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+            table = _arrow_read(buffer, options)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass
         else:
@@ -251,12 +261,20 @@ def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
                     if name in table.column_names and table.column(name).null_count == table.num_rows
                 ]
                 return table.drop_columns(empty) if empty else table
-    table = pa_json.read_json(pa.BufferReader(buffer))
+    table = _arrow_read(buffer)
     schema = pa.schema([f.with_type(_without_timestamps(f.type)) for f in table.schema])
     if schema.equals(table.schema):
         return table
-    options = pa_json.ParseOptions(explicit_schema=schema)
-    return pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+    return _arrow_read(buffer, pa_json.ParseOptions(explicit_schema=schema))
+
+
+def _arrow_read(buffer: pa.Buffer, options: pa_json.ParseOptions | None = None) -> pa.Table:
+    """Arrow's JSON reader, refusing what it builds wrong: a list with a null before its other
+    elements (``[null, false]``, ``[null, null]``) becomes an invalid array whose offsets pass the
+    end of its values, which crashes whatever reads it next. Validating costs microseconds."""
+    table = pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+    table.validate()  # raises ArrowInvalid; the caller parses the values another way
+    return table
 
 
 def _has_timestamp(dtype: pa.DataType) -> bool:
@@ -369,7 +387,8 @@ class JsonDecoder:
         if not good:
             return Decoded(pa.table({}), rows, failures)
         good_values = values.take(pa.array(rows))
-        if _safe_for_arrow(good_values):
+        # json.loads has vetted each good value for Arrow's parser but for integers beyond int64.
+        if not pc.any(pc.match_substring_regex(good_values, _BIG_INT)).as_py():
             try:
                 table = _read_json(_newline_joined(good_values))
                 if table.num_rows == len(good):

@@ -210,3 +210,12 @@ def test_values_arrows_parser_mishandles_are_isolated(value: bytes, reason: str)
         assert decoded.records.column("id").to_pylist() == [1, 2]
         ((index, got),) = decoded.failures
         assert index == 0 and got.startswith(reason), got
+
+
+def test_lists_starting_with_null_do_not_become_invalid_arrays() -> None:
+    """Arrow's JSON reader builds ``[null, false]`` as a list array whose offsets pass its values' end."""
+    values = pa.array([b'{"a": [null, false], "b": {"c": [[null, null]]}}', b'{"a": []}'])
+    decoded = JsonDecoder()(values)
+    decoded.records.validate(full=True)
+    assert decoded.records.column("a").to_pylist() == [[None, False], []]
+    assert decoded.python()[0]["b"] == {"c": [[None, None]]}
