@@ -3,7 +3,9 @@
 Each :class:`BadRecord` is the raw Kafka record (key, value, headers) and what the sink must make
 of it: the dead-letter stage and a substring of the reason (plus the table and column where the
 failure belongs to one). The unit test (tests/test_bad_input.py) runs every case through the real
-slice processor; the app test (tests/test_bad_input_app.py) produces them to a real topic.
+slice processor; the app test (tests/test_bad_input_app.py) produces them to a real topic; both
+check each dead letter with :func:`assert_dead_letter`. The Confluent Avro cases (unknown schema
+ids, broken frames) live in tests/test_bad_input.py, next to the Schema Registry they need.
 
 Both use the sink of :func:`sink_settings`: JSON values; ``type == 'order'`` goes to the static
 table ``shop.orders`` (schemas/tables/orders.avsc: ``id`` and ``ts`` required, ``total`` a
