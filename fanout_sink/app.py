@@ -33,7 +33,7 @@ from fanout_sink import channel, offsets, progress, source_offsets
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.coordinator import Coordinator
-from fanout_sink.errors import FanoutSinkError
+from fanout_sink.errors import FanoutSinkError, RecordError
 from fanout_sink.java_kafka import spark_kafka_options
 from fanout_sink.records import RAW_RECORD_SCHEMA
 from fanout_sink.worker import SliceResult, SliceWorker
@@ -185,6 +185,8 @@ class SinkApp:
         self._processor: Any = None
         self._coordinator: Coordinator | None = None
         self.batches_done = 0
+        self.record_error: RecordError | None = None
+        """The bad record that stopped the query (``errors.tolerance: none``), raised by :meth:`run`."""
 
     # planning and recovery
 
@@ -290,6 +292,10 @@ class SinkApp:
                     results = self._run_batch(frame, ranges)
                     break
                 except Exception as exc:
+                    # A bad record under errors.tolerance: none fails the same way on every retry.
+                    self.record_error = RecordError.find(str(exc))
+                    if self.record_error is not None:
+                        raise self.record_error from exc
                     if attempt == self.options.batch_retries or isinstance(exc, FanoutSinkError):
                         raise
                     log.warning("batch %d attempt %d failed (%s); retrying the batch", batch_id, attempt, exc)
@@ -393,6 +399,10 @@ class SinkApp:
         self._query = writer.start()
         try:
             self._query.awaitTermination()
+        except Exception:
+            if self.record_error is not None:  # the operator needs the record, not Spark's traces
+                raise self.record_error from None
+            raise
         finally:
             self._stop_coordinator()
         return 0

@@ -6,6 +6,14 @@ Three formats (``source.format``):
   ``pyarrow.json.read_json`` in one call. Strings stay strings (Arrow's timestamp inference is
   undone: conversion parses timestamps per the table's column type). Only when the batch fails is
   each value parsed on its own, to isolate the bad ones; the good ones are parsed in one call again.
+  A value must be UTF-8 (not guessed: ``json.loads`` of bytes would read UTF-16 or UTF-32), hold no
+  ``NaN``/``Infinity`` (not JSON; Arrow's parser accepts them) nor unpaired surrogate escapes, and be
+  at most :data:`MAX_NESTING` levels deep: Arrow's parser overflows the C stack (a segfault) at about
+  20 000 levels and Python's recursion limit is near 1 000, so depth is measured before parsing.
+  Only values that start as an object and hold no raw line break inside a string reach Arrow's
+  parser (a top-level ``null`` first in its input segfaults it; the newline join would turn the
+  line break into a space). Neither do integers beyond int64: Arrow would make their whole column
+  double and round every large id in the batch; they are built from exact Python ints instead.
 * ``avro``: schemaless Avro with the writer schema from an ``.avsc`` file (``source.schema``).
 * ``confluent-avro``: Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
   body); schemas are fetched once per id with confluent-kafka's ``SchemaRegistryClient``.
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +72,25 @@ class Decoded:
             self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
         return self._python_cache
 
+    def take(self, positions: np.ndarray) -> pa.Table:
+        """The records at ``positions``, lossy columns rebuilt from just those records' values.
+
+        A field whose type differs between records bound for different tables (a bad record's
+        string ``id`` next to good integer ids) then keeps its real type in each table; without
+        this, a dynamically created table took the JSON text type from its bad neighbours.
+        """
+        rows = self.records.take(pa.array(positions, pa.int64()))
+        if not self.lossy:
+            return rows
+        objects = self.python()
+        lossy = [name for name in rows.column_names if name in self.lossy]
+        rebuilt, _ = _arrow_from_python(
+            [{name: objects[p].get(name) for name in lossy} for p in positions.tolist()]
+        )
+        for name in lossy:
+            rows = rows.set_column(rows.column_names.index(name), name, rebuilt.column(name))
+        return rows
+
 
 class Decoder(Protocol):
     def __call__(self, values: pa.Array) -> Decoded: ...
@@ -74,6 +102,110 @@ def _empty() -> Decoded:
 
 # --------------------------------------------------------------------------------------------
 # JSON
+
+MAX_NESTING = 64
+"""Deepest JSON nesting (objects and arrays) a value may have; deeper values are dead-lettered."""
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BIG_INT = r"(?:^|[\[:,])\s*-?\d{19,}\s*(?:[\]},]|$)"
+"""An integer token of 19 or more digits: it may not fit int64 (a cheap, conservative test)."""
+_BIG_INT_TOKEN = re.compile(_BIG_INT.encode())
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+
+
+def _nesting(value: bytes) -> int:
+    """How deep objects and arrays nest in ``value`` (brackets inside strings do not count)."""
+    brackets = np.frombuffer(_STRING.sub(b"", value), dtype=np.uint8)
+    steps = np.zeros(len(brackets), dtype=np.int64)
+    steps[(brackets == ord("[")) | (brackets == ord("{"))] = 1
+    steps[(brackets == ord("]")) | (brackets == ord("}"))] = -1
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
+    """Indices of values with more opening brackets than :data:`MAX_NESTING` (depth then decides)."""
+    opening = pc.add(pc.count_substring(values, "["), pc.count_substring(values, "{"))
+    return np.flatnonzero(np.asarray(pc.greater(opening, MAX_NESTING).fill_null(False), dtype=bool))
+
+
+def _safe_for_arrow(values: pa.Array) -> bool:
+    """True when Arrow's JSON parser may see every value: UTF-8, an object (a ``null`` first in the
+    buffer segfaults it), shallow enough, no int beyond int64, no line break inside a string.
+
+    Whole-batch kernels pick the few suspects; only those are looked at one by one.
+    """
+    try:
+        values.cast(pa.string())
+    except pa.ArrowInvalid:
+        return False
+    if not pc.all(pc.match_substring_regex(values, r"^[ \t\r\n]*\{")).as_py():
+        return False
+    big_or_broken = pc.match_substring_regex(values, _BIG_INT + r"|[\r\n]").fill_null(False)
+    suspects = np.union1d(np.flatnonzero(np.asarray(big_or_broken, dtype=bool)), _may_nest_too_deep(values))
+    return not any(_unsafe(values[int(i)].as_py()) for i in suspects)
+
+
+def _unsafe(value: bytes) -> bool:
+    return (
+        _BIG_INT_TOKEN.search(value) is not None
+        or _line_break_in_string(value)
+        or _nesting(value) > MAX_NESTING
+    )
+
+
+def _line_break_in_string(value: bytes) -> bool:
+    """A raw line break inside a string (invalid JSON) would be made a space by the newline join."""
+    return any(b"\n" in text or b"\r" in text for text in _STRING.findall(value))
+
+
+_JSON_KINDS = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+"""One decoder for every value (``json.loads`` with options builds a new one per call)."""
+
+
+def parse_json_value(value: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
+    """One Kafka value -> ``(object, None)``, or ``(None, reason)`` when it is not a JSON object."""
+    if value is None:
+        return None, "value is null"
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, (
+            f"value is not UTF-8: byte 0x{value[exc.start]:02x} at offset {exc.start} ({exc.reason}); "
+            "producers must send JSON encoded as UTF-8"
+        )
+    if value.count(b"[") + value.count(b"{") > MAX_NESTING:
+        depth = _nesting(value)
+        if depth > MAX_NESTING:
+            return None, f"value nests {depth} levels deep; the limit is {MAX_NESTING}"
+    try:
+        obj = _DECODER.decode(text)
+    except ValueError as exc:
+        return None, f"invalid JSON: {exc}; producers must send one JSON object per message"
+    if not isinstance(obj, dict):
+        return None, f"value is a JSON {_JSON_KINDS.get(type(obj), 'value')}, not an object"
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return None, (
+                f"value holds an unpaired surrogate escape (\\u{ord(exc.object[exc.start]):04x}), "
+                "which is no Unicode character; producers must send valid Unicode"
+            )
+    return obj, None
 
 
 def _without_timestamps(dtype: pa.DataType) -> pa.DataType:
@@ -118,7 +250,7 @@ def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
     if known is not None:
         try:
             options = pa_json.ParseOptions(explicit_schema=known, unexpected_field_behavior="infer")
-            table = pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+            table = _arrow_read(buffer, options)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass
         else:
@@ -129,16 +261,38 @@ def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
                     if name in table.column_names and table.column(name).null_count == table.num_rows
                 ]
                 return table.drop_columns(empty) if empty else table
-    table = pa_json.read_json(pa.BufferReader(buffer))
+    table = _arrow_read(buffer)
     schema = pa.schema([f.with_type(_without_timestamps(f.type)) for f in table.schema])
     if schema.equals(table.schema):
         return table
-    options = pa_json.ParseOptions(explicit_schema=schema)
-    return pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+    return _arrow_read(buffer, pa_json.ParseOptions(explicit_schema=schema))
+
+
+def _arrow_read(buffer: pa.Buffer, options: pa_json.ParseOptions | None = None) -> pa.Table:
+    """Arrow's JSON reader, refusing what it builds wrong: a list with a null before its other
+    elements (``[null, false]``, ``[null, null]``) becomes an invalid array whose offsets pass the
+    end of its values, which crashes whatever reads it next. Validating costs microseconds."""
+    table = pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+    table.validate()  # raises ArrowInvalid; the caller parses the values another way
+    return table
 
 
 def _has_timestamp(dtype: pa.DataType) -> bool:
     return not _without_timestamps(dtype).equals(dtype)
+
+
+def _has_non_finite(data: pa.Table | pa.Array) -> bool:
+    """Whether any float (at any depth) is NaN or infinite: Arrow's parser took a ``NaN`` literal."""
+    if isinstance(data, pa.Table):
+        return any(_has_non_finite(chunk) for column in data.columns for chunk in column.chunks)
+    dtype = data.type
+    if pa.types.is_floating(dtype):
+        return bool(pc.any(pc.invert(pc.is_finite(data))).as_py())
+    if pa.types.is_struct(dtype):
+        return any(_has_non_finite(pc.struct_field(data, i)) for i in range(dtype.num_fields))
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return _has_non_finite(data.flatten())
+    return False
 
 
 def _arrow_from_python(objects: Sequence[dict[str, Any]]) -> tuple[pa.Table, frozenset[str]]:
@@ -184,14 +338,14 @@ class JsonDecoder:
         def python(indices: np.ndarray | None = None) -> Callable[[], list[Any]]:
             def load() -> list[Any]:
                 chosen = raw if indices is None else raw.take(pa.array(indices))
-                return [json.loads(v) for v in chosen.to_pylist() if v is not None]
+                return [json.loads(v.decode("utf-8")) for v in chosen.to_pylist() if v is not None]
 
             return load
 
-        if values.null_count == 0:
+        if values.null_count == 0 and _safe_for_arrow(values):
             try:
                 table = _read_json(_newline_joined(values), self._known)
-                if table.num_rows == n:
+                if table.num_rows == n and not _has_non_finite(table):
                     self._remember(table.schema)
                     return Decoded(table, np.arange(n, dtype=np.int64), _python=python())
             except (pa.ArrowInvalid, pa.ArrowTypeError):
@@ -207,56 +361,40 @@ class JsonDecoder:
         fields.update({f.name: f for f in schema})
         self._known = pa.schema(list(fields.values())) if len(fields) <= 1000 else schema
 
-    def _per_record(self, values: pa.Array) -> Decoded:
+    @staticmethod
+    def _parse_each(values: pa.Array) -> tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]:
+        """Every value on its own: (good indices, their objects, failures)."""
         good: list[int] = []
         objects: list[dict[str, Any]] = []
         failures: list[tuple[int, str]] = []
         for index, value in enumerate(values.to_pylist()):
-            try:
-                obj = json.loads(value) if value is not None else None
-            except (ValueError, UnicodeDecodeError) as exc:
-                failures.append(
-                    (index, f"invalid JSON: {exc}; producers must send one JSON object per message")
-                )
-                continue
-            if not isinstance(obj, dict):
-                failures.append((index, "value is not a JSON object"))
+            obj, reason = parse_json_value(value)
+            if obj is None:
+                failures.append((index, reason or "not a JSON object"))
                 continue
             good.append(index)
             objects.append(obj)
+        return good, objects, failures
+
+    def _per_record(self, values: pa.Array) -> Decoded:
+        good, objects, failures = self._parse_each(values)
         table, lossy = _arrow_from_python(objects)
         return Decoded(table, np.asarray(good, dtype=np.int64), failures, lossy=lossy, _python_cache=objects)
 
     def _isolate(self, values: pa.Array, python: Callable[[np.ndarray], Callable[[], list[Any]]]) -> Decoded:
-        good: list[int] = []
-        objects: list[dict[str, Any]] = []
-        failures: list[tuple[int, str]] = []
-        for index, value in enumerate(values.to_pylist()):
-            if value is None:
-                failures.append((index, "value is null"))
-                continue
-            try:
-                obj = json.loads(value)
-            except (ValueError, UnicodeDecodeError) as exc:
-                failures.append(
-                    (index, f"invalid JSON: {exc}; producers must send one JSON object per message")
-                )
-                continue
-            if not isinstance(obj, dict):
-                failures.append((index, f"value is a JSON {type(obj).__name__}, not an object"))
-                continue
-            good.append(index)
-            objects.append(obj)
+        good, objects, failures = self._parse_each(values)
         rows = np.asarray(good, dtype=np.int64)
         if not good:
             return Decoded(pa.table({}), rows, failures)
         good_values = values.take(pa.array(rows))
-        try:
-            table = _read_json(_newline_joined(good_values))
-            if table.num_rows == len(good):
-                return Decoded(table, rows, failures, _python_cache=objects)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            pass
+        # json.loads has vetted each good value for Arrow's parser but for integers beyond int64.
+        if not pc.any(pc.match_substring_regex(good_values, _BIG_INT)).as_py():
+            try:
+                table = _read_json(_newline_joined(good_values))
+                if table.num_rows == len(good):
+                    return Decoded(table, rows, failures, _python_cache=objects)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass
         table, lossy = _arrow_from_python(objects)
         return Decoded(table, rows, failures, lossy=lossy, _python_cache=objects)
 

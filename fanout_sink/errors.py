@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class FanoutSinkError(Exception):
     """Base of every error raised by fanout_sink on purpose."""
@@ -96,7 +98,16 @@ class ConfigError(FanoutSinkError):
 
 
 class RecordError(FanoutSinkError):
-    """A record could not be decoded, routed or converted and ``errors.tolerance`` is ``none``."""
+    """A record could not be decoded, routed or converted and ``errors.tolerance`` is ``none``.
+
+    Raised on an executor, it reaches the driver only as text inside Spark's exception;
+    :meth:`find` recovers it from there, so the app can stop with this message instead of a trace.
+    """
+
+    _PATTERN = re.compile(
+        r"RecordError: record (?P<topic>[^\s\[]+)\[(?P<partition>\d+)\]@(?P<offset>\d+) "
+        r"failed at (?P<stage>\w+): (?P<reason>[^\n]*)"
+    )
 
     def __init__(self, topic: str, partition: int, offset: int, stage: str, reason: str) -> None:
         self.topic = topic
@@ -106,8 +117,20 @@ class RecordError(FanoutSinkError):
         self.reason = reason
         super().__init__(
             f"record {topic}[{partition}]@{offset} failed at {stage}: {reason}\n"
+            f"  the sink stopped: nothing at or after offset {offset} of {topic}[{partition}] was committed, "
+            "and a restart resumes at this record\n"
             "  fix: correct the producer or the sink's config, or set errors.tolerance: all with a "
             "dead-letter.topic to divert such records"
+        )
+
+    @classmethod
+    def find(cls, text: str) -> RecordError | None:
+        """The first record error named in ``text`` (e.g. a Spark task failure), or None."""
+        match = cls._PATTERN.search(text)
+        if match is None:
+            return None
+        return cls(
+            match["topic"], int(match["partition"]), int(match["offset"]), match["stage"], match["reason"]
         )
 
 

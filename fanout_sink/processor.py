@@ -163,7 +163,7 @@ class RoutingProcessor:
             rows, kept, bad = self._projection(settings.select).apply(view, positions, self.vectorised)
             failures.extend(_Failure(int(decoded.rows[p]), "route", r, table=name) for p, r in bad)
         else:
-            rows = decoded.records.take(pa.array(positions, pa.int64()))
+            rows = decoded.take(positions)
             kept = positions
         if rows.num_rows == 0:
             return

@@ -14,113 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from confluent_kafka import Producer
+from procs.sink_app import SinkRun, child_env
 
-from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.sample_data import shop_events
+from fanout_sink.catalog import CatalogSettings
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
-
-STATIC = {"shop.orders": "order", "shop.payments": "payment", "shop.clicks": "click"}
-DYNAMIC = {"raw.order": "order", "raw.payment": "payment", "raw.click": "click"}
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for an app in a child process. The test session's own Spark exports its
-    gateway port and secret; a child that inherits them attaches to that JVM instead of its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
-    env["PYTHONFAULTHANDLER"] = "1"
-    return {**env, **(extra or {})}
-
-
-class SinkRun:
-    """One sink under test: its topics, config file, produced ids and how to run the app."""
-
-    def __init__(
-        self,
-        tmp_path: Path,
-        bootstrap: str,
-        settings: CatalogSettings,
-        make_topic: Callable[..., str],
-        topics: dict[str, str] | None = None,
-        commit_interval: str = "2s",
-    ):
-        self.tmp_path = tmp_path
-        self.bootstrap = bootstrap
-        self.settings = settings
-        self.name = f"sink-{uuid.uuid4().hex[:6]}"
-        self.topics = topics or {
-            "orders": make_topic("orders", partitions=3),
-            "clicks": make_topic("clicks", partitions=2),
-        }
-        self.expected: dict[str, set[str]] = {}
-        self.produced = 0
-        self.config = tmp_path / "sink.yaml"
-        self.config.write_text(
-            yaml.safe_dump(
-                {
-                    "name": self.name,
-                    "kafka": {"bootstrap.servers": bootstrap},
-                    "source": {"topics": sorted(self.topics.values()), "format": "json"},
-                    "control": {"topic": f"{self.name}-control", "commit-interval": commit_interval},
-                    "catalog": settings.model_dump(),
-                    "tables": {table: {"when": f"type == '{kind}'"} for table, kind in STATIC.items()},
-                    "dynamic": {
-                        "table": "join('.', ['raw', type])",
-                        "allow": "^raw\\.[a-z]+$",
-                        "auto-create": True,
-                        "applies-to": "all",
-                    },
-                    "spark": {"checkpoint-location": str(tmp_path / "checkpoints"), "master": "local[2]"},
-                }
-            )
-        )
-
-    def produce(self, count: int) -> None:
-        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.name}-source"})
-        producer.init_transactions(30)
-        producer.begin_transaction()
-        for event in shop_events(count, start=self.produced):
-            producer.produce(self.topics[event.topic], key=event.key, value=event.value)
-            kind = event.key.decode().split("-")[0]
-            for table, wanted in {**STATIC, **DYNAMIC}.items():
-                if wanted == kind:
-                    self.expected.setdefault(table, set()).add(event.key.decode())
-            producer.poll(0)
-        producer.commit_transaction(60)
-        self.produced += count
-
-    def command(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(self.config), *args]
-
-    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 420) -> str:
-        result = subprocess.run(
-            self.command(*args),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            env=child_env(env),
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
-        return result.stderr
-
-    def table_ids(self) -> dict[str, list[str]]:
-        catalog = load_catalog(self.settings)
-        return {
-            table: sorted(
-                catalog.load_table(table).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
-            )
-            for table in self.expected
-        }
-
-    def assert_exact(self) -> None:
-        got = self.table_ids()
-        for table, ids in self.expected.items():
-            duplicates = len(got[table]) - len(set(got[table]))
-            assert duplicates == 0, f"{table}: {duplicates} duplicate rows"
-            assert set(got[table]) == ids, f"{table}: missing {len(ids - set(got[table]))}"
 
 
 @pytest.fixture

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import io
 import json
-import struct
-import threading
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pyarrow as pa
 import pytest
+from procs.registry import Registry, wire
 
-from fanout_sink.decode import AvroDecoder, ConfluentAvroDecoder, JsonDecoder, avro_to_arrow_schema
+from fanout_sink.convert import convert
+from fanout_sink.decode import (
+    MAX_NESTING,
+    AvroDecoder,
+    ConfluentAvroDecoder,
+    JsonDecoder,
+    avro_to_arrow_schema,
+)
 
 ORDER_SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -76,8 +81,8 @@ def test_json_bad_values_are_isolated() -> None:
     reasons = dict(decoded.failures)
     assert set(reasons) == {1, 2, 3, 5}
     assert reasons[1].startswith("invalid JSON")
-    assert reasons[2] == "value is a JSON list, not an object"
-    assert reasons[5] == "value is a JSON int, not an object"
+    assert reasons[2] == "value is a JSON array, not an object"
+    assert reasons[5] == "value is a JSON number, not an object"
 
 
 def test_json_mixed_types_are_kept_as_text_and_marked_lossy() -> None:
@@ -104,61 +109,21 @@ def test_avro_with_schema_file(tmp_path: Path) -> None:
     assert decoded.records.schema.field("customer").nullable is True
 
 
-class _Registry:
-    """A minimal Schema Registry HTTP endpoint (GET /schemas/ids/<id>) for the real client to call."""
-
-    def __init__(self, schemas: dict[int, dict[str, Any]]) -> None:
-        self.schemas = schemas
-        self.requests: list[str] = []
-        registry = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                registry.requests.append(self.path)
-                parts = self.path.split("?")[0].strip("/").split("/")
-                if len(parts) >= 3 and parts[:2] == ["schemas", "ids"] and int(parts[2]) in registry.schemas:
-                    body = json.dumps({"schema": json.dumps(registry.schemas[int(parts[2])])}).encode()
-                    self.send_response(200)
-                else:
-                    body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
-                    self.send_response(404)
-                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def registry() -> Iterator[_Registry]:
-    reg = _Registry({7: ORDER_SCHEMA})
+def registry() -> Iterator[Registry]:
+    reg = Registry({7: ORDER_SCHEMA})
     yield reg
     reg.close()
 
 
-def _wire(schema_id: int, payload: bytes) -> bytes:
-    return b"\x00" + struct.pack(">I", schema_id) + payload
-
-
-def test_confluent_avro_resolves_and_caches_schema(registry: _Registry) -> None:
+def test_confluent_avro_resolves_and_caches_schema(registry: Registry) -> None:
     decoder = ConfluentAvroDecoder({"url": registry.url})
     values = pa.array(
         [
-            _wire(7, _avro(ORDER_SCHEMA, _order(1))),
+            wire(7, _avro(ORDER_SCHEMA, _order(1))),
             b"\x01plain",
-            _wire(99, b"\x00"),
-            _wire(7, _avro(ORDER_SCHEMA, _order(2))),
+            wire(99, b"\x00"),
+            wire(7, _avro(ORDER_SCHEMA, _order(2))),
         ]
     )
     decoded = decoder(values)
@@ -168,5 +133,89 @@ def test_confluent_avro_resolves_and_caches_schema(registry: _Registry) -> None:
     assert "not Confluent wire format" in reasons[1]
     assert reasons[2].startswith("unknown schema id 99 in the Schema Registry")
     asked = len(registry.requests)
-    decoder(pa.array([_wire(7, _avro(ORDER_SCHEMA, _order(3)))]))
+    decoder(pa.array([wire(7, _avro(ORDER_SCHEMA, _order(3)))]))
     assert len(registry.requests) == asked  # cached per id
+
+
+@pytest.mark.parametrize("per_record", [False, True])
+def test_json_value_must_be_utf8_not_guessed(per_record: bool) -> None:
+    """json.loads of bytes guesses UTF-16 from a BOM or NULs; the sink takes UTF-8 only, and says where."""
+    utf16 = '{"id": 2}'.encode("utf-16")  # starts with the BOM \xff\xfe
+    latin1 = '{"id": 3, "name": "café"}'.encode("latin-1")
+    decoded = JsonDecoder(per_record=per_record)(pa.array([b'{"id": 1}', utf16, latin1]))
+    assert decoded.rows.tolist() == [0]
+    reasons = dict(decoded.failures)
+    assert reasons[1].startswith("value is not UTF-8: byte 0xff at offset 0")
+    assert reasons[2].startswith("value is not UTF-8: byte 0xe9 at offset 22")
+    assert "utf-16" not in reasons[1]
+
+
+@pytest.mark.parametrize("per_record", [False, True])
+def test_json_nan_and_infinity_are_not_json(per_record: bool) -> None:
+    """Arrow's parser and json.loads both accept NaN; a NaN would land in a table as a number."""
+    values = pa.array([b'{"id": 1, "v": 1.5}', b'{"id": 2, "v": NaN}', b'{"id": 3, "v": [-Infinity]}'])
+    decoded = JsonDecoder(per_record=per_record)(values)
+    assert decoded.rows.tolist() == [0]
+    assert [reason.split(" is not")[0] for _, reason in decoded.failures] == [
+        "invalid JSON: NaN",
+        "invalid JSON: -Infinity",
+    ]
+
+
+@pytest.mark.parametrize("per_record", [False, True])
+def test_json_deep_nesting_is_a_dead_letter_not_a_crash(per_record: bool) -> None:
+    """Arrow's parser segfaults at ~20 000 levels and json.loads raises RecursionError at ~1 000."""
+    deep = b'{"a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    brackets_in_string = b'{"id": 2, "s": "' + b"[" * 5000 + b'"}'
+    at_limit = b'{"a": ' + b"[" * (MAX_NESTING - 1) + b"]" * (MAX_NESTING - 1) + b"}"
+    values = pa.array([b'{"id": 1}', deep, brackets_in_string, at_limit])
+    decoded = JsonDecoder(per_record=per_record)(values)
+    assert decoded.rows.tolist() == [0, 2, 3]
+    assert decoded.failures == [(1, f"value nests 50001 levels deep; the limit is {MAX_NESTING}")]
+
+
+@pytest.mark.parametrize("per_record", [False, True])
+def test_json_unpaired_surrogate_escape_is_a_dead_letter(per_record: bool) -> None:
+    """ "\\ud800" is valid JSON syntax but no character: building the Arrow string used to raise."""
+    values = pa.array([b'{"s": "\\ud83d\\ude00"}', b'{"s": "\\ud800"}'])
+    decoded = JsonDecoder(per_record=per_record)(values)
+    assert decoded.records.column("s").to_pylist() == ["\U0001f600"]
+    assert decoded.failures[0][0] == 1 and "unpaired surrogate escape (\\ud800)" in decoded.failures[0][1]
+
+
+def test_integer_beyond_int64_does_not_round_its_neighbours() -> None:
+    """Arrow's parser turns a column with one int beyond int64 into double, rounding every large id."""
+    values = pa.array([b'{"id": 9007199254740993}', b'{"id": 123456789012345678901234567890}'])
+    decoded = JsonDecoder()(values)
+    converted = convert(decoded.records, pa.schema([pa.field("id", pa.int64(), nullable=False)]))
+    assert converted.rows.column("id").to_pylist() == [9007199254740993]
+    ((position, column, reason),) = converted.failures
+    assert (position, column) == (1, "id") and "123456789012345678901234567890" in reason
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"null", "value is a JSON null, not an object"),  # first in Arrow's input, it segfaulted
+        (b" \n null", "value is a JSON null, not an object"),
+        (b'{"k\r": "v"}', "invalid JSON: Invalid control character"),  # was read as key "k "
+        (b'{"k": "line\nbreak"}', "invalid JSON: Invalid control character"),
+    ],
+)
+def test_values_arrows_parser_mishandles_are_isolated(value: bytes, reason: str) -> None:
+    """Found by tests/test_properties.py: both decoding paths must agree with json.loads."""
+    for per_record in (False, True):
+        decoded = JsonDecoder(per_record=per_record)(pa.array([value, b'{"id": 1}', b'{"id": 2}']))
+        assert decoded.rows.tolist() == [1, 2]
+        assert decoded.records.column("id").to_pylist() == [1, 2]
+        ((index, got),) = decoded.failures
+        assert index == 0 and got.startswith(reason), got
+
+
+def test_lists_starting_with_null_do_not_become_invalid_arrays() -> None:
+    """Arrow's JSON reader builds ``[null, false]`` as a list array whose offsets pass its values' end."""
+    values = pa.array([b'{"a": [null, false], "b": {"c": [[null, null]]}}', b'{"a": []}'])
+    decoded = JsonDecoder()(values)
+    decoded.records.validate(full=True)
+    assert decoded.records.column("a").to_pylist() == [[None, False], []]
+    assert decoded.python()[0]["b"] == {"c": [[None, None]]}

@@ -284,3 +284,16 @@ def test_both_paths_agree_on_random_slices(catalog_settings: CatalogSettings, re
     fast = build_processor(config, catalog)(slice_)
     slow = build_processor(config, catalog, vectorised=False)(slice_)
     assert _summary(fast) == _summary(slow)
+
+
+def test_bad_neighbour_does_not_decide_a_dynamic_tables_column_type(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    """An order's string ``id`` makes the batch's ``id`` column JSON text (lossy); the clicks routed
+    to a new dynamic table in the same batch must still create it with ``id`` as a long."""
+    process = build_processor(_config(catalog_settings), catalog)
+    records = [{"type": "event", "kind": "click", "id": 1}, {"type": "order", "id": "x", "ts": "2024-05-01"}]
+    out = process(make_raw_slice([_encode(r) for r in records]))
+    clicks = out.tables["raw.click"]
+    assert clicks.rows.column("id").to_pylist() == [1]
+    assert str(clicks.table.schema().find_field("id").field_type) == "long"
