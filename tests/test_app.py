@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs.sink_app import SinkRun, child_env
+from procs.sink_app import SinkRun
 
 from fanout_sink.catalog import CatalogSettings
+from fanout_sink.chaos.app_process import child_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -20,9 +20,9 @@ import yaml
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import read_partition
-from test_app import child_env
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.chaos.app_process import child_env
 from fanout_sink.cli import main
 from fanout_sink.stack.broker import KafkaBroker, SaslUser
 

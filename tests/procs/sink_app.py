@@ -6,7 +6,6 @@ to dynamic ``raw.<type>`` tables; ``overrides`` replaces top-level sections of i
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
@@ -18,18 +17,11 @@ import yaml
 from confluent_kafka import Producer
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.chaos.app_process import child_env
 from fanout_sink.sample_data import shop_events
 
 STATIC = {"shop.orders": "order", "shop.payments": "payment", "shop.clicks": "click"}
 DYNAMIC = {"raw.order": "order", "raw.payment": "payment", "raw.click": "click"}
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for an app in a child process. The test session's own Spark exports its
-    gateway port and secret; a child that inherits them attaches to that JVM instead of its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
-    env["PYTHONFAULTHANDLER"] = "1"
-    return {**env, **(extra or {})}
 
 
 class SinkRun:
