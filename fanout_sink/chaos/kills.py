@@ -37,11 +37,14 @@ def arm(arm_dir: Path, kind: str) -> Path:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(child) for child in text.split()]
+    """Every thread's children: a JVM forks its Python workers from threads other than its main one."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found.extend(int(child) for child in children.read_text().split())
+        except OSError:
+            continue
+    return found
 
 
 def _descendants(pid: int) -> list[int]:

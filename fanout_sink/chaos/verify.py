@@ -123,11 +123,10 @@ def control_offset_regressions(table: Any, sink: str) -> tuple[int, list[str]]:
     from pyiceberg.table.snapshots import ancestors_of
 
     offsets_key = table_state.key(sink, "control-offsets")
-    history = [
-        {int(p): int(o) for p, o in json.loads(str(s.summary[offsets_key])).items()}
-        for s in reversed(list(ancestors_of(table.current_snapshot(), table.metadata)))
-        if s.summary is not None and offsets_key in s.summary
-    ]
+    # Summary.get, never ``in``: pyiceberg's Summary has no __contains__, and ``in`` is always true.
+    ancestry = ancestors_of(table.current_snapshot(), table.metadata)
+    texts = [s.summary.get(offsets_key) for s in ancestry if s.summary is not None]
+    history = [{int(p): int(o) for p, o in json.loads(t).items()} for t in reversed(texts) if t is not None]
     regressions = [
         f"control offsets went back from {before} to {after}"
         for before, after in itertools.pairwise(history)
