@@ -101,7 +101,9 @@ class ChaosRun:
             command = [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config)]
             env = child_env({"FANOUT_SINK_FAULTS": kills.fault_spec(self.arm_dir)})
             app = AppProcess([*command, "--trigger-interval", "1s"], self.work_dir / "app.log", env)
-            traffic = Traffic(bootstrap, self.topics, self.options.records, self.options.seed, rate=200)
+            # A first guess of the pace (about 40 s a cycle); each cycle corrects it from what it saw.
+            pace = max(self.options.records / (self.options.cycles * 40.0), MIN_RATE)
+            traffic = Traffic(bootstrap, self.topics, self.options.records, self.options.seed, rate=pace)
             traffic.start()
             self._cycles(app, traffic)
             log.info("cycles done; waiting for the producer to write its last records")
