@@ -180,6 +180,7 @@ class SinkApp:
         self._config_key = config_key(config)
         self._driver_worker = _slice_worker(config)
         self._stop_requested = threading.Event()
+        self._query_started = threading.Event()
         self._batch_lock = threading.Lock()
         self._query: Any = None
         self._processor: Any = None
@@ -354,6 +355,9 @@ class SinkApp:
 
     def _stopper(self) -> None:
         self._stop_requested.wait()
+        # A stop that comes while Spark still starts must wait for the query, not be dropped
+        # (found by the chaos runner: a SIGTERM between the query's start and run() seeing it).
+        self._query_started.wait()
         with self._batch_lock:  # no batch is mid-way while the query stops
             if self._query is not None and self._query.isActive:
                 self._query.stop()
@@ -397,6 +401,7 @@ class SinkApp:
             interval = self.options.trigger_interval or self.config.spark.trigger_interval
             writer = writer.trigger(processingTime=f"{int(interval.total_seconds() * 1000)} milliseconds")
         self._query = writer.start()
+        self._query_started.set()
         try:
             self._query.awaitTermination()
         except Exception:

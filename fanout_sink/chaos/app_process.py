@@ -74,7 +74,7 @@ class AppProcess:
 
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None
-        with self.log_file.open("a") as log:
+        with self.log_file.open("a", buffering=1) as log:  # line by line: the log is read while it grows
             for line in proc.stderr:
                 log.write(line)
                 if _STARTED_LINE.search(line):
@@ -82,7 +82,6 @@ class AppProcess:
                 if _BATCH_LINE.search(line):
                     with self._lock:
                         self.batches += 1
-            log.flush()
 
     def wait_working(self, timeout_s: float, batch: bool) -> bool:
         """Wait until the query is up and, with ``batch``, one more batch was logged; False if the
