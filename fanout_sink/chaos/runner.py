@@ -25,6 +25,7 @@ from fanout_sink.errors import FanoutSinkError
 from fanout_sink.stack.broker import KafkaBroker
 
 log = logging.getLogger("fanout_sink.chaos")
+STOP_TIMEOUT_S = 180.0  # SIGTERM finishes one batch and commits: minutes would mean it was ignored
 MIN_RATE = 20.0  # records/s: a trickle at least, so every cycle has work in flight to break
 
 
@@ -112,10 +113,14 @@ class ChaosRun:
                 time.sleep(1)
             stats = traffic.finish()
             log.info("producer done: %d records acknowledged, %d failed", stats.acked, stats.failed)
-            self._drain(app, traffic, command, env)
+            stop_code = self._drain(app, traffic, command, env)
             self.result.verdict = verify(
                 bootstrap, self.topics, f"{self.name}-dlq", self.name, load_catalog(self.catalog)
             )
+            if stop_code != 0:
+                self.result.verdict.problems.append(
+                    f"SIGTERM did not stop the app cleanly within {STOP_TIMEOUT_S:.0f}s (exit {stop_code})"
+                )
         finally:
             if traffic is not None:
                 traffic.stop()
@@ -202,13 +207,16 @@ class ChaosRun:
             app.wait_exit(60)  # the kill of the driver process; the reap takes the group with it
         return fired
 
-    def _drain(self, app: AppProcess, traffic: Traffic, command: list[str], env: dict[str, str]) -> None:
-        """Stop as an operator would (SIGTERM), then one available-now run delivers the rest."""
+    def _drain(self, app: AppProcess, traffic: Traffic, command: list[str], env: dict[str, str]) -> int:
+        """Stop as an operator would (SIGTERM; its exit code is returned), then one available-now run
+        delivers the rest."""
         self._working(app, traffic)
-        log.info("app stopped with exit code %d", app.stop())
+        stop_code = app.stop(STOP_TIMEOUT_S)
+        log.info("app stopped with exit code %d", stop_code)
         final = AppProcess([*command, "--available-now"], self.work_dir / "app.log", env)
         final.start()
         code = final.wait_exit(900)
         if code != 0:
             final.kill_group()
             raise ChaosError(f"the final available-now run ended with {code}:\n{final.log_tail()}")
+        return stop_code
