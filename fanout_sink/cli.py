@@ -78,7 +78,9 @@ def _run(args: argparse.Namespace) -> int:
 
     _log_to_stderr()
     # `kill -USR1 <pid>` prints every thread's stack: the first question about a sink that seems stuck.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # To the process's own stderr: sys.stderr may be a stand-in without a file descriptor.
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     config = load_config(args.config)
     options = RunOptions(
         master=args.master,
