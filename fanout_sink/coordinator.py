@@ -128,9 +128,7 @@ class Coordinator:
     def open(self) -> None:
         """Create/check the control topic, fence any older coordinator, seek to the low watermark."""
         channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
-        self._producer = channel.transactional_producer(
-            self.kafka_conf, channel.coordinator_transactional_id(self.sink), self.timeout_s
-        )
+        self._producer = self._new_producer()
         self._metadata = channel.memberless_group_metadata(
             self.kafka_conf, channel.coordinator_group(self.sink)
         )
@@ -190,11 +188,15 @@ class Coordinator:
         if self._reader is None:
             self.open()
         elif self._producer is None:  # replaced after a stuck call: a new one fences the old
-            self._producer = channel.transactional_producer(
-                self.kafka_conf, channel.coordinator_transactional_id(self.sink), self.timeout_s
-            )
+            self._producer = self._new_producer()
         assert self._producer is not None and self._reader is not None
         return self._producer, self._reader
+
+    def _new_producer(self) -> Producer:
+        """The coordinator's transactional producer; creating it fences any older holder of the id."""
+        return channel.transactional_producer(
+            self.kafka_conf, channel.coordinator_transactional_id(self.sink), self.timeout_s
+        )
 
     def poll_once(self, timeout_s: float = 0.5) -> int:
         """Read whatever committed events arrived; returns how many of this sink's events came in."""
