@@ -10,11 +10,13 @@ import signal
 import sys
 from pathlib import Path
 
+from fanout_sink import jars
 from fanout_sink.errors import FanoutSinkError, StackError
+from fanout_sink.jars import JarSet
 
 
 def _stack(args: argparse.Namespace) -> int:
-    from fanout_sink.stack import daemon
+    from fanout_sink.devtools.stack import daemon
 
     work_dir = Path(args.dir) if args.dir else daemon.default_dir()
     if args.action == "up":
@@ -45,7 +47,7 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from fanout_sink import demo
+    from fanout_sink.devtools import demo
 
     config = Path(args.config) if args.config else None
     return demo.run(
@@ -73,8 +75,8 @@ def _log_to_stderr() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fanout_sink.app import RunOptions, SinkApp
     from fanout_sink.config import load_config, parse_duration
+    from fanout_sink.spark.app import RunOptions, SinkApp
 
     _log_to_stderr()
     # `kill -USR1 <pid>` prints every thread's stack: the first question about a sink that seems stuck.
@@ -99,10 +101,16 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jars(args: argparse.Namespace) -> int:
-    from fanout_sink.stack import jars
+def _jar_sets() -> dict[str, JarSet]:
+    from fanout_sink.devtools.stack.broker import KAFKA_BROKER
+    from fanout_sink.spark.session import SPARK_CONNECTORS
 
-    paths = [str(path) for name in args.set for path in jars.jars(name)]
+    return {jar_set.name: jar_set for jar_set in (SPARK_CONNECTORS, KAFKA_BROKER)}
+
+
+def _jars(args: argparse.Namespace) -> int:
+    sets = _jar_sets()
+    paths = [str(path) for name in args.set for path in jars.jars(sets[name])]
     print(",".join(paths) if args.comma else "\n".join(paths))
     return 0
 
@@ -145,13 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_status)
 
-    jar_sets = ["spark-connectors", "kafka-broker"]
-    jars = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")
-    jars.add_argument("--set", nargs="+", choices=jar_sets, default=["spark-connectors"])
-    jars.add_argument(
+    jars_cmd = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")
+    jars_cmd.add_argument(
+        "--set", nargs="+", choices=["spark-connectors", "kafka-broker"], default=["spark-connectors"]
+    )
+    jars_cmd.add_argument(
         "--comma", action="store_true", help="one comma-separated line, as spark-submit --jars takes"
     )
-    jars.set_defaults(func=_jars)
+    jars_cmd.set_defaults(func=_jars)
     return parser
 
 

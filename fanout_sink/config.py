@@ -37,7 +37,7 @@ from pydantic import (
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
-from fanout_sink.java_kafka import sasl_jaas_config
+from fanout_sink.kafka.java_client import sasl_jaas_config
 
 # --------------------------------------------------------------------------------------------
 # Small value types
@@ -443,6 +443,19 @@ class SinkConfig(_Section):
             )
         return self
 
+    @property
+    def control_topic(self) -> str:
+        """The control topic's name (``control.topic``, defaulted to ``<name>-control`` on load)."""
+        assert self.control.topic is not None, "set by the model validator"
+        return self.control.topic
+
+    @property
+    def checkpoint_location(self) -> str:
+        """Spark's checkpoint of this sink: ``spark.checkpoint-location`` (or ``.fanout-sink/checkpoints``
+        beside the YAML file), one folder per sink name."""
+        base = self.spark.checkpoint_location or str(self.base_dir / ".fanout-sink" / "checkpoints")
+        return str(Path(base) / self.name)
+
     def resolve(self, path: str) -> Path:
         """A path from the config, relative to the YAML file's folder."""
         candidate = Path(path)
@@ -603,7 +616,7 @@ def _errors(exc: ValidationError, source: str) -> ConfigError:
 
 def _check_schema_files(config: SinkConfig, source: str) -> None:
     """Schema files named by the config exist and are usable Avro record schemas."""
-    from fanout_sink.decode import avro_to_arrow_schema, load_avro_schema
+    from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 
     named: list[tuple[str, str | None]] = [("source.schema", config.source.schema_file)]
     named += [(f'tables."{name}".schema', t.schema_file) for name, t in config.tables.items()]

@@ -134,5 +134,9 @@ class RecordError(FanoutSinkError):
         )
 
 
+class SchemaError(FanoutSinkError):
+    """An Avro schema (a file, or one from the Schema Registry) is unusable, or the registry unreachable."""
+
+
 class TableError(FanoutSinkError):
     """A destination table could not be loaded, created or evolved."""

@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fanout_sink import table_state
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import load_config
-from fanout_sink.source_offsets import PartitionPosition, source_positions
+from fanout_sink.kafka.offsets import PartitionPosition, source_positions
+from fanout_sink.protocol import table_state
+from fanout_sink.protocol.channel import sink_group
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def collect_status(
         sink=sink,
         control_topic=control_topic,
         tables=table_states(load_catalog(catalog_settings), sink),
-        partitions=source_positions(kafka_conf, sink, source_topics),
+        partitions=source_positions(kafka_conf, sink_group(sink), source_topics),
     )
 
 
@@ -113,6 +114,6 @@ def run(config_path: Path, as_json: bool) -> str:
     """
     config = load_config(config_path)
     status = collect_status(
-        config.name, dict(config.kafka), str(config.control.topic), config.catalog, config.source.topics
+        config.name, dict(config.kafka), config.control_topic, config.catalog, config.source.topics
     )
     return json.dumps(status.to_json(), indent=2) if as_json else render_text(status)

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.stack.broker import KafkaBroker, SaslUser
+from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
+from fanout_sink.devtools.topics import read_to_end
 
 
 @pytest.fixture(scope="session")
@@ -60,44 +61,12 @@ def make_topic(bootstrap_servers: str) -> Callable[..., str]:
     return create
 
 
-def read_partition(
-    bootstrap: str, topic: str, isolation: str = "read_committed", expect_at_least: int = 0
-) -> list[Message]:
-    """Every message of partition 0 that ``isolation`` lets through, reading until its end (bounded)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{topic}-{isolation}",
-            "isolation.level": isolation,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    messages: list[Message] = []
-    try:
-        for _ in range(200):
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF and len(messages) >= expect_at_least:
-                    break
-                continue
-            messages.append(message)
-    finally:
-        consumer.close()
-    return messages
-
-
 @pytest.fixture
 def read_topic(bootstrap_servers: str) -> Callable[..., list[Message]]:
-    """``read_topic(topic, isolation="read_committed", expect_at_least=0)`` on the shared broker."""
+    """``read_topic(topic, isolation="read_committed")``: every message of the topic on the shared broker."""
 
-    def read(topic: str, isolation: str = "read_committed", expect_at_least: int = 0) -> list[Message]:
-        return read_partition(bootstrap_servers, topic, isolation, expect_at_least)
+    def read(topic: str, isolation: str = "read_committed") -> list[Message]:
+        return read_to_end(bootstrap_servers, [topic], isolation)
 
     return read
 
@@ -124,7 +93,7 @@ def catalog(catalog_settings: CatalogSettings) -> Any:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local Spark session for the run. Iceberg catalogs are added per test with ``spark_catalog``."""
-    from fanout_sink.spark_session import build_spark_session
+    from fanout_sink.spark.session import build_spark_session
 
     session = build_spark_session(master="local[2]", app_name="fanout-sink-tests")
     yield session

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import yaml
-from procs.common import create_tables, make_processor, produce_json, run_batch
+from support.common import create_tables, make_processor, produce_json, run_batch
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.cli import main
-from fanout_sink.coordinator import Coordinator
-from fanout_sink.worker import SliceWorker
+from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.worker import SliceWorker
 
 pytestmark = pytest.mark.kafka
 

@@ -1,0 +1,161 @@
+"""The verdict of a chaos run: every table row by row against what the source topics hold.
+
+Ground truth is the source topics themselves (read to their end), not the producer's bookkeeping:
+each record's expected tables follow from its value (``scenario.expected_tables``), so the check
+needs no trust in anything that was killed during the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from fanout_sink.devtools.chaos import scenario
+from fanout_sink.devtools.topics import read_to_end
+from fanout_sink.kafka.offsets import source_positions
+from fanout_sink.protocol import table_state
+from fanout_sink.protocol.channel import sink_group
+
+Coordinates = tuple[str, int, int]
+
+
+@dataclass
+class SourceTruth:
+    """What the sink was given: expected id multisets per table, bad records, filtered records."""
+
+    records: int = 0
+    tables: dict[str, Counter[str]] = field(default_factory=dict)
+    bad: set[Coordinates] = field(default_factory=set)
+    filtered: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Verdict:
+    records: int = 0
+    rows: int = 0
+    dead_lettered: int = 0
+    filtered: int = 0
+    duplicates: int = 0
+    losses: int = 0
+    snapshots: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def source_truth(bootstrap: str, topics: list[str]) -> SourceTruth:
+    truth = SourceTruth()
+    for message in read_to_end(bootstrap, topics):
+        truth.records += 1
+        rid = (message.key() or b"").decode()
+        tables = scenario.expected_tables(message.value() or b"")
+        if tables is None:
+            truth.bad.add((message.topic() or "", message.partition() or 0, message.offset() or 0))
+        elif not tables:
+            truth.filtered.add(rid)
+        for table in tables or ():
+            truth.tables.setdefault(table, Counter())[rid] += 1
+    return truth
+
+
+def dead_letter_coordinates(bootstrap: str, topic: str) -> Counter[Coordinates]:
+    """Source coordinates of every dead letter, from the headers the sink sets."""
+    found: Counter[Coordinates] = Counter()
+    for message in read_to_end(bootstrap, [topic]):
+        headers = {
+            k: v.decode() if isinstance(v, bytes) else str(v or "") for k, v in message.headers() or []
+        }
+        found[
+            (
+                headers["fanout-sink.source.topic"],
+                int(headers["fanout-sink.source.partition"]),
+                int(headers["fanout-sink.source.offset"]),
+            )
+        ] += 1
+    return found
+
+
+def control_offset_regressions(table: Any, sink: str) -> tuple[int, list[str]]:
+    """Snapshots of ``sink`` in the table's ancestry, and every place its control offsets went back."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    offsets_key = table_state.key(sink, "control-offsets")
+    # Summary.get, never ``in``: pyiceberg's Summary has no __contains__, and ``in`` is always true.
+    ancestry = ancestors_of(table.current_snapshot(), table.metadata)
+    texts = [s.summary.get(offsets_key) for s in ancestry if s.summary is not None]
+    history = [{int(p): int(o) for p, o in json.loads(t).items()} for t in reversed(texts) if t is not None]
+    regressions = [
+        f"control offsets went back from {before} to {after}"
+        for before, after in itertools.pairwise(history)
+        if any(after.get(p, -1) < o for p, o in before.items())
+    ]
+    return len(history), regressions
+
+
+def verify(bootstrap: str, topics: list[str], dead_letter_topic: str, sink: str, catalog: Any) -> Verdict:
+    truth = source_truth(bootstrap, topics)
+    verdict = Verdict(records=truth.records)
+    problems = verdict.problems
+
+    landed: set[str] = set()
+    existing = {".".join(t) for ns in scenario.NAMESPACES for t in _list_tables(catalog, ns)}
+    for name in sorted(existing - set(truth.tables)):
+        problems.append(f"{name}: a table no record should have created")
+    for name, expected in sorted(truth.tables.items()):
+        if name not in existing:
+            problems.append(f"{name}: missing, {sum(expected.values())} rows expected")
+            verdict.losses += sum(expected.values())
+            continue
+        table = catalog.load_table(name)
+        got = Counter(table.scan(selected_fields=("id",)).to_arrow()["id"].to_pylist())
+        duplicates = sum((got - expected).values())
+        losses = sum((expected - got).values())
+        verdict.rows += sum(got.values())
+        verdict.duplicates += duplicates
+        verdict.losses += losses
+        if duplicates or losses:
+            sample = sorted((got - expected) + (expected - got))[:5]
+            problems.append(f"{name}: {duplicates} duplicate and {losses} lost rows, e.g. {sample}")
+        snapshots, regressions = control_offset_regressions(table, sink)
+        verdict.snapshots += snapshots
+        problems.extend(f"{name}: {text}" for text in regressions)
+        landed.update(got)
+
+    dead = dead_letter_coordinates(bootstrap, dead_letter_topic)
+    verdict.dead_lettered = len(dead)
+    verdict.filtered = len(truth.filtered)
+    if set(dead) != truth.bad or any(count > 1 for count in dead.values()):
+        extra = sum(dead.values()) - len(truth.bad & set(dead))
+        problems.append(
+            f"dead letters: {len(truth.bad - set(dead))} bad records missing, {extra} unexpected or repeated"
+        )
+    if landed & truth.filtered:
+        problems.append(f"{len(landed & truth.filtered)} filtered records landed in a table")
+    accounted = len(landed) + len(set(dead)) + len(truth.filtered)
+    if accounted != truth.records:
+        problems.append(
+            f"records in {truth.records} != routed {len(landed)} + dead-lettered {len(set(dead))} "
+            f"+ filtered {len(truth.filtered)}"
+        )
+
+    for position in source_positions({"bootstrap.servers": bootstrap}, sink_group(sink), topics):
+        if position.committed != position.end:
+            problems.append(
+                f"sink group at {position.committed} for {position.topic}[{position.partition}], "
+                f"the topic ends at {position.end}"
+            )
+    return verdict
+
+
+def _list_tables(catalog: Any, namespace: str) -> list[tuple[str, ...]]:
+    from pyiceberg.exceptions import NoSuchNamespaceError
+
+    try:
+        return list(catalog.list_tables(namespace))
+    except NoSuchNamespaceError:
+        return []

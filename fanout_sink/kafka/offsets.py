@@ -1,0 +1,102 @@
+"""Where each source partition stands: delivered (the sink-managed group) versus available (its end).
+
+The worker needs the committed offset to skip or refuse a slice; the coordinator needs both numbers
+to decide whether a partition that reported nothing is caught up or holding VTTS back; ``status``
+shows them as lag. One implementation keeps the three agreeing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, retry_transient
+
+
+@dataclass(frozen=True)
+class PartitionPosition:
+    topic: str
+    partition: int
+    committed: int | None
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end - (self.committed or 0))
+
+    @property
+    def caught_up(self) -> bool:
+        return self.committed is not None and self.committed >= self.end
+
+
+class GroupOffsets:
+    """Reads a group's committed offsets through a consumer that never subscribes (never joins).
+
+    ``stable`` sets ``isolation.level=read_committed``, which makes librdkafka ask the broker for
+    stable offsets only (``require_stable``: it waits while a transaction has an offset commit
+    pending). A worker needs that: it must see what a fenced attempt finally did. The coordinator and
+    ``status`` must not wait, or a round would stall behind a worker's open transaction.
+
+    (AdminClient.list_consumer_group_offsets would do too, but confluent-kafka 2.16.1 segfaults in it
+    when the broker answers the first request with COORDINATOR_LOAD_IN_PROGRESS.)
+    """
+
+    def __init__(self, kafka_conf: KafkaConf, group: str, stable: bool = True) -> None:
+        self.group = group
+        isolation = "read_committed" if stable else "read_uncommitted"
+        self._consumer = Consumer(
+            {
+                **client_conf(kafka_conf),
+                "group.id": group,
+                "isolation.level": isolation,
+                "enable.auto.commit": False,
+            }
+        )
+
+    def committed(
+        self, partitions: list[tuple[str, int]], timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> dict[tuple[str, int], int | None]:
+        def ask() -> dict[tuple[str, int], int | None]:
+            found: dict[tuple[str, int], int | None] = {}
+            answer = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in partitions], timeout=timeout_s
+            )
+            for tp in answer:
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+                found[(tp.topic, tp.partition)] = int(tp.offset) if tp.offset >= 0 else None
+            return found
+
+        return retry_transient(ask, timeout_s)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def source_positions(
+    kafka_conf: KafkaConf, group: str, topics: list[str], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[PartitionPosition]:
+    """Committed (by ``group``, not waiting for open transactions) and last stable offset of every
+    partition of ``topics``."""
+    conf = client_conf(kafka_conf)
+    consumer = Consumer({**conf, "group.id": group, "isolation.level": "read_committed"})
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s).topics
+        partitions = [(t, p) for t in topics if t in metadata for p in sorted(metadata[t].partitions)]
+        ends = {
+            (t, p): int(
+                consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout_s, cached=False)[1]
+            )
+            for t, p in partitions
+        }
+    finally:
+        consumer.close()
+    if not partitions:
+        return []
+    reader = GroupOffsets(kafka_conf, group, stable=False)
+    try:
+        committed = reader.committed(partitions, timeout_s)
+    finally:
+        reader.close()
+    return [PartitionPosition(t, p, committed.get((t, p)), ends[(t, p)]) for t, p in partitions]

@@ -1,0 +1,154 @@
+"""The one transactional producer envelope: begin, produce, send offsets with a deadline, commit or abort.
+
+Workers and the coordinator both write through a Kafka transaction whose failure modes decide
+exactly-once: a fenced producer is a zombie and must stop, a stuck call must not block forever, an
+abortable error must be aborted before anything else is tried. Keeping that in one class means the
+worker and the coordinator cannot drift apart in how they treat those cases.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from fanout_sink.errors import ProducerFencedError, TransactionStuckError
+from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf
+
+log = logging.getLogger(__name__)
+
+Header = tuple[str, str | bytes | None]
+
+
+def is_fenced(error: KafkaError) -> bool:
+    """A fenced producer is dead for good: it must be dropped and a new one created."""
+    return bool(error.fatal()) or error.code() in {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+
+
+class TransactionalProducer:
+    """A producer holding one transactional id; creating it fences every older holder of that id.
+
+    ``fenced_message`` is what a :class:`ProducerFencedError` says when a newer holder took over
+    (who this one was and what happens next). After a failure, :attr:`usable` tells the owner
+    whether to keep this producer or to create a new one, which fences this one in turn and makes the
+    broker abort whatever transaction it left open.
+    """
+
+    def __init__(
+        self,
+        kafka_conf: KafkaConf,
+        transactional_id: str,
+        fenced_message: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.transactional_id = transactional_id
+        self.timeout_s = timeout_s
+        self.usable = True
+        self._fenced_message = fenced_message
+        conf = {
+            "transaction.timeout.ms": 60000,
+            **client_conf(kafka_conf),
+            "transactional.id": transactional_id,
+        }
+        self._producer = Producer(conf)
+        self._producer.init_transactions(timeout_s)
+
+    @contextmanager
+    def transaction(self) -> Iterator[TransactionalProducer]:
+        """Begin, run the body (produce, send offsets), commit; on failure abort or give the producer up.
+
+        - a stuck call (:class:`TransactionStuckError`): the producer is given up;
+        - fenced: the producer is given up and :class:`ProducerFencedError` raised;
+        - a Kafka error that requires an abort: aborted, the producer stays usable;
+        - any other failure: aborted where possible, else the producer is given up.
+        """
+        try:
+            self.begin()
+            yield self
+            self.commit()
+        except TransactionStuckError:
+            self.usable = False
+            raise
+        except KafkaException as exc:
+            error = exc.args[0]
+            if is_fenced(error):
+                self.usable = False
+                raise ProducerFencedError(self._fenced_message) from exc
+            if not (error.txn_requires_abort() and self._abort_quietly()):
+                self.usable = False
+            raise
+        except BaseException:
+            if not self._abort_quietly():
+                self.usable = False
+            raise
+
+    def begin(self) -> None:
+        self._producer.begin_transaction()
+
+    def commit(self) -> None:
+        self._producer.commit_transaction(self.timeout_s)
+
+    def abort(self) -> None:
+        self._producer.abort_transaction(self.timeout_s)
+
+    def _abort_quietly(self) -> bool:
+        try:
+            self.abort()
+        except KafkaException as exc:
+            log.warning("could not abort the transaction of %s: %s", self.transactional_id, exc)
+            return False
+        return True
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Sequence[Header] | None = None,
+    ) -> None:
+        """Queue one message inside the open transaction."""
+        if headers:
+            self._producer.produce(topic, key=key, value=value, headers=list(headers))
+        else:
+            self._producer.produce(topic, key=key, value=value)
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: bytes) -> None:
+        """``send_offsets_to_transaction`` with a deadline that holds.
+
+        librdkafka can block in it far past its timeout when the group coordinator goes away during
+        the call, e.g. across a broker restart (confluentinc/librdkafka#5456 and #5511; seen here with
+        confluent-kafka 2.16.1 by the chaos runner: a coordinator stalled for minutes, then was fenced
+        by the broker's transaction timeout). The call runs in a helper thread; past the deadline,
+        :class:`TransactionStuckError` tells the owner to drop this producer and fence it with a new one.
+        """
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                self._producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout_s)
+            except BaseException as exc:
+                failure.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name="send-offsets-to-transaction", daemon=True).start()
+        if not done.wait(self.timeout_s + 5.0):
+            raise TransactionStuckError(
+                f"send_offsets_to_transaction for {[(tp.topic, tp.partition) for tp in offsets]} did not "
+                f"return within {self.timeout_s + 5.0:.0f}s (a librdkafka hang after a broker restart); the "
+                "producer is replaced and its transaction aborted"
+            )
+        if failure:
+            raise failure[0]
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Deliver what is queued (outside a transaction: before dropping the producer)."""
+        self._producer.flush(self.timeout_s if timeout_s is None else timeout_s)

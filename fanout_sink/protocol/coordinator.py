@@ -1,0 +1,363 @@
+"""The coordinator: turns committed ``DataWritten`` events into one Iceberg append per table per round.
+
+It keeps the driver half of the invariants:
+
+- I3: its producer's transactional id is stable per sink, so a second coordinator of the same sink
+  fences the first (the first fails at its next Kafka transaction and stops). Between the two, a
+  table commit still cannot append twice: every table commit checks, against freshly loaded table
+  metadata, the control offset the table already holds, and PyIceberg's own commit retry (which
+  would rebase the same append onto a new head without that check) is switched off.
+- I4: each table's snapshot summary records the control offset it is committed up to; after any
+  crash, events below it are skipped for that table only.
+- Dropped-and-recreated tables: files carry the table uuid they were written for; files for
+  another uuid are never appended (Iceberg also asserts the uuid at commit).
+
+A round: publish ``StartCommit`` (fails fast when fenced), read source positions (for VTTS), take
+the control topic's last stable offset as the round end, read up to it, commit tables in parallel,
+then in one transaction publish ``CommitToTable``/``CommitComplete`` and move the coordinator
+group's offset to the low watermark (the oldest control offset a table still needs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from fanout_sink.errors import ProducerFencedError
+from fanout_sink.faults import fault_point
+from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, memberless_group_metadata
+from fanout_sink.kafka.offsets import source_positions
+from fanout_sink.kafka.transaction import TransactionalProducer
+from fanout_sink.protocol import channel, datafiles, table_state
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TableCommit:
+    """What happened to one table in one round."""
+
+    identifier: str
+    outcome: str  # "committed" | "already-committed" | "table-missing" | "failed"
+    table_uuid: str | None = None
+    snapshot_id: int | None = None
+    files: int = 0
+    stale_files: int = 0  # written for another table uuid: never appended
+    attempts: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RoundResult:
+    commit_id: str
+    round_end: int
+    low_watermark: int
+    vtts_ms: int | None
+    tables: dict[str, TableCommit] = field(default_factory=dict)
+
+
+def _no_retry_transaction(table: Any) -> Any:
+    """A transaction whose commit is attempted exactly once.
+
+    PyIceberg 0.12 retries a failed commit by rebasing the same append onto the new head, reading
+    the retry count from the table properties at commit time. Rebasing without re-checking the
+    stored control offsets could append files another coordinator already appended, so the
+    transaction runs on a view of the table whose properties say ``commit.retry.num-retries=0``.
+    Only updates and requirements are sent to the catalog: the table's real properties are untouched.
+    """
+    from pyiceberg.table import Table, TableProperties, Transaction
+
+    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    pinned = Table(
+        table.name(),
+        metadata=table.metadata.model_copy(update={"properties": properties}),
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+    )
+    return Transaction(pinned)
+
+
+class Coordinator:
+    """One per sink: ``open()``, then ``start()``/``stop()`` (a thread) or ``commit_round()`` directly."""
+
+    def __init__(
+        self,
+        sink: str,
+        kafka_conf: KafkaConf,
+        control_topic: str,
+        catalog: Any,
+        source_topics: list[str] | None = None,
+        commit_interval_s: float = 30.0,
+        commit_timeout_s: float = 60.0,
+        max_parallel_commits: int = 4,
+        commit_attempts: int = 3,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.sink = sink
+        self.kafka_conf = dict(kafka_conf)
+        self.control_topic = control_topic
+        self.catalog = catalog
+        self.source_topics = list(source_topics or [])
+        self.commit_interval_s = commit_interval_s
+        self.commit_timeout_s = commit_timeout_s
+        self.max_parallel_commits = max(1, max_parallel_commits)
+        self.commit_attempts = max(1, commit_attempts)
+        self.timeout_s = timeout_s
+        self.state = CommitState()
+        self._producer: TransactionalProducer | None = None
+        self._reader: channel.ControlReader | None = None
+        self._metadata: bytes | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._fenced = False
+        self.error: BaseException | None = None
+        self.last_round: RoundResult | None = None
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create/check the control topic, fence any older coordinator, seek to the low watermark."""
+        channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
+        self._producer = self._new_producer()
+        self._metadata = memberless_group_metadata(self.kafka_conf, channel.coordinator_group(self.sink))
+        self._reader = channel.ControlReader(self.sink, self.kafka_conf, self.control_topic)
+        start = self._reader.seek_to_committed(self.timeout_s)
+        log.info("coordinator of sink %r reads the control topic from offset %d", self.sink, start)
+
+    def start(self) -> None:
+        """Run rounds every ``commit_interval_s`` in a daemon thread (the Spark driver hosts it)."""
+        if self._producer is None:
+            self.open()
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"fanout-sink-coordinator-{self.sink}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                self.poll_once(0.5)
+                if time.monotonic() - last >= self.commit_interval_s:
+                    last = time.monotonic()
+                    try:
+                        self.commit_round()
+                    except (KafkaException, TimeoutError):  # TransactionStuckError is a TimeoutError
+                        # Broker unreachable or restarting: nothing was lost (files stay pending,
+                        # tables re-check their offsets), so try again next interval.
+                        log.exception("commit round of sink %r failed; retrying next interval", self.sink)
+        except BaseException as exc:
+            log.exception("coordinator of sink %r stopped", self.sink)
+            self.error = exc
+
+    def stop(self, commit_now: bool = True) -> RoundResult | None:
+        """Stop the thread; with ``commit_now`` run one last round (shutdown, end of an available-now run)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(self.commit_timeout_s + self.timeout_s)
+            self._thread = None
+        if self.error is not None:
+            raise self.error
+        return self.commit_round() if commit_now else None
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._producer = None
+
+    # -- rounds -----------------------------------------------------------------------------------
+
+    def _ready(self) -> tuple[TransactionalProducer, channel.ControlReader]:
+        if self._fenced:
+            # Re-opening would fence the newer coordinator back: a fenced coordinator stays down.
+            raise ProducerFencedError(f"coordinator of sink {self.sink!r} was fenced and cannot be reused")
+        if self._reader is None:
+            self.open()
+        elif self._producer is None or not self._producer.usable:  # a new one fences the old
+            self._producer = self._new_producer()
+        assert self._producer is not None and self._reader is not None
+        return self._producer, self._reader
+
+    def _new_producer(self) -> TransactionalProducer:
+        """The coordinator's transactional producer; creating it fences any older holder of the id."""
+        txn_id = channel.coordinator_transactional_id(self.sink)
+        return TransactionalProducer(
+            self.kafka_conf,
+            txn_id,
+            fenced_message=(
+                f"coordinator of sink {self.sink!r} was fenced: another coordinator with transactional "
+                f"id {txn_id!r} started. This one stops; make sure only one application runs per sink name."
+            ),
+            timeout_s=self.timeout_s,
+        )
+
+    def poll_once(self, timeout_s: float = 0.5) -> int:
+        """Read whatever committed events arrived; returns how many of this sink's events came in."""
+        with self._lock:
+            _, reader = self._ready()
+            found = reader.poll(timeout_s)
+            for item in found:
+                self.state.add(item)
+            return len(found)
+
+    def _publish(self, payloads: list[ev.Payload], offsets: list[TopicPartition] | None = None) -> None:
+        producer, _ = self._ready()
+        try:
+            # A producer given up after a failure is replaced by the next round's, which fences it;
+            # the control reader and the pending state stay.
+            with producer.transaction():
+                for payload in payloads:
+                    channel.produce_event(producer, self.control_topic, self.sink, payload)
+                if offsets:
+                    assert self._metadata is not None
+                    producer.send_offsets(offsets, self._metadata)
+        except ProducerFencedError:
+            self._fenced = True
+            raise
+
+    def commit_round(self) -> RoundResult:
+        """One commit round, synchronously (tests call it directly; the thread calls it on a timer)."""
+        with self._lock:
+            _, reader = self._ready()
+            commit_id = str(uuid.uuid4())
+            self._publish([ev.StartCommit(commit_id=commit_id)])
+            positions = (
+                source_positions(
+                    self.kafka_conf, channel.sink_group(self.sink), self.source_topics, self.timeout_s
+                )
+                if self.source_topics
+                else []
+            )
+            round_end = reader.end_offset(self.timeout_s)
+            for item in reader.read_until(round_end, self.timeout_s):
+                self.state.add(item)
+            vtts = self.state.vtts(positions, round_end) if self.source_topics else None
+            due = self.state.due(round_end)
+            result = RoundResult(commit_id, round_end, round_end, vtts)
+            result.tables = self._commit_tables(due, round_end, commit_id, vtts)
+            for identifier, outcome in result.tables.items():
+                if outcome.outcome != "failed":
+                    self.state.settle(identifier, round_end)
+            result.low_watermark = self.state.low_watermark(round_end)
+            fault_point("coordinator.before-complete", commit_id=commit_id)
+            payloads: list[ev.Payload] = [
+                ev.CommitToTable(
+                    commit_id=commit_id,
+                    table=due[t][0].event.table.model_copy(update={"uuid": outcome.table_uuid}),
+                    snapshot_id=outcome.snapshot_id,
+                    vtts_ms=vtts,
+                )
+                for t, outcome in result.tables.items()
+                if outcome.outcome == "committed"
+            ]
+            payloads.append(ev.CommitComplete(commit_id=commit_id, vtts_ms=vtts))
+            watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)
+            self._publish(payloads, [watermark])
+            self.last_round = result
+            if result.tables:
+                log.info(
+                    "commit %s: %s (vtts %s)",
+                    commit_id,
+                    ", ".join(f"{t} {c.outcome} ({c.files} files)" for t, c in sorted(result.tables.items())),
+                    vtts,
+                )
+            return result
+
+    def _commit_tables(
+        self, due: dict[str, list[PendingFiles]], round_end: int, commit_id: str, vtts: int | None
+    ) -> dict[str, TableCommit]:
+        if not due:
+            return {}
+        results: dict[str, TableCommit] = {}
+        pool = ThreadPoolExecutor(max_workers=self.max_parallel_commits, thread_name_prefix="table-commit")
+        try:
+            futures = {
+                identifier: pool.submit(self._commit_table, identifier, items, round_end, commit_id, vtts)
+                for identifier, items in due.items()
+            }
+            deadline = time.monotonic() + self.commit_timeout_s
+            for identifier, future in futures.items():
+                try:
+                    results[identifier] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except FutureTimeout:
+                    # Left pending: if the commit lands later, the next round's re-check skips it.
+                    results[identifier] = TableCommit(identifier, "failed", error="commit timeout")
+                except Exception as exc:
+                    log.exception(
+                        "commit of %s failed; its files stay pending for the next round", identifier
+                    )
+                    results[identifier] = TableCommit(identifier, "failed", error=repr(exc))
+        finally:
+            # Do not wait for a commit that timed out: the round goes on without it.
+            pool.shutdown(wait=False, cancel_futures=True)
+        return results
+
+    def _commit_table(
+        self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
+    ) -> TableCommit:
+        from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+
+        outcome = TableCommit(identifier, "failed")
+        for attempt in range(1, self.commit_attempts + 1):
+            outcome.attempts = attempt
+            try:
+                table = self.catalog.load_table(identifier)
+            except NoSuchTableError:
+                log.warning("table %s is gone: %d pending file event(s) dropped", identifier, len(items))
+                outcome.outcome = "table-missing"
+                return outcome
+            table_uuid = str(table.metadata.table_uuid)
+            outcome.table_uuid = table_uuid
+            stale = [p for p in items if p.event.table.uuid != table_uuid]
+            outcome.stale_files = sum(len(p.event.files) for p in stale)
+            if stale:
+                log.warning(
+                    "%s has uuid %s; %d file(s) written for another uuid (a dropped table) are not appended",
+                    identifier,
+                    table_uuid,
+                    outcome.stale_files,
+                )
+            floor = table_state.read_state(table, self.sink).next_control_offset(channel.CONTROL_PARTITION)
+            todo = [p for p in items if p.event.table.uuid == table_uuid and p.offset >= floor]
+            if not todo:
+                outcome.outcome = "already-committed"
+                return outcome
+            files = [datafiles.from_record(record, table) for p in todo for record in p.event.files]
+            properties = table_state.summary_properties(
+                self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts
+            )
+            txn = _no_retry_transaction(table)
+            with txn.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                for data_file in files:
+                    append.append_data_file(data_file)
+            fault_point("coordinator.before-table-commit", table=identifier, catalog=self.catalog)
+            try:
+                committed = txn.commit_transaction()
+            except CommitFailedException as exc:
+                log.warning(
+                    "commit of %s conflicted (attempt %d): reloading and re-checking", identifier, attempt
+                )
+                outcome.error = str(exc)
+                continue
+            fault_point("coordinator.after-table-commit", table=identifier)
+            outcome.outcome = "committed"
+            outcome.files = len(files)
+            outcome.error = None
+            snapshot = committed.current_snapshot()
+            outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None
+            return outcome
+        return outcome

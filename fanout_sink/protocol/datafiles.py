@@ -1,0 +1,114 @@
+"""Arrow rows -> Parquet data files of one Iceberg table, and data files <-> control-topic records.
+
+Workers write files on executors; only the coordinator appends them, in the driver, possibly after
+a restart. So a data file has to travel through the control topic with everything Iceberg needs to
+append it without reopening the file: partition values, metrics and bounds. Partition values and
+bounds use Iceberg's single-value binary encoding, so the record is independent of Python types.
+
+File names carry a fresh uuid per call (PyIceberg names files ``00000-<task>-<write uuid>``): two
+attempts of the same slice never overwrite each other's files, and a crashed attempt leaves only
+orphans that no snapshot references.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pyarrow as pa
+
+from fanout_sink.protocol import events as ev
+
+
+def write_data_files(table: Any, rows: pa.Table) -> list[Any]:
+    """Write ``rows`` (already in the table's schema) as data files under the table's location.
+
+    Returns PyIceberg ``DataFile`` objects with Iceberg field ids, metrics and partition values.
+    Nothing is committed: the files stay invisible until the coordinator appends them.
+    """
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+
+    if rows.num_rows == 0:
+        return []
+    metadata = table.metadata
+    _check_pyarrow_schema_compatible(
+        metadata.schema(), provided_schema=rows.schema, format_version=metadata.format_version
+    )
+    files = list(
+        _dataframe_to_data_files(table_metadata=metadata, df=rows, io=table.io, write_uuid=uuid.uuid4())
+    )
+    for data_file in files:
+        # PyIceberg 0.12 drops spec_id in DataFile.from_args (it is not a manifest field): the files
+        # were written with the table's default spec, so record that.
+        data_file.spec_id = metadata.default_spec_id
+    return files
+
+
+def _partition_type(table: Any, spec_id: int) -> Any:
+    return table.specs()[spec_id].partition_type(table.schema())
+
+
+def to_record(data_file: Any, table: Any) -> ev.DataFileRecord:
+    """A PyIceberg ``DataFile`` of ``table`` as the Avro-ready record carried by ``DataWritten``."""
+    from pyiceberg.conversions import to_bytes
+
+    spec_id = int(data_file.spec_id)
+    fields = _partition_type(table, spec_id).fields
+    partition = tuple(
+        ev.PartitionValue(
+            field_id=field.field_id,
+            value=None
+            if data_file.partition[i] is None
+            else to_bytes(field.field_type, data_file.partition[i]),
+        )
+        for i, field in enumerate(fields)
+    )
+    return ev.DataFileRecord(
+        file_path=data_file.file_path,
+        file_format=data_file.file_format.value,
+        spec_id=spec_id,
+        partition=partition,
+        record_count=data_file.record_count,
+        file_size_in_bytes=data_file.file_size_in_bytes,
+        column_sizes=dict(data_file.column_sizes or {}),
+        value_counts=dict(data_file.value_counts or {}),
+        null_value_counts=dict(data_file.null_value_counts or {}),
+        nan_value_counts=dict(data_file.nan_value_counts or {}),
+        lower_bounds=dict(data_file.lower_bounds or {}),
+        upper_bounds=dict(data_file.upper_bounds or {}),
+        split_offsets=tuple(data_file.split_offsets) if data_file.split_offsets is not None else None,
+        sort_order_id=data_file.sort_order_id,
+    )
+
+
+def from_record(record: ev.DataFileRecord, table: Any) -> Any:
+    """The PyIceberg ``DataFile`` to append to ``table`` (the one the file was written for)."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    fields = _partition_type(table, record.spec_id).fields
+    by_id = {p.field_id: p.value for p in record.partition}
+    values = [
+        None if (raw := by_id.get(f.field_id)) is None else from_bytes(f.field_type, raw) for f in fields
+    ]
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=record.file_path,
+        file_format=FileFormat(record.file_format),
+        partition=Record(*values),
+        record_count=record.record_count,
+        file_size_in_bytes=record.file_size_in_bytes,
+        column_sizes=dict(record.column_sizes),
+        value_counts=dict(record.value_counts),
+        null_value_counts=dict(record.null_value_counts),
+        nan_value_counts=dict(record.nan_value_counts),
+        lower_bounds=dict(record.lower_bounds),
+        upper_bounds=dict(record.upper_bounds),
+        key_metadata=None,
+        split_offsets=list(record.split_offsets) if record.split_offsets is not None else None,
+        equality_ids=None,
+        sort_order_id=record.sort_order_id,
+    )
+    data_file.spec_id = record.spec_id
+    return data_file

@@ -1,0 +1,238 @@
+"""Control-topic events: typed payloads, and their versioned Avro encoding.
+
+Workers and the coordinator talk only through these records, possibly across versions of this
+package during a rolling upgrade. fastavro's schemaless encoding writes no schema and no version
+into a payload, so a reader with another schema would silently misread the bytes. Every message
+therefore starts with magic bytes and a version number (``FSNK`` + big-endian uint16); a reader
+rejects a version it does not know with :class:`EventVersionError` instead of guessing.
+
+The schemas live as ``.avsc`` files in ``schemas/events/`` (packaged as
+``fanout_sink/protocol/event_schemas``) so that other languages can read the control topic too.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import time
+import uuid
+from functools import cache
+from importlib import resources
+from typing import Any, Literal
+
+import fastavro
+from pydantic import BaseModel, ConfigDict, Field
+
+from fanout_sink.errors import EventVersionError
+
+MAGIC = b"FSNK"
+VERSION = 1
+_HEADER = struct.Struct(">4sH")
+_NAMESPACE = "fanout_sink.events"
+# Named types first: later schemas refer to earlier ones by name.
+_SCHEMA_FILES = (
+    "TableReference",
+    "DataFile",
+    "StartCommit",
+    "DataWritten",
+    "DataComplete",
+    "CommitToTable",
+    "CommitComplete",
+    "Envelope",
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TableRef(_Model):
+    """A table by identifier and uuid (a recreated table has the same identifier, a new uuid)."""
+
+    namespace: tuple[str, ...]
+    name: str
+    uuid: str
+
+    @property
+    def identifier(self) -> str:
+        return ".".join((*self.namespace, self.name))
+
+
+class PartitionValue(_Model):
+    """One partition field's value in Iceberg's single-value binary encoding (None for null)."""
+
+    field_id: int
+    value: bytes | None = None
+
+
+class DataFileRecord(_Model):
+    """An Iceberg data file as it travels on the control topic (see ``writer`` for the conversion)."""
+
+    file_path: str
+    file_format: str
+    spec_id: int
+    partition: tuple[PartitionValue, ...] = ()
+    record_count: int
+    file_size_in_bytes: int
+    column_sizes: dict[int, int] = Field(default_factory=dict)
+    value_counts: dict[int, int] = Field(default_factory=dict)
+    null_value_counts: dict[int, int] = Field(default_factory=dict)
+    nan_value_counts: dict[int, int] = Field(default_factory=dict)
+    lower_bounds: dict[int, bytes] = Field(default_factory=dict)
+    upper_bounds: dict[int, bytes] = Field(default_factory=dict)
+    split_offsets: tuple[int, ...] | None = None
+    sort_order_id: int | None = None
+
+
+class StartCommit(_Model):
+    type: Literal["StartCommit"] = "StartCommit"
+    commit_id: str
+
+
+class DataWritten(_Model):
+    type: Literal["DataWritten"] = "DataWritten"
+    table: TableRef
+    files: tuple[DataFileRecord, ...]
+    topic: str
+    partition: int
+    next_offset: int
+
+
+class DataComplete(_Model):
+    type: Literal["DataComplete"] = "DataComplete"
+    topic: str
+    partition: int
+    next_offset: int
+    max_timestamp_ms: int | None = None
+
+
+class CommitToTable(_Model):
+    type: Literal["CommitToTable"] = "CommitToTable"
+    commit_id: str
+    table: TableRef
+    snapshot_id: int | None = None
+    vtts_ms: int | None = None
+
+
+class CommitComplete(_Model):
+    type: Literal["CommitComplete"] = "CommitComplete"
+    commit_id: str
+    vtts_ms: int | None = None
+
+
+Payload = StartCommit | DataWritten | DataComplete | CommitToTable | CommitComplete
+_PAYLOAD_TYPES: dict[str, type[Payload]] = {
+    cls.__name__: cls for cls in (StartCommit, DataWritten, DataComplete, CommitToTable, CommitComplete)
+}
+
+
+class Event(_Model):
+    """The envelope: which sink wrote it, a unique id, when, and the payload."""
+
+    sink: str
+    payload: Payload = Field(discriminator="type")
+    event_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
+    event_time_ms: int = Field(default_factory=lambda: int(time.time() * 1000))
+
+
+@cache
+def envelope_schema() -> Any:
+    """The parsed Envelope schema (with every named type it refers to)."""
+    named: dict[str, Any] = {}
+    root = resources.files("fanout_sink.protocol") / "event_schemas"
+    parsed: Any = None
+    for name in _SCHEMA_FILES:
+        raw = json.loads((root / f"{name}.avsc").read_text(encoding="utf-8"))
+        parsed = fastavro.parse_schema(raw, named_schemas=named)
+    return parsed
+
+
+def _pairs(mapping: dict[int, Any]) -> list[dict[str, Any]]:
+    return [{"key": key, "value": value} for key, value in sorted(mapping.items())]
+
+
+def _unpairs(pairs: list[dict[str, Any]]) -> dict[int, Any]:
+    return {pair["key"]: pair["value"] for pair in pairs}
+
+
+_MAP_FIELDS = (
+    "column_sizes",
+    "value_counts",
+    "null_value_counts",
+    "nan_value_counts",
+    "lower_bounds",
+    "upper_bounds",
+)
+
+
+def _file_to_avro(record: DataFileRecord) -> dict[str, Any]:
+    data = record.model_dump()
+    for name in _MAP_FIELDS:
+        data[name] = _pairs(data[name])
+    data["partition"] = [dict(p) for p in data["partition"]]
+    data["split_offsets"] = list(record.split_offsets) if record.split_offsets is not None else None
+    return data
+
+
+def _file_from_avro(data: dict[str, Any]) -> DataFileRecord:
+    data = dict(data)
+    for name in _MAP_FIELDS:
+        data[name] = _unpairs(data[name])
+    return DataFileRecord.model_validate(data)
+
+
+def _payload_to_avro(payload: Payload) -> tuple[str, dict[str, Any]]:
+    data = payload.model_dump(exclude={"type"})
+    if isinstance(payload, DataWritten):
+        data["files"] = [_file_to_avro(f) for f in payload.files]
+    # A union of records needs the branch named explicitly: fastavro's tuple notation.
+    return f"{_NAMESPACE}.{payload.type}", data
+
+
+def _payload_from_avro(branch: str, data: dict[str, Any]) -> Payload:
+    name = branch.rsplit(".", 1)[-1]
+    if name == "DataWritten":
+        data = {**data, "files": [_file_from_avro(f) for f in data["files"]]}
+    return _PAYLOAD_TYPES[name].model_validate(data)
+
+
+def encode(event: Event) -> bytes:
+    """Header (magic + version) followed by the schemaless Avro envelope."""
+    out = io.BytesIO()
+    out.write(_HEADER.pack(MAGIC, VERSION))
+    record = {
+        "sink": event.sink,
+        "event_id": event.event_id,
+        "event_time_ms": event.event_time_ms,
+        "payload": _payload_to_avro(event.payload),
+    }
+    fastavro.schemaless_writer(out, envelope_schema(), record)
+    return out.getvalue()
+
+
+def decode(data: bytes) -> Event:
+    """Decode one control-topic message; raises :class:`EventVersionError` for foreign or newer data."""
+    if len(data) < _HEADER.size:
+        raise EventVersionError(f"control message of {len(data)} bytes is too short for a fanout_sink event")
+    magic, version = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise EventVersionError(
+            f"control message does not start with {MAGIC!r} (found {magic!r}): it was not written by "
+            "fanout_sink. Give the sink a control topic of its own."
+        )
+    if version != VERSION:
+        raise EventVersionError(
+            f"control event version {version} is not supported by this fanout_sink (it reads version "
+            f"{VERSION}). Upgrade fanout_sink on every process of the sink to the same release."
+        )
+    record: dict[str, Any] = fastavro.schemaless_reader(  # type: ignore[assignment]
+        io.BytesIO(data[_HEADER.size :]), envelope_schema(), None, return_record_name=True
+    )
+    branch, payload = record["payload"]
+    return Event(
+        sink=record["sink"],
+        event_id=record["event_id"],
+        event_time_ms=record["event_time_ms"],
+        payload=_payload_from_avro(branch, payload),
+    )

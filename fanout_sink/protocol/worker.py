@@ -1,0 +1,262 @@
+"""The worker commit unit: one source topic-partition slice -> data files + one Kafka transaction.
+
+This is where invariants I1 (no gap, no overlap), I2 (events and offsets are atomic) and the
+worker half of I3 (fencing) are kept. The order of steps is the protocol:
+
+1. Get the producer of the transactional id ``fanout-sink-<sink>-<topic>-<partition>``. Creating it
+   runs ``init_transactions``, which fences every older attempt holding that id, so no attempt
+   started before can commit after this point.
+2. Only then read the sink-managed group's committed offset (``require_stable``: pending
+   transactional commits are waited for). It is the truth about what was delivered:
+   at or past the slice's end, nothing is left to do; inside the slice, the delivered head is
+   dropped; before the slice's start, records in between were lost upstream: stop (a gap).
+3. Route and convert (the ``SliceProcessor``), write data files (invisible until appended).
+4. One transaction: ``DataWritten`` per table, ``DataComplete``, dead letters, and the source offset
+   (the planned end offset, never last record + 1: offsets have holes) sent to the sink group with
+   generation -1 metadata. Commit. A crash before the commit leaves only orphan files.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import TopicPartition
+
+from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
+from fanout_sink.faults import fault_point
+from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, memberless_group_metadata
+from fanout_sink.kafka.offsets import GroupOffsets
+from fanout_sink.kafka.transaction import TransactionalProducer
+from fanout_sink.protocol import channel, datafiles
+from fanout_sink.protocol import events as ev
+from fanout_sink.transform.records import SliceProcessor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SliceResult:
+    """What one ``commit_slice`` did; the counts reconcile (invariant I5) per slice:
+    ``records_in - skipped_delivered = sum(rows, counted per route) + dead_lettered + filtered``
+    when every record goes to exactly one table."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    committed_before: int | None
+    records_in: int = 0
+    skipped_delivered: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    dead_lettered: int = 0
+    filtered: int = 0
+    transaction_committed: bool = False
+
+
+def table_ref(table: Any) -> ev.TableRef:
+    """The reference a ``DataWritten`` carries: identifier plus the uuid the files were written for."""
+    *namespace, name = table.name()
+    return ev.TableRef(namespace=tuple(namespace), name=name, uuid=str(table.metadata.table_uuid))
+
+
+def _max_timestamp_ms(raw: pa.Table) -> int | None:
+    if raw.num_rows == 0:
+        return None
+    value = pc.max(raw["timestamp"].cast(pa.int64())).as_py()
+    return None if value is None else int(value) // 1000
+
+
+class SliceWorker:
+    """Commits slices for one sink; cheap to reuse (one producer per transactional id, cached).
+
+    A lock per transactional id keeps two threads of one process from sharing a transaction. A
+    producer that is fenced is dropped. If it was created for this very slice, the attempt is a
+    zombie and stops (``ProducerFencedError``). If it was cached from an earlier slice, another
+    process ran the partition in between (a moved task): the slice starts over once with a new
+    producer. Either way the stable offset read after fencing decides what is left to deliver.
+    """
+
+    def __init__(
+        self,
+        sink_name: str,
+        kafka_conf: KafkaConf,
+        control_topic: str,
+        group_metadata: bytes | None = None,
+        dead_letter_topic: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_files_per_event: int = 100,
+    ) -> None:
+        self.sink = sink_name
+        self.max_files_per_event = max(1, max_files_per_event)
+        self.kafka_conf = dict(kafka_conf)
+        self.control_topic = control_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.group = channel.sink_group(sink_name)
+        self.timeout_s = timeout_s
+        self._group_metadata = group_metadata
+        self._producers: dict[str, TransactionalProducer] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._offsets: GroupOffsets | None = None
+        self._control_checked = False
+
+    def committed_offset(self, topic: str, partition: int) -> int | None:
+        """The sink-managed group's stable committed offset for one source partition."""
+        with self._guard:
+            if self._offsets is None:
+                self._offsets = GroupOffsets(self.kafka_conf, self.group, stable=True)
+            return self._offsets.committed([(topic, partition)], self.timeout_s)[(topic, partition)]
+
+    def _metadata(self) -> bytes:
+        if self._group_metadata is None:
+            self._group_metadata = memberless_group_metadata(self.kafka_conf, self.group)
+        return self._group_metadata
+
+    def _lock(self, txn_id: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(txn_id, threading.Lock())
+
+    def _producer(self, txn_id: str, topic: str, partition: int) -> TransactionalProducer:
+        producer = self._producers.get(txn_id)
+        if producer is None:
+            producer = TransactionalProducer(
+                self.kafka_conf,
+                txn_id,
+                fenced_message=(
+                    f"the transaction for {topic}[{partition}] was fenced: a newer attempt for this "
+                    f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
+                    "newer one delivers the records."
+                ),
+                timeout_s=self.timeout_s,
+            )
+            self._producers[txn_id] = producer
+        return producer
+
+    def commit_slice(
+        self,
+        topic: str,
+        partition: int,
+        start_offset: int,
+        end_offset: int,
+        raw: pa.Table,
+        process: SliceProcessor,
+    ) -> SliceResult:
+        """Deliver the planned offset range ``[start_offset, end_offset)`` of one source partition."""
+        txn_id = channel.worker_transactional_id(self.sink, topic, partition)
+        if not self._control_checked:
+            # Producing to a missing topic only times out; creating or checking it once says why.
+            channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
+            self._control_checked = True
+        with self._lock(txn_id):
+            cached = txn_id in self._producers
+            try:
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+            except ProducerFencedError:
+                if not cached:
+                    raise
+                # The cached producer was fenced since its last slice: this partition ran in another
+                # process meanwhile (Spark moved the task). That is not a zombie situation, so start
+                # over once with a new producer, which fences in turn and re-reads the offset.
+                log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+
+    def _attempt(
+        self,
+        txn_id: str,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        raw: pa.Table,
+        process: SliceProcessor,
+    ) -> SliceResult:
+        # A new producer fences older attempts before anything is read.
+        producer = self._producer(txn_id, topic, partition)
+        try:
+            return self._commit(producer, topic, partition, start, end, raw, process)
+        finally:
+            if not producer.usable:  # the next attempt's producer fences this one
+                self._producers.pop(txn_id, None)
+
+    def _commit(
+        self,
+        producer: TransactionalProducer,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        raw: pa.Table,
+        process: SliceProcessor,
+    ) -> SliceResult:
+        committed = self.committed_offset(topic, partition)
+        result = SliceResult(topic, partition, start, end, committed, records_in=raw.num_rows)
+        if committed is not None and committed >= end:
+            result.skipped_delivered = raw.num_rows
+            return result
+        if committed is not None and committed < start:
+            raise OffsetGapError(topic, partition, committed, start, end, self.group)
+        if committed is not None and committed > start:
+            keep = pc.greater_equal(raw["offset"], pa.scalar(committed, pa.int64()))
+            kept = raw.filter(keep)
+            result.skipped_delivered = raw.num_rows - kept.num_rows
+            raw = kept
+
+        routed = process(raw)
+        result.filtered = routed.filtered
+        written: list[ev.DataWritten] = []
+        for identifier, table_rows in routed.tables.items():
+            data_files = datafiles.write_data_files(table_rows.table, table_rows.rows)
+            result.rows[identifier] = table_rows.rows.num_rows
+            result.files[identifier] = len(data_files)
+            records = [datafiles.to_record(f, table_rows.table) for f in data_files]
+            # Several events for many files, so that no message outgrows the broker's size limit.
+            for i in range(0, len(records), self.max_files_per_event):
+                written.append(
+                    ev.DataWritten(
+                        table=table_ref(table_rows.table),
+                        files=tuple(records[i : i + self.max_files_per_event]),
+                        topic=topic,
+                        partition=partition,
+                        next_offset=end,
+                    )
+                )
+        dead_letter_topic = self.dead_letter_topic
+        if routed.dead_letters and dead_letter_topic is None:
+            first = routed.dead_letters[0]
+            raise FanoutSinkError(
+                f"{len(routed.dead_letters)} record(s) of {topic}[{partition}] in [{start}, {end}) could not "
+                f"be delivered and no dead-letter topic is configured (first: headers {first.headers}).\n"
+                "  fix: configure dead-letter.topic, or fix the records / routes."
+            )
+        fault_point("worker.after-write-files", topic=topic, partition=partition)
+
+        with producer.transaction():
+            for event in written:
+                channel.produce_event(producer, self.control_topic, self.sink, event)
+            complete = ev.DataComplete(
+                topic=topic, partition=partition, next_offset=end, max_timestamp_ms=_max_timestamp_ms(raw)
+            )
+            channel.produce_event(producer, self.control_topic, self.sink, complete)
+            for letter in routed.dead_letters:
+                producer.produce(str(dead_letter_topic), letter.value, key=letter.key, headers=letter.headers)
+            producer.send_offsets([TopicPartition(topic, partition, end)], self._metadata())
+            fault_point("worker.before-commit", topic=topic, partition=partition)
+        fault_point("worker.after-commit", topic=topic, partition=partition)
+        result.dead_lettered = len(routed.dead_letters)
+        result.transaction_committed = True
+        return result
+
+    def close(self) -> None:
+        """Flush and drop the cached producers (an open transaction, if any, times out and aborts)."""
+        for producer in self._producers.values():
+            producer.flush(self.timeout_s)
+        self._producers.clear()
+        if self._offsets is not None:
+            self._offsets.close()
+            self._offsets = None

@@ -1,0 +1,150 @@
+"""The Spark Structured Streaming application: Kafka source -> foreachBatch -> workers -> coordinator.
+
+This module owns the run's life cycle only: the sink's own topics, where the stream starts
+(:mod:`~fanout_sink.spark.planning`), the Spark session, the streaming query whose batches
+:class:`~fanout_sink.spark.batch.BatchRunner` runs, the coordinator thread on the driver, and a stop
+on SIGTERM or Ctrl-C that lets the running batch finish and commits before exiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from fanout_sink.catalog import load_catalog
+from fanout_sink.config import SinkConfig
+from fanout_sink.errors import RecordError
+from fanout_sink.kafka.client import ensure_topic
+from fanout_sink.protocol.channel import ensure_control_topic
+from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.spark import planning, progress
+from fanout_sink.spark.batch import BatchRunner
+from fanout_sink.spark.session import build_spark_session
+from fanout_sink.spark.source import read_stream
+
+log = logging.getLogger("fanout_sink.app")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Command-line overrides of the ``spark`` section."""
+
+    master: str | None = None
+    available_now: bool = False
+    trigger_interval: timedelta | None = None
+    max_offsets_per_trigger: int | None = None
+    batch_retries: int = 3
+    spark_conf: tuple[tuple[str, str], ...] = ()
+
+
+class SinkApp:
+    """Runs one sink: the streaming query, its batches and the coordinator thread."""
+
+    def __init__(self, config: SinkConfig, options: RunOptions | None = None) -> None:
+        self.config = config
+        self.options = options or RunOptions()
+        self.batches = BatchRunner(config, self.options.batch_retries, self._coordinator_error)
+        self._stop_requested = threading.Event()
+        self._query_started = threading.Event()
+        self._query: Any = None
+        self._coordinator: Coordinator | None = None
+
+    def _coordinator_error(self) -> BaseException | None:
+        return self._coordinator.error if self._coordinator is not None else None
+
+    @property
+    def record_error(self) -> RecordError | None:
+        """The bad record that stopped the query (``errors.tolerance: none``), raised by :meth:`run`."""
+        return self.batches.record_error
+
+    def request_stop(self, *_: Any) -> None:
+        """SIGTERM / Ctrl-C: let the running batch finish, then stop the query (see ``_stopper``)."""
+        log.info("stop requested: finishing the current batch, then committing")
+        self._stop_requested.set()
+
+    def _stopper(self) -> None:
+        self._stop_requested.wait()
+        # A stop that comes while Spark still starts must wait for the query, not be dropped
+        # (found by the chaos runner: a SIGTERM between the query's start and run() seeing it).
+        self._query_started.wait()
+        with self.batches.lock:  # no batch is mid-way while the query stops
+            if self._query is not None and self._query.isActive:
+                self._query.stop()
+
+    def run(self) -> int:
+        ensure_control_topic(self.config.kafka, self.config.control_topic)
+        if self.config.dead_letter is not None:
+            ensure_topic(self.config.kafka, self.config.dead_letter.topic, "dead-letter topic")
+        partitions = planning.source_partitions(self.config)
+        committed = planning.sink_group_offsets(self.config, partitions)
+        delivered = {f"{t}[{p}]": o for (t, p), o in sorted(committed.items())}
+        log.info("source partitions %s; sink group has delivered up to %s", partitions, delivered)
+        checkpoint = self.config.checkpoint_location
+        planning.reconcile_checkpoint(checkpoint, committed)
+        starting = planning.starting_offsets_option(
+            list(partitions), partitions, committed, self.config.source.starting_offsets
+        )
+        master = self.options.master or self.config.spark.master
+        log.info("starting Spark (master %s, checkpoint %s)", master, checkpoint)
+        spark = build_spark_session(
+            self.config.catalog,
+            master=master,
+            app_name=self.config.name,
+            extra_conf=dict(self.options.spark_conf),
+        )
+        spark.streams.addListener(progress.ProgressLogger())
+        self._coordinator = self._start_coordinator(list(partitions))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.request_stop)
+        threading.Thread(target=self._stopper, name="fanout-sink-stopper", daemon=True).start()
+        limit = self.options.max_offsets_per_trigger or self.config.spark.max_offsets_per_trigger
+        writer = (
+            read_stream(spark, self.config, starting, limit)
+            .writeStream.queryName(self.config.name)
+            .foreachBatch(self.batches)
+            .option("checkpointLocation", checkpoint)
+        )
+        if self.options.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            interval = self.options.trigger_interval or self.config.spark.trigger_interval
+            writer = writer.trigger(processingTime=f"{int(interval.total_seconds() * 1000)} milliseconds")
+        self._query = writer.start()
+        self._query_started.set()
+        try:
+            self._query.awaitTermination()
+        except Exception:
+            if self.record_error is not None:  # the operator needs the record, not Spark's traces
+                raise self.record_error from None
+            raise
+        finally:
+            self._stop_coordinator()
+        return 0
+
+    def _start_coordinator(self, topics: list[str]) -> Coordinator:
+        control = self.config.control
+        coordinator = Coordinator(
+            sink=self.config.name,
+            kafka_conf=self.config.kafka,
+            control_topic=self.config.control_topic,
+            catalog=load_catalog(self.config.catalog),
+            source_topics=topics,
+            commit_interval_s=control.commit_interval.total_seconds(),
+            commit_timeout_s=control.commit_timeout.total_seconds(),
+        )
+        coordinator.start()
+        return coordinator
+
+    def _stop_coordinator(self) -> None:
+        if self._coordinator is None:
+            return
+        try:
+            result = self._coordinator.stop(commit_now=True)
+            if result is not None:
+                log.info("final commit round: %s", result)
+        finally:
+            self._coordinator.close()

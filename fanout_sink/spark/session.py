@@ -1,0 +1,72 @@
+"""Builds the Spark session every entry point uses: connector jars on the classpath, Iceberg wired in.
+
+``local[*]`` is the embedded default; under ``spark-submit`` the master and resources come from the
+submit command, and only what is not already set there is filled in here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from fanout_sink import jars
+from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
+from fanout_sink.config import SECRET_KEY_PATTERN
+
+SPARK_CONNECTORS = jars.JarSet("spark-connectors", "fanout_sink.spark")
+"""Spark's Kafka source, Iceberg's Spark runtime, the SQLite JDBC driver (``poms/spark-connectors.xml``)."""
+
+
+def spark_conf(catalog: CatalogSettings | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every Spark property the sink sets, as one dict (tests and ``spark-submit --conf`` reuse it)."""
+    jar_paths = [str(p) for p in jars.jars(SPARK_CONNECTORS)]
+    conf = {
+        "spark.jars": ",".join(jar_paths),
+        # JDBC drivers are looked up by the driver's system class loader, which spark.jars does not reach.
+        "spark.driver.extraClassPath": os.pathsep.join(jar_paths),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.pyspark.driver.python": sys.executable,
+        # Spark hides conf entries and data source options whose key or value matches this, in logs,
+        # event logs and the UI. Its default misses catalog keys such as s3.access-key-id and
+        # adls.account-key, so it gets the names the sink's config treats as secret.
+        "spark.redaction.regex": f"(?i){SECRET_KEY_PATTERN}",
+    }
+    if catalog is not None:
+        conf.update(spark_catalog_conf(catalog))
+    conf.update(extra or {})
+    return conf
+
+
+def build_spark_session(
+    catalog: CatalogSettings | None = None,
+    master: str | None = None,
+    app_name: str = "fanout-sink",
+    extra_conf: Mapping[str, str] | None = None,
+) -> Any:
+    """A SparkSession with the sink's jars and catalog; ``master`` defaults to ``local[*]``."""
+    from pyspark.sql import SparkSession
+
+    resolved_master = master or ("local[*]" if "PYSPARK_GATEWAY_PORT" not in os.environ else None)
+    if resolved_master is not None and resolved_master.startswith("local"):
+        # A local run talks to itself only: keep Spark's driver and block manager on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # PySpark picks the Python of its workers from this variable (not from spark.pyspark.python);
+        # without it they run a bare `python3` that lacks the sink's packages.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    # Under spark-submit the JVM exists already (PYSPARK_GATEWAY_PORT is set) and owns the master.
+    if resolved_master is not None:
+        builder = builder.master(resolved_master)
+    for key, value in spark_conf(catalog, extra_conf).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(os.environ.get("FANOUT_SINK_SPARK_LOG_LEVEL", "WARN"))
+    return session

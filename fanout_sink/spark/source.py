@@ -1,0 +1,54 @@
+"""The stream's input: Spark's Kafka source, configured from the sink's librdkafka properties.
+
+Spark plans offsets per micro-batch and keeps its checkpoint; the records reach the workers through
+it. It is the Java Kafka client, so the ``kafka:`` section is translated (names the Java client knows,
+credentials as a JAAS config) and ``read_committed`` is forced: aborted records never reach a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fanout_sink.config import SinkConfig
+from fanout_sink.kafka.java_client import spark_kafka_options
+from fanout_sink.spark import progress
+
+log = logging.getLogger("fanout_sink.app")
+
+
+def java_client_names(spark: Any) -> frozenset[str]:
+    """Property names the Java consumer and admin client on Spark's classpath know (Spark's Kafka
+    source uses both), asked from the JVM so that they match its kafka-clients version."""
+    clients = spark._jvm.org.apache.kafka.clients
+    consumer = clients.consumer.ConsumerConfig.configNames()
+    admin = clients.admin.AdminClientConfig.configNames()
+    return frozenset(str(name) for names in (consumer, admin) for name in names)
+
+
+def read_stream(spark: Any, config: SinkConfig, starting: str, max_offsets_per_trigger: int | None) -> Any:
+    """The Kafka source as a streaming DataFrame (headers included), with the sink's observed metrics."""
+    source = config.source
+    reader = (
+        spark.readStream.format("kafka")
+        .option("includeHeaders", "true")
+        .option("startingOffsets", starting)
+        .option("failOnDataLoss", "true")
+    )
+    kafka = spark_kafka_options(config.kafka, java_client_names(spark))
+    if kafka.left_out:
+        log.info(
+            "kafka properties not given to Spark's Kafka source (unknown to the Java client, or "
+            "refused by Spark): %s",
+            ", ".join(kafka.left_out),
+        )
+    reader = reader.options(**kafka.options)
+    # After the user's properties, so read_committed always wins: aborted records never reach a worker.
+    reader = reader.option("kafka.isolation.level", "read_committed")
+    if source.pattern:
+        reader = reader.option("subscribePattern", source.pattern)
+    else:
+        reader = reader.option("subscribe", ",".join(source.topics))
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return progress.observe(reader.load())

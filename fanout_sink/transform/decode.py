@@ -1,0 +1,548 @@
+"""Kafka value bytes -> Arrow, a whole batch at a time.
+
+Three formats (``source.format``):
+
+* ``json``: one JSON object per value. The batch is newline-joined in Arrow and parsed by
+  ``pyarrow.json.read_json`` in one call. Strings stay strings (Arrow's timestamp inference is
+  undone: conversion parses timestamps per the table's column type). Only when the batch fails is
+  each value parsed on its own, to isolate the bad ones; the good ones are parsed in one call again.
+  A value must be UTF-8 (not guessed: ``json.loads`` of bytes would read UTF-16 or UTF-32), hold no
+  ``NaN``/``Infinity`` (not JSON; Arrow's parser accepts them) nor unpaired surrogate escapes, and be
+  at most :data:`MAX_NESTING` levels deep: Arrow's parser overflows the C stack (a segfault) at about
+  20 000 levels and Python's recursion limit is near 1 000, so depth is measured before parsing.
+  Only values that start as an object and hold no raw line break inside a string reach Arrow's
+  parser (a top-level ``null`` first in its input segfaults it; the newline join would turn the
+  line break into a space). Neither do integers beyond int64: Arrow would make their whole column
+  double and round every large id in the batch; they are built from exact Python ints instead.
+* ``avro``: schemaless Avro with the writer schema from an ``.avsc`` file (``source.schema``).
+* ``confluent-avro``: Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
+  body); schemas are fetched once per id with confluent-kafka's ``SchemaRegistryClient``.
+
+Every decoder returns a :class:`Decoded`: the records as an Arrow table, the index of each
+record's row in the input, and the failures (input index, reason) that become dead letters.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
+from fanout_sink.errors import ConfigError, SchemaError
+
+
+@dataclass
+class Decoded:
+    """Decoded records of one batch of values.
+
+    ``records`` has one row per decoded value, ``rows[i]`` is the input index of ``records`` row
+    ``i``; ``failures`` lists ``(input index, reason)`` of values that could not be decoded.
+    ``lossy`` names top-level columns whose Arrow type does not reflect every record (JSON fields
+    that change type within a batch are kept as JSON text); routing evaluates predicates on those
+    per record. ``python()`` returns the records as Python objects (computed once, on demand).
+    """
+
+    records: pa.Table
+    rows: np.ndarray
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    lossy: frozenset[str] = frozenset()
+    _python: Callable[[], list[Any]] | None = None
+    _python_cache: list[Any] | None = None
+
+    def with_rows(self, rows: np.ndarray) -> Decoded:
+        """The same records with other row indices and no failures (after re-indexing)."""
+        return Decoded(self.records, rows, [], self.lossy, self._python, self._python_cache)
+
+    def python(self) -> list[Any]:
+        if self._python_cache is None:
+            self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
+        return self._python_cache
+
+    def take(self, positions: np.ndarray) -> pa.Table:
+        """The records at ``positions``, lossy columns rebuilt from just those records' values.
+
+        A field whose type differs between records bound for different tables (a bad record's
+        string ``id`` next to good integer ids) then keeps its real type in each table; without
+        this, a dynamically created table took the JSON text type from its bad neighbours.
+        """
+        rows = self.records.take(pa.array(positions, pa.int64()))
+        if not self.lossy:
+            return rows
+        objects = self.python()
+        lossy = [name for name in rows.column_names if name in self.lossy]
+        rebuilt, _ = arrow_from_python(
+            [{name: objects[p].get(name) for name in lossy} for p in positions.tolist()]
+        )
+        for name in lossy:
+            rows = rows.set_column(rows.column_names.index(name), name, rebuilt.column(name))
+        return rows
+
+
+class Decoder(Protocol):
+    def __call__(self, values: pa.Array) -> Decoded: ...
+
+
+def _empty() -> Decoded:
+    return Decoded(pa.table({}), np.zeros(0, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+
+MAX_NESTING = 64
+"""Deepest JSON nesting (objects and arrays) a value may have; deeper values are dead-lettered."""
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BIG_INT = r"(?:^|[\[:,])\s*-?\d{19,}\s*(?:[\]},]|$)"
+"""An integer token of 19 or more digits: it may not fit int64 (a cheap, conservative test)."""
+_BIG_INT_TOKEN = re.compile(_BIG_INT.encode())
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+
+
+def _nesting(value: bytes) -> int:
+    """How deep objects and arrays nest in ``value`` (brackets inside strings do not count)."""
+    brackets = np.frombuffer(_STRING.sub(b"", value), dtype=np.uint8)
+    steps = np.zeros(len(brackets), dtype=np.int64)
+    steps[(brackets == ord("[")) | (brackets == ord("{"))] = 1
+    steps[(brackets == ord("]")) | (brackets == ord("}"))] = -1
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
+    """Indices of values with more opening brackets than :data:`MAX_NESTING` (depth then decides)."""
+    opening = pc.add(pc.count_substring(values, "["), pc.count_substring(values, "{"))
+    return np.flatnonzero(np.asarray(pc.greater(opening, MAX_NESTING).fill_null(False), dtype=bool))
+
+
+def _safe_for_arrow(values: pa.Array) -> bool:
+    """True when Arrow's JSON parser may see every value: UTF-8, an object (a ``null`` first in the
+    buffer segfaults it), shallow enough, no int beyond int64, no line break inside a string.
+
+    Whole-batch kernels pick the few suspects; only those are looked at one by one.
+    """
+    try:
+        values.cast(pa.string())
+    except pa.ArrowInvalid:
+        return False
+    if not pc.all(pc.match_substring_regex(values, r"^[ \t\r\n]*\{")).as_py():
+        return False
+    big_or_broken = pc.match_substring_regex(values, _BIG_INT + r"|[\r\n]").fill_null(False)
+    suspects = np.union1d(np.flatnonzero(np.asarray(big_or_broken, dtype=bool)), _may_nest_too_deep(values))
+    return not any(_unsafe(values[int(i)].as_py()) for i in suspects)
+
+
+def _unsafe(value: bytes) -> bool:
+    return (
+        _BIG_INT_TOKEN.search(value) is not None
+        or _line_break_in_string(value)
+        or _nesting(value) > MAX_NESTING
+    )
+
+
+def _line_break_in_string(value: bytes) -> bool:
+    """A raw line break inside a string (invalid JSON) would be made a space by the newline join."""
+    return any(b"\n" in text or b"\r" in text for text in _STRING.findall(value))
+
+
+_JSON_KINDS = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+"""One decoder for every value (``json.loads`` with options builds a new one per call)."""
+
+
+def parse_json_value(value: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
+    """One Kafka value -> ``(object, None)``, or ``(None, reason)`` when it is not a JSON object."""
+    if value is None:
+        return None, "value is null"
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, (
+            f"value is not UTF-8: byte 0x{value[exc.start]:02x} at offset {exc.start} ({exc.reason}); "
+            "producers must send JSON encoded as UTF-8"
+        )
+    if value.count(b"[") + value.count(b"{") > MAX_NESTING:
+        depth = _nesting(value)
+        if depth > MAX_NESTING:
+            return None, f"value nests {depth} levels deep; the limit is {MAX_NESTING}"
+    try:
+        obj = _DECODER.decode(text)
+    except ValueError as exc:
+        return None, f"invalid JSON: {exc}; producers must send one JSON object per message"
+    if not isinstance(obj, dict):
+        return None, f"value is a JSON {_JSON_KINDS.get(type(obj), 'value')}, not an object"
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return None, (
+                f"value holds an unpaired surrogate escape (\\u{ord(exc.object[exc.start]):04x}), "
+                "which is no Unicode character; producers must send valid Unicode"
+            )
+    return obj, None
+
+
+def _without_timestamps(dtype: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(dtype):
+        return pa.string()
+    if pa.types.is_struct(dtype):
+        return pa.struct([f.with_type(_without_timestamps(f.type)) for f in dtype])
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return pa.list_(dtype.value_field.with_type(_without_timestamps(dtype.value_type)))
+    return dtype
+
+
+def _newline_joined(values: pa.Array) -> pa.Buffer:
+    """The values as one newline-delimited buffer; line breaks inside values become spaces.
+
+    A line break can only sit between tokens of valid JSON, so replacing it keeps the value's
+    meaning and keeps one value per line.
+    """
+    values = values.cast(pa.large_binary())
+    values = pc.replace_substring(values, b"\n", b" ")
+    values = pc.replace_substring(values, b"\r", b" ")
+    joined = pc.binary_join_element_wise(
+        values, pa.scalar(b"", pa.large_binary()), pa.scalar(b"\n", pa.large_binary())
+    )
+    if joined.null_count:
+        joined = joined.fill_null(b"\n")
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64)[
+        joined.offset : joined.offset + len(joined) + 1
+    ]
+    data = joined.buffers()[2]
+    start, end = int(offsets[0]), int(offsets[-1])
+    return data.slice(start, end - start)
+
+
+def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
+    """Newline-delimited JSON objects -> Arrow, strings kept as strings.
+
+    With ``known`` (the schema of an earlier batch) one parse usually suffices; columns of the
+    known schema that are entirely null in this batch are dropped again, so one batch's fields do
+    not leak into another's.
+    """
+    if known is not None:
+        try:
+            options = pa_json.ParseOptions(explicit_schema=known, unexpected_field_behavior="infer")
+            table = _arrow_read(buffer, options)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+        else:
+            if not any(_has_timestamp(f.type) for f in table.schema):
+                empty = [
+                    name
+                    for name in known.names
+                    if name in table.column_names and table.column(name).null_count == table.num_rows
+                ]
+                return table.drop_columns(empty) if empty else table
+    table = _arrow_read(buffer)
+    schema = pa.schema([f.with_type(_without_timestamps(f.type)) for f in table.schema])
+    if schema.equals(table.schema):
+        return table
+    return _arrow_read(buffer, pa_json.ParseOptions(explicit_schema=schema))
+
+
+def _arrow_read(buffer: pa.Buffer, options: pa_json.ParseOptions | None = None) -> pa.Table:
+    """Arrow's JSON reader, refusing what it builds wrong: a list with a null before its other
+    elements (``[null, false]``, ``[null, null]``) becomes an invalid array whose offsets pass the
+    end of its values, which crashes whatever reads it next. Validating costs microseconds."""
+    table = pa_json.read_json(pa.BufferReader(buffer), parse_options=options)
+    table.validate()  # raises ArrowInvalid; the caller parses the values another way
+    return table
+
+
+def _has_timestamp(dtype: pa.DataType) -> bool:
+    return not _without_timestamps(dtype).equals(dtype)
+
+
+def _has_non_finite(data: pa.Table | pa.Array) -> bool:
+    """Whether any float (at any depth) is NaN or infinite: Arrow's parser took a ``NaN`` literal."""
+    if isinstance(data, pa.Table):
+        return any(_has_non_finite(chunk) for column in data.columns for chunk in column.chunks)
+    dtype = data.type
+    if pa.types.is_floating(dtype):
+        return bool(pc.any(pc.invert(pc.is_finite(data))).as_py())
+    if pa.types.is_struct(dtype):
+        return any(_has_non_finite(pc.struct_field(data, i)) for i in range(dtype.num_fields))
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return _has_non_finite(data.flatten())
+    return False
+
+
+def arrow_from_python(objects: Sequence[dict[str, Any]]) -> tuple[pa.Table, frozenset[str]]:
+    """Columns from Python objects; a column whose values do not share a type becomes JSON text."""
+    names: dict[str, None] = {}
+    for obj in objects:
+        names.update(dict.fromkeys(obj))
+    columns: dict[str, pa.Array] = {}
+    lossy: set[str] = set()
+    for name in names:
+        values = [obj.get(name) for obj in objects]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            lossy.add(name)
+            columns[name] = pa.array(
+                [v if v is None or isinstance(v, str) else json.dumps(v) for v in values], pa.string()
+            )
+    if not columns:
+        return pa.table({"__empty": pa.nulls(len(objects))}).drop_columns(["__empty"]), frozenset()
+    return pa.table(columns), frozenset(lossy)
+
+
+class JsonDecoder:
+    """Batch JSON decoding with per-record isolation of bad values.
+
+    ``per_record=True`` parses every value with :func:`json.loads` and builds Arrow from Python
+    objects: the slow path, kept for the benchmark's comparison.
+    """
+
+    def __init__(self, per_record: bool = False) -> None:
+        self.per_record = per_record
+        self._known: pa.Schema | None = None
+
+    def __call__(self, values: pa.Array) -> Decoded:
+        n = len(values)
+        if n == 0:
+            return _empty()
+        if self.per_record:
+            return self._per_record(values)
+        raw = values
+
+        def python(indices: np.ndarray | None = None) -> Callable[[], list[Any]]:
+            def load() -> list[Any]:
+                chosen = raw if indices is None else raw.take(pa.array(indices))
+                return [json.loads(v.decode("utf-8")) for v in chosen.to_pylist() if v is not None]
+
+            return load
+
+        if values.null_count == 0 and _safe_for_arrow(values):
+            try:
+                table = _read_json(_newline_joined(values), self._known)
+                if table.num_rows == n and not _has_non_finite(table):
+                    self._remember(table.schema)
+                    return Decoded(table, np.arange(n, dtype=np.int64), _python=python())
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass
+        return self._isolate(values, python)
+
+    def _remember(self, schema: pa.Schema) -> None:
+        known = self._known
+        if known is None:
+            self._known = schema
+            return
+        fields = {f.name: f for f in known}
+        fields.update({f.name: f for f in schema})
+        self._known = pa.schema(list(fields.values())) if len(fields) <= 1000 else schema
+
+    @staticmethod
+    def _parse_each(values: pa.Array) -> tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]:
+        """Every value on its own: (good indices, their objects, failures)."""
+        good: list[int] = []
+        objects: list[dict[str, Any]] = []
+        failures: list[tuple[int, str]] = []
+        for index, value in enumerate(values.to_pylist()):
+            obj, reason = parse_json_value(value)
+            if obj is None:
+                failures.append((index, reason or "not a JSON object"))
+                continue
+            good.append(index)
+            objects.append(obj)
+        return good, objects, failures
+
+    def _per_record(self, values: pa.Array) -> Decoded:
+        good, objects, failures = self._parse_each(values)
+        table, lossy = arrow_from_python(objects)
+        return Decoded(table, np.asarray(good, dtype=np.int64), failures, lossy=lossy, _python_cache=objects)
+
+    def _isolate(self, values: pa.Array, python: Callable[[np.ndarray], Callable[[], list[Any]]]) -> Decoded:
+        good, objects, failures = self._parse_each(values)
+        rows = np.asarray(good, dtype=np.int64)
+        if not good:
+            return Decoded(pa.table({}), rows, failures)
+        good_values = values.take(pa.array(rows))
+        # json.loads has vetted each good value for Arrow's parser but for integers beyond int64.
+        if not pc.any(pc.match_substring_regex(good_values, _BIG_INT)).as_py():
+            try:
+                table = _read_json(_newline_joined(good_values))
+                if table.num_rows == len(good):
+                    return Decoded(table, rows, failures, _python_cache=objects)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass
+        table, lossy = arrow_from_python(objects)
+        return Decoded(table, rows, failures, lossy=lossy, _python_cache=objects)
+
+
+# --------------------------------------------------------------------------------------------
+# Avro
+
+
+def _decode_avro(
+    values: list[bytes | None], schema: Any, arrow_schema: pa.Schema, skip: int = 0
+) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
+    from fastavro import schemaless_reader
+
+    objects: list[dict[str, Any]] = []
+    good: list[int] = []
+    failures: list[tuple[int, str]] = []
+    for index, value in enumerate(values):
+        if value is None:
+            failures.append((index, "value is null"))
+            continue
+        stream = io.BytesIO(value)
+        stream.seek(skip)
+        try:
+            obj = schemaless_reader(stream, schema, None)
+        except Exception as exc:  # fastavro raises many types on bad input
+            failures.append((index, f"invalid Avro for the writer schema: {type(exc).__name__}: {exc}"))
+            continue
+        if stream.tell() != len(value):
+            failures.append((index, f"invalid Avro: {len(value) - stream.tell()} trailing bytes"))
+            continue
+        if not isinstance(obj, dict):
+            failures.append((index, "Avro value is not a record"))
+            continue
+        good.append(index)
+        objects.append(obj)
+    return objects, good, failures
+
+
+def _avro_table(objects: list[dict[str, Any]], arrow_schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(objects, schema=arrow_schema)
+
+
+class AvroDecoder:
+    """Schemaless Avro values written with one known schema."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        from fastavro import parse_schema
+
+        self.schema = parse_schema(schema)
+        self.arrow_schema = avro_to_arrow_schema(schema)
+
+    def __call__(self, values: pa.Array) -> Decoded:
+        if len(values) == 0:
+            return _empty()
+        objects, good, failures = _decode_avro(values.to_pylist(), self.schema, self.arrow_schema)
+        table = _avro_table(objects, self.arrow_schema)
+        return Decoded(table, np.asarray(good, dtype=np.int64), failures, _python_cache=objects)
+
+
+class ConfluentAvroDecoder:
+    """Confluent wire-format Avro; writer schemas resolved through the Schema Registry, cached per id."""
+
+    MAGIC = 0
+
+    def __init__(self, registry_conf: dict[str, str]) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self._client = SchemaRegistryClient(dict(registry_conf))
+        self._schemas: dict[int, tuple[Any, pa.Schema] | str] = {}
+        self._lock = threading.Lock()
+
+    def schema(self, schema_id: int) -> tuple[Any, pa.Schema] | str:
+        """Parsed writer schema and Arrow schema for an id, or the reason it is unusable."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+        from fastavro import parse_schema
+
+        with self._lock:
+            cached = self._schemas.get(schema_id)
+        if cached is not None:
+            return cached
+        try:
+            registered = self._client.get_schema(schema_id)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                result: tuple[Any, pa.Schema] | str = (
+                    f"unknown schema id {schema_id} in the Schema Registry; "
+                    "check source.schema-registry.url points at the producer's registry"
+                )
+            else:
+                raise SchemaError(f"Schema Registry lookup of schema id {schema_id} failed: {exc}") from exc
+        else:
+            if (registered.schema_type or "AVRO") != "AVRO":
+                result = f"schema id {schema_id} is {registered.schema_type}, not AVRO"
+            else:
+                try:
+                    raw = json.loads(registered.schema_str or "")
+                    result = (parse_schema(raw), avro_to_arrow_schema(raw))
+                except (ValueError, SchemaError) as exc:
+                    result = f"schema id {schema_id} cannot be used: {exc}"
+        with self._lock:
+            self._schemas[schema_id] = result
+        return result
+
+    def __call__(self, values: pa.Array) -> Decoded:
+        if len(values) == 0:
+            return _empty()
+        raw = values.to_pylist()
+        failures: list[tuple[int, str]] = []
+        by_id: dict[int, list[int]] = {}
+        for index, value in enumerate(raw):
+            if value is None or len(value) < 5 or value[0] != self.MAGIC:
+                failures.append(
+                    (
+                        index,
+                        "not Confluent wire format (magic byte 0, 4-byte schema id); is source.format right?",
+                    )
+                )
+                continue
+            by_id.setdefault(int.from_bytes(value[1:5], "big"), []).append(index)
+        parts: list[pa.Table] = []
+        rows: list[int] = []
+        objects: list[dict[str, Any]] = []
+        for schema_id, indices in by_id.items():
+            resolved = self.schema(schema_id)
+            if isinstance(resolved, str):
+                failures.extend((i, resolved) for i in indices)
+                continue
+            writer, arrow_schema = resolved
+            objs, good, bad = _decode_avro([raw[i] for i in indices], writer, arrow_schema, skip=5)
+            failures.extend((indices[i], reason) for i, reason in bad)
+            parts.append(_avro_table(objs, arrow_schema))
+            rows.extend(indices[i] for i in good)
+            objects.extend(objs)
+        failures.sort()
+        if not parts:
+            return Decoded(pa.table({}), np.zeros(0, dtype=np.int64), failures)
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+        order = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")
+        table = table.take(pa.array(order))
+        ordered = [objects[i] for i in order]
+        return Decoded(table, np.asarray(rows, dtype=np.int64)[order], failures, _python_cache=ordered)
+
+
+def build_decoder(config: Any) -> Decoder:
+    """The decoder for ``config.source`` (a :class:`~fanout_sink.config.SinkConfig`)."""
+    source = config.source
+    if source.format == "json":
+        return JsonDecoder()
+    if source.format == "avro":
+        path = config.resolve(source.schema_file)
+        try:
+            return AvroDecoder(load_avro_schema(path))
+        except SchemaError as exc:
+            raise ConfigError(config.name, "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
+    return ConfluentAvroDecoder(source.schema_registry)

@@ -1,0 +1,550 @@
+"""jmespath expressions over a batch of records, compiled to ``pyarrow.compute`` where possible.
+
+Expressions are jmespath, evaluated over a *record view*: the record's own fields at top level,
+plus the Kafka metadata of the record
+
+=================  ==========================================================================
+``topic``          source topic (string)
+``partition``      source partition (number)
+``offset``         source offset (number)
+``timestamp``      record timestamp, epoch milliseconds (number)
+``timestamp_type`` Kafka timestamp type (0 create time, 1 log-append time)
+``key``            record key as UTF-8 text (invalid bytes replaced), or null
+``headers``        object of header name -> UTF-8 text value (the last one wins), per record only
+=================  ==========================================================================
+
+The metadata names are visible at top level unless the record has a field of the same name (the
+record wins); they are always reachable under ``_kafka`` (``_kafka.topic``). Besides jmespath's
+built-in functions there is ``regex(subject, 'pattern')``: true when ``pattern`` matches anywhere
+in the string ``subject``. A predicate that raises (e.g. ``starts_with`` on a number) is false.
+
+Simple predicates -- a field compared with a literal (``==``, ``!=``, ``<``, ``<=``, ``>``,
+``>=``), membership ``contains(['a', 'b'], field)``, ``contains``/``starts_with``/``ends_with``/
+``regex`` on a string field, a bare field's truthiness, and ``&&``, ``||``, ``!`` of those -- are
+compiled to ``pyarrow.compute`` and run on whole columns. Everything else runs per record through
+jmespath over Python objects; both give the same answer (the routing tests check that with
+hypothesis). Projections (``select``) of the form ``{name: field.path, ...}`` and dynamic names that
+are a field or ``join('<sep>', [<'literal' or field.path>, ...])`` are vectorised the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jmespath
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from jmespath import functions as jp_functions
+
+from fanout_sink.transform.decode import Decoded, arrow_from_python
+
+META_FIELDS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers")
+META_ROOT = "_kafka"
+
+
+class _Functions(jp_functions.Functions):
+    @jp_functions.signature({"types": []}, {"types": ["string"]})
+    def _func_regex(self, subject: Any, pattern: str) -> bool:
+        return isinstance(subject, str) and re.search(pattern, subject) is not None
+
+
+JMESPATH_OPTIONS = jmespath.Options(custom_functions=_Functions())
+
+
+class Fallback(Exception):
+    """An expression (or a part of it) cannot be vectorised for this batch."""
+
+
+# --------------------------------------------------------------------------------------------
+# The record view
+
+
+@dataclass
+class RecordView:
+    """Decoded records plus their Kafka metadata, as Arrow columns and (on demand) Python objects."""
+
+    decoded: Decoded
+    meta: pa.Table  # one row per decoded record: the META_FIELDS but headers
+    headers: list[dict[str, str]] | None = None
+    _raw_headers: pa.Array | None = None
+    _python: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def build(cls, decoded: Decoded, raw: pa.Table) -> RecordView:
+        """``raw`` is the slice (``RAW_RECORD_SCHEMA``); ``decoded.rows`` index into it."""
+        take = pa.array(decoded.rows, pa.int64())
+        picked = raw.select(["topic", "partition", "offset", "timestamp", "timestampType", "key"]).take(take)
+        key = picked.column("key").combine_chunks()
+        try:
+            key_text = key.cast(pa.string())
+        except pa.ArrowInvalid:
+            key_text = pa.array(
+                [None if k is None else k.decode("utf-8", "replace") for k in key.to_pylist()], pa.string()
+            )
+        meta = pa.table(
+            {
+                "topic": picked.column("topic"),
+                "partition": picked.column("partition").cast(pa.int64()),
+                "offset": picked.column("offset"),
+                "timestamp": pc.cast(
+                    pc.cast(picked.column("timestamp"), pa.timestamp("ms", tz="UTC"), safe=False), pa.int64()
+                ),
+                "timestamp_type": picked.column("timestampType").cast(pa.int64()),
+                "key": key_text,
+            }
+        )
+        raw_headers = (
+            raw.column("headers").take(take).combine_chunks() if "headers" in raw.column_names else None
+        )
+        return cls(decoded, meta, _raw_headers=raw_headers)
+
+    def __len__(self) -> int:
+        return int(self.meta.num_rows)
+
+    @property
+    def records(self) -> pa.Table:
+        return self.decoded.records
+
+    def header_objects(self) -> list[dict[str, str]]:
+        if self.headers is None:
+            result: list[dict[str, str]] = []
+            values = self._raw_headers.to_pylist() if self._raw_headers is not None else [None] * len(self)
+            for entries in values:
+                obj: dict[str, str] = {}
+                for entry in entries or []:
+                    value = entry["value"]
+                    obj[entry["key"]] = "" if value is None else value.decode("utf-8", "replace")
+                result.append(obj)
+            self.headers = result
+        return self.headers
+
+    def python(self) -> list[dict[str, Any]]:
+        """Per-record objects for jmespath: record fields, unshadowed metadata, ``_kafka``."""
+        if self._python is None:
+            records = self.decoded.python()
+            metas = self.meta.to_pylist()
+            headers = self.header_objects()
+            view = []
+            for record, meta, hdrs in zip(records, metas, headers, strict=True):
+                meta["headers"] = hdrs
+                obj = dict(meta)
+                for key, value in record.items():
+                    if value is not None or key not in obj:
+                        obj[key] = value
+                obj[META_ROOT] = meta
+                view.append(obj)
+            self._python = view
+        return self._python
+
+    def column(self, name: str) -> pa.Array:
+        """A top-level name as a column: a record field, else metadata; unknown names are all null."""
+        if name == META_ROOT:  # always the metadata, even when a record has a field of that name
+            return pa.StructArray.from_arrays(
+                [c.combine_chunks() for c in self.meta.columns], names=self.meta.column_names
+            )
+        if name in self.decoded.lossy:
+            raise Fallback(f"column {name} has mixed types in this batch")
+        records = self.decoded.records
+        if name in records.column_names:
+            column = records.column(name).combine_chunks()
+            if name in META_FIELDS and column.null_count:
+                if name == "headers":
+                    raise Fallback("headers are evaluated per record")
+                meta = self.meta.column(name).combine_chunks()
+                if column.type != meta.type:
+                    raise Fallback(f"record field {name} shadows metadata with another type")
+                column = pc.coalesce(column, meta)
+            return column
+        if name == "headers":
+            raise Fallback("headers are evaluated per record")
+        if name in self.meta.column_names:
+            return self.meta.column(name).combine_chunks()
+        return pa.nulls(len(self))
+
+
+# --------------------------------------------------------------------------------------------
+# Vectorised evaluation of a jmespath AST
+
+
+def _path(node: dict[str, Any]) -> list[str] | None:
+    """``a`` or ``a.b.c`` as a list of names; None for anything else."""
+    if node["type"] == "field":
+        return [node["value"]]
+    if node["type"] == "subexpression":
+        names: list[str] = []
+        for child in node["children"]:
+            sub = _path(child)
+            if sub is None:
+                return None
+            names.extend(sub)
+        return names
+    return None
+
+
+def _resolve(view: RecordView, names: list[str]) -> pa.Array:
+    array = view.column(names[0])
+    for name in names[1:]:
+        if names[0] == "headers" or (names[0] == META_ROOT and name == "headers"):
+            raise Fallback("headers are evaluated per record")
+        if pa.types.is_struct(array.type) and array.type.get_field_index(name) >= 0:
+            child = pc.struct_field(array, name)
+            if array.null_count:
+                child = pc.if_else(array.is_valid(), child, pa.nulls(len(array), child.type))
+            array = child
+        else:
+            array = pa.nulls(len(array))
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    return array
+
+
+def _family(dtype: pa.DataType) -> str:
+    if pa.types.is_null(dtype):
+        return "null"
+    if pa.types.is_boolean(dtype):
+        return "bool"
+    if pa.types.is_integer(dtype) or pa.types.is_floating(dtype):
+        return "number"
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return "string"
+    return "other"
+
+
+def _literal_family(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "other"
+
+
+_FLIP = {"lt": "gt", "lte": "gte", "gt": "lt", "gte": "lte", "eq": "eq", "ne": "ne"}
+_ARROW_CMP = {
+    "eq": pc.equal,
+    "ne": pc.not_equal,
+    "lt": pc.less,
+    "lte": pc.less_equal,
+    "gt": pc.greater,
+    "gte": pc.greater_equal,
+}
+
+
+def _const(view: RecordView, value: bool) -> pa.Array:
+    return pa.array(np.full(len(view), value, dtype=bool))
+
+
+def _comparator(view: RecordView, node: dict[str, Any]) -> pa.Array:
+    op = node["value"]
+    left, right = node["children"]
+    if left["type"] == "literal" and _path(right) is not None:
+        left, right, op = right, left, _FLIP[op]
+    names = _path(left)
+    if names is None or right["type"] != "literal":
+        raise Fallback("comparison is not field-versus-literal")
+    column = _resolve(view, names)
+    literal = right["value"]
+    col_family, lit_family = _family(column.type), _literal_family(literal)
+    if op in {"eq", "ne"}:
+        if lit_family == "null":
+            result = column.is_null() if op == "eq" else column.is_valid()
+            return result
+        if col_family == "null":
+            return _const(view, op == "ne")
+        if col_family != lit_family or col_family == "other":
+            raise Fallback("types differ")
+        compared = _ARROW_CMP[op](column, pa.scalar(literal, column.type if col_family != "number" else None))
+        return compared.fill_null(op == "ne")
+    if col_family == "null":
+        return _const(view, False)
+    if col_family != lit_family or col_family not in {"number", "string"}:
+        raise Fallback("ordering needs two numbers or two strings")
+    return _ARROW_CMP[op](column, pa.scalar(literal)).fill_null(False)
+
+
+def _string_arg(view: RecordView, node: dict[str, Any]) -> pa.Array:
+    names = _path(node)
+    if names is None:
+        raise Fallback("not a field")
+    column = _resolve(view, names)
+    if _family(column.type) not in {"string", "null"}:
+        raise Fallback("not a string column")
+    return column
+
+
+def _literal_list(node: dict[str, Any]) -> list[Any] | None:
+    if node["type"] == "literal" and isinstance(node["value"], list):
+        return list(node["value"])
+    if node["type"] == "multi_select_list" and all(c["type"] == "literal" for c in node["children"]):
+        return [c["value"] for c in node["children"]]
+    return None
+
+
+def _function(view: RecordView, node: dict[str, Any]) -> tuple[pa.Array, pa.Array | None]:
+    name, args = node["value"], node["children"]
+    if len(args) != 2:
+        raise Fallback(f"function {name}")
+    subject, needle = args
+    values = _literal_list(subject)
+    if name == "contains" and values is not None:
+        names = _path(needle)
+        if names is None:
+            raise Fallback("contains needle is not a field")
+        column = _resolve(view, names)
+        has_null = any(v is None for v in values)
+        non_null = [v for v in values if v is not None]
+        family = _family(column.type)
+        if family == "null":
+            return _const(view, has_null), None
+        if family == "other" or any(_literal_family(v) != family for v in non_null):
+            raise Fallback("membership types differ")
+        if not non_null:
+            return (column.is_null() if has_null else _const(view, False)), None
+        found = pc.is_in(column, value_set=pa.array(non_null, column.type if family != "number" else None))
+        return pc.if_else(column.is_null(), has_null, found), None
+    if needle["type"] != "literal" or not isinstance(needle["value"], str):
+        raise Fallback(f"function {name} needs a string literal")
+    pattern = needle["value"]
+    if name in {"contains", "starts_with", "ends_with", "regex"}:
+        column = _string_arg(view, subject)
+        # jmespath raises on a non-string subject for all but regex (which is false there).
+        error = None if name == "regex" else column.is_null()
+        if _family(column.type) == "null":
+            return _const(view, False), error
+        kernels: dict[str, Callable[..., pa.Array]] = {
+            "contains": pc.match_substring,
+            "starts_with": pc.starts_with,
+            "ends_with": pc.ends_with,
+            "regex": pc.match_substring_regex,
+        }
+        return kernels[name](column, pattern).fill_null(False), error
+    raise Fallback(f"function {name}")
+
+
+def _truthy_column(view: RecordView, column: pa.Array) -> pa.Array:
+    family = _family(column.type)
+    if family == "null":
+        return _const(view, False)
+    if family == "bool":
+        return column.fill_null(False)
+    if family == "string":
+        return pc.greater(pc.utf8_length(column), 0).fill_null(False)
+    if family == "number":
+        return column.is_valid()
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return pc.greater(pc.list_value_length(column), 0).fill_null(False)
+    raise Fallback("truthiness of this type")
+
+
+def truth(view: RecordView, node: dict[str, Any]) -> pa.Array:
+    """A non-null boolean column: jmespath truthiness of ``node`` for each record.
+
+    A record for which jmespath would raise (``starts_with`` of a null, say) is false, as the
+    per-record path makes it; ``&&`` and ``||`` short-circuit like jmespath.
+    """
+    mask, error = _truth(view, node)
+    return pc.and_(mask, pc.invert(error)) if error is not None else mask
+
+
+def _truth(view: RecordView, node: dict[str, Any]) -> tuple[pa.Array, pa.Array | None]:
+    """(truthiness, rows on which jmespath raises or None when it cannot)."""
+    kind = node["type"]
+    if kind == "comparator":
+        return _comparator(view, node), None
+    if kind == "function_expression":
+        return _function(view, node)
+    if kind in {"and_expression", "or_expression"}:
+        left, left_error = _truth(view, node["children"][0])
+        right, right_error = _truth(view, node["children"][1])
+        if kind == "and_expression":
+            mask = pc.and_(left, right)
+            reached = left  # the right side runs only when the left is truthy
+        else:
+            mask = pc.or_(left, right)
+            reached = pc.invert(left)
+        error = left_error
+        if right_error is not None:
+            right_reached = pc.and_(reached, right_error)
+            error = right_reached if error is None else pc.or_(error, right_reached)
+        return mask, error
+    if kind == "not_expression":
+        mask, error = _truth(view, node["children"][0])
+        return pc.invert(mask), error
+    if kind == "literal":
+        value = node["value"]
+        return _const(view, _truthy(value)), None
+    names = _path(node)
+    if names is not None:
+        return _truthy_column(view, _resolve(view, names)), None
+    raise Fallback(f"{kind} expression")
+
+
+def _truthy(value: Any) -> bool:
+    """jmespath truthiness: false, null, "", [] and {} are false; 0 is true."""
+    return not (value is None or value is False or value in ("", [], {}))
+
+
+# --------------------------------------------------------------------------------------------
+# Expressions
+
+
+class Predicate:
+    """A ``when`` expression; :meth:`mask` says for each record whether it matches."""
+
+    def __init__(self, expression: str) -> None:
+        self.expression = expression
+        self.compiled = jmespath.compile(expression)
+        self._ast: dict[str, Any] = dict(self.compiled.parsed)
+        self.last_vectorised = False
+
+    def mask(self, view: RecordView, vectorised: bool = True) -> np.ndarray:
+        if len(view) == 0:
+            return np.zeros(0, dtype=bool)
+        if vectorised:
+            try:
+                result = truth(view, self._ast)
+                self.last_vectorised = True
+                return np.asarray(result.to_numpy(zero_copy_only=False), dtype=bool)
+            except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                pass
+        self.last_vectorised = False
+        return np.fromiter((self.match(obj) for obj in view.python()), dtype=bool, count=len(view))
+
+    def match(self, obj: Any) -> bool:
+        try:
+            return _truthy(self.compiled.search(obj, options=JMESPATH_OPTIONS))
+        except (jmespath.exceptions.JMESPathError, TypeError, ValueError, re.error):
+            return False
+
+
+class Projection:
+    """A ``select`` expression: each record -> an object (a row of the destination table)."""
+
+    def __init__(self, expression: str) -> None:
+        self.expression = expression
+        self.compiled = jmespath.compile(expression)
+        self._ast: dict[str, Any] = dict(self.compiled.parsed)
+        self.last_vectorised = False
+
+    def apply(
+        self, view: RecordView, positions: np.ndarray, vectorised: bool = True
+    ) -> tuple[pa.Table, np.ndarray, list[tuple[int, str]]]:
+        """Rows for ``positions`` of the view; returns (rows, their positions, failures)."""
+        if vectorised:
+            try:
+                table = self._vectorised(view, positions)
+                self.last_vectorised = True
+                return table, positions, []
+            except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                pass
+        self.last_vectorised = False
+        objects = view.python()
+        rows: list[dict[str, Any]] = []
+        good: list[int] = []
+        failures: list[tuple[int, str]] = []
+        for pos in positions.tolist():
+            try:
+                result = self.compiled.search(objects[pos], options=JMESPATH_OPTIONS)
+            except (jmespath.exceptions.JMESPathError, TypeError, ValueError) as exc:
+                failures.append((pos, f"select {self.expression!r} failed: {exc}"))
+                continue
+            if not isinstance(result, dict):
+                kind = "null" if result is None else type(result).__name__
+                failures.append((pos, f"select {self.expression!r} gave {kind}, not an object"))
+                continue
+            rows.append(result)
+            good.append(pos)
+        table, _ = arrow_from_python(rows)
+        if table.num_columns == 0:
+            table = pa.table({"__rows": pa.nulls(len(rows))}).drop_columns(["__rows"])
+        return table, np.asarray(good, dtype=np.int64), failures
+
+    def _vectorised(self, view: RecordView, positions: np.ndarray) -> pa.Table:
+        node = self._ast
+        if node["type"] != "multi_select_dict":
+            raise Fallback("select is not {name: field, ...}")
+        take = pa.array(positions, pa.int64())
+        columns: dict[str, pa.Array] = {}
+        for pair in node["children"]:
+            names = _path(pair["children"][0])
+            if names is None:
+                raise Fallback("select value is not a field path")
+            columns[pair["value"]] = _resolve(view, names).take(take)
+        return pa.table(columns) if columns else pa.table({"_": pa.nulls(len(positions))}).drop_columns(["_"])
+
+
+class NameExpression:
+    """A ``dynamic.table`` expression: each record -> a table name (or null: not dynamically routed)."""
+
+    def __init__(self, expression: str) -> None:
+        self.expression = expression
+        self.compiled = jmespath.compile(expression)
+        self._ast: dict[str, Any] = dict(self.compiled.parsed)
+        self.last_vectorised = False
+
+    def names(self, view: RecordView, positions: np.ndarray, vectorised: bool = True) -> list[Any]:
+        if vectorised:
+            try:
+                array = self._vectorised(view).take(pa.array(positions, pa.int64()))
+                self.last_vectorised = True
+                return list(array.to_pylist())
+            except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                pass
+        self.last_vectorised = False
+        objects = view.python()
+        result: list[Any] = []
+        for pos in positions.tolist():
+            try:
+                result.append(self.compiled.search(objects[pos], options=JMESPATH_OPTIONS))
+            except (jmespath.exceptions.JMESPathError, TypeError, ValueError):
+                result.append(None)
+        return result
+
+    def array(self, view: RecordView, positions: np.ndarray) -> pa.Array | None:
+        """Names for ``positions`` as an Arrow string column, or None when not vectorisable."""
+        try:
+            array = self._vectorised(view).take(pa.array(positions, pa.int64()))
+        except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            self.last_vectorised = False
+            return None
+        self.last_vectorised = True
+        return array
+
+    def _vectorised(self, view: RecordView) -> pa.Array:
+        node = self._ast
+        names = _path(node)
+        if names is not None:
+            column = _resolve(view, names)
+            if _family(column.type) != "string":
+                raise Fallback("name field is not a string column")
+            return column
+        if node["type"] == "function_expression" and node["value"] == "join" and len(node["children"]) == 2:
+            sep, items = node["children"]
+            if (
+                sep["type"] != "literal"
+                or not isinstance(sep["value"], str)
+                or items["type"] != "multi_select_list"
+            ):
+                raise Fallback("join form")
+            parts: list[Any] = []
+            for item in items["children"]:
+                if item["type"] == "literal" and isinstance(item["value"], str):
+                    parts.append(pa.scalar(item["value"], pa.string()))
+                    continue
+                item_names = _path(item)
+                if item_names is None:
+                    raise Fallback("join part")
+                column = _resolve(view, item_names)
+                if _family(column.type) != "string":
+                    raise Fallback("join part is not a string column")
+                # A null part makes jmespath's join raise (no name: unmatched); Arrow gives null.
+                parts.append(column.cast(pa.string()))
+            return pc.binary_join_element_wise(*parts, pa.scalar(sep["value"], pa.string()))
+        raise Fallback("name expression form")

@@ -1,0 +1,334 @@
+"""Destination tables: load, auto-create and evolve, with retries when workers race.
+
+A :class:`TableManager` keeps a per-process cache of loaded tables. ``ensure`` loads a table or
+(when ``auto-create`` is on) creates it: from the Avro schema file named by the table's ``schema``
+key, or else from the Arrow schema of the first rows routed to it (every column optional; a
+string column used by a ``year/month/day/hour`` partition transform becomes ``timestamptz`` when its
+values parse as timestamps). The partition spec (``partition-by``) and ``properties`` are applied
+in the same transaction as the create.
+
+``evolve`` compares incoming rows with the table schema and, as the table's ``evolution`` settings
+allow, adds columns (top-level, and fields of struct columns; not yet inside lists or maps),
+widens ``int`` to ``long`` and ``float`` to ``double`` when values do not fit, and makes a
+required column optional when rows lack it. On a commit conflict it
+reloads the table and recomputes the change against the new schema, so several workers evolving
+one table converge on one schema; a change that another worker already made is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
+from fanout_sink.errors import FanoutSinkError, TableError
+from fanout_sink.transform.convert import Matching, to_timestamps
+
+log = logging.getLogger(__name__)
+
+_TIME_TRANSFORMS = {"year", "month", "day", "hour"}
+
+
+def normalise_type(dtype: pa.DataType) -> pa.DataType:
+    """An Arrow type PyIceberg can map to an Iceberg type (nulls become strings, and so on)."""
+    if pa.types.is_null(dtype):
+        return pa.string()
+    if pa.types.is_dictionary(dtype):
+        return normalise_type(dtype.value_type)
+    if pa.types.is_timestamp(dtype):
+        return pa.timestamp("us", tz="UTC" if dtype.tz is not None else None)
+    if pa.types.is_unsigned_integer(dtype):
+        return pa.int64() if dtype.bit_width >= 32 else pa.int32()
+    if pa.types.is_integer(dtype) and dtype.bit_width < 32:
+        return pa.int32()
+    if pa.types.is_float16(dtype):
+        return pa.float32()
+    if pa.types.is_struct(dtype):
+        if dtype.num_fields == 0:
+            return pa.string()
+        return pa.struct([normalise_field(f) for f in dtype])
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return pa.list_(normalise_field(dtype.value_field))
+    if pa.types.is_map(dtype):
+        return pa.map_(normalise_type(dtype.key_type), normalise_field(dtype.item_field))
+    if pa.types.is_time32(dtype):
+        return pa.time64("us")
+    return dtype
+
+
+def normalise_field(f: pa.Field, optional: bool = False) -> pa.Field:
+    return pa.field(f.name, normalise_type(f.type), nullable=True if optional else f.nullable)
+
+
+def infer_schema(rows: pa.Table, partition_by: list[Any], skip_null_columns: bool = False) -> pa.Schema:
+    """An Arrow schema for a new table from its first rows; every column optional.
+
+    A column that is null in every row has no type to learn: it becomes a string column, or, with
+    ``skip_null_columns`` (when the table may add columns later), it is left out until a value
+    arrives and schema evolution adds it with its real type.
+    """
+    time_columns = {p.column for p in partition_by if p.transform in _TIME_TRANSFORMS}
+    fields = []
+    partition_columns = {p.column for p in partition_by}
+    for f in rows.schema:
+        if (
+            skip_null_columns
+            and f.name not in partition_columns
+            and rows.column(f.name).null_count == rows.num_rows
+            and rows.num_columns > 1
+        ):
+            continue
+        dtype = normalise_type(f.type)
+        if f.name in time_columns and pa.types.is_string(dtype):
+            try:
+                to_timestamps(rows.column(f.name).combine_chunks(), pa.timestamp("us", tz="UTC"))
+                dtype = pa.timestamp("us", tz="UTC")
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
+        fields.append(pa.field(f.name, dtype, nullable=True))
+    return pa.schema(fields)
+
+
+@dataclass
+class _Changes:
+    adds: list[pa.Field] = field(default_factory=list)
+    """Top-level fields to add, or existing structs carrying only their new children."""
+    widen: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
+    optional: list[tuple[str, ...]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.adds or self.widen or self.optional)
+
+    def describe(self) -> str:
+        parts = [f"add {f.name}" for f in self.adds]
+        parts += [f"widen {'.'.join(p)} to {t}" for p, t in self.widen]
+        parts += [f"make {'.'.join(p)} optional" for p in self.optional]
+        return ", ".join(parts)
+
+
+def _fits_int32(array: pa.Array) -> bool:
+    if array.null_count == len(array):
+        return True
+    bounds = pc.min_max(array)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return bool(low >= -(2**31) and high < 2**31)
+
+
+def _fits_float32(array: pa.Array) -> bool:
+    values = array.to_numpy(zero_copy_only=False)
+    values = values[~np.isnan(values)] if values.dtype.kind == "f" else values
+    return bool(np.array_equal(values.astype(np.float32).astype(np.float64), values))
+
+
+def _diff(
+    target: pa.Schema | pa.DataType,
+    rows: pa.Table | pa.Array,
+    settings: Any,
+    matching: Matching,
+    prefix: tuple[str, ...] = (),
+) -> _Changes:
+    changes = _Changes()
+    evolution = settings.evolution
+    if isinstance(rows, pa.Table):
+        names = rows.column_names
+        n = rows.num_rows
+    else:
+        names = [rows.type.field(i).name for i in range(rows.type.num_fields)]
+        n = len(rows)
+    target_fields = list(target)
+
+    def get(name: str) -> pa.Array:
+        if isinstance(rows, pa.Table):
+            return rows.column(name).combine_chunks()
+        return pc.struct_field(rows, name)
+
+    matched: set[str] = set()
+    for tf in target_fields:
+        path = (*prefix, tf.name)
+        source = matching.find(names, tf.name, ".".join(path))
+        if source is None:
+            if not tf.nullable and evolution.make_optional and n:
+                changes.optional.append(path)
+            continue
+        matched.add(source)
+        column = get(source)
+        dtype = column.type
+        if pa.types.is_struct(tf.type) and pa.types.is_struct(dtype):
+            nested = _diff(tf.type, column, settings, matching, path)
+            changes.widen += nested.widen
+            changes.optional += nested.optional
+            if nested.adds:
+                changes.adds.append(pa.field(tf.name, pa.struct(nested.adds), nullable=tf.nullable))
+        elif evolution.widen_types and pa.types.is_int32(tf.type) and pa.types.is_integer(dtype):
+            if dtype.bit_width > 32 and not _fits_int32(column):
+                changes.widen.append((path, "long"))
+        elif evolution.widen_types and pa.types.is_float32(tf.type) and pa.types.is_float64(dtype):
+            if not _fits_float32(column):
+                changes.widen.append((path, "double"))
+        if not tf.nullable and evolution.make_optional and column.null_count:
+            changes.optional.append(path)
+    if evolution.add_columns:
+        for name in names:
+            if name in matched or any(
+                m.lower() == name.lower() for m in matched if matching.case_insensitive
+            ):
+                continue
+            column = get(name)
+            if pa.types.is_null(column.type):
+                continue  # nothing to learn a type from yet
+            changes.adds.append(normalise_field(pa.field(name, column.type), optional=True))
+    return changes
+
+
+def _apply(table: Any, changes: _Changes) -> None:
+    from pyiceberg.types import DoubleType, LongType
+
+    with table.update_schema() as update:
+        if changes.adds:
+            update.union_by_name(pa.schema(changes.adds))
+        for path, kind in changes.widen:
+            update.update_column(path, LongType() if kind == "long" else DoubleType())
+        for path in changes.optional:
+            update.make_column_optional(path)
+
+
+class TableManager:
+    """Loads, creates and evolves the sink's tables; caches loaded tables for the process."""
+
+    def __init__(self, catalog: Any, config: Any, retries: int = 12, max_age_seconds: float = 300.0) -> None:
+        self.catalog = catalog
+        self.config = config
+        self.retries = retries
+        self.max_age_seconds = max_age_seconds
+        """A cached table is reloaded after this long, to see other workers' schema changes."""
+        self._cache: dict[str, tuple[Any, float]] = {}
+        self._lock = threading.Lock()
+
+    def settings_for(self, name: str) -> Any:
+        if name in self.config.tables:
+            return self.config.tables[name]
+        if self.config.dynamic is not None:
+            return self.config.dynamic.table_settings()
+        raise TableError(f"table {name} is not configured")
+
+    def invalidate(self, name: str | None = None) -> None:
+        """Forget one cached table (or all): the next use reloads it from the catalog."""
+        with self._lock:
+            if name is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(name, None)
+
+    def cached(self, name: str) -> Any | None:
+        with self._lock:
+            entry = self._cache.get(name)
+        if entry is None or time.monotonic() - entry[1] > self.max_age_seconds:
+            return None
+        return entry[0]
+
+    def _remember(self, name: str, table: Any) -> Any:
+        with self._lock:
+            self._cache[name] = (table, time.monotonic())
+        return table
+
+    def ensure(self, name: str, settings: Any, sample: pa.Table | None = None) -> Any:
+        """The table, loaded or (when allowed) created; raises :class:`TableError` otherwise."""
+        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+
+        table = self.cached(name)
+        if table is not None:
+            return table
+        try:
+            return self._remember(name, self.catalog.load_table(name))
+        except NoSuchTableError:
+            if not settings.auto_create:
+                raise TableError(
+                    f"table {name} does not exist and auto-create is off; create it, or set auto-create: true"
+                ) from None
+        schema = self._declared_schema(name, settings)
+        if schema is None:
+            if sample is None:
+                raise TableError(f"table {name} has no schema file and no rows to infer a schema from")
+            schema = infer_schema(sample, settings.partition_by, settings.evolution.add_columns)
+        try:
+            table = self._create(name, settings, schema)
+        except TableAlreadyExistsError:
+            table = self.catalog.load_table(name)
+        except Exception:
+            # A concurrent create can also surface as the catalog's own conflict error.
+            if not self.catalog.table_exists(name):
+                raise
+            table = self.catalog.load_table(name)
+        return self._remember(name, table)
+
+    def _declared_schema(self, name: str, settings: Any) -> pa.Schema | None:
+        if not settings.schema_file:
+            return None
+        path = self.config.resolve(settings.schema_file)
+        try:
+            return avro_to_arrow_schema(load_avro_schema(path))
+        except FanoutSinkError as exc:
+            raise TableError(f"table {name}: schema file {path}: {exc}") from None
+
+    def _create(self, name: str, settings: Any, schema: pa.Schema) -> Any:
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError
+
+        namespace = tuple(name.split(".")[:-1])
+        try:
+            self.catalog.create_namespace_if_not_exists(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        except Exception:
+            # Another worker created it between the check and the insert (SQL catalogs report
+            # that as an integrity error): fine when it exists now.
+            if not self.catalog.namespace_exists(namespace):
+                raise
+        txn = self.catalog.create_table_transaction(name, schema=schema, properties=dict(settings.properties))
+        if settings.partition_by:
+            with txn.update_spec() as spec:
+                for part in settings.partition_by:
+                    transform = (
+                        part.transform if part.argument is None else f"{part.transform}[{part.argument}]"
+                    )
+                    spec.add_field(part.column, transform)
+        txn.commit_transaction()
+        log.info("created table %s", name)
+        return self.catalog.load_table(name)
+
+    def evolve(self, name: str, table: Any, rows: pa.Table, settings: Any) -> Any:
+        """The table after the schema changes ``rows`` need and ``settings.evolution`` allows."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        retryable: tuple[type[BaseException], ...] = (CommitFailedException, ValueError)
+        try:  # an embedded SQLite catalog reports a concurrent writer as "database is locked"
+            from sqlalchemy.exc import OperationalError
+
+            retryable = (*retryable, OperationalError)
+        except ImportError:  # pragma: no cover - other catalogs
+            pass
+        matching = Matching.of(settings.conversion)
+        evolution = settings.evolution
+        if not (evolution.add_columns or evolution.widen_types or evolution.make_optional):
+            return table
+        for attempt in range(self.retries):
+            changes = _diff(table.schema().as_arrow(), rows, settings, matching)
+            if not changes:
+                return table
+            try:
+                _apply(table, changes)
+                log.info("evolved table %s: %s", name, changes.describe())
+                return self._remember(name, self.catalog.load_table(name))
+            except retryable as exc:
+                if attempt + 1 == self.retries:
+                    raise TableError(f"table {name}: schema change kept conflicting: {exc}") from exc
+                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                table = self._remember(name, self.catalog.load_table(name))
+        return table

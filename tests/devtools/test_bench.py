@@ -1,0 +1,18 @@
+"""The slice-pipeline benchmark runs and writes its markdown table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fanout_sink.devtools.bench import slice_pipeline
+
+
+def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.md"
+    assert slice_pipeline.main(["--records", "500", "--repeat", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "vectorised:" in printed and "per-record:" in printed and "records/s" in printed
+    text = out.read_text()
+    assert "| vectorised | 500 |" in text and "| per-record | 500 |" in text and "MB/s" in text

@@ -1,0 +1,172 @@
+"""The Spark app end to end on the real broker and catalog: exact id sets per table after kills."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.sink_app import SinkRun
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.devtools.chaos.app_process import child_env
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+
+@pytest.fixture
+def sink_run(
+    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+) -> SinkRun:
+    return SinkRun(tmp_path, bootstrap_servers, catalog_settings, make_topic)
+
+
+def test_available_now_into_static_and_dynamic_tables_read_both_ways(
+    sink_run: SinkRun, spark: Any, spark_catalog: str
+) -> None:
+    sink_run.produce(1500)
+    log = sink_run.run("--available-now", "--max-offsets-per-trigger", "800")
+    assert "batch 0:" in log and "batch 1:" in log, "the cap splits the run into several micro-batches"
+    assert "spark progress: batch 1" in log and "'records_in':" in log, "Spark's own progress is logged too"
+    sink_run.assert_exact()
+
+    # A second run with nothing new delivers nothing twice.
+    sink_run.run("--available-now")
+    sink_run.assert_exact()
+
+    orders = f"{spark_catalog}.shop.orders"
+    spark_ids = {row.id for row in spark.sql(f"SELECT id FROM {orders}").collect()}
+    assert spark_ids == sink_run.expected["shop.orders"]
+    summaries = spark.sql(f"SELECT summary FROM {orders}.snapshots ORDER BY committed_at").collect()
+    assert summaries, "the sink committed at least one snapshot"
+    prefix = f"fanout-sink.{sink_run.name}."
+    last = summaries[-1].summary
+    assert {key for key in last if key.startswith(prefix)} >= {
+        f"{prefix}commit-id",
+        f"{prefix}control-offsets",
+    }
+
+
+def test_driver_killed_mid_run_then_restarted(sink_run: SinkRun) -> None:
+    sink_run.produce(2400)
+    env = child_env({"FANOUT_SINK_FAULTS": "worker.after-commit=sleep:1"})
+    app = subprocess.Popen(
+        sink_run.command("--trigger-interval", "1s", "--max-offsets-per-trigger", "400"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    assert app.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "batch 1:" not in seen and time.monotonic() < deadline and app.poll() is None:
+        seen += app.stderr.readline()
+    assert "batch 1:" in seen, seen[-3000:]
+    time.sleep(2.5)  # each slice sleeps 1s after its transaction: the kill lands inside batch 2
+    os.killpg(app.pid, signal.SIGKILL)  # the driver, its JVM and every Python worker at once
+    app.wait(30)
+
+    sink_run.produce(300)  # the world goes on while the sink is down
+    sink_run.run("--available-now")
+    sink_run.assert_exact()
+
+
+def test_executor_python_worker_killed_mid_batch_in_local_cluster(sink_run: SinkRun, tmp_path: Path) -> None:
+    sink_run.produce(900)
+    marker = tmp_path / "worker-killed"
+    sink_run.run(
+        "--available-now",
+        "--master", "local-cluster[2,1,1024]",
+        "--conf", f"spark.executorEnv.FANOUT_SINK_FAULTS=worker.after-write-files=kill-once:{marker}",
+        "--conf", "spark.task.maxFailures=4",
+    )  # fmt: skip
+    assert marker.exists(), "a Python worker was killed after writing its files, before its transaction"
+    sink_run.assert_exact()
+
+
+def _start_streaming(sink_run: SinkRun) -> subprocess.Popen[str]:
+    app = subprocess.Popen(
+        sink_run.command("--trigger-interval", "1s"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env(),
+    )  # fmt: skip
+    return app
+
+
+def _read_until(app: subprocess.Popen[str], marker: str, timeout_s: float = 300) -> str:
+    assert app.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while marker not in seen and time.monotonic() < deadline and app.poll() is None:
+        seen += app.stderr.readline()
+    assert marker in seen, seen[-3000:]
+    return seen
+
+
+def test_sigterm_finishes_the_batch_commits_and_exits_zero(
+    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+) -> None:
+    """With a commit interval far beyond the test, the tables can only be filled by the stop's commit."""
+    sink_run = SinkRun(tmp_path, bootstrap_servers, catalog_settings, make_topic, commit_interval="1h")
+    sink_run.produce(600)
+    app = _start_streaming(sink_run)
+    _read_until(app, "batch 0:")
+    app.send_signal(signal.SIGTERM)
+    _, rest = app.communicate(timeout=180)
+    assert app.returncode == 0, rest[-3000:]
+    assert "stop requested" in rest and "final commit round" in rest
+    sink_run.assert_exact()
+
+
+def test_checkpoint_ahead_of_the_sink_group_is_moved_aside(
+    tmp_path: Path, bootstrap_servers: str, make_topic: Callable[..., str]
+) -> None:
+    """A checkpoint that claims more than the sink group delivered (here: copied from another sink)
+    must not make the sink skip records: the group wins, and the operator is told."""
+    first = SinkRun(tmp_path / "a", bootstrap_servers, _settings(tmp_path / "a"), make_topic)
+    first.produce(500)
+    first.run("--available-now")
+    second = SinkRun(
+        tmp_path / "b", bootstrap_servers, _settings(tmp_path / "b"), make_topic, topics=first.topics
+    )
+    second.expected = first.expected
+    shutil.copytree(tmp_path / "a" / "checkpoints" / first.name, tmp_path / "b" / "checkpoints" / second.name)
+    log = second.run("--available-now")
+    assert "ahead of the sink-managed group" in log
+    second.assert_exact()
+    assert list((tmp_path / "b" / "checkpoints").glob(f"{second.name}.stale-*")), "the old checkpoint is kept"
+
+
+def _settings(folder: Path) -> CatalogSettings:
+    folder.mkdir(parents=True, exist_ok=True)
+    return CatalogSettings(
+        name=f"lake_{uuid.uuid4().hex[:8]}",
+        uri=f"sqlite:///{folder / 'catalog.db'}",
+        warehouse=f"file://{folder / 'warehouse'}",
+    )
+
+
+def test_spark_submit_runs_the_same_app(sink_run: SinkRun) -> None:
+    """The cluster entry point: spark-submit owns the master and the jars, the app does the rest."""
+    import fanout_sink.spark.main
+    from fanout_sink import jars
+    from fanout_sink.spark.session import SPARK_CONNECTORS
+
+    sink_run.produce(300)
+    connector_jars = ",".join(str(path) for path in jars.jars(SPARK_CONNECTORS))
+    submit = Path(sys.executable).parent / "spark-submit"
+    result = subprocess.run(
+        [str(submit), "--master", "local[2]", "--jars", connector_jars, fanout_sink.spark.main.__file__,
+         "--config", str(sink_run.config), "--available-now"],
+        capture_output=True, text=True, timeout=420, check=False,
+        env=child_env({"PYSPARK_PYTHON": sys.executable}),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    # spark-submit's Python runner merges the app's stderr into its stdout.
+    assert "fanout_sink.app: batch 0:" in result.stdout + result.stderr, "the sink's log shows there too"
+    sink_run.assert_exact()

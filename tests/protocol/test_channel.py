@@ -1,0 +1,62 @@
+"""The control topic on the real broker: created with one partition, read_committed, sinks kept apart."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from fanout_sink.errors import TopicError
+from fanout_sink.kafka.transaction import TransactionalProducer
+from fanout_sink.protocol import channel
+from fanout_sink.protocol import events as ev
+
+pytestmark = pytest.mark.kafka
+
+
+def test_control_topic_is_created_with_one_partition_and_checked(
+    bootstrap_servers: str, make_topic: Callable[..., str]
+) -> None:
+    conf = {"bootstrap.servers": bootstrap_servers}
+    name = f"control-{uuid.uuid4().hex[:8]}"
+    channel.ensure_control_topic(conf, name)
+    channel.ensure_control_topic(conf, name)  # present and fine: no error
+    wide = make_topic("control-wide", partitions=3)
+    with pytest.raises(TopicError, match=r"has 3 partitions.*exactly 1"):
+        channel.ensure_control_topic(conf, wide)
+
+
+def test_reader_sees_only_committed_events_of_its_own_sink(bootstrap_servers: str) -> None:
+    conf = {"bootstrap.servers": bootstrap_servers}
+    topic = f"control-{uuid.uuid4().hex[:8]}"
+    channel.ensure_control_topic(conf, topic)
+    mine = TransactionalProducer(conf, f"txn-mine-{topic}", "mine was fenced")
+    other = TransactionalProducer(conf, f"txn-other-{topic}", "other was fenced")
+
+    with mine.transaction():
+        channel.produce_event(mine, topic, "mine", ev.StartCommit(commit_id="kept-1"))
+    with other.transaction():
+        channel.produce_event(other, topic, "other", ev.StartCommit(commit_id="other-sink"))
+    with pytest.raises(RuntimeError, match="abandoned"), mine.transaction():
+        channel.produce_event(mine, topic, "mine", ev.StartCommit(commit_id="aborted"))
+        mine.flush(10)
+        raise RuntimeError("abandoned: the envelope aborts the transaction")
+    assert mine.usable, "an aborted transaction leaves the producer usable"
+
+    # An open transaction holds the last stable offset back: its event is not readable yet.
+    mine.begin()
+    channel.produce_event(mine, topic, "mine", ev.StartCommit(commit_id="kept-2"))
+    mine.flush(10)
+    reader = channel.ControlReader("mine", conf, topic)
+    reader.seek_to_committed()
+    stable = reader.end_offset()
+    seen = [e.event.payload for e in reader.read_until(stable)]
+    assert [p.commit_id for p in seen if isinstance(p, ev.StartCommit)] == ["kept-1"]
+
+    mine.commit()
+    end = reader.end_offset()
+    assert end > stable
+    later = [e.event.payload for e in reader.read_until(end)]
+    assert [p.commit_id for p in later if isinstance(p, ev.StartCommit)] == ["kept-2"]
+    reader.close()

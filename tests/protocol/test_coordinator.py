@@ -1,0 +1,316 @@
+"""The coordinator on the real broker and catalog; every test ends with the exact ids per table."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from support.common import (
+    ARROW_SCHEMA,
+    NAMESPACE,
+    TABLE_SCHEMA,
+    create_tables,
+    make_processor,
+    produce_json,
+    run_batch,
+    table_ids,
+)
+
+from fanout_sink import faults
+from fanout_sink.errors import ProducerFencedError
+from fanout_sink.protocol import channel, table_state
+from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.worker import SliceWorker
+
+pytestmark = pytest.mark.kafka
+
+
+@dataclass
+class Sink:
+    name: str
+    conf: dict[str, Any]
+    control: str
+    topics: dict[str, int]
+    catalog: Any
+
+    def worker(self) -> SliceWorker:
+        return SliceWorker(self.name, self.conf, self.control)
+
+    def coordinator(self, **kwargs: Any) -> Coordinator:
+        coordinator = Coordinator(
+            self.name, self.conf, self.control, self.catalog, source_topics=list(self.topics), **kwargs
+        )
+        coordinator.open()
+        return coordinator
+
+    def batch(self, worker: SliceWorker | None = None) -> None:
+        own = worker or self.worker()
+        run_batch(own, self.conf["bootstrap.servers"], self.topics, make_processor(self.catalog))
+        if worker is None:
+            own.close()
+
+
+def _sink(bootstrap: str, make_topic: Callable[..., str], catalog: Any, topics: int, partitions: int) -> Sink:
+    name = f"s{uuid.uuid4().hex[:6]}"
+    names = {make_topic(f"src{i}", partitions=partitions): partitions for i in range(topics)}
+    create_tables(catalog, ["a", "b", "c"])
+    return Sink(name, {"bootstrap.servers": bootstrap}, f"{name}-control", names, catalog)
+
+
+def _produce(sink: Sink, ids: range, tables: str = "abc") -> dict[str, list[int]]:
+    """Spread ids over every source partition, routed round-robin to ``tables``; returns ids per table."""
+    expected: dict[str, list[int]] = {t: [] for t in "abc"}
+    partitions = [(t, p) for t, n in sink.topics.items() for p in range(n)]
+    per_partition: dict[tuple[str, int], list[dict[str, Any]]] = {tp: [] for tp in partitions}
+    for i in ids:
+        table = tables[i % len(tables)]
+        per_partition[partitions[i % len(partitions)]].append({"id": i, "table": table})
+        expected[table].append(i)
+    for (topic, partition), values in per_partition.items():
+        produce_json(sink.conf["bootstrap.servers"], topic, partition, values)
+    return expected
+
+
+def _snapshots(catalog: Any, name: str) -> int:
+    return len(catalog.load_table(f"{NAMESPACE}.{name}").snapshots())
+
+
+def test_happy_path_two_topics_three_partitions_three_tables(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=2, partitions=3)
+    coordinator = sink.coordinator()
+    expected = _produce(sink, range(60))
+    sink.batch()
+    result = coordinator.commit_round()
+    assert {t: o.outcome for t, o in result.tables.items()} == {f"sink.{t}": "committed" for t in "abc"}
+    for name in "abc":
+        assert table_ids(catalog, name) == expected[name]
+    # Everything delivered: VTTS is the newest record timestamp, and it is in every table's summary.
+    assert result.vtts_ms is not None
+    state = table_state.read_state(catalog.load_table("sink.a"), sink.name)
+    assert (state.commit_id, state.vtts_ms) == (result.commit_id, result.vtts_ms)
+    assert state.control_offsets == {0: result.round_end}
+    summary = catalog.load_table("sink.a").current_snapshot().summary
+    assert json.loads(summary[f"fanout-sink.{sink.name}.control-offsets"]) == {"0": result.round_end}
+
+    # A round with nothing to commit creates no snapshot.
+    before = {t: _snapshots(catalog, t) for t in "abc"}
+    assert coordinator.commit_round().tables == {}
+    assert {t: _snapshots(catalog, t) for t in "abc"} == before
+
+    # The low watermark went to the coordinator's own group, and CommitToTable/CommitComplete were published.
+    holder = Consumer({**sink.conf, "group.id": channel.coordinator_group(sink.name)})
+    watermark = holder.committed([TopicPartition(sink.control, 0)], timeout=30)[0].offset
+    holder.close()
+    assert coordinator.last_round is not None and watermark == coordinator.last_round.round_end
+    reader = channel.ControlReader(sink.name, sink.conf, sink.control)
+    reader.seek(0)
+    kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
+    reader.close()
+    assert kinds.count("CommitToTable") == 3 and kinds.count("CommitComplete") == 2
+
+    # Another batch: only the new rows arrive, once.
+    more = _produce(sink, range(60, 90))
+    sink.batch()
+    coordinator.commit_round()
+    for name in "abc":
+        assert table_ids(catalog, name) == expected[name] + more[name]
+    coordinator.close()
+
+
+def test_vtts_is_held_back_by_a_partition_that_is_behind_and_unreported(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    coordinator = sink.coordinator()
+    topic = next(iter(sink.topics))
+    produce_json(bootstrap_servers, topic, 0, [{"id": 1, "table": "a"}])
+    worker = sink.worker()
+    sink.batch(worker)
+    assert coordinator.commit_round().vtts_ms is not None  # partition 1 is empty: caught up
+    produce_json(bootstrap_servers, topic, 1, [{"id": 2, "table": "a"}])  # behind, never reported
+    produce_json(bootstrap_servers, topic, 0, [{"id": 3, "table": "a"}])
+    from support.common import end_offset, read_slice
+
+    end = end_offset(bootstrap_servers, topic, 0)
+    worker.commit_slice(
+        topic, 0, 1, end, read_slice(bootstrap_servers, topic, 0, 1, end), make_processor(catalog)
+    )
+    result = coordinator.commit_round()
+    assert result.tables["sink.a"].outcome == "committed" and result.vtts_ms is None
+    assert table_state.read_state(catalog.load_table("sink.a"), sink.name).vtts_ms is None
+    assert table_ids(catalog, "a") == [1, 3]
+    worker.close()
+    coordinator.close()
+
+
+def test_catalog_conflict_between_load_and_commit_is_retried_after_a_recheck(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    coordinator = sink.coordinator()
+    expected = _produce(sink, range(10), tables="a")
+    sink.batch()
+    conflicts: list[str] = []
+
+    def concurrent_writer(table: str, **_: Any) -> None:
+        if not conflicts:  # a real commit by someone else, landing after our load
+            conflicts.append(table)
+            catalog.load_table(table).append(
+                pa.Table.from_pylist([{"id": -1, "topic": "other"}], ARROW_SCHEMA)
+            )
+
+    with faults.register("coordinator.before-table-commit", concurrent_writer):
+        result = coordinator.commit_round()
+    outcome = result.tables["sink.a"]
+    assert (outcome.outcome, outcome.attempts) == ("committed", 2)
+    assert table_ids(catalog, "a") == [-1, *expected["a"]]
+    # The other writer's snapshot sits on top of ours later on: our state is found by walking back.
+    catalog.load_table("sink.a").append(pa.Table.from_pylist([{"id": -2, "topic": "other"}], ARROW_SCHEMA))
+    assert table_state.read_state(catalog.load_table("sink.a"), sink.name).commit_id == result.commit_id
+    coordinator.close()
+
+
+def test_events_arriving_after_their_round_closed_go_into_the_next_round(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    coordinator = sink.coordinator()
+    expected = _produce(sink, range(8), tables="ab")
+    rounds = []
+
+    def round_while_worker_transaction_is_open(**_: Any) -> None:
+        rounds.append(coordinator.commit_round())
+
+    with faults.register("worker.before-commit", round_while_worker_transaction_is_open):
+        sink.batch()
+    assert rounds[0].tables == {}  # the open transaction holds the round's end before its events
+    assert table_ids(catalog, "a") == [] and table_ids(catalog, "b") == []
+    later = coordinator.commit_round()
+    assert set(later.tables) == {"sink.a", "sink.b"}
+    assert table_ids(catalog, "a") == expected["a"] and table_ids(catalog, "b") == expected["b"]
+    coordinator.close()
+
+
+def test_table_dropped_and_recreated_under_the_sink(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    coordinator = sink.coordinator()
+    _produce(sink, range(6), tables="a")
+    sink.batch()  # files written for the old table's uuid
+    catalog.drop_table("sink.a")
+    catalog.create_table("sink.a", schema=TABLE_SCHEMA)
+    result = coordinator.commit_round()
+    assert result.tables["sink.a"].outcome == "already-committed"
+    assert result.tables["sink.a"].stale_files > 0
+    assert table_ids(catalog, "a") == []
+    newer = _produce(sink, range(100, 104), tables="a")
+    sink.batch()
+    coordinator.commit_round()
+    assert table_ids(catalog, "a") == newer["a"]
+    coordinator.close()
+
+
+def test_two_coordinators_of_one_sink_never_append_twice(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    """I3: the first coordinator loads a table, the second starts (fencing it) and commits everything,
+    then the first tries to commit its stale transaction."""
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    first = sink.coordinator(max_parallel_commits=1)
+    expected = _produce(sink, range(20), tables="ab")
+    sink.batch()
+    second_rounds: list[Any] = []
+    started: list[bool] = []
+
+    def second_coordinator_takes_over(table: str, **_: Any) -> None:
+        if not started:
+            started.append(True)
+            second = sink.coordinator()  # init_transactions fences the first
+            second_rounds.append(second.commit_round())
+            second.close()
+
+    with (
+        faults.register("coordinator.before-table-commit", second_coordinator_takes_over),
+        pytest.raises(ProducerFencedError),
+    ):
+        first.commit_round()
+    assert {o.outcome for o in second_rounds[0].tables.values()} == {"committed"}
+    assert first.last_round is None
+    with pytest.raises(ProducerFencedError):
+        first.commit_round()  # a fenced coordinator stays down
+    for name in "ab":
+        assert table_ids(catalog, name) == expected[name]
+        assert _snapshots(catalog, name) == 1
+
+
+def test_event_decoding_ignores_other_sinks_on_a_shared_control_topic(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    other = Sink(f"o{sink.name}", sink.conf, sink.control, sink.topics, catalog)
+    coordinator = sink.coordinator()
+    expected = _produce(sink, range(5), tables="c")
+    other.batch()  # another sink, same control topic and source: its events are not ours
+    assert coordinator.commit_round().tables == {}
+    sink.batch()
+    coordinator.commit_round()
+    assert table_ids(catalog, "c") == expected["c"]
+    coordinator.close()
+
+
+def test_coordinator_thread_commits_on_its_interval_and_at_stop(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    import time
+
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    coordinator = sink.coordinator(commit_interval_s=0.5)
+    coordinator.start()
+    expected = _produce(sink, range(12), tables="ab")
+    sink.batch()
+    deadline = time.monotonic() + 30
+    while table_ids(catalog, "a") != expected["a"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert table_ids(catalog, "a") == expected["a"]
+    more = _produce(sink, range(12, 20), tables="ab")
+    sink.batch()
+    coordinator.stop(commit_now=True)
+    coordinator.close()
+    for name in "ab":
+        assert table_ids(catalog, name) == expected[name] + more[name]
+
+
+def test_many_files_travel_in_several_events_and_land_in_one_snapshot(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="id"))
+    catalog.create_table("sink.p", schema=TABLE_SCHEMA, partition_spec=spec)  # one file per id
+    topic = next(iter(sink.topics))
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "p"} for i in range(10)])
+    worker = SliceWorker(sink.name, sink.conf, sink.control, max_files_per_event=3)
+    sink.batch(worker)
+    worker.close()
+    coordinator = sink.coordinator()
+    result = coordinator.commit_round()
+    coordinator.close()
+    assert result.tables["sink.p"].files == 10
+    assert table_ids(catalog, "p") == list(range(10))
+    assert len(catalog.load_table("sink.p").snapshots()) == 1
+    reader = channel.ControlReader(sink.name, sink.conf, sink.control)
+    reader.seek(0)
+    kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
+    reader.close()
+    assert kinds.count("DataWritten") == 4

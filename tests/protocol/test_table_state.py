@@ -1,0 +1,28 @@
+"""Summary state is namespaced by sink and found by walking back past other writers' snapshots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from support.common import ARROW_SCHEMA, create_tables
+
+from fanout_sink.protocol import table_state
+
+
+def _append(table: Any, ident: int, props: dict[str, str]) -> None:
+    table.append(pa.Table.from_pylist([{"id": ident, "topic": "t"}], ARROW_SCHEMA), snapshot_properties=props)
+
+
+def test_two_sinks_share_a_table_and_other_writers_are_walked_past(catalog: Any) -> None:
+    create_tables(catalog, ["shared"])
+    table = catalog.load_table("sink.shared")
+    assert table_state.read_state(table, "x") == table_state.TableState()
+    _append(table, 1, table_state.summary_properties("x", {0: 10}, "cx", 1000))
+    _append(table, 2, table_state.summary_properties("y", {0: 4}, "cy", None))
+    _append(table, 3, {})  # a writer that is not a sink
+    table = catalog.load_table("sink.shared")
+    x, y = table_state.read_state(table, "x"), table_state.read_state(table, "y")
+    assert (x.commit_id, x.control_offsets, x.vtts_ms) == ("cx", {0: 10}, 1000)
+    assert (y.commit_id, y.next_control_offset(), y.vtts_ms) == ("cy", 4, None)
+    assert x.snapshot_id != y.snapshot_id != table.current_snapshot().snapshot_id

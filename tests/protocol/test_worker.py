@@ -1,0 +1,213 @@
+"""The worker commit unit on the real broker and catalog: offsets, skips, gaps, holes, dead letters."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from support.common import (
+    create_tables,
+    end_offset,
+    make_processor,
+    produce_json,
+    read_slice,
+    sink_group_offset,
+)
+
+from fanout_sink import faults
+from fanout_sink.errors import OffsetGapError, ProducerFencedError
+from fanout_sink.protocol import channel
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.worker import SliceWorker
+
+pytestmark = pytest.mark.kafka
+
+
+def _control_events(bootstrap: str, topic: str, sink: str) -> list[ev.Payload]:
+    reader = channel.ControlReader(sink, {"bootstrap.servers": bootstrap}, topic)
+    reader.seek_to_committed()
+    try:
+        return [e.event.payload for e in reader.read_until(reader.end_offset())]
+    finally:
+        reader.close()
+
+
+def _setup(bootstrap: str, make_topic: Callable[..., str], catalog: Any) -> tuple[str, str, str, SliceWorker]:
+    sink = f"s{uuid.uuid4().hex[:6]}"
+    source = make_topic("src")
+    control = f"{sink}-control"
+    channel.ensure_control_topic({"bootstrap.servers": bootstrap}, control)
+    create_tables(catalog, ["a", "b"])
+    return sink, source, control, SliceWorker(sink, {"bootstrap.servers": bootstrap}, control)
+
+
+def _committed(bootstrap: str, sink: str, topic: str) -> int | None:
+    return sink_group_offset(bootstrap, sink, topic, 0)
+
+
+def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink, source, control, worker = _setup(bootstrap_servers, make_topic, catalog)
+    produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(10)])
+    raw = read_slice(bootstrap_servers, source, 0, 0, 10)
+    process = make_processor(catalog)
+
+    result = worker.commit_slice(source, 0, 0, 10, raw, process)
+    assert result.transaction_committed
+    assert result.rows == {"sink.a": 5, "sink.b": 5}
+    assert _committed(bootstrap_servers, sink, source) == 10
+    payloads = _control_events(bootstrap_servers, control, sink)
+    written = [p for p in payloads if isinstance(p, ev.DataWritten)]
+    assert sorted(p.table.identifier for p in written) == ["sink.a", "sink.b"]
+    assert all(
+        p.table.uuid == str(catalog.load_table(p.table.identifier).metadata.table_uuid) for p in written
+    )
+    complete = [p for p in payloads if isinstance(p, ev.DataComplete)]
+    assert [(c.topic, c.partition, c.next_offset) for c in complete] == [(source, 0, 10)]
+    assert complete[0].max_timestamp_ms is not None
+
+    # The same slice again (a retried task after its transaction committed): nothing is sent twice.
+    again = worker.commit_slice(source, 0, 0, 10, raw, process)
+    assert not again.transaction_committed and again.skipped_delivered == 10
+    # An overlapping slice: the delivered head is dropped.
+    produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(10, 15)])
+    overlap = worker.commit_slice(source, 0, 5, 15, read_slice(bootstrap_servers, source, 0, 5, 15), process)
+    assert overlap.skipped_delivered == 5 and overlap.rows == {"sink.a": 5}
+    assert _committed(bootstrap_servers, sink, source) == 15
+    assert (
+        len([p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)])
+        == 3
+    )
+    worker.close()
+
+
+def test_gap_fails_loudly_naming_the_offsets(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink, source, _control, worker = _setup(bootstrap_servers, make_topic, catalog)
+    produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(20)])
+    process = make_processor(catalog)
+    worker.commit_slice(source, 0, 0, 10, read_slice(bootstrap_servers, source, 0, 0, 10), process)
+    with pytest.raises(OffsetGapError, match=rf"gap in {source}\[0\].*up to offset 10.*\[12, 20\)"):
+        worker.commit_slice(source, 0, 12, 20, read_slice(bootstrap_servers, source, 0, 12, 20), process)
+    assert _committed(bootstrap_servers, sink, source) == 10
+    worker.close()
+
+
+def test_holes_from_aborted_records_commit_the_planned_end_and_dead_letters_ride_along(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink, source, control, _ = _setup(bootstrap_servers, make_topic, catalog)
+    dlq = make_topic("dlq")
+    worker = SliceWorker(sink, {"bootstrap.servers": bootstrap_servers}, control, dead_letter_topic=dlq)
+    produce_json(
+        bootstrap_servers, source, 0, [{"id": 1, "table": "a"}, b"not json", {"id": 2, "table": "skip"}]
+    )
+    # An aborted transaction and its marker occupy offsets that no reader ever sees.
+    from confluent_kafka import Producer
+
+    aborting = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": f"abort-{source}"})
+    aborting.init_transactions(30)
+    aborting.begin_transaction()
+    aborting.produce(source, value=b'{"id": 666, "table": "a"}', partition=0)
+    aborting.flush(30)
+    aborting.abort_transaction(30)
+    end = end_offset(bootstrap_servers, source, 0)
+    assert end == 5  # 3 records, 1 aborted record, 1 abort marker
+    raw = read_slice(bootstrap_servers, source, 0, 0, end)
+    assert raw.num_rows == 3
+
+    result = worker.commit_slice(source, 0, 0, end, raw, make_processor(catalog))
+    assert (result.rows, result.dead_lettered, result.filtered) == ({"sink.a": 1}, 1, 1)
+    assert _committed(bootstrap_servers, sink, source) == end
+
+    reader = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": "dlq-check",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    reader.assign([TopicPartition(dlq, 0, 0)])
+    letters = []
+    while True:
+        msg = reader.poll(10)
+        assert msg is not None
+        if msg.error() and msg.error().code() == KafkaError._PARTITION_EOF:
+            break
+        letters.append(msg)
+    reader.close()
+    assert [m.value() for m in letters] == [b"not json"]
+    assert dict(letters[0].headers())["fanout-sink.reason"].startswith(f"not JSON at {source}[0]@1".encode())
+
+    # A slice with no visible record still moves the offset to its planned end.
+    aborting.begin_transaction()
+    aborting.produce(source, value=b'{"id": 667, "table": "a"}', partition=0)
+    aborting.flush(30)
+    aborting.abort_transaction(30)
+    later = end_offset(bootstrap_servers, source, 0)
+    empty = read_slice(bootstrap_servers, source, 0, end, later)
+    assert empty.num_rows == 0
+    worker.commit_slice(source, 0, end, later, empty, make_processor(catalog))
+    assert _committed(bootstrap_servers, sink, source) == later
+    worker.close()
+
+
+def test_zombie_attempt_is_fenced_and_the_newer_attempt_delivers_once(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    """I3: attempt 1 stalls after writing its files; attempt 2 runs the same slice; attempt 1 wakes up."""
+    sink, source, control, zombie = _setup(bootstrap_servers, make_topic, catalog)
+    conf = {"bootstrap.servers": bootstrap_servers}
+    produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(6)])
+    raw = read_slice(bootstrap_servers, source, 0, 0, 6)
+    process = make_processor(catalog)
+    successor_results: list[Any] = []
+    started: list[bool] = []
+
+    def successor_runs(**_: object) -> None:
+        if started:
+            return
+        started.append(True)
+        successor = SliceWorker(sink, conf, control)
+        successor_results.append(successor.commit_slice(source, 0, 0, 6, raw, process))
+        successor.close()
+
+    with faults.register("worker.after-write-files", successor_runs), pytest.raises(ProducerFencedError):
+        zombie.commit_slice(source, 0, 0, 6, raw, process)
+    assert successor_results[0].transaction_committed
+    written = [p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)]
+    assert len(written) == 1 and sum(f.record_count for f in written[0].files) == 6
+    # The fenced producer was dropped: the zombie's next call fences back and finds the slice delivered.
+    assert zombie.commit_slice(source, 0, 0, 6, raw, process).skipped_delivered == 6
+    zombie.close()
+
+
+def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Executor 1 commits batch 1, executor 2 commits batch 2 (fencing executor 1's cached producer),
+    executor 1 gets batch 3: it must deliver it, not fail the task."""
+    sink, source, control, first = _setup(bootstrap_servers, make_topic, catalog)
+    process = make_processor(catalog)
+    conf = {"bootstrap.servers": bootstrap_servers}
+    second = SliceWorker(sink, conf, control)
+    caplog.set_level("INFO", logger="fanout_sink.worker")
+    for batch, worker in enumerate((first, second, first)):
+        produce_json(bootstrap_servers, source, 0, [{"id": batch * 10 + i, "table": "a"} for i in range(3)])
+        start, end = batch * 3, batch * 3 + 3
+        result = worker.commit_slice(
+            source, 0, start, end, read_slice(bootstrap_servers, source, 0, start, end), process
+        )
+        assert result.transaction_committed and result.rows == {"sink.a": 3}
+    assert _committed(bootstrap_servers, sink, source) == 9
+    assert "was fenced since its last use" in caplog.text
+    written = [p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)]
+    assert [w.next_offset for w in written] == [3, 6, 9]
+    first.close()
+    second.close()

@@ -1,0 +1,196 @@
+"""Test-side stand-ins for what other parts of the project do: a tiny processor and a tiny driver.
+
+Shared by the in-process tests (imported as ``support.common``) and by the child-process scripts next
+to this file (imported as ``common``), so that a killed child and the test agree on every name.
+
+Source records are JSON ``{"id": <int>, "table": "<name>"}``; ``table`` routes to ``<ns>.<name>``,
+``"skip"`` is filtered, anything that is not JSON is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.kafka.offsets import GroupOffsets
+from fanout_sink.protocol.channel import sink_group
+from fanout_sink.protocol.worker import SliceResult, SliceWorker
+from fanout_sink.transform.records import (
+    RAW_RECORD_SCHEMA,
+    DeadLetter,
+    RoutedSlice,
+    SliceProcessor,
+    TableRows,
+)
+
+NAMESPACE = "sink"
+TABLE_SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=False),
+    NestedField(2, "topic", StringType(), required=False),
+)
+ARROW_SCHEMA = TABLE_SCHEMA.as_arrow()
+
+
+def create_tables(catalog: Any, names: Iterable[str]) -> None:
+    catalog.create_namespace_if_not_exists(NAMESPACE)
+    for name in names:
+        catalog.create_table(f"{NAMESPACE}.{name}", schema=TABLE_SCHEMA)
+
+
+def make_processor(catalog: Any) -> SliceProcessor:
+    """Routes by the ``table`` field; loads each table fresh per slice (like an executor would)."""
+
+    def process(raw: pa.Table) -> RoutedSlice:
+        routed = RoutedSlice()
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for record in raw.to_pylist():
+            try:
+                value = json.loads(record["value"])
+            except (ValueError, TypeError):
+                reason = f"not JSON at {record['topic']}[{record['partition']}]@{record['offset']}"
+                routed.dead_letters.append(
+                    DeadLetter(record["key"], record["value"], [("fanout-sink.reason", reason.encode())])
+                )
+                continue
+            if value["table"] == "skip":
+                routed.filtered += 1
+                continue
+            rows.setdefault(f"{NAMESPACE}.{value['table']}", []).append(
+                {"id": value["id"], "topic": record["topic"]}
+            )
+        for identifier, table_rows in rows.items():
+            routed.tables[identifier] = TableRows(
+                catalog.load_table(identifier), pa.Table.from_pylist(table_rows, schema=ARROW_SCHEMA)
+            )
+        return routed
+
+    return process
+
+
+def produce_json(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    values: Iterable[dict[str, Any] | bytes],
+    txn_id: str | None = None,
+) -> None:
+    """Produce records to one partition (in one committed transaction when ``txn_id`` is given)."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    if txn_id:
+        conf["transactional.id"] = txn_id
+    producer = Producer(conf)
+    if txn_id:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    for value in values:
+        data = value if isinstance(value, bytes) else json.dumps(value).encode()
+        producer.produce(topic, value=data, partition=partition, timestamp=int(time.time() * 1000))
+    if txn_id:
+        producer.commit_transaction(30)
+    producer.flush(30)
+
+
+def end_offset(bootstrap: str, topic: str, partition: int) -> int:
+    """The last stable offset of a source partition (what a planner would take as the batch end)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "planner", "isolation.level": "read_committed"}
+    )
+    try:
+        return int(
+            consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)[1]
+        )
+    finally:
+        consumer.close()
+
+
+def read_slice(bootstrap: str, topic: str, partition: int, start: int, end: int) -> pa.Table:
+    """The visible records of ``[start, end)`` as a raw slice, like Spark's Kafka source delivers it."""
+    rows: list[dict[str, Any]] = []
+    if start < end:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "slice-reader",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.assign([TopicPartition(topic, partition, start)])
+        try:
+            position = start
+            deadline = time.monotonic() + 30
+            while position < end and time.monotonic() < deadline:
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        position = max(position, msg.offset())
+                    continue
+                position = msg.offset() + 1
+                if msg.offset() >= end:
+                    break
+                rows.append(
+                    {
+                        "key": msg.key(),
+                        "value": msg.value(),
+                        "topic": topic,
+                        "partition": partition,
+                        "offset": msg.offset(),
+                        "timestamp": dt.datetime.fromtimestamp(msg.timestamp()[1] / 1000, tz=dt.timezone.utc),
+                        "timestampType": msg.timestamp()[0],
+                        "headers": [{"key": k, "value": v} for k, v in (msg.headers() or [])],
+                    }
+                )
+        finally:
+            consumer.close()
+    return pa.Table.from_pylist(rows, schema=RAW_RECORD_SCHEMA)
+
+
+def run_batch(
+    worker: SliceWorker, bootstrap: str, topics: dict[str, int], process: SliceProcessor
+) -> list[SliceResult]:
+    """One micro-batch: per source partition, plan [sink group offset or 0, last stable offset) and commit."""
+    # Planning reads the group without waiting for pending transactions (a dead attempt's open
+    # transaction would block a stable read until it times out); Spark plans from its checkpoint.
+    planner = GroupOffsets(worker.kafka_conf, sink_group(worker.sink), stable=False)
+    results = []
+    for topic, partitions in topics.items():
+        for partition in range(partitions):
+            start = planner.committed([(topic, partition)])[(topic, partition)] or 0
+            end = end_offset(bootstrap, topic, partition)
+            raw = read_slice(bootstrap, topic, partition, start, end)
+            results.append(worker.commit_slice(topic, partition, start, end, raw, process))
+    planner.close()
+    return results
+
+
+def table_ids(catalog: Any, name: str) -> list[int]:
+    """Every id in a table, sorted, with duplicates kept (a duplicate must fail the comparison)."""
+    table = catalog.load_table(f"{NAMESPACE}.{name}")
+    return sorted(table.scan().to_arrow()["id"].to_pylist())
+
+
+def catalog_from(settings: dict[str, Any]) -> Any:
+    return load_catalog(CatalogSettings(**settings))
+
+
+def sink_group_offset(
+    bootstrap: str, sink: str, topic: str, partition: int, stable: bool = True
+) -> int | None:
+    """The sink group's committed offset for one partition (``stable``: wait for pending transactions)."""
+    reader = GroupOffsets({"bootstrap.servers": bootstrap}, sink_group(sink), stable=stable)
+    try:
+        return reader.committed([(topic, partition)])[(topic, partition)]
+    finally:
+        reader.close()

@@ -1,0 +1,307 @@
+"""Routing: vectorised predicates agree with jmespath, projections, dynamic names, unmatched policy."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fanout_sink.config import parse_config
+from fanout_sink.devtools.raw_slices import make_raw_slice
+from fanout_sink.transform.decode import JsonDecoder
+from fanout_sink.transform.expressions import NameExpression, Predicate, Projection, RecordView
+from fanout_sink.transform.routing import UNMATCHED_REASON, NameRules, Router, normalise_table_name
+
+
+def _view(records: list[dict[str, Any]], **slice_args: Any) -> RecordView:
+    raw = make_raw_slice([json.dumps(r).encode() for r in records], **slice_args)
+    decoded = JsonDecoder()(raw.column("value").combine_chunks())
+    assert decoded.failures == []
+    return RecordView.build(decoded, raw)
+
+
+RECORDS = [
+    {"type": "order", "id": 1, "amount": 12.5, "ok": True, "customer": {"id": "c1", "tier": "gold"}},
+    {"type": "payment", "id": 2, "amount": 3, "ok": False, "customer": {"id": "c2"}},
+    {"type": "refund", "id": 3, "customer": None},
+    {"type": "order", "id": 4, "amount": None, "ok": None, "note": "rush"},
+]
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("type == 'order'", [True, False, False, True]),
+        ("type != 'order'", [False, True, True, False]),
+        ("amount > `5`", [True, False, False, False]),
+        ("id >= `2` && id < `4`", [False, True, True, False]),
+        ("contains(['payment', 'refund'], type)", [False, True, True, False]),
+        ("regex(type, '^(or|pa)')", [True, True, False, True]),
+        ("starts_with(customer.id, 'c')", [True, True, False, False]),
+        ("customer.tier == 'gold'", [True, False, False, False]),
+        ("ok", [True, False, False, False]),
+        ("!ok", [False, True, True, True]),
+        ("note == `null`", [True, True, True, False]),
+        ("topic == 'orders'", [True, True, True, True]),
+        ("offset >= `2`", [False, False, True, True]),
+        ("_kafka.partition == `3`", [True, True, True, True]),
+        ("key == 'k1'", [False, True, False, False]),
+    ],
+)
+def test_simple_predicates_are_vectorised(expression: str, expected: list[bool]) -> None:
+    view = _view(RECORDS, topic="orders", partition=3, keys=[b"k0", b"k1", None, b"\xff"])
+    predicate = Predicate(expression)
+    assert predicate.mask(view).tolist() == expected
+    assert predicate.last_vectorised, expression
+    assert predicate.mask(view, vectorised=False).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["headers.source == 'web'", "length(type) > `5`", "customer.id == type", "amount == '12.5'"],
+)
+def test_other_predicates_fall_back_to_jmespath(expression: str) -> None:
+    view = _view(RECORDS, headers=[[("source", b"web")], [], None, [("source", b"app")]])
+    predicate = Predicate(expression)
+    mask = predicate.mask(view)
+    assert not predicate.last_vectorised
+    assert mask.tolist() == predicate.mask(view, vectorised=False).tolist()
+
+
+def test_headers_and_metadata_visible_per_record() -> None:
+    view = _view(RECORDS, headers=[[("source", b"web")], [], None, [("source", b"app")]])
+    assert Predicate("headers.source == 'web'").mask(view).tolist() == [True, False, False, False]
+    shadow = _view([{"topic": "mine"}, {"x": 1}], topic="orders")
+    assert Predicate("topic == 'mine'").mask(shadow).tolist() == [True, False]
+    assert Predicate("_kafka.topic == 'orders'").mask(shadow).tolist() == [True, True]
+
+
+# --- property: the vectorised path and the jmespath path agree ---------------------------------
+
+_ATOMS = [
+    "s == 'a'",
+    "s != 'b'",
+    "s < 'b'",
+    "n > `1`",
+    "n <= `2.5`",
+    "n == `1`",
+    "n != `0`",
+    "contains(['a', 'b'], s)",
+    "contains(`[1, 2]`, n)",
+    "regex(s, '^a')",
+    "starts_with(s, 'a')",
+    "ends_with(s, 'c')",
+    "contains(s, 'b')",
+    "b",
+    "s",
+    "n",
+    "nested.x == 'a'",
+    "nested.x",
+    "s == `null`",
+    "topic == 'orders'",
+    "offset >= `3`",
+    "key == 'k1'",
+    "missing == 'a'",
+    "missing != 'a'",
+]
+
+_predicates = st.recursive(
+    st.sampled_from(_ATOMS),
+    lambda inner: st.one_of(
+        st.tuples(inner, inner).map(lambda p: f"({p[0]}) && ({p[1]})"),
+        st.tuples(inner, inner).map(lambda p: f"({p[0]}) || ({p[1]})"),
+        inner.map(lambda p: f"!({p})"),
+    ),
+    max_leaves=4,
+)
+
+_MISSING = object()
+_strings = st.sampled_from(["a", "b", "abc", "", "bc", "ba"])
+_numbers = st.one_of(st.integers(-3, 3), st.sampled_from([0.5, 1.0, 2.5, -1.5]))
+
+
+def _maybe(values: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(values, st.none(), st.just(_MISSING))
+
+
+_records = st.fixed_dictionaries(
+    {
+        "s": _maybe(_strings),
+        "n": _maybe(_numbers),
+        "b": _maybe(st.booleans()),
+        "nested": _maybe(st.fixed_dictionaries({"x": _maybe(_strings)})),
+    }
+).map(lambda r: _strip(r))
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if v is not _MISSING}
+    return value
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    predicate=_predicates,
+    records=st.lists(_records, min_size=1, max_size=12),
+    mixed=st.booleans(),
+)
+def test_vectorised_and_jmespath_agree(predicate: str, records: list[dict[str, Any]], mixed: bool) -> None:
+    if mixed:  # one field changes type within the batch: that column is evaluated per record
+        records = [*records, {"s": 5}]
+    keys = [f"k{i % 3}".encode() for i in range(len(records))]
+    view = _view(records, topic="orders", keys=keys)
+    compiled = Predicate(predicate)
+    fast = compiled.mask(view)
+    slow = compiled.mask(view, vectorised=False)
+    assert fast.tolist() == slow.tolist(), predicate
+
+
+# --- projections and names ---------------------------------------------------------------------
+
+
+def test_projection_vectorised_matches_per_record() -> None:
+    view = _view(RECORDS, topic="orders")
+    projection = Projection("{id: id, customer: customer.id, total: amount, src: topic}")
+    positions = np.arange(len(RECORDS))
+    fast, kept, failures = projection.apply(view, positions)
+    assert projection.last_vectorised and failures == [] and kept.tolist() == [0, 1, 2, 3]
+    slow, _, _ = projection.apply(view, positions, vectorised=False)
+    assert fast.to_pylist() == slow.to_pylist()
+    assert fast.to_pylist()[0] == {"id": 1, "customer": "c1", "total": 12.5, "src": "orders"}
+
+
+def test_projection_that_is_not_an_object_fails_the_record() -> None:
+    view = _view(RECORDS)
+    rows, kept, failures = Projection("customer").apply(view, np.arange(len(RECORDS)))
+    assert kept.tolist() == [0, 1]
+    assert [p for p, _ in failures] == [2, 3]
+    assert "not an object" in failures[0][1]
+    assert rows.column("id").to_pylist() == ["c1", "c2"]
+
+
+def test_dynamic_name_expression_vectorised() -> None:
+    view = _view([{"a": 1}, {"a": 2}], topic="Orders-EU")
+    names = NameExpression("join('.', ['raw', topic])")
+    assert names.names(view, np.arange(2)) == ["raw.Orders-EU", "raw.Orders-EU"]
+    assert names.last_vectorised
+
+
+RULES = NameRules(allow=r"^raw\.[a-z0-9_]+$", max_namespace_depth=1, max_name_length=40)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("raw.orders", "raw.orders"),
+        ("RAW.Orders-EU", "raw.orders_eu"),
+    ],
+)
+def test_dynamic_names_normalised(raw: str, expected: str) -> None:
+    assert normalise_table_name(raw, RULES) == (expected, None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("raw/../etc", "path separator"),
+        ("raw\\x", "path separator"),
+        ("raw..orders", "empty part"),
+        (".raw.orders", "empty part"),
+        ("raw.ord\x00ers", "control characters"),
+        ("raw.ord\ners", "control characters"),
+        ("system.users", "does not match dynamic.allow"),
+        ("raw.a.b", "namespaces deep"),
+        ("orders", "no namespace"),
+        ("raw." + "x" * 60, "characters long"),
+        ("raw.ord$rs", "may hold only"),
+        ("raw.1x", "may hold only"),
+        (42, "not a string"),
+    ],
+)
+def test_hostile_dynamic_names_rejected(raw: Any, reason: str) -> None:
+    name, why = normalise_table_name(raw, RULES)
+    assert name is None
+    assert why is not None and reason in why
+
+
+def _config(**overrides: Any) -> Any:
+    data: dict[str, Any] = {
+        "name": "shop",
+        "source": {"topics": ["orders"]},
+        "tables": {
+            "analytics.orders": {"when": "type == 'order'"},
+            "analytics.big": {"when": "id > `2`"},
+        },
+        "dead-letter": {"topic": "dlq"},
+    }
+    data.update(overrides)
+    return parse_config(data, "test")
+
+
+def test_router_multi_route_and_drop() -> None:
+    routes = Router(_config()).route(_view(RECORDS))
+    assert routes.tables["analytics.orders"].tolist() == [0, 3]
+    assert routes.tables["analytics.big"].tolist() == [2, 3]
+    assert routes.dropped == 1 and routes.dead == []
+
+
+def test_router_unmatched_to_dead_letter_and_default_table() -> None:
+    routes = Router(_config(unmatched={"action": "dead-letter"})).route(_view(RECORDS))
+    assert routes.dead == [(1, UNMATCHED_REASON)]
+    config = _config(
+        tables={"analytics.orders": {"when": "type == 'order'"}, "analytics.other": {}},
+        unmatched={"action": "table", "table": "analytics.other"},
+    )
+    routes = Router(config).route(_view(RECORDS))
+    assert routes.tables["analytics.other"].tolist() == [1, 2]
+
+
+def test_router_dynamic_with_hostile_names() -> None:
+    config = _config(
+        tables={"analytics.orders": {"when": "type == 'order'"}},
+        dynamic={"table": "join('.', ['raw', type])", "allow": r"^raw\.[a-z0-9_]+$"},
+    )
+    records = [{"type": "order"}, {"type": "click"}, {"type": "../../etc"}, {"id": 1}]
+    routes = Router(config).route(_view(records))
+    assert routes.tables == {"analytics.orders": [0], "raw.click": [1]} or (
+        routes.tables["analytics.orders"].tolist() == [0] and routes.tables["raw.click"].tolist() == [1]
+    )
+    assert [p for p, _ in routes.dead] == [2]
+    assert "path separator" in routes.dead[0][1]
+    assert routes.dropped == 1  # no type: the name expression fails, the record is unmatched
+
+
+_kind_values = st.one_of(
+    st.sampled_from(["click", "View", "sign-up", "../x", "a.b", "x\ty", "", "UPPER_case"]),
+    st.none(),
+    st.just(_MISSING),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kinds=st.lists(_kind_values, min_size=1, max_size=15),
+    applies_to=st.sampled_from(["unmatched", "all"]),
+    numeric=st.booleans(),
+)
+def test_dynamic_routing_vectorised_and_per_record_agree(
+    kinds: list[Any], applies_to: str, numeric: bool
+) -> None:
+    records = [_strip({"type": "order" if i % 3 == 0 else "x", "kind": k}) for i, k in enumerate(kinds)]
+    if numeric:
+        records.append({"kind": 5})  # a number: the name column is no longer all strings
+    config = _config(
+        tables={"analytics.orders": {"when": "type == 'order'"}},
+        dynamic={"table": "join('.', ['raw', kind])", "allow": r"^raw\.[a-z_]+$", "applies-to": applies_to},
+        unmatched={"action": "dead-letter"},
+    )
+    view = _view(records)
+    fast = Router(config).route(view)
+    slow = Router(config, vectorised=False).route(view)
+    assert {k: v.tolist() for k, v in fast.tables.items()} == {k: v.tolist() for k, v in slow.tables.items()}
+    assert fast.dead == slow.dead and fast.dropped == slow.dropped

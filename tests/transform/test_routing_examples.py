@@ -1,0 +1,167 @@
+"""Every example in routing/ loads and routes, filters, projects and auto-creates as its comments say."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config import SinkConfig, load_config
+from fanout_sink.devtools.raw_slices import make_raw_slice
+from fanout_sink.transform import deadletter
+from fanout_sink.transform.processor import build_processor
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "routing"
+
+
+def _load(name: str, catalog_settings: CatalogSettings) -> SinkConfig:
+    config = load_config(EXAMPLES / name)
+    return config.model_copy(update={"catalog": catalog_settings})
+
+
+def _values(*records: Any) -> list[bytes | None]:
+    return [None if r is None else r if isinstance(r, bytes) else json.dumps(r).encode() for r in records]
+
+
+def test_every_example_is_tested() -> None:
+    tested = {"static-multi-table.yaml", "filter-projection.yaml", "dynamic.yaml", "dead-letter.yaml"}
+    tested.add("shop-demo.yaml")  # run end to end by tests/e2e/test_demo.py
+    assert {p.name for p in EXAMPLES.glob("*.yaml")} == tested
+
+
+def test_static_multi_table(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    config = _load("static-multi-table.yaml", catalog_settings)
+    assert config.kafka["bootstrap.servers"] == "127.0.0.1:9092"  # ${KAFKA_BOOTSTRAP:-...} default
+    process = build_processor(config, catalog)
+    out = process(
+        make_raw_slice(
+            _values(
+                {
+                    "type": "order",
+                    "id": 1,
+                    "customer": "c1",
+                    "amount": 1500.005,
+                    "ts": "2024-05-01T10:00:00Z",
+                },
+                {"type": "order", "id": 2, "customer": "c2", "amount": 20, "ts": 1714557600000},
+                {"type": "payment", "id": 3, "method": "card", "amount": 20.5},
+                {"type": "click"},
+            ),
+            topic="shop-events",
+        )
+    )
+    assert out.filtered == 1 and out.dead_letters == []
+    orders = out.tables["analytics.orders"].rows.to_pylist()
+    assert [o["id"] for o in orders] == [1, 2]
+    assert str(orders[0]["total"]) == "1500.01"  # half-up to the declared scale
+    assert out.tables["analytics.payments"].rows.to_pylist()[0]["method"] == "card"
+    assert out.tables["analytics.big_spenders"].rows.to_pylist() == [
+        {"id": 1, "customer": None, "amount": 1500.005}  # customer.id of a string customer is null
+    ]
+    assert [str(f.transform) for f in out.tables["analytics.orders"].table.spec().fields] == [
+        "day",
+        "bucket[8]",
+    ]
+    assert process.last_stats.reconciles()
+
+
+def test_filter_projection(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    config = _load("filter-projection.yaml", catalog_settings)
+    process = build_processor(config, catalog)
+    order = {
+        "type": "order",
+        "id": 7,
+        "customer": {"id": "c7", "name": "Ada"},
+        "shipping": {"country": "FR"},
+        "sku": "ABC-1",
+        "amount": 9.5,
+        "ts": "2024-05-01T10:00:00+02:00",
+    }
+    signup = {
+        "type": "signup",
+        "user": {"userId": 1, "EMAIL": "a@b", "tags": ["vip-1", "x"], "referrer": "r"},
+    }
+    out = process(
+        make_raw_slice(
+            _values(order, {**order, "shipping": {"country": "US"}}, {**order, "sku": "x"}, signup, None),
+            topic="shop-events",
+        )
+    )
+    eu = out.tables["analytics.eu_orders"].rows.to_pylist()
+    assert len(eu) == 1
+    assert eu[0]["order_id"] == 7 and eu[0]["customer_id"] == "c7" and eu[0]["country"] == "FR"
+    assert eu[0]["source_topic"] == "shop-events"
+    assert eu[0]["ts"].hour == 8  # converted to UTC
+    customers = out.tables["analytics.customers"].rows.to_pylist()
+    assert customers == [{"id": 1, "email": "a@b", "tags": ["vip-1"], "referred": True, "referrer": "r"}]
+    assert out.filtered == 3  # two orders outside the filter, one skipped tombstone
+    assert process.last_stats.reconciles()
+
+
+def test_dynamic(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    config = _load("dynamic.yaml", catalog_settings)
+    process = build_processor(config, catalog)
+    row = {"id": 1, "ts": "2024-05-01T10:00:00Z"}
+    out = process(make_raw_slice(_values(row, {**row, "id": 2}), topic="Shop-Orders"))
+    assert set(out.tables) == {"raw.shop_orders"}
+    table = out.tables["raw.shop_orders"].table
+    assert [str(f.transform) for f in table.spec().fields] == ["day"]
+    assert catalog.load_table("raw.shop_orders").schema().find_field("ts")
+    # A topic outside the allow pattern is dead-lettered and no table is created.
+    out = process(make_raw_slice(_values(row), topic="shop..orders"))
+    assert out.tables == {}
+    assert deadletter.header(out.dead_letters[0], deadletter.STAGE) == "route"
+    assert "empty part" in (deadletter.header(out.dead_letters[0], deadletter.REASON) or "")
+    assert [t for t in catalog.list_tables("raw")] == [("raw", "shop_orders")]
+    # A new field evolves the auto-created table.
+    out = process(make_raw_slice(_values({**row, "extra": True}), topic="Shop-Orders"))
+    assert out.tables["raw.shop_orders"].rows.column("extra").to_pylist() == [True]
+
+
+def test_dead_letter(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    config = _load("dead-letter.yaml", catalog_settings)
+    process = build_processor(config, catalog)
+    good = {"type": "order", "id": 1, "customer": {"id": "c"}, "amount": 1, "ts": "2024-05-01T10:00:00Z"}
+    out = process(
+        make_raw_slice(
+            _values(
+                good,
+                b"{broken",
+                {"type": "click"},
+                {**good, "id": "one"},
+                {**good, "ts": None},
+                None,
+            ),
+            topic="shop-events",
+            start_offset=100,
+            keys=[b"k0", b"k1", b"k2", b"k3", b"k4", b"k5"],
+            headers=[[("trace", b"t0")], [("trace", b"t1")], [], [], [], []],
+        )
+    )
+    assert out.tables["analytics.orders"].rows.column("id").to_pylist() == [1]
+    letters = {deadletter.header(d, deadletter.SOURCE_OFFSET): d for d in out.dead_letters}
+    assert sorted(letters) == ["101", "102", "103", "104", "105"]
+    broken = letters["101"]
+    assert broken.key == b"k1" and broken.value == b"{broken"
+    assert ("trace", b"t1") in broken.headers
+    assert deadletter.header(broken, deadletter.STAGE) == "decode"
+    assert deadletter.header(broken, deadletter.SINK) == "shop-dlq"
+    assert deadletter.header(broken, deadletter.SOURCE_TOPIC) == "shop-events"
+    assert deadletter.header(broken, deadletter.SOURCE_PARTITION) == "0"
+    assert deadletter.header(letters["102"], deadletter.STAGE) == "route"
+    assert deadletter.header(letters["103"], deadletter.COLUMN) == "id"
+    assert deadletter.header(letters["103"], deadletter.TABLE) == "analytics.orders"
+    assert "cannot convert 'one'" in (deadletter.header(letters["103"], deadletter.REASON) or "")
+    assert deadletter.header(letters["104"], deadletter.COLUMN) == "ts"
+    assert "required column 'ts'" in (deadletter.header(letters["104"], deadletter.REASON) or "")
+    assert deadletter.header(letters["105"], deadletter.STAGE) == "tombstone"
+    assert process.last_stats.reconciles()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_examples_redact_cleanly(name: str) -> None:
+    config = load_config(EXAMPLES / name)
+    assert config.redacted()["name"] == config.name
