@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fanout_sink.devtools.chaos import scenario
-from fanout_sink.devtools.topics import read_to_end
+from fanout_sink.devtools.topics import header_pairs, read_to_end
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import sink_group
@@ -67,9 +67,7 @@ def dead_letter_coordinates(bootstrap: str, topic: str) -> Counter[Coordinates]:
     """Source coordinates of every dead letter, from the headers the sink sets."""
     found: Counter[Coordinates] = Counter()
     for message in read_to_end(bootstrap, [topic]):
-        headers = {
-            k: v.decode() if isinstance(v, bytes) else str(v or "") for k, v in message.headers() or []
-        }
+        headers = {k: v.decode() for k, v in header_pairs(message)}
         found[
             (
                 headers["fanout-sink.source.topic"],
