@@ -65,10 +65,6 @@ class ProducerFencedError(FanoutSinkError):
     """A newer process took over this transactional id; this one must stop (it is a zombie)."""
 
 
-class TableChangedError(FanoutSinkError):
-    """A table's uuid is not the one the data files were written for (dropped and recreated)."""
-
-
 class ConfigError(FanoutSinkError):
     """The sink's YAML configuration is invalid; raised before anything starts.
 

@@ -1,4 +1,5 @@
-"""Build raw slices (``RAW_RECORD_SCHEMA`` tables) from Python values, for tests and benchmarks."""
+"""Raw slices (``RAW_RECORD_SCHEMA`` tables) built from Python values or consumed messages, for the
+benchmarks and the tests: what Spark's Kafka source hands a task, without Spark."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ def make_raw_slice(
     start_offset: int = 0,
     keys: Sequence[bytes | None] | None = None,
     headers: Sequence[Sequence[tuple[str, bytes]] | None] | None = None,
-    timestamps: Sequence[datetime] | None = None,
 ) -> pa.Table:
     """One topic-partition's slice with ascending offsets from ``start_offset``."""
     n = len(values)
@@ -32,9 +32,7 @@ def make_raw_slice(
             "topic": [topic] * n,
             "partition": [partition] * n,
             "offset": list(range(start_offset, start_offset + n)),
-            "timestamp": list(timestamps)
-            if timestamps is not None
-            else [_EPOCH + timedelta(milliseconds=i) for i in range(n)],
+            "timestamp": [_EPOCH + timedelta(milliseconds=i) for i in range(n)],
             "timestampType": [0] * n,
             "headers": [
                 None if h is None else [{"key": k, "value": v} for k, v in h]

@@ -42,6 +42,9 @@ from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 
 log = logging.getLogger(__name__)
 
+COMMIT_ATTEMPTS = 3
+"""Tries per table and round when the catalog reports a conflict (each reloads and re-checks the floor)."""
+
 
 @dataclass
 class TableCommit:
@@ -101,7 +104,6 @@ class Coordinator:
         commit_interval_s: float = 30.0,
         commit_timeout_s: float = 60.0,
         max_parallel_commits: int = 4,
-        commit_attempts: int = 3,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.sink = sink
@@ -112,7 +114,6 @@ class Coordinator:
         self.commit_interval_s = commit_interval_s
         self.commit_timeout_s = commit_timeout_s
         self.max_parallel_commits = max(1, max_parallel_commits)
-        self.commit_attempts = max(1, commit_attempts)
         self.timeout_s = timeout_s
         self.state = CommitState()
         self._producer: TransactionalProducer | None = None
@@ -312,7 +313,7 @@ class Coordinator:
         from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
         outcome = TableCommit(identifier, "failed")
-        for attempt in range(1, self.commit_attempts + 1):
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
             outcome.attempts = attempt
             try:
                 table = self.catalog.load_table(identifier)

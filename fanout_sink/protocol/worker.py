@@ -87,7 +87,6 @@ class SliceWorker:
         sink_name: str,
         kafka_conf: KafkaConf,
         control_topic: str,
-        group_metadata: bytes | None = None,
         dead_letter_topic: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_files_per_event: int = 100,
@@ -99,7 +98,7 @@ class SliceWorker:
         self.dead_letter_topic = dead_letter_topic
         self.group = channel.sink_group(sink_name)
         self.timeout_s = timeout_s
-        self._group_metadata = group_metadata
+        self._group_metadata: bytes | None = None
         self._producers: dict[str, TransactionalProducer] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()

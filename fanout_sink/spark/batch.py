@@ -68,7 +68,6 @@ class BatchRunner:
         self.checkpoint = config.checkpoint_location
         self.retries = retries
         self.lock = threading.Lock()
-        self.batches_done = 0
         self.record_error: RecordError | None = None
         """The bad record that stopped the query (``errors.tolerance: none``)."""
         self._coordinator_error = coordinator_error
@@ -99,7 +98,6 @@ class BatchRunner:
                     if attempt == self.retries or isinstance(exc, FanoutSinkError):
                         raise
                     log.warning("batch %d attempt %d failed (%s); retrying the batch", batch_id, attempt, exc)
-            self.batches_done += 1
             log.info("%s", BatchSummary(reports).describe(batch_id, time.monotonic() - started))
 
     def _run(self, frame: Any, ranges: planning.PlannedRanges) -> list[SliceReport]:

@@ -113,10 +113,6 @@ def _is_string(dtype: pa.DataType) -> bool:
     return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype))
 
 
-def _is_numeric(dtype: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype))
-
-
 def _where(mask: pa.Array, array: pa.Array) -> pa.Array:
     return pc.if_else(mask, array, pa.nulls(len(array), array.type))
 

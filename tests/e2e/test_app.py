@@ -153,7 +153,7 @@ def _settings(folder: Path) -> CatalogSettings:
 
 def test_spark_submit_runs_the_same_app(sink_run: SinkRun) -> None:
     """The cluster entry point: spark-submit owns the master and the jars, the app does the rest."""
-    import fanout_sink.spark.main
+    import fanout_sink.submit
     from fanout_sink import jars
     from fanout_sink.spark.session import SPARK_CONNECTORS
 
@@ -161,7 +161,7 @@ def test_spark_submit_runs_the_same_app(sink_run: SinkRun) -> None:
     connector_jars = ",".join(str(path) for path in jars.jars(SPARK_CONNECTORS))
     submit = Path(sys.executable).parent / "spark-submit"
     result = subprocess.run(
-        [str(submit), "--master", "local[2]", "--jars", connector_jars, fanout_sink.spark.main.__file__,
+        [str(submit), "--master", "local[2]", "--jars", connector_jars, fanout_sink.submit.__file__,
          "--config", str(sink_run.config), "--available-now"],
         capture_output=True, text=True, timeout=420, check=False,
         env=child_env({"PYSPARK_PYTHON": sys.executable}),

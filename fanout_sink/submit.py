@@ -1,6 +1,6 @@
 """Entry point for ``spark-submit``: the same app as ``fanout-sink run``, with the master from submit.
 
-entry=$(python -c 'import fanout_sink.spark.main as m; print(m.__file__)')
+entry=$(python -c 'import fanout_sink.submit as m; print(m.__file__)')
 spark-submit --jars "$(fanout-sink jars --comma)" "$entry" --config sink.yaml
 """
 

@@ -1,0 +1,143 @@
+"""The package's import graph draws the design: layers only import downward, no cycles, no private
+names across modules, the product never reaches into developer tooling, Spark stays in ``spark/``."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fanout_sink"
+
+# Bottom to top. A module may import its own layer and the layers below it, never one above.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "faults"),
+    ("kafka", "catalog", "avro_schema", "jars"),
+    ("config",),
+    ("transform",),
+    ("protocol",),
+    ("spark", "status"),
+    ("devtools",),
+    # The composition root: the one command offers product and developer tooling alike, and
+    # spark-submit's entry is that command's ``run``.
+    ("cli", "submit"),
+]
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+SPARK_USERS = ("fanout_sink.spark", "fanout_sink.devtools")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str) -> Iterator[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import in a module, nested ones too."""
+    tree = ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            if node.module in MODULES and all(f"{node.module}.{a.name}" in MODULES for a in node.names):
+                for alias in node.names:  # `from fanout_sink.kafka import client`: a module import
+                    yield f"{node.module}.{alias.name}", [], node.lineno
+            else:
+                yield node.module, [alias.name for alias in node.names], node.lineno
+
+
+def _internal_edges() -> dict[str, set[str]]:
+    return {
+        name: {target for target, _, _ in _imports(name) if target in MODULES and target != name}
+        for name in MODULES
+    }
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    unplaced = sorted({_unit(m) for m in MODULES} - set(RANK) - {"", "bootstrap"})
+    assert not unplaced, f"place these in LAYERS (or rethink where they live): {unplaced}"
+
+
+def test_layers_only_import_downward() -> None:
+    upward = [
+        f"{source} -> {target}"
+        for source, targets in _internal_edges().items()
+        if _unit(source) in RANK
+        for target in targets
+        if _unit(target) in RANK and RANK[_unit(target)] > RANK[_unit(source)]
+    ]
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_the_import_graph_has_no_cycles() -> None:
+    edges = _internal_edges()
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(edges[node]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    crossing = []
+    for name, path in MODULES.items():
+        modules_here: set[str] = set()  # local names bound to fanout_sink modules
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fanout_sink"):
+                for alias in node.names:
+                    if alias.name.startswith("_"):
+                        crossing.append(f"{name}:{node.lineno} imports {node.module}.{alias.name}")
+                    if f"{node.module}.{alias.name}" in MODULES:
+                        modules_here.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                modules_here.update(a.asname for a in node.names if a.asname and a.name in MODULES)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules_here
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                crossing.append(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not crossing, "\n".join(crossing)
+
+
+def test_bootstrap_needs_nothing_but_the_standard_library() -> None:
+    """It runs on a fresh machine before anything is installed."""
+    import sys
+
+    foreign = [
+        t for t, _, _ in _imports("fanout_sink.bootstrap") if t.split(".")[0] not in sys.stdlib_module_names
+    ]
+    assert not foreign, foreign
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith(SPARK_USERS)))
+def test_only_the_spark_layer_imports_pyspark(module: str) -> None:
+    """Workers, the coordinator and routing run and are tested without a Spark session."""
+    spark = [
+        f"line {line}" for target, _, line in _imports(module) if target.split(".")[0] in ("pyspark", "py4j")
+    ]
+    assert not spark, f"{module} imports pyspark at {spark}"
