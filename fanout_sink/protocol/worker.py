@@ -177,22 +177,6 @@ class SliceWorker:
     ) -> SliceResult:
         # A new producer fences older attempts before anything is read.
         producer = self._producer(txn_id, topic, partition)
-        try:
-            return self._commit(producer, topic, partition, start, end, raw, process)
-        finally:
-            if not producer.usable:  # the next attempt's producer fences this one
-                self._producers.pop(txn_id, None)
-
-    def _commit(
-        self,
-        producer: TransactionalProducer,
-        topic: str,
-        partition: int,
-        start: int,
-        end: int,
-        raw: pa.Table,
-        process: SliceProcessor,
-    ) -> SliceResult:
         committed = self.committed_offset(topic, partition)
         result = SliceResult(topic, partition, start, end, committed, records_in=raw.num_rows)
         if committed is not None and committed >= end:
@@ -235,17 +219,23 @@ class SliceWorker:
             )
         fault_point("worker.after-write-files", topic=topic, partition=partition)
 
-        with producer.transaction():
-            for event in written:
-                channel.produce_event(producer, self.control_topic, self.sink, event)
-            complete = ev.DataComplete(
-                topic=topic, partition=partition, next_offset=end, max_timestamp_ms=_max_timestamp_ms(raw)
-            )
-            channel.produce_event(producer, self.control_topic, self.sink, complete)
-            for letter in routed.dead_letters:
-                producer.produce(str(dead_letter_topic), letter.value, key=letter.key, headers=letter.headers)
-            producer.send_offsets([TopicPartition(topic, partition, end)], self._metadata())
-            fault_point("worker.before-commit", topic=topic, partition=partition)
+        try:
+            with producer.transaction():
+                for event in written:
+                    channel.produce_event(producer, self.control_topic, self.sink, event)
+                complete = ev.DataComplete(
+                    topic=topic, partition=partition, next_offset=end, max_timestamp_ms=_max_timestamp_ms(raw)
+                )
+                channel.produce_event(producer, self.control_topic, self.sink, complete)
+                for letter in routed.dead_letters:
+                    producer.produce(
+                        str(dead_letter_topic), letter.value, key=letter.key, headers=letter.headers
+                    )
+                producer.send_offsets([TopicPartition(topic, partition, end)], self._metadata())
+                fault_point("worker.before-commit", topic=topic, partition=partition)
+        finally:
+            if not producer.usable:  # the next attempt's producer fences this one
+                self._producers.pop(txn_id, None)
         fault_point("worker.after-commit", topic=topic, partition=partition)
         result.dead_lettered = len(routed.dead_letters)
         result.transaction_committed = True
