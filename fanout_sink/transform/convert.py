@@ -33,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fanout_sink.config import ConversionSettings
+
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError, ValueError)
 
 _ZONED = r"\d{2}:\d{2}(:\d{2}(\.\d+)?)?\s*(Z|z|[+-]\d{2}(:?\d{2})?)$"
@@ -59,7 +61,7 @@ class Matching:
     case_insensitive: bool = False
 
     @classmethod
-    def of(cls, settings: Any) -> Matching:
+    def of(cls, settings: ConversionSettings) -> Matching:
         if settings is None:
             return cls()
         return cls(dict(settings.name_mapping), bool(settings.case_insensitive))

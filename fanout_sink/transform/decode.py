@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
+from fanout_sink.config import SinkConfig
 from fanout_sink.errors import ConfigError, SchemaError
 
 
@@ -534,12 +535,13 @@ class ConfluentAvroDecoder:
         return Decoded(table, np.asarray(rows, dtype=np.int64)[order], failures, _python_cache=ordered)
 
 
-def build_decoder(config: Any) -> Decoder:
+def build_decoder(config: SinkConfig) -> Decoder:
     """The decoder for ``config.source`` (a :class:`~fanout_sink.config.SinkConfig`)."""
     source = config.source
     if source.format == "json":
         return JsonDecoder()
     if source.format == "avro":
+        assert source.schema_file is not None, "the config requires source.schema for avro"
         path = config.resolve(source.schema_file)
         try:
             return AvroDecoder(load_avro_schema(path))

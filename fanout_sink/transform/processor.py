@@ -19,11 +19,12 @@ not errors: they are dead-lettered under either tolerance.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyiceberg.catalog import Catalog
 
+from fanout_sink.config import SinkConfig
 from fanout_sink.errors import RecordError, TableError
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.convert import Matching, convert
@@ -64,7 +65,7 @@ class RoutingProcessor:
     """Callable :data:`SliceProcessor`; one per process (it caches tables, schemas, names)."""
 
     def __init__(
-        self, config: Any, catalog: Any, vectorised: bool = True, decoder: Decoder | None = None
+        self, config: SinkConfig, catalog: Catalog, vectorised: bool = True, decoder: Decoder | None = None
     ) -> None:
         self.config = config
         self.vectorised = vectorised
@@ -186,7 +187,7 @@ class RoutingProcessor:
             out.tables[name] = TableRows(table=table, rows=converted.rows)
 
 
-def build_processor(config: Any, catalog: Any, vectorised: bool = True) -> RoutingProcessor:
+def build_processor(config: SinkConfig, catalog: Catalog, vectorised: bool = True) -> RoutingProcessor:
     """The :data:`~fanout_sink.records.SliceProcessor` for a :class:`~fanout_sink.config.SinkConfig`.
 
     ``vectorised=False`` forces every expression through jmespath per record (for comparison).

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fanout_sink.config import SinkConfig
 from fanout_sink.transform.expressions import NameExpression, Predicate, RecordView
 
 UNMATCHED_REASON = "no table matched the record (unmatched.action is dead-letter)"
@@ -88,7 +89,7 @@ class Routes:
 class Router:
     """Static rules, then dynamic names, then the unmatched policy."""
 
-    def __init__(self, config: Any, vectorised: bool = True) -> None:
+    def __init__(self, config: SinkConfig, vectorised: bool = True) -> None:
         self.config = config
         self.vectorised = vectorised
         self.default_table = config.unmatched.table if config.unmatched.action == "table" else None
@@ -159,7 +160,7 @@ class Router:
             if mask.any():
                 routes.tables[name] = np.flatnonzero(mask)
                 matched |= mask
-        if self.dynamic is not None:
+        if self.dynamic is not None and self.config.dynamic is not None:
             applies_all = self.config.dynamic.applies_to == "all"
             candidates = np.arange(n) if applies_all else np.flatnonzero(~matched)
             if len(candidates):

@@ -27,8 +27,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
+from fanout_sink.config import SinkConfig, TableSettings
 from fanout_sink.errors import FanoutSinkError, TableError
 from fanout_sink.transform.convert import Matching, to_timestamps
 
@@ -131,7 +134,7 @@ def _fits_float32(array: pa.Array) -> bool:
 def _diff(
     target: pa.Schema | pa.DataType,
     rows: pa.Table | pa.Array,
-    settings: Any,
+    settings: TableSettings,
     matching: Matching,
     prefix: tuple[str, ...] = (),
 ) -> _Changes:
@@ -188,7 +191,7 @@ def _diff(
     return changes
 
 
-def _apply(table: Any, changes: _Changes) -> None:
+def _apply(table: Table, changes: _Changes) -> None:
     from pyiceberg.types import DoubleType, LongType
 
     with table.update_schema() as update:
@@ -203,16 +206,18 @@ def _apply(table: Any, changes: _Changes) -> None:
 class TableManager:
     """Loads, creates and evolves the sink's tables; caches loaded tables for the process."""
 
-    def __init__(self, catalog: Any, config: Any, retries: int = 12, max_age_seconds: float = 300.0) -> None:
+    def __init__(
+        self, catalog: Catalog, config: SinkConfig, retries: int = 12, max_age_seconds: float = 300.0
+    ) -> None:
         self.catalog = catalog
         self.config = config
         self.retries = retries
         self.max_age_seconds = max_age_seconds
         """A cached table is reloaded after this long, to see other workers' schema changes."""
-        self._cache: dict[str, tuple[Any, float]] = {}
+        self._cache: dict[str, tuple[Table, float]] = {}
         self._lock = threading.Lock()
 
-    def settings_for(self, name: str) -> Any:
+    def settings_for(self, name: str) -> TableSettings:
         if name in self.config.tables:
             return self.config.tables[name]
         if self.config.dynamic is not None:
@@ -227,19 +232,19 @@ class TableManager:
             else:
                 self._cache.pop(name, None)
 
-    def cached(self, name: str) -> Any | None:
+    def cached(self, name: str) -> Table | None:
         with self._lock:
             entry = self._cache.get(name)
         if entry is None or time.monotonic() - entry[1] > self.max_age_seconds:
             return None
         return entry[0]
 
-    def _remember(self, name: str, table: Any) -> Any:
+    def _remember(self, name: str, table: Table) -> Table:
         with self._lock:
             self._cache[name] = (table, time.monotonic())
         return table
 
-    def ensure(self, name: str, settings: Any, sample: pa.Table | None = None) -> Any:
+    def ensure(self, name: str, settings: TableSettings, sample: pa.Table | None = None) -> Table:
         """The table, loaded or (when allowed) created; raises :class:`TableError` otherwise."""
         from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
@@ -269,7 +274,7 @@ class TableManager:
             table = self.catalog.load_table(name)
         return self._remember(name, table)
 
-    def _declared_schema(self, name: str, settings: Any) -> pa.Schema | None:
+    def _declared_schema(self, name: str, settings: TableSettings) -> pa.Schema | None:
         if not settings.schema_file:
             return None
         path = self.config.resolve(settings.schema_file)
@@ -278,7 +283,7 @@ class TableManager:
         except FanoutSinkError as exc:
             raise TableError(f"table {name}: schema file {path}: {exc}") from None
 
-    def _create(self, name: str, settings: Any, schema: pa.Schema) -> Any:
+    def _create(self, name: str, settings: TableSettings, schema: pa.Schema) -> Table:
         from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
         namespace = tuple(name.split(".")[:-1])
@@ -303,7 +308,7 @@ class TableManager:
         log.info("created table %s", name)
         return self.catalog.load_table(name)
 
-    def evolve(self, name: str, table: Any, rows: pa.Table, settings: Any) -> Any:
+    def evolve(self, name: str, table: Table, rows: pa.Table, settings: TableSettings) -> Table:
         """The table after the schema changes ``rows`` need and ``settings.evolution`` allows."""
         from pyiceberg.exceptions import CommitFailedException
 
