@@ -197,7 +197,7 @@ def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
     process = make_processor(catalog)
     conf = {"bootstrap.servers": bootstrap_servers}
     second = SliceWorker(sink, conf, control)
-    caplog.set_level("INFO", logger="fanout_sink.worker")
+    caplog.set_level("INFO", logger="fanout_sink.protocol.worker")
     for batch, worker in enumerate((first, second, first)):
         produce_json(bootstrap_servers, source, 0, [{"id": batch * 10 + i, "table": "a"} for i in range(3)])
         start, end = batch * 3, batch * 3 + 3
