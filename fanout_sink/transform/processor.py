@@ -75,10 +75,6 @@ class RoutingProcessor:
         self._projections: dict[str, Projection] = {}
         self.last_stats = SliceStats()
 
-    def refresh_tables(self, name: str | None = None) -> None:
-        """Drop cached tables (e.g. after a table was dropped and recreated); they reload on use."""
-        self.tables.invalidate(name)
-
     def _projection(self, expression: str) -> Projection:
         found = self._projections.get(expression)
         if found is None:

@@ -224,14 +224,6 @@ class TableManager:
             return self.config.dynamic.table_settings()
         raise TableError(f"table {name} is not configured")
 
-    def invalidate(self, name: str | None = None) -> None:
-        """Forget one cached table (or all): the next use reloads it from the catalog."""
-        with self._lock:
-            if name is None:
-                self._cache.clear()
-            else:
-                self._cache.pop(name, None)
-
     def cached(self, name: str) -> Table | None:
         with self._lock:
             entry = self._cache.get(name)
