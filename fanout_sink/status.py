@@ -13,8 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyiceberg.catalog import Catalog
+
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import load_config
+from fanout_sink.kafka.client import KafkaConf
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import sink_group
@@ -44,7 +47,7 @@ class SinkStatus:
         return data
 
 
-def table_states(catalog: Any, sink: str) -> list[TableStatus]:
+def table_states(catalog: Catalog, sink: str) -> list[TableStatus]:
     """Every table of the catalog that holds at least one commit of ``sink``."""
     found = []
     for namespace in catalog.list_namespaces():
@@ -68,7 +71,7 @@ def table_states(catalog: Any, sink: str) -> list[TableStatus]:
 
 def collect_status(
     sink: str,
-    kafka_conf: dict[str, Any],
+    kafka_conf: KafkaConf,
     control_topic: str,
     catalog_settings: CatalogSettings,
     source_topics: list[str],

@@ -27,9 +27,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table, Transaction
 
 from fanout_sink.errors import ProducerFencedError
 from fanout_sink.faults import fault_point
@@ -69,7 +70,7 @@ class RoundResult:
     tables: dict[str, TableCommit] = field(default_factory=dict)
 
 
-def _no_retry_transaction(table: Any) -> Any:
+def _no_retry_transaction(table: Table) -> Transaction:
     """A transaction whose commit is attempted exactly once.
 
     PyIceberg 0.12 retries a failed commit by rebasing the same append onto the new head, reading
@@ -99,7 +100,7 @@ class Coordinator:
         sink: str,
         kafka_conf: KafkaConf,
         control_topic: str,
-        catalog: Any,
+        catalog: Catalog,
         source_topics: list[str] | None = None,
         commit_interval_s: float = 30.0,
         commit_timeout_s: float = 60.0,

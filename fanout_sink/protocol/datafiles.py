@@ -13,14 +13,16 @@ orphans that no snapshot references.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pyarrow as pa
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+from pyiceberg.types import PrimitiveType
 
 from fanout_sink.protocol import events as ev
 
 
-def write_data_files(table: Any, rows: pa.Table) -> list[Any]:
+def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
     """Write ``rows`` (already in the table's schema) as data files under the table's location.
 
     Returns PyIceberg ``DataFile`` objects with Iceberg field ids, metrics and partition values.
@@ -44,24 +46,29 @@ def write_data_files(table: Any, rows: pa.Table) -> list[Any]:
     return files
 
 
-def _partition_type(table: Any, spec_id: int) -> Any:
-    return table.specs()[spec_id].partition_type(table.schema())
+def _partition_fields(table: Table, spec_id: int) -> list[tuple[int, PrimitiveType]]:
+    """Field id and type of each partition field of spec ``spec_id`` (transforms yield primitives)."""
+    found = []
+    for f in table.specs()[spec_id].partition_type(table.schema()).fields:
+        if not isinstance(f.field_type, PrimitiveType):
+            raise TypeError(
+                f"partition field {f.name} of {table.name()} has non-primitive type {f.field_type}"
+            )
+        found.append((f.field_id, f.field_type))
+    return found
 
 
-def to_record(data_file: Any, table: Any) -> ev.DataFileRecord:
+def to_record(data_file: DataFile, table: Table) -> ev.DataFileRecord:
     """A PyIceberg ``DataFile`` of ``table`` as the Avro-ready record carried by ``DataWritten``."""
     from pyiceberg.conversions import to_bytes
 
     spec_id = int(data_file.spec_id)
-    fields = _partition_type(table, spec_id).fields
     partition = tuple(
         ev.PartitionValue(
-            field_id=field.field_id,
-            value=None
-            if data_file.partition[i] is None
-            else to_bytes(field.field_type, data_file.partition[i]),
+            field_id=field_id,
+            value=None if data_file.partition[i] is None else to_bytes(field_type, data_file.partition[i]),
         )
-        for i, field in enumerate(fields)
+        for i, (field_id, field_type) in enumerate(_partition_fields(table, spec_id))
     )
     return ev.DataFileRecord(
         file_path=data_file.file_path,
@@ -81,16 +88,16 @@ def to_record(data_file: Any, table: Any) -> ev.DataFileRecord:
     )
 
 
-def from_record(record: ev.DataFileRecord, table: Any) -> Any:
+def from_record(record: ev.DataFileRecord, table: Table) -> DataFile:
     """The PyIceberg ``DataFile`` to append to ``table`` (the one the file was written for)."""
     from pyiceberg.conversions import from_bytes
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     from pyiceberg.typedef import Record
 
-    fields = _partition_type(table, record.spec_id).fields
     by_id = {p.field_id: p.value for p in record.partition}
     values = [
-        None if (raw := by_id.get(f.field_id)) is None else from_bytes(f.field_type, raw) for f in fields
+        None if (raw := by_id.get(field_id)) is None else from_bytes(field_type, raw)
+        for field_id, field_type in _partition_fields(table, record.spec_id)
     ]
     data_file = DataFile.from_args(
         content=DataFileContent.DATA,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+
+from pyiceberg.table import Table
 
 PREFIX = "fanout-sink"
 
@@ -53,7 +54,7 @@ def summary_properties(
     return props
 
 
-def read_state(table: Any, sink: str) -> TableState:
+def read_state(table: Table, sink: str) -> TableState:
     """The state of the latest snapshot in the current ancestry committed by ``sink`` (empty if none)."""
     from pyiceberg.table.snapshots import ancestors_of
 

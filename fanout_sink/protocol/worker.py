@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import TopicPartition
+from pyiceberg.table import Table
 
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
 from fanout_sink.faults import fault_point
@@ -59,7 +59,7 @@ class SliceResult:
     transaction_committed: bool = False
 
 
-def table_ref(table: Any) -> ev.TableRef:
+def table_ref(table: Table) -> ev.TableRef:
     """The reference a ``DataWritten`` carries: identifier plus the uuid the files were written for."""
     *namespace, name = table.name()
     return ev.TableRef(namespace=tuple(namespace), name=name, uuid=str(table.metadata.table_uuid))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
+from pyiceberg.table import Table
 
 # Column names and types as Spark's Kafka source delivers them through mapInArrow (with
 # includeHeaders=true). Engine-free code and tests build raw slices with the same schema.
@@ -46,7 +46,7 @@ class DeadLetter:
 class TableRows:
     """Rows for one table, converted to ``table``'s current schema (a PyIceberg ``Table``)."""
 
-    table: Any
+    table: Table
     rows: pa.Table
 
 
