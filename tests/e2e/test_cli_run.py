@@ -39,4 +39,4 @@ def test_sigusr1_prints_every_thread_stack_and_the_app_keeps_going(tmp_path: Pat
     finally:
         app.kill()
         _, stderr = app.communicate(30)
-    assert "most recent call first" in stderr and "fanout_sink/app.py" in stderr, stderr[-2000:]
+    assert "most recent call first" in stderr and "fanout_sink/spark/app.py" in stderr, stderr[-2000:]
