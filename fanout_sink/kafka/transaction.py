@@ -95,12 +95,9 @@ class TransactionalProducer:
     def commit(self) -> None:
         self._producer.commit_transaction(self.timeout_s)
 
-    def abort(self) -> None:
-        self._producer.abort_transaction(self.timeout_s)
-
     def _abort_quietly(self) -> bool:
         try:
-            self.abort()
+            self._producer.abort_transaction(self.timeout_s)
         except KafkaException as exc:
             log.warning("could not abort the transaction of %s: %s", self.transactional_id, exc)
             return False

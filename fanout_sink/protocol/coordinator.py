@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException, TopicPartition
 from pyiceberg.catalog import Catalog
-from pyiceberg.table import Table, Transaction
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.table import Table, TableProperties, Transaction
 
 from fanout_sink.errors import ProducerFencedError
 from fanout_sink.faults import fault_point
@@ -79,8 +80,6 @@ def _no_retry_transaction(table: Table) -> Transaction:
     transaction runs on a view of the table whose properties say ``commit.retry.num-retries=0``.
     Only updates and requirements are sent to the catalog: the table's real properties are untouched.
     """
-    from pyiceberg.table import Table, TableProperties, Transaction
-
     properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
     pinned = Table(
         table.name(),
@@ -311,8 +310,6 @@ class Coordinator:
     def _commit_table(
         self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
     ) -> TableCommit:
-        from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-
         outcome = TableCommit(identifier, "failed")
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             outcome.attempts = attempt

@@ -15,8 +15,11 @@ from __future__ import annotations
 import uuid
 
 import pyarrow as pa
-from pyiceberg.manifest import DataFile
+from pyiceberg.conversions import from_bytes, to_bytes
+from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 from pyiceberg.types import PrimitiveType
 
 from fanout_sink.protocol import events as ev
@@ -28,8 +31,6 @@ def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
     Returns PyIceberg ``DataFile`` objects with Iceberg field ids, metrics and partition values.
     Nothing is committed: the files stay invisible until the coordinator appends them.
     """
-    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
-
     if rows.num_rows == 0:
         return []
     metadata = table.metadata
@@ -60,8 +61,6 @@ def _partition_fields(table: Table, spec_id: int) -> list[tuple[int, PrimitiveTy
 
 def to_record(data_file: DataFile, table: Table) -> ev.DataFileRecord:
     """A PyIceberg ``DataFile`` of ``table`` as the Avro-ready record carried by ``DataWritten``."""
-    from pyiceberg.conversions import to_bytes
-
     spec_id = int(data_file.spec_id)
     partition = tuple(
         ev.PartitionValue(
@@ -90,10 +89,6 @@ def to_record(data_file: DataFile, table: Table) -> ev.DataFileRecord:
 
 def from_record(record: ev.DataFileRecord, table: Table) -> DataFile:
     """The PyIceberg ``DataFile`` to append to ``table`` (the one the file was written for)."""
-    from pyiceberg.conversions import from_bytes
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-    from pyiceberg.typedef import Record
-
     by_id = {p.field_id: p.value for p in record.partition}
     values = [
         None if (raw := by_id.get(field_id)) is None else from_bytes(field_type, raw)

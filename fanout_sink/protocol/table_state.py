@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
 
 PREFIX = "fanout-sink"
 
@@ -56,8 +57,6 @@ def summary_properties(
 
 def read_state(table: Table, sink: str) -> TableState:
     """The state of the latest snapshot in the current ancestry committed by ``sink`` (empty if none)."""
-    from pyiceberg.table.snapshots import ancestors_of
-
     offsets_key = key(sink, "control-offsets")
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         summary = snapshot.summary

@@ -28,7 +28,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.table import Table
+from pyiceberg.types import DoubleType, LongType
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config import SinkConfig, TableSettings
@@ -192,8 +199,6 @@ def _diff(
 
 
 def _apply(table: Table, changes: _Changes) -> None:
-    from pyiceberg.types import DoubleType, LongType
-
     with table.update_schema() as update:
         if changes.adds:
             update.union_by_name(pa.schema(changes.adds))
@@ -238,8 +243,6 @@ class TableManager:
 
     def ensure(self, name: str, settings: TableSettings, sample: pa.Table | None = None) -> Table:
         """The table, loaded or (when allowed) created; raises :class:`TableError` otherwise."""
-        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
-
         table = self.cached(name)
         if table is not None:
             return table
@@ -276,8 +279,6 @@ class TableManager:
             raise TableError(f"table {name}: schema file {path}: {exc}") from None
 
     def _create(self, name: str, settings: TableSettings, schema: pa.Schema) -> Table:
-        from pyiceberg.exceptions import NamespaceAlreadyExistsError
-
         namespace = tuple(name.split(".")[:-1])
         try:
             self.catalog.create_namespace_if_not_exists(namespace)
@@ -302,8 +303,6 @@ class TableManager:
 
     def evolve(self, name: str, table: Table, rows: pa.Table, settings: TableSettings) -> Table:
         """The table after the schema changes ``rows`` need and ``settings.evolution`` allows."""
-        from pyiceberg.exceptions import CommitFailedException
-
         retryable: tuple[type[BaseException], ...] = (CommitFailedException, ValueError)
         try:  # an embedded SQLite catalog reports a concurrent writer as "database is locked"
             from sqlalchemy.exc import OperationalError
