@@ -54,7 +54,7 @@ def table_states(catalog: Catalog, sink: str) -> list[TableStatus]:
         for identifier in catalog.list_tables(namespace):
             table = catalog.load_table(identifier)
             state = table_state.read_state(table, sink)
-            if state.snapshot_id is None:
+            if state.commit_id is None:
                 continue
             found.append(
                 TableStatus(

@@ -7,7 +7,8 @@ It keeps the driver half of the invariants:
   table commit still cannot append twice: every table commit checks, against freshly loaded table
   metadata, the control offset the table already holds, and PyIceberg's own commit retry (which
   would rebase the same append onto a new head without that check) is switched off.
-- I4: each table's snapshot summary records the control offset it is committed up to; after any
+- I4: each table's snapshot summary records the control offset it is committed up to (and so do
+  the table properties, in the same commit, so that snapshot expiry cannot erase it); after any
   crash, events below it are skipped for that table only.
 - Dropped-and-recreated tables: files carry the table uuid they were written for; files for
   another uuid are never appended (Iceberg also asserts the uuid at commit).
@@ -343,6 +344,11 @@ class Coordinator:
             with txn.update_snapshot(snapshot_properties=properties).fast_append() as append:
                 for data_file in files:
                     append.append_data_file(data_file)
+            # The same state as table properties, in the same metadata commit: it outlives the
+            # snapshot when others commit on top and the sink's snapshots are expired.
+            txn.set_properties(properties)
+            if stale_keys := table_state.stale_properties(table, self.sink, vtts):
+                txn.remove_properties(*stale_keys)
             fault_point("coordinator.before-table-commit", table=identifier, catalog=self.catalog)
             try:
                 committed = txn.commit_transaction()

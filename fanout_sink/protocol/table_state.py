@@ -11,11 +11,18 @@ The table itself is the only place these can live without a second commit that c
 crash: they are committed atomically with the files. Other writers (another sink, compaction, a
 user) may commit after us, so the state is found by walking the snapshot ancestry back to the
 latest snapshot that carries this sink's keys.
+
+Snapshot summaries alone do not last: once others have committed on top, a routine
+``expire_snapshots`` removes the sink's snapshots and the ancestry no longer says how far the
+table is committed; a coordinator re-reading the control topic would then append the same files
+again. So the same keys are also set as table properties, in the same Iceberg transaction as the
+append (one metadata commit: both or neither), and the state read is the further of the two.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyiceberg.table import Table
@@ -55,19 +62,48 @@ def summary_properties(
     return props
 
 
+def stale_properties(table: Table, sink: str, vtts_ms: int | None) -> tuple[str, ...]:
+    """Table properties of ``sink`` that a commit with ``vtts_ms`` must remove (an unknown VTTS)."""
+    vtts_key = key(sink, "vtts")
+    return (vtts_key,) if vtts_ms is None and vtts_key in table.metadata.properties else ()
+
+
+def _state_from(
+    values: Mapping[str, str], sink: str, snapshot_id: int | None = None, timestamp_ms: int | None = None
+) -> TableState | None:
+    raw = values.get(key(sink, "control-offsets"))
+    if raw is None:
+        return None
+    vtts = values.get(key(sink, "vtts"))
+    return TableState(
+        commit_id=values.get(key(sink, "commit-id")),
+        control_offsets={int(p): int(o) for p, o in json.loads(raw).items()},
+        vtts_ms=int(vtts) if vtts is not None else None,
+        snapshot_id=snapshot_id,
+        timestamp_ms=timestamp_ms,
+    )
+
+
 def read_state(table: Table, sink: str) -> TableState:
-    """The state of the latest snapshot in the current ancestry committed by ``sink`` (empty if none)."""
-    offsets_key = key(sink, "control-offsets")
+    """This sink's state: the latest of its snapshot in the current ancestry and the table properties.
+
+    The ancestry is preferred (it names the snapshot); the properties win when they are further,
+    which is the case once the sink's snapshots were expired.
+    """
+    in_ancestry: TableState | None = None
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        summary = snapshot.summary
-        if summary is None or (raw := summary.get(offsets_key)) is None:
+        if snapshot.summary is None:
             continue
-        vtts = summary.get(key(sink, "vtts"))
-        return TableState(
-            snapshot_id=snapshot.snapshot_id,
-            commit_id=summary.get(key(sink, "commit-id")),
-            control_offsets={int(p): int(o) for p, o in json.loads(raw).items()},
-            vtts_ms=int(vtts) if vtts is not None else None,
-            timestamp_ms=snapshot.timestamp_ms,
+        in_ancestry = _state_from(
+            snapshot.summary, sink, snapshot_id=snapshot.snapshot_id, timestamp_ms=snapshot.timestamp_ms
         )
-    return TableState()
+        if in_ancestry is not None:
+            break
+    in_properties = _state_from(table.metadata.properties, sink)
+    if in_properties is None or (
+        in_ancestry is not None
+        and max(in_properties.control_offsets.values(), default=0)
+        <= max(in_ancestry.control_offsets.values(), default=0)
+    ):
+        return in_ancestry or TableState()
+    return in_properties
