@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from fanout_sink.errors import TopicError
+from fanout_sink.faults import fault_point
 from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, ensure_topic, retry_transient
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
@@ -119,13 +120,15 @@ class ControlReader:
         _low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
         return int(high)
 
-    def read_until(self, end: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[ControlEvent]:
-        """Reads at least up to control offset ``end``: this sink's events not read yet, in order.
+    def read_until(self, end: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[ControlEvent]:
+        """Reads at least up to control offset ``end``: yields this sink's events not read yet, in order.
 
-        One poll may return events at or beyond ``end``; they are returned too (callers keep them
-        for the next round) rather than buffered here.
+        Each event is yielded as soon as it is read, before the next poll. The caller records it
+        (the coordinator's ``CommitState``) before anything can fail, so a timeout or consumer error
+        halfway through loses nothing: the reader's position is already past those events and no
+        later read would return them. One poll may return events at or beyond ``end``; they are
+        yielded too (callers keep them for the next round) rather than buffered here.
         """
-        found: list[ControlEvent] = []
         deadline = time.monotonic() + timeout_s
         while self._position < end:
             if time.monotonic() > deadline:
@@ -133,14 +136,15 @@ class ControlReader:
                     f"control topic {self.topic!r} did not deliver offsets up to {end} within {timeout_s}s "
                     f"(reached {self._position}); is the broker reachable?"
                 )
-            found.extend(self._poll(0.2, end))
-        return found
+            yield from self._poll(0.2, end)
 
-    def poll(self, timeout_s: float = 0.2) -> list[ControlEvent]:
-        """Whatever arrives within ``timeout_s`` (for a coordinator idling between rounds)."""
-        return list(self._poll(timeout_s, None))
+    def poll(self, timeout_s: float = 0.2) -> Iterator[ControlEvent]:
+        """Whatever arrives within ``timeout_s`` (for a coordinator idling between rounds), yielded
+        one by one for the same reason as in :meth:`read_until`."""
+        return self._poll(timeout_s, None)
 
     def _poll(self, timeout_s: float, end: int | None) -> Iterator[ControlEvent]:
+        fault_point("control.before-poll", position=self._position)
         msg = self._consumer.poll(timeout_s)
         while msg is not None:
             error = msg.error()
@@ -159,6 +163,7 @@ class ControlReader:
                         yield ControlEvent(offset, event)
             if end is not None and self._position >= end:
                 return
+            fault_point("control.before-poll", position=self._position)
             msg = self._consumer.poll(0)
 
     def close(self) -> None:

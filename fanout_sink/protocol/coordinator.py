@@ -211,10 +211,11 @@ class Coordinator:
         """Read whatever committed events arrived; returns how many of this sink's events came in."""
         with self._lock:
             _, reader = self._ready()
-            found = reader.poll(timeout_s)
-            for item in found:
+            found = 0
+            for item in reader.poll(timeout_s):  # each event is pending before the next poll can fail
                 self.state.add(item)
-            return len(found)
+                found += 1
+            return found
 
     def _publish(self, payloads: list[ev.Payload], offsets: list[TopicPartition] | None = None) -> None:
         producer, _ = self._ready()
@@ -245,6 +246,8 @@ class Coordinator:
                 else []
             )
             round_end = reader.end_offset(self.timeout_s)
+            # Each event is pending before the next poll: a read failing halfway fails the round,
+            # but what was read stays in the state and holds the low watermark back.
             for item in reader.read_until(round_end, self.timeout_s):
                 self.state.add(item)
             vtts = self.state.vtts(positions, round_end) if self.source_topics else None
