@@ -8,12 +8,17 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyiceberg.table.snapshots import ancestors_of
 
-from fanout_sink.devtools.chaos import kills
+from fanout_sink.devtools.chaos import kills, maintenance, scenario
 from fanout_sink.devtools.chaos.runner import ChaosOptions, ChaosRun
-from fanout_sink.devtools.chaos.traffic import record
+from fanout_sink.devtools.chaos.traffic import flood, record
 from fanout_sink.devtools.chaos.verify import verify
+from fanout_sink.devtools.stack.broker import KafkaBroker
+from fanout_sink.devtools.topics import read_to_end
+from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import table_state
 
 ID_SCHEMA = pa.schema([pa.field("id", pa.string())])
@@ -58,14 +63,18 @@ def test_the_verdict_counts_duplicates_losses_stray_dead_letters_lag_and_offsets
     _append(catalog, "chaos.orders", ["o1"], control_offset=5)
     _append(catalog, "chaos.orders", [], control_offset=3)  # the control offsets go back
     _append(catalog, "chaos.money", ["o1", "o1"])  # a duplicate
-    _append(catalog, "region.eu", ["o1"])
-    _append(catalog, "region.us", ["c1"])  # chaos.clicks is missing: c1 is lost there
+    _append(catalog, "region.us_old_1", ["c1"])  # a swap renamed region.us aside: c1 landed there
+    _append(catalog, "region.us", ["c1"])  # and again in the new table: a duplicate across the two
+    _append(catalog, "region.eu_old_1", ["o1"])  # ... and once in the aside table only: fine
+    # chaos.clicks is missing: c1 is lost there
 
     verdict = verify(bootstrap_servers, [source], dlq, "s", catalog)
 
-    assert (verdict.records, verdict.duplicates, verdict.losses, verdict.filtered) == (4, 1, 1, 1)
+    assert (verdict.records, verdict.duplicates, verdict.losses, verdict.filtered) == (4, 2, 1, 1)
     problems = "\n".join(verdict.problems)
     assert "chaos.money: 1 duplicate and 0 lost rows" in problems
+    assert "region.us: 1 duplicate and 0 lost rows (across region.us_old_1, region.us)" in problems
+    assert "region.eu" not in problems
     assert "chaos.clicks: missing, 1 rows expected" in problems
     assert "chaos.orders: control offsets went back from {0: 5} to {0: 3}" in problems
     assert "dead letters: 1 bad records missing, 1 unexpected or repeated" in problems
@@ -81,15 +90,132 @@ def test_records_are_reproducible_from_the_seed() -> None:
     assert len({rid for rid, _ in first}) == 3
 
 
+def _sink_table(catalog: Any, name: str, batches: list[list[str]]) -> Any:
+    """A table with one sink snapshot per batch of ids, each with the sink's floor in its summary."""
+    for offset, ids in enumerate(batches, 1):
+        _append(catalog, name, ids, control_offset=offset)
+    return catalog.load_table(name)
+
+
+def test_another_writer_and_snapshot_expiry_keep_the_rows_and_erase_the_sinks_snapshots(catalog: Any) -> None:
+    """Real PyIceberg commits on the real SQLite catalog: an empty append by another writer, then
+    expire_snapshots of all but the current one. The rows stay; no sink snapshot is left to hold a floor."""
+    _sink_table(catalog, "chaos.orders", [["o1", "o2"], ["o3"]])
+    _append(catalog, "region.eu", ["o1"])  # committed later: the newest commit is to region.eu
+
+    assert maintenance.last_committed_table(catalog, scenario.NAMESPACES) == "region.eu"
+    assert maintenance.commit_as_other_writer_and_expire(catalog, "chaos.orders") == 2
+
+    table = catalog.load_table("chaos.orders")
+    assert sorted(table.scan().to_arrow()["id"].to_pylist()) == ["o1", "o2", "o3"]
+    assert len(table.snapshots()) == 1
+    offsets_key = table_state.key("s", "control-offsets")
+    ancestry = list(ancestors_of(table.current_snapshot(), table.metadata))
+    assert [s.summary.get(offsets_key) for s in ancestry if s.summary is not None] == [None]
+
+
+def test_partition_evolution_adds_a_field_each_time_and_keeps_the_rows(catalog: Any) -> None:
+    schema = pa.schema([pa.field("id", pa.string()), pa.field("region", pa.string())])
+    catalog.create_namespace("region")
+    table = catalog.create_table("region.eu", schema)
+    table.append(pa.table({"id": ["a", "b"], "region": ["eu", "eu"]}, schema=schema))
+
+    assert maintenance.evolve_partition_spec(catalog, "region.eu") == "region_identity"
+    assert maintenance.evolve_partition_spec(catalog, "region.eu") == "id_bucket"
+    assert maintenance.evolve_partition_spec(catalog, "region.eu") is None  # no column left to add
+
+    table = catalog.load_table("region.eu")
+    assert [f.name for f in table.spec().fields] == ["region_identity", "id_bucket"]
+    assert len(table.specs()) == 3
+    assert sorted(table.scan().to_arrow()["id"].to_pylist()) == ["a", "b"]
+
+
+def test_a_table_swap_renames_aside_and_creates_an_empty_table_with_the_same_schema(catalog: Any) -> None:
+    old = _sink_table(catalog, "chaos.clicks", [["c1"]])
+
+    assert maintenance.swap_table(catalog, "chaos.clicks", 3) == "chaos.clicks_old_3"
+
+    aside, new = catalog.load_table("chaos.clicks_old_3"), catalog.load_table("chaos.clicks")
+    assert aside.scan().to_arrow()["id"].to_pylist() == ["c1"]
+    assert new.current_snapshot() is None and new.metadata.table_uuid != old.metadata.table_uuid
+    assert new.schema().as_struct() == old.schema().as_struct()
+
+
+@pytest.mark.kafka
+def test_control_retention_deletes_records_below_the_coordinator_groups_watermark(
+    bootstrap_servers: str, make_topic: Callable[..., str]
+) -> None:
+    """Real: records deleted by AdminClient.delete_records at a committed offset of a group that never
+    joined (as the coordinator commits it)."""
+    control = make_topic("chaos-control")
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for i in range(10):
+        producer.produce(control, value=str(i).encode())
+    producer.flush(30)
+    group = f"{control}-coordinator"
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group})
+    consumer.commit(offsets=[TopicPartition(control, 0, 6)], asynchronous=False)
+    consumer.close()
+
+    assert maintenance.delete_control_records(bootstrap_servers, group, control, timeout_s=30) == 6
+
+    reader = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group})
+    assert reader.get_watermark_offsets(TopicPartition(control, 0), timeout=30, cached=False) == (6, 10)
+    reader.close()
+
+
+@pytest.mark.kafka
+def test_a_flood_holds_bad_records_and_one_bigger_than_the_default_message_size(
+    bootstrap_servers: str, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic("chaos-flood", partitions=2, config={"max.message.bytes": str(4 * 1024 * 1024)})
+
+    assert flood(bootstrap_servers, topic, 1, "f1", 50, kills.OVERSIZED_BYTES) == 51
+
+    messages = read_to_end(bootstrap_servers, [topic])
+    assert {m.partition() for m in messages} == {1} and len(messages) == 51
+    assert all(scenario.expected_tables(m.value() or b"") is None for m in messages)  # all bad
+    assert max(len(m.value() or b"") for m in messages) > 1_048_588  # the broker's default maximum
+
+
+@pytest.mark.chaos
+@pytest.mark.kafka
+@pytest.mark.timeout(400)
+def test_a_broker_with_the_chaos_retention_really_expires_a_memberless_groups_offsets(
+    tmp_path: Path,
+) -> None:
+    """Real: a broker with offsets.retention.minutes=1 deletes the offsets of a group that never
+    joined, as it would after 7 days by default; only the duration is compressed (about 65 s)."""
+    broker = KafkaBroker(tmp_path / "kafka", properties=kills.BROKER_PROPERTIES)
+    broker.start()
+    try:
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("src", 2, 1)])["src"].result(timeout=30)
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fanout-sink-s"})
+        consumer.commit(
+            offsets=[TopicPartition("src", 0, 0), TopicPartition("src", 1, 0)], asynchronous=False
+        )
+        consumer.close()
+        positions = source_positions({"bootstrap.servers": bootstrap}, "fanout-sink-s", ["src"])
+        assert [p.committed for p in positions] == [0, 0]
+
+        assert maintenance.group_expired(bootstrap, "fanout-sink-s", ["src"], timeout_s=300)
+    finally:
+        broker.stop()
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(1500)
 @pytest.mark.spark
 @pytest.mark.kafka
 def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path) -> None:
     """The CI configuration: one cycle per kind of breakage, then every table counted row by row."""
-    result = ChaosRun(ChaosOptions(cycles=len(kills.KINDS), records=8000, seed=11, work_dir=tmp_path)).run()
+    kinds = kills.CRASHES
+    options = ChaosOptions(cycles=len(kinds), records=8000, seed=11, kinds=kinds, work_dir=tmp_path)
+    result = ChaosRun(options).run()
     print(result.line())
     assert result.verdict.ok, "\n".join(result.verdict.problems)
-    assert dict(result.kills) == dict.fromkeys(kills.KINDS, 1), f"every kind landed once: {result.line()}"
+    assert dict(result.kills) == dict.fromkeys(kinds, 1), f"every kind landed once: {result.line()}"
     assert (result.verdict.duplicates, result.verdict.losses) == (0, 0)
     assert result.verdict.records == 8000 and result.verdict.dead_lettered > 0 and result.verdict.filtered > 0

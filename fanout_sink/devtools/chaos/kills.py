@@ -1,13 +1,40 @@
 """The ways a chaos cycle breaks the sink, each one a real event a production sink lives through.
 
+A few seconds of chaos, then the app's crashes:
+
 - ``driver``: SIGKILL of the driver's whole process group at a random moment (a lost machine);
 - ``python-worker``: SIGKILL of one busy PySpark Python worker (an executor's task dies mid-slice);
 - ``broker``: the broker stops, stays away for a while, and starts again on the same ports and data;
 - ``catalog-commit``: the next table commit to the catalog fails (an injected fault, the app lives on);
 - ``coordinator``: SIGKILL of the driver right after one table's commit, before the next table's.
 
-The last two are armed through ``FANOUT_SINK_FAULTS=<point>=when:<file>:<action>``: the app is started
-with the points configured, and the runner creates the file when the cycle's moment comes.
+A month of production, compressed (``maintenance`` does what the other parties do):
+
+- ``offset-expiry``: the broker really runs with ``offsets.retention.minutes=1`` and a 5 s
+  ``offsets.retention.check.interval.ms`` (for the whole run, see ``BROKER_PROPERTIES``); the app is
+  stopped (SIGKILL or SIGTERM, seeded) and stays down until the broker has really deleted every
+  offset of the sink group, then restarts. Simulated: only the duration (1 minute for 7 days).
+- ``control-retention``: the control topic's records below the coordinator group's committed low
+  watermark are really deleted (``AdminClient.delete_records``, what time-based retention does on a
+  healthy sink), then the driver is SIGKILLed; the restart finds log start > 0. Simulated: that
+  retention strikes exactly at the watermark instead of at some age.
+- ``snapshot-expiry``: the driver is SIGKILLed right after a table commit (the ``coordinator``
+  fault point); while it is down, another writer appends zero rows to the table the sink committed
+  last, and ``expire_snapshots`` removes every snapshot but that writer's. The restart re-reads the
+  round and has only what survives expiry to find its floor. Real: the PyIceberg commits and expiry.
+- ``partition-evolution``: while the app runs, the table's partition spec gains a field (identity
+  or bucket on an existing column) through PyIceberg; workers that cached the table keep writing
+  files under the old spec, which the coordinator commits after the change.
+- ``table-recreate``: while the app runs, a table is renamed to ``<name>_old_<n>`` and an empty
+  table with the same schema is created under the name (a user's table swap) in the real catalog.
+- ``dead-letter-flood``: 3 x ``FLOOD_QUEUE`` malformed records land in one partition at once, plus
+  one malformed record of ``OVERSIZED_BYTES``. Simulated: the flood's size; the app's ``kafka:``
+  section lowers ``queue.buffering.max.messages`` to ``FLOOD_QUEUE`` for the whole run, so that a
+  burst of thousands floods the producer queue as 100,000 would with the default. The oversized
+  dead letter is real: larger than the producer's and the broker's default maximum message size.
+
+The fault-point kinds are armed through ``FANOUT_SINK_FAULTS=<point>=when:<file>:<action>``: the app
+is started with the points configured, and the runner creates the file when the cycle's moment comes.
 """
 
 from __future__ import annotations
@@ -17,7 +44,22 @@ import signal
 import time
 from pathlib import Path
 
-KINDS = ("driver", "python-worker", "broker", "catalog-commit", "coordinator")
+CRASHES = ("driver", "python-worker", "broker", "catalog-commit", "coordinator")
+MONTH = (
+    "offset-expiry",
+    "control-retention",
+    "snapshot-expiry",
+    "partition-evolution",
+    "table-recreate",
+    "dead-letter-flood",
+)
+KINDS = CRASHES + MONTH
+BROKER_PROPERTIES = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "5000"}
+"""Server properties of a run with ``offset-expiry``: offsets expire a minute after their last commit."""
+FLOOD_QUEUE = 1000
+"""``queue.buffering.max.messages`` of the app in a run with ``dead-letter-flood``."""
+OVERSIZED_BYTES = 1_200_000
+"""The oversized bad record: above librdkafka's and the broker's default maximum (about 1 MB)."""
 
 
 def fault_spec(arm_dir: Path) -> str:

@@ -9,24 +9,29 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from pyiceberg.catalog import Catalog
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.chaos import kills, scenario
+from fanout_sink.devtools.chaos import kills, maintenance, scenario
 from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
-from fanout_sink.devtools.chaos.traffic import Traffic
+from fanout_sink.devtools.chaos.traffic import Traffic, flood
 from fanout_sink.devtools.chaos.verify import Verdict, verify
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.errors import FanoutSinkError
+from fanout_sink.protocol.channel import coordinator_group, sink_group
 
 log = logging.getLogger("fanout_sink.devtools.chaos")
 STOP_TIMEOUT_S = 180.0  # SIGTERM finishes one batch and commits: minutes would mean it was ignored
 MIN_RATE = 20.0  # records/s: a trickle at least, so every cycle has work in flight to break
+EXPIRY_TIMEOUT_S = 300.0  # offsets.retention.minutes=1 and a 5 s check: gone after about 65 s
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
 
 
 class ChaosError(FanoutSinkError):
@@ -75,7 +80,10 @@ class ChaosRun:
         self.arm_dir = self.work_dir / "armed"
         self.arm_dir.mkdir(exist_ok=True)
         self.name = f"chaos{options.seed}"
-        self.broker = KafkaBroker(self.work_dir / "kafka")
+        expiry = "offset-expiry" in options.kinds
+        self.broker = KafkaBroker(
+            self.work_dir / "kafka", properties=kills.BROKER_PROPERTIES if expiry else None
+        )
         self.catalog = CatalogSettings(
             name="chaos",
             type="sql",
@@ -84,6 +92,21 @@ class ChaosRun:
         )
         self.topics = [f"{self.name}-a", f"{self.name}-b"]
         self.result = ChaosResult(options, Verdict(), work_dir=self.work_dir)
+        self._catalog: Catalog | None = None
+        self._serial = 0  # numbers table swaps and floods
+        self._breakers: dict[str, Callable[[AppProcess], bool]] = {
+            "driver": self._kill_driver,
+            "python-worker": self._kill_python_worker,
+            "broker": self._restart_broker,
+            "catalog-commit": self._fail_catalog_commit,
+            "coordinator": self._kill_coordinator,
+            "offset-expiry": self._expire_offsets,
+            "control-retention": self._delete_control_records,
+            "snapshot-expiry": self._expire_snapshots,
+            "partition-evolution": self._evolve_partition_spec,
+            "table-recreate": self._recreate_table,
+            "dead-letter-flood": self._flood_dead_letters,
+        }
 
     def run(self) -> ChaosResult:
         started = time.monotonic()
@@ -94,9 +117,17 @@ class ChaosRun:
             bootstrap = self.broker.bootstrap_servers
             self._create_topics(bootstrap)
             config = self.work_dir / "sink.yaml"
+            # A flood of thousands must overflow the producer queue as 100,000 would by default.
+            kafka = (
+                {"queue.buffering.max.messages": kills.FLOOD_QUEUE}
+                if "dead-letter-flood" in self.options.kinds
+                else {}
+            )
             config.write_text(
                 yaml.safe_dump(
-                    scenario.sink_config(self.name, bootstrap, self.topics, self.catalog, self.work_dir)
+                    scenario.sink_config(
+                        self.name, bootstrap, self.topics, self.catalog, self.work_dir, kafka
+                    )
                 )
             )
             command = [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config)]
@@ -137,7 +168,11 @@ class ChaosRun:
     def _create_topics(self, bootstrap: str) -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         futures = admin.create_topics(
-            [NewTopic(self.topics[0], 3, 1), NewTopic(self.topics[1], 2, 1)], operation_timeout=30
+            [
+                NewTopic(topic, partitions, 1, config={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+                for topic, partitions in zip(self.topics, (3, 2), strict=True)
+            ],
+            operation_timeout=30,
         )
         for future in futures.values():
             future.result(timeout=60)
@@ -188,24 +223,125 @@ class ChaosRun:
             traffic.rate = max(pace, MIN_RATE)
 
     def _break(self, app: AppProcess, kind: str) -> bool:
-        if kind == "driver":
-            app.kill_group()
-            return True
-        if kind == "python-worker":
-            assert app.pid is not None
-            return kills.kill_busy_python_worker(app.pid) is not None
-        if kind == "broker":
-            self.broker.restart(away_s=self.rng.uniform(2.0, 8.0))
-            return True
-        armed = kills.arm(self.arm_dir, kind)
+        """Break one thing; False when the breakage could not land (the cycle is counted as skipped)."""
+        return self._breakers[kind](app)
+
+    @property
+    def catalog_client(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = load_catalog(self.catalog)
+        return self._catalog
+
+    def _kill_driver(self, app: AppProcess) -> bool:
+        app.kill_group()
+        return True
+
+    def _kill_python_worker(self, app: AppProcess) -> bool:
+        assert app.pid is not None
+        return kills.kill_busy_python_worker(app.pid) is not None
+
+    def _restart_broker(self, _app: AppProcess) -> bool:
+        self.broker.restart(away_s=self.rng.uniform(2.0, 8.0))
+        return True
+
+    def _fire(self, app: AppProcess, point: str) -> bool:
+        """Arm a fault point and wait until the app passed it (False: it did not within 2 minutes)."""
+        armed = kills.arm(self.arm_dir, point)
         deadline = time.monotonic() + 120
         while armed.exists() and app.running() and time.monotonic() < deadline:
             time.sleep(0.2)
         fired = not armed.exists()
         armed.unlink(missing_ok=True)
-        if kind == "coordinator" and fired:
+        return fired
+
+    def _fail_catalog_commit(self, app: AppProcess) -> bool:
+        return self._fire(app, "catalog-commit")
+
+    def _kill_coordinator(self, app: AppProcess) -> bool:
+        fired = self._fire(app, "coordinator")
+        if fired:
             app.wait_exit(60)  # the kill of the driver process; the reap takes the group with it
         return fired
+
+    def _expire_offsets(self, app: AppProcess) -> bool:
+        """Stop the app (crash or clean, seeded) and keep it down until the broker expired the sink
+        group's offsets; the caller's restart then finds none."""
+        if self.rng.random() < 0.5:
+            app.kill_group()
+        else:
+            app.stop(STOP_TIMEOUT_S)
+        down = time.monotonic()
+        expired = maintenance.group_expired(
+            self.broker.bootstrap_servers, sink_group(self.name), self.topics, EXPIRY_TIMEOUT_S
+        )
+        log.info(
+            "offset-expiry: the app stayed down %.0fs; sink group expired: %s",
+            time.monotonic() - down,
+            expired,
+        )
+        return expired
+
+    def _delete_control_records(self, app: AppProcess) -> bool:
+        start = maintenance.delete_control_records(
+            self.broker.bootstrap_servers, coordinator_group(self.name), f"{self.name}-control"
+        )
+        if start is None:
+            return False
+        log.info("control-retention: the control topic now starts at %d; killing the driver", start)
+        app.kill_group()
+        return True
+
+    def _expire_snapshots(self, app: AppProcess) -> bool:
+        if not self._kill_coordinator(app):
+            return False
+        app.kill_group()  # make sure nothing of it still runs while the tables are changed
+        name = maintenance.last_committed_table(self.catalog_client, scenario.NAMESPACES)
+        if name is None:
+            return False
+        expired = maintenance.commit_as_other_writer_and_expire(self.catalog_client, name)
+        log.info("snapshot-expiry: %s: another writer committed, %d snapshots expired", name, expired)
+        return True
+
+    def _evolve_partition_spec(self, _app: AppProcess) -> bool:
+        name = self.rng.choice(self._sink_tables())
+        field_name = maintenance.evolve_partition_spec(self.catalog_client, name)
+        log.info("partition-evolution: %s gained partition field %s", name, field_name)
+        return field_name is not None
+
+    def _recreate_table(self, _app: AppProcess) -> bool:
+        name = self.rng.choice(self._sink_tables())
+        self._serial += 1
+        aside = maintenance.swap_table(self.catalog_client, name, self._serial)
+        log.info("table-recreate: %s renamed to %s and created again, empty", name, aside)
+        return True
+
+    def _flood_dead_letters(self, _app: AppProcess) -> bool:
+        self._serial += 1
+        count = 3 * kills.FLOOD_QUEUE
+        written = flood(
+            self.broker.bootstrap_servers,
+            self.topics[0],
+            0,
+            f"flood{self._serial}",
+            count,
+            kills.OVERSIZED_BYTES,
+        )
+        log.info(
+            "dead-letter-flood: %d bad records (one of %d bytes) in %s[0]",
+            written,
+            kills.OVERSIZED_BYTES,
+            self.topics[0],
+        )
+        return True
+
+    def _sink_tables(self) -> list[str]:
+        """The tables the sink writes now (never the ones a swap renamed aside)."""
+        return sorted(
+            ".".join(identifier)
+            for namespace in scenario.NAMESPACES
+            for identifier in self.catalog_client.list_tables(namespace)
+            if maintenance.ASIDE_INFIX not in identifier[-1]
+        )
 
     def _drain(self, app: AppProcess, traffic: Traffic, command: list[str], env: dict[str, str]) -> int:
         """Stop as an operator would (SIGTERM; its exit code is returned), then one available-now run

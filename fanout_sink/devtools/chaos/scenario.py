@@ -37,11 +37,17 @@ def expected_tables(value: bytes) -> list[str] | None:
 
 
 def sink_config(
-    name: str, bootstrap: str, topics: list[str], catalog: CatalogSettings, work_dir: Path
+    name: str,
+    bootstrap: str,
+    topics: list[str],
+    catalog: CatalogSettings,
+    work_dir: Path,
+    kafka: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The sink's YAML; ``kafka`` adds properties to its ``kafka:`` section."""
     return {
         "name": name,
-        "kafka": {"bootstrap.servers": bootstrap},
+        "kafka": {"bootstrap.servers": bootstrap, **(kafka or {})},
         "source": {"topics": topics, "format": "json"},
         "control": {"topic": f"{name}-control", "commit-interval": "3s", "commit-timeout": "60s"},
         "catalog": catalog.model_dump(),

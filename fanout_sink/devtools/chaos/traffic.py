@@ -113,3 +113,32 @@ class Traffic:
         if remaining:
             raise TimeoutError(f"{remaining} record(s) still unacknowledged after {timeout_s:.0f}s")
         return self.stats
+
+
+def flood(bootstrap: str, topic: str, partition: int, prefix: str, count: int, oversized_bytes: int) -> int:
+    """A burst of ``count`` malformed records into one partition, then one malformed record of
+    ``oversized_bytes`` (bigger than a producer's default ``message.max.bytes``, so its dead letter
+    cannot be produced as it is); the records written. The partition's topic must allow such a
+    message (``max.message.bytes``)."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 50,
+            "message.max.bytes": oversized_bytes + 65_536,
+            "queue.buffering.max.messages": count + 1,
+        }
+    )
+    for seq in range(count):
+        rid = f"{prefix}-{seq:09d}"
+        producer.produce(
+            topic, f'{{"id": "{rid}", "type": "order", "amount": '.encode(), rid.encode(), partition
+        )
+    rid = f"{prefix}-oversized"
+    padding = b"x" * oversized_bytes
+    producer.produce(topic, f'{{"id": "{rid}", "pad": "'.encode() + padding, rid.encode(), partition)
+    remaining = producer.flush(120)
+    if remaining:
+        raise TimeoutError(f"{remaining} flood record(s) unacknowledged after 120s")
+    return count + 1

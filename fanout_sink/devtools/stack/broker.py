@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -163,10 +164,14 @@ class KafkaBroker:
         port: int | None = None,
         controller_port: int | None = None,
         sasl_user: SaslUser | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> None:
         """``sasl_user`` adds a SASL_PLAINTEXT client listener (PLAIN and SCRAM-SHA-256) that accepts
-        that user only; the PLAINTEXT listener stays for the controller, the broker itself and tools."""
+        that user only; the PLAINTEXT listener stays for the controller, the broker itself and tools.
+        ``properties`` are server properties set last, over the defaults: a chaos run compresses a
+        month of retention with ``offsets.retention.minutes`` and friends."""
         self.work_dir = work_dir.resolve()
+        self.properties = dict(properties or {})
         self._requested_port = port
         self._requested_controller_port = controller_port
         self.sasl_user = sasl_user
@@ -242,6 +247,7 @@ class KafkaBroker:
         }
         if sasl_port is not None and self.sasl_user is not None:
             props.update(_sasl_properties(self.sasl_user))
+        props.update(self.properties)
         path = self.work_dir / "server.properties"
         path.write_text("".join(f"{k}={_escape_property(v)}\n" for k, v in props.items()))
         return path
