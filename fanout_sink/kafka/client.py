@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource  # admin re-exports it, untyped
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.errors import TopicError
@@ -22,6 +23,7 @@ KafkaConf = Mapping[str, Any]
 """A ``kafka:`` section: librdkafka property names and values."""
 
 DEFAULT_TIMEOUT_S = 30.0
+_PRODUCER_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 _T = TypeVar("_T")
 _TRANSIENT = {
     KafkaError.NOT_COORDINATOR,
@@ -98,3 +100,17 @@ def memberless_group_metadata(kafka_conf: KafkaConf, group: str) -> bytes:
     finally:
         holder.close()
     return metadata
+
+
+def max_message_bytes(kafka_conf: KafkaConf, topic: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """The largest message the sink may produce to ``topic``: the smaller of the producer's
+    ``message.max.bytes`` (librdkafka refuses larger ones at ``produce``) and the topic's
+    ``max.message.bytes`` (the broker refuses larger batches, failing the whole transaction)."""
+    producer_limit = int(kafka_conf.get("message.max.bytes", _PRODUCER_MESSAGE_MAX_BYTES))
+    admin = AdminClient(client_conf(kafka_conf))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    described = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
+    configs = described.result(timeout=timeout_s)
+    entry = configs.get("max.message.bytes")
+    topic_limit = int(entry.value) if entry is not None and entry.value is not None else producer_limit
+    return min(producer_limit, topic_limit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -57,6 +58,9 @@ class TransactionalProducer:
             **client_conf(kafka_conf),
             "transactional.id": transactional_id,
         }
+        # Past this the broker aborts the transaction anyway, so waiting longer for anything is futile.
+        self._transaction_timeout_s = int(conf["transaction.timeout.ms"]) / 1000
+        self._deadline = 0.0
         self._producer = Producer(conf)
         self._producer.init_transactions(timeout_s)
 
@@ -67,7 +71,8 @@ class TransactionalProducer:
         - a stuck call (:class:`TransactionStuckError`): the producer is given up;
         - fenced: the producer is given up and :class:`ProducerFencedError` raised;
         - a Kafka error that requires an abort: aborted, the producer stays usable;
-        - any other failure: aborted where possible, else the producer is given up.
+        - any other failure (e.g. an exception of the body): aborted, which purges what the body
+          queued, and the producer stays usable; if the abort fails, the producer is given up.
         """
         try:
             self.begin()
@@ -91,6 +96,7 @@ class TransactionalProducer:
 
     def begin(self) -> None:
         self._producer.begin_transaction()
+        self._deadline = time.monotonic() + self._transaction_timeout_s
 
     def commit(self) -> None:
         self._producer.commit_transaction(self.timeout_s)
@@ -110,11 +116,30 @@ class TransactionalProducer:
         key: bytes | None = None,
         headers: Sequence[Header] | None = None,
     ) -> None:
-        """Queue one message inside the open transaction."""
-        if headers:
-            self._producer.produce(topic, key=key, value=value, headers=list(headers))
-        else:
-            self._producer.produce(topic, key=key, value=value)
+        """Queue one message inside the open transaction, waiting for room when the queue is full.
+
+        The producer queue holds ``queue.buffering.max.messages`` (100,000 by default) undelivered
+        messages; one more makes librdkafka raise ``BufferError``, and a slice with that many dead
+        letters would then fail the same way on every retry. Inside a transaction, messages are
+        delivered to the broker as they go (invisible until the commit), so serving delivery reports
+        frees room. The wait ends at the transaction's deadline (``transaction.timeout.ms``), after
+        which the broker aborts the transaction anyway: :class:`TransactionStuckError`.
+        """
+        while True:
+            try:
+                if headers:
+                    self._producer.produce(topic, key=key, value=value, headers=list(headers))
+                else:
+                    self._producer.produce(topic, key=key, value=value)
+                return
+            except BufferError:
+                if time.monotonic() >= self._deadline:
+                    raise TransactionStuckError(
+                        f"the producer queue of {self.transactional_id!r} stayed full until the "
+                        f"transaction's deadline ({self._transaction_timeout_s:.0f}s): the broker does not "
+                        f"take messages for {topic!r}; the producer is replaced and its transaction aborted"
+                    ) from None
+                self._producer.poll(0.05)
 
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: bytes) -> None:
         """``send_offsets_to_transaction`` with a deadline that holds.

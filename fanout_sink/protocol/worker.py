@@ -29,11 +29,17 @@ from pyiceberg.table import Table
 
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
 from fanout_sink.faults import fault_point
-from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, memberless_group_metadata
+from fanout_sink.kafka.client import (
+    DEFAULT_TIMEOUT_S,
+    KafkaConf,
+    max_message_bytes,
+    memberless_group_metadata,
+)
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles
 from fanout_sink.protocol import events as ev
+from fanout_sink.transform import deadletter
 from fanout_sink.transform.records import SliceProcessor
 
 log = logging.getLogger(__name__)
@@ -104,6 +110,7 @@ class SliceWorker:
         self._guard = threading.Lock()
         self._offsets: GroupOffsets | None = None
         self._control_checked = False
+        self._dead_letter_max_bytes: int | None = None
 
     def committed_offset(self, topic: str, partition: int) -> int | None:
         """The sink-managed group's stable committed offset for one source partition."""
@@ -116,6 +123,12 @@ class SliceWorker:
         if self._group_metadata is None:
             self._group_metadata = memberless_group_metadata(self.kafka_conf, self.group)
         return self._group_metadata
+
+    def _dead_letter_limit(self, topic: str) -> int:
+        """The dead-letter topic's message size limit, asked once per process."""
+        if self._dead_letter_max_bytes is None:
+            self._dead_letter_max_bytes = max_message_bytes(self.kafka_conf, topic, self.timeout_s)
+        return self._dead_letter_max_bytes
 
     def _lock(self, txn_id: str) -> threading.Lock:
         with self._guard:
@@ -227,10 +240,10 @@ class SliceWorker:
                     topic=topic, partition=partition, next_offset=end, max_timestamp_ms=_max_timestamp_ms(raw)
                 )
                 channel.produce_event(producer, self.control_topic, self.sink, complete)
-                for letter in routed.dead_letters:
-                    producer.produce(
-                        str(dead_letter_topic), letter.value, key=letter.key, headers=letter.headers
-                    )
+                if routed.dead_letters and dead_letter_topic is not None:
+                    # Cut to size: one oversized dead letter would fail this transaction on every retry.
+                    limit = self._dead_letter_limit(dead_letter_topic)
+                    deadletter.publish(producer, dead_letter_topic, routed.dead_letters, limit)
                 producer.send_offsets([TopicPartition(topic, partition, end)], self._metadata())
                 fault_point("worker.before-commit", topic=topic, partition=partition)
         finally:

@@ -12,17 +12,29 @@ Header keys (values are UTF-8 text):
 ``fanout-sink.source.timestamp`` source timestamp, epoch milliseconds
 ``fanout-sink.table``           destination table (convert stage; routing of a dynamic name)
 ``fanout-sink.column``          the column that failed (convert stage)
+``fanout-sink.truncated``       what was cut to fit the message size limit: ``value``, ``key``,
+                                ``headers`` (the source record's own), comma-separated
+``fanout-sink.original.key.size``   the key's size in bytes before truncation (truncated only)
+``fanout-sink.original.value.size`` the value's size in bytes before truncation (truncated only)
 =============================  ===============================================================
 
 The worker produces these inside its Kafka transaction, so a dead letter is published exactly
-when the slice's offsets are committed.
+when the slice's offsets are committed. A dead letter that would not fit the producer's
+``message.max.bytes`` or the dead-letter topic's ``max.message.bytes`` would fail that transaction
+on every retry, even under ``errors.tolerance: all``; :func:`fit` cuts it to size instead (the
+value first, then the key, then the source record's headers), says so in the headers above, and
+:func:`publish` logs it. The cut keeps the beginning of each part, which is usually enough to find
+the record in the source topic by its coordinates.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fanout_sink.transform.records import DeadLetter
+
+log = logging.getLogger(__name__)
 
 PREFIX = "fanout-sink."
 REASON = PREFIX + "reason"
@@ -34,6 +46,14 @@ SOURCE_OFFSET = PREFIX + "source.offset"
 SOURCE_TIMESTAMP = PREFIX + "source.timestamp"
 TABLE = PREFIX + "table"
 COLUMN = PREFIX + "column"
+TRUNCATED = PREFIX + "truncated"
+ORIGINAL_KEY_SIZE = PREFIX + "original.key.size"
+ORIGINAL_VALUE_SIZE = PREFIX + "original.value.size"
+
+# Bytes a record costs on the wire beyond its key, value and header bytes: the record batch header
+# (61) and the record's and each header's varint framing, rounded up generously.
+_RECORD_OVERHEAD = 512
+_HEADER_OVERHEAD = 10
 
 STAGES = ("decode", "route", "convert", "tombstone")
 _MAX_REASON = 4000
@@ -80,7 +100,76 @@ def header(letter: DeadLetter, key: str) -> str | None:
     return found
 
 
-def publish(producer: Any, topic: str, letters: list[DeadLetter]) -> None:
-    """Produce dead letters with a confluent-kafka ``Producer``; call inside the worker's transaction."""
+def _headers_size(headers: list[tuple[str, bytes]]) -> int:
+    return sum(len(key.encode("utf-8")) + len(value) + _HEADER_OVERHEAD for key, value in headers)
+
+
+def wire_size(letter: DeadLetter) -> int:
+    """An upper bound of the bytes one dead letter takes in a record batch of its own."""
+    return (
+        _RECORD_OVERHEAD + len(letter.key or b"") + len(letter.value or b"") + _headers_size(letter.headers)
+    )
+
+
+def fit(letter: DeadLetter, max_bytes: int) -> DeadLetter:
+    """``letter`` itself when it fits in ``max_bytes``, else a copy cut to fit, with headers saying so.
+
+    The value gives way first; the key keeps at least half the room the value does not need; the
+    source record's own headers are dropped only when they alone are too large.
+    """
+    if wire_size(letter) <= max_bytes:
+        return letter
+    key, value = letter.key or b"", letter.value or b""
+    sizes = [(ORIGINAL_KEY_SIZE, str(len(key)).encode()), (ORIGINAL_VALUE_SIZE, str(len(value)).encode())]
+    longest_marker = (TRUNCATED, b"value,key,headers")
+    headers = list(letter.headers)
+    dropped_headers = False
+
+    def room_for(kept: list[tuple[str, bytes]]) -> int:
+        return max_bytes - _RECORD_OVERHEAD - _headers_size([*kept, longest_marker, *sizes])
+
+    if room_for(headers) < 0:
+        headers = [(name, data) for name, data in headers if name.startswith(PREFIX)]
+        dropped_headers = True
+    room = max(room_for(headers), 0)
+    key_room = min(len(key), max(room // 2, room - len(value)))
+    value_room = min(len(value), room - key_room)
+    cut = [
+        part
+        for part, kept, size in (("value", value_room, len(value)), ("key", key_room, len(key)))
+        if kept < size
+    ]
+    cut += ["headers"] if dropped_headers else []
+    return DeadLetter(
+        key=None if letter.key is None else key[:key_room],
+        value=None if letter.value is None else value[:value_room],
+        headers=[*headers, (TRUNCATED, ",".join(cut).encode()), *sizes],
+    )
+
+
+def publish(producer: Any, topic: str, letters: list[DeadLetter], max_bytes: int) -> int:
+    """Produce dead letters, each cut to ``max_bytes`` if needed; the number that were cut.
+
+    ``producer`` has confluent-kafka's ``produce(topic, key=, value=, headers=)``; call inside the
+    worker's transaction. ``max_bytes`` is the smaller of the producer's ``message.max.bytes`` and the
+    topic's ``max.message.bytes``.
+    """
+    cut = 0
     for letter in letters:
-        producer.produce(topic, key=letter.key, value=letter.value, headers=list(letter.headers))
+        sent = fit(letter, max_bytes)
+        if sent is not letter:
+            cut += 1
+            log.warning(
+                "dead letter of %s[%s]@%s is %d bytes, more than the %d a message may have on %r: "
+                "sent truncated (%s=%s)",
+                header(letter, SOURCE_TOPIC),
+                header(letter, SOURCE_PARTITION),
+                header(letter, SOURCE_OFFSET),
+                wire_size(letter),
+                max_bytes,
+                topic,
+                TRUNCATED,
+                header(sent, TRUNCATED),
+            )
+        producer.produce(topic, key=sent.key, value=sent.value, headers=list(sent.headers))
+    return cut

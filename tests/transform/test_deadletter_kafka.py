@@ -54,10 +54,10 @@ def test_dead_letters_round_trip_in_a_transaction(
     txn = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": f"{dlq}-worker"})
     txn.init_transactions(30)
     txn.begin_transaction()
-    deadletter.publish(txn, dlq, out.dead_letters)
+    deadletter.publish(txn, dlq, out.dead_letters, 1_000_000)
     txn.abort_transaction(30)
     txn.begin_transaction()
-    deadletter.publish(txn, dlq, out.dead_letters)
+    deadletter.publish(txn, dlq, out.dead_letters, 1_000_000)
     txn.commit_transaction(30)
 
     published = read_topic(dlq)

@@ -1,0 +1,63 @@
+"""``TransactionalProducer.transaction()`` when its body fails or the producer queue stays full.
+
+Real: the shared test broker and librdkafka's queue limit (``queue.buffering.max.messages``, made
+small: the same code path as the default 100,000). Simulated: a broker that never takes the messages
+is a topic that does not exist (auto-create is off), so the queue stays full; the transaction's
+deadline is shortened with ``transaction.timeout.ms``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fanout_sink.errors import TransactionStuckError
+from fanout_sink.kafka.transaction import TransactionalProducer
+
+pytestmark = pytest.mark.kafka
+
+
+def _producer(bootstrap: str, **conf: str) -> TransactionalProducer:
+    kafka = {"bootstrap.servers": bootstrap, "queue.buffering.max.messages": "10", **conf}
+    return TransactionalProducer(kafka, f"txn-{uuid.uuid4().hex[:8]}", "fenced", timeout_s=15)
+
+
+def test_a_non_kafka_error_in_the_body_aborts_and_the_producer_stays_usable(
+    bootstrap_servers: str, make_topic: Callable[..., str], read_topic: Callable[..., list[Any]]
+) -> None:
+    """What happens today (kept): the abort purges what the body queued; the next transaction works."""
+    topic = make_topic("txn")
+    producer = _producer(bootstrap_servers)
+    with pytest.raises(ValueError, match="body failed"), producer.transaction():
+        producer.produce(topic, b"aborted")
+        raise ValueError("body failed")
+    assert producer.usable
+    with producer.transaction():
+        producer.produce(topic, b"committed")
+    assert [m.value() for m in read_topic(topic)] == [b"committed"]
+
+
+def test_more_messages_than_the_queue_holds_wait_for_room(
+    bootstrap_servers: str, make_topic: Callable[..., str], read_topic: Callable[..., list[Any]]
+) -> None:
+    topic = make_topic("txn")
+    producer = _producer(bootstrap_servers)
+    values = [f"m{i}".encode() for i in range(100)]
+    with producer.transaction():
+        for value in values:
+            producer.produce(topic, value)
+    assert [m.value() for m in read_topic(topic)] == values
+
+
+def test_a_queue_that_stays_full_gives_the_producer_up_at_the_transaction_deadline(
+    bootstrap_servers: str,
+) -> None:
+    producer = _producer(bootstrap_servers, **{"transaction.timeout.ms": "3000"})
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TransactionStuckError, match="stayed full"), producer.transaction():
+        for _ in range(11):
+            producer.produce(missing, b"never delivered")
+    assert not producer.usable
