@@ -23,6 +23,7 @@ class PendingFiles:
 
     offset: int
     event: ev.DataWritten
+    written_ms: int | None = None  # when the worker published it (for "pending since" in errors)
 
 
 @dataclass
@@ -38,7 +39,9 @@ class CommitState:
     def add(self, item: ControlEvent) -> None:
         payload = item.event.payload
         if isinstance(payload, ev.DataWritten):
-            self.pending.setdefault(payload.table.identifier, []).append(PendingFiles(item.offset, payload))
+            self.pending.setdefault(payload.table.identifier, []).append(
+                PendingFiles(item.offset, payload, item.event.event_time_ms)
+            )
         elif isinstance(payload, ev.DataComplete):
             self.reports.append((item.offset, payload))
 

@@ -41,6 +41,7 @@ from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, table_state
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.append import SpecPreservingAppend
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,15 @@ class TableCommit:
     files: int = 0
     stale_files: int = 0  # written for another table uuid: never appended
     attempts: int = 0
+    error: str | None = None
+
+
+@dataclass
+class TableFailure:
+    """A table whose commit failed in consecutive rounds (forgotten at its next successful round)."""
+
+    rounds: int
+    since_ms: int
     error: str | None = None
 
 
@@ -126,6 +136,8 @@ class Coordinator:
         self._fenced = False
         self.error: BaseException | None = None
         self.last_round: RoundResult | None = None
+        self.failing: dict[str, TableFailure] = {}
+        """Tables whose commit failed in the latest rounds, by identifier."""
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -302,14 +314,48 @@ class Coordinator:
                     # Left pending: if the commit lands later, the next round's re-check skips it.
                     results[identifier] = TableCommit(identifier, "failed", error="commit timeout")
                 except Exception as exc:
-                    log.exception(
-                        "commit of %s failed; its files stay pending for the next round", identifier
-                    )
+                    # The traceback once, when the table starts failing; an ERROR every round after.
+                    if identifier not in self.failing:
+                        log.warning("commit of %s failed", identifier, exc_info=True)
                     results[identifier] = TableCommit(identifier, "failed", error=repr(exc))
         finally:
             # Do not wait for a commit that timed out: the round goes on without it.
             pool.shutdown(wait=False, cancel_futures=True)
+        self._report_failures(due, results)
         return results
+
+    def _report_failures(self, due: dict[str, list[PendingFiles]], results: dict[str, TableCommit]) -> None:
+        """One ERROR per failing table and round, so a table that never recovers cannot go unnoticed.
+
+        Its files stay pending and hold the low watermark (the control topic is re-read from there
+        after a restart); the other tables keep committing meanwhile.
+        """
+        now_ms = int(time.time() * 1000)
+        for identifier, outcome in results.items():
+            if outcome.outcome != "failed":
+                if (recovered := self.failing.pop(identifier, None)) is not None:
+                    log.info("table %s commits again after %d failed round(s)", identifier, recovered.rounds)
+                continue
+            failure = self.failing.setdefault(identifier, TableFailure(0, now_ms))
+            failure.rounds += 1
+            failure.error = outcome.error
+            oldest = min(due[identifier], key=lambda p: p.offset)
+            age = "unknown" if oldest.written_ms is None else f"{(now_ms - oldest.written_ms) / 1000:.0f}s"
+            log.error(
+                "commit of table %s failed %d round(s) in a row (%s); %d file event(s) pending, the "
+                "oldest pending for %s (control offset %d), which holds the control topic's low "
+                "watermark for all tables while the others keep committing.\n"
+                "  fix: repair what the error names (catalog reachable? table metadata readable? "
+                "specs/columns of the files still in the table?); the next round then appends the "
+                "pending files exactly once. Until then keep the control topic's retention longer "
+                "than that age.",
+                identifier,
+                failure.rounds,
+                outcome.error,
+                len(due[identifier]),
+                age,
+                oldest.offset,
+            )
 
     def _commit_table(
         self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
@@ -344,7 +390,8 @@ class Coordinator:
                 self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts
             )
             txn = _no_retry_transaction(table)
-            with txn.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            # Each file under the spec it was written with: the spec may have changed since.
+            with SpecPreservingAppend(txn, table.io, properties) as append:
                 for data_file in files:
                     append.append_data_file(data_file)
             # The same state as table properties, in the same metadata commit: it outlives the

@@ -5,15 +5,20 @@ points are simulated (fault-point callbacks that raise)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.transforms import IdentityTransform
 from support.common import (
     ARROW_SCHEMA,
     NAMESPACE,
+    TABLE_SCHEMA,
     create_tables,
     make_processor,
     produce_json,
@@ -25,6 +30,7 @@ from fanout_sink import faults
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
+from fanout_sink.transform.records import TableRows
 
 pytestmark = pytest.mark.kafka
 
@@ -81,3 +87,85 @@ def test_floor_survives_expiry_of_the_sinks_snapshots(
     assert result.tables[f"{NAMESPACE}.a"].outcome == "already-committed"
     assert table_ids(catalog, "a") == [-1, *range(5)]
     assert table_state.read_state(catalog.load_table(f"{NAMESPACE}.a"), name).next_control_offset() > 0
+
+
+def test_files_written_before_a_partition_spec_change_are_committed_under_their_own_spec(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    """Scenario 6, first half. Real: broker, catalog, ``update_spec`` committed between the worker's
+    write and the coordinator's commit, and PyIceberg scans (no Spark) that read every row back."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    name, topic, control = _new_sink(make_topic)
+    catalog.create_namespace_if_not_exists(NAMESPACE)
+    spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="id"))
+    catalog.create_table(f"{NAMESPACE}.p", schema=TABLE_SCHEMA, partition_spec=spec)
+    create_tables(catalog, ["a"])  # unpartitioned, then partitioned
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "pa"[i % 2]} for i in range(6)])
+    worker = SliceWorker(name, conf, control)
+    run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))  # written under spec 0
+    for table_name in ("p", "a"):
+        with catalog.load_table(f"{NAMESPACE}.{table_name}").update_spec() as update:
+            update.add_identity("topic")
+    coordinator = _coordinator(name, conf, control, catalog, topic)
+    result = coordinator.commit_round()
+    assert {t: o.outcome for t, o in result.tables.items()} == {"sink.a": "committed", "sink.p": "committed"}
+
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "pa"[i % 2]} for i in range(6, 10)])
+    run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))  # under spec 1
+    worker.close()
+    assert {o.outcome for o in coordinator.commit_round().tables.values()} == {"committed"}
+    coordinator.close()
+    assert table_ids(catalog, "p") == [0, 2, 4, 6, 8]
+    assert table_ids(catalog, "a") == [1, 3, 5, 7, 9]
+    table = catalog.load_table(f"{NAMESPACE}.p")
+    assert sorted(table.scan(row_filter="id == 2").to_arrow()["id"].to_pylist()) == [2]  # old-spec pruning
+    assert sorted(table.scan(row_filter="id >= 6").to_arrow()["id"].to_pylist()) == [6, 8]
+    specs = {
+        e.data_file.spec_id
+        for m in table.current_snapshot().manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io)
+    }
+    assert specs == {0, 1}
+
+
+def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Scenario 6, second half. Real: broker, catalog, and a permanently broken table (its current
+    metadata file deleted, as a bad manual clean-up would). Nothing simulated."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    name, topic, control = _new_sink(make_topic)
+    create_tables(catalog, ["a", "b"])
+    broken = catalog.load_table(f"{NAMESPACE}.b")  # still cached by the worker below
+    Path(broken.metadata_location.removeprefix("file://")).unlink()
+    coordinator = _coordinator(name, conf, control, catalog, topic)
+    worker = SliceWorker(name, conf, control)
+    expected: list[int] = []
+    processor = make_processor(catalog)
+
+    def route(raw: Any) -> Any:
+        """Rows for table a as usual, plus one row per slice for b through the cached table."""
+        routed = processor(raw)
+        routed.tables["sink.b"] = TableRows(
+            broken, pa.Table.from_pylist([{"id": 0, "topic": "b"}], ARROW_SCHEMA)
+        )
+        return routed
+
+    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
+    for round_no in range(3):
+        ids = list(range(round_no * 10, round_no * 10 + 3))
+        produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in ids])
+        expected += ids
+        run_batch(worker, bootstrap_servers, {topic: 1}, route)
+        result = coordinator.commit_round()
+        assert result.tables["sink.a"].outcome == "committed"
+        assert result.tables["sink.b"].outcome == "failed"
+        assert table_ids(catalog, "a") == expected
+    worker.close()
+    coordinator.close()
+    errors = [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "sink.b" in r.getMessage()
+    ]
+    assert len(errors) == 3
+    assert "3 round(s) in a row" in errors[-1] and "fix:" in errors[-1] and "oldest pending" in errors[-1]
+    assert coordinator.failing["sink.b"].rounds == 3

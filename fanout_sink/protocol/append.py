@@ -1,0 +1,77 @@
+"""An Iceberg fast append that keeps every data file under the partition spec it was written with.
+
+Workers write files under the table's default spec at write time; the coordinator appends them
+later, possibly after someone changed the partition spec. PyIceberg 0.12's fast append writes all
+added files into one manifest of the table's *current* default spec (and summarises their
+partitions with it), which fails on files of an older spec, every round, for good. Iceberg itself
+allows files of any spec the table still knows: Java's ``FastAppend`` writes one manifest per spec.
+This does the same: the files keep their own partition values and stay prunable under their spec.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.table import TableProperties, Transaction
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+
+
+class SpecPreservingAppend(_FastAppendFiles):
+    """``_FastAppendFiles`` with one added manifest per partition spec id of the added files."""
+
+    def __init__(self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]) -> None:
+        super().__init__(
+            operation=Operation.APPEND,
+            transaction=transaction,
+            io=io,
+            snapshot_properties=snapshot_properties,
+        )
+
+    def _by_spec(self) -> dict[int, list[DataFile]]:
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for data_file in self._added_data_files:
+            by_spec[data_file.spec_id].append(data_file)
+        return dict(sorted(by_spec.items()))
+
+    def _manifests(self) -> list[ManifestFile]:
+        added = []
+        for spec_id, files in self._by_spec().items():
+            with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                for data_file in files:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=data_file,
+                        )
+                    )
+            added.append(writer.to_manifest_file())
+        return self._process_manifests(added + self._existing_manifests())
+
+    def _summary(self, snapshot_properties: dict[str, str] | None = None) -> Summary:
+        metadata = self._transaction.table_metadata
+        limit = int(
+            metadata.properties.get(
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
+            )
+        )
+        collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+        schema = metadata.schema()
+        for spec_id, files in self._by_spec().items():
+            for data_file in files:
+                collector.add_file(data_file=data_file, partition_spec=self.spec(spec_id), schema=schema)
+        parent = (
+            metadata.snapshot_by_id(self._parent_snapshot_id)
+            if self._parent_snapshot_id is not None
+            else None
+        )
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **(snapshot_properties or {})),
+            previous_summary=parent.summary if parent is not None else None,
+        )
