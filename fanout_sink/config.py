@@ -37,6 +37,7 @@ from pydantic import (
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
+from fanout_sink.kafka.client import TopicSettings
 from fanout_sink.kafka.java_client import sasl_jaas_config
 
 # --------------------------------------------------------------------------------------------
@@ -197,12 +198,53 @@ class SourceSettings(_Section):
         return self
 
 
-class ControlSettings(_Section):
-    """``control:`` the sink's control topic and its commit cadence."""
+class _ReplicatedTopic(_Section):
+    """Replication of one of the sink's own topics. Unset: as durable as the source offsets (the
+    broker's ``offsets.topic.replication.factor`` and ``transaction.state.log.min.isr``, capped at
+    the number of brokers); an existing topic below these values stops the sink at start."""
+
+    replication_factor: int | None = Field(default=None, ge=1, examples=[3])
+    min_insync_replicas: int | None = Field(default=None, ge=1, examples=[2])
+
+    @model_validator(mode="after")
+    def _replicas(self) -> _ReplicatedTopic:
+        rf, isr = self.replication_factor, self.min_insync_replicas
+        if rf is not None and isr is not None and isr > rf:
+            raise ValueError(
+                f"min-insync-replicas {isr} is more than replication-factor {rf}: no write could ever "
+                f"succeed; e.g. replication-factor: 3, min-insync-replicas: 2"
+            )
+        return self
+
+
+class ControlSettings(_ReplicatedTopic):
+    """``control:`` the sink's control topic and its commit cadence.
+
+    The sink re-reads the control topic from the oldest event a table still needs, so it keeps its
+    events forever by default (``retention-ms``/``retention-bytes`` -1, ``cleanup.policy=delete``).
+    It grows by one record per data file (its column statistics) plus a few events per round; a finite
+    retention must outlast any outage of a table or of the sink, or the sink stops at start with
+    ``ControlTopicError`` rather than skip events.
+    """
 
     topic: str | None = Field(default=None, examples=["shop-events-control"])
     commit_interval: Duration = Field(default=timedelta(seconds=30), examples=["30s"])
     commit_timeout: Duration = Field(default=timedelta(seconds=60), examples=["60s"])
+    retention_ms: int = Field(default=-1, ge=-1, examples=[-1])
+    retention_bytes: int = Field(default=-1, ge=-1, examples=[-1])
+
+    def topic_settings(self) -> TopicSettings:
+        """How the control topic is created and checked (never compacted: every event counts)."""
+        return TopicSettings(
+            section="control",
+            config={
+                "cleanup.policy": "delete",
+                "retention.ms": str(self.retention_ms),
+                "retention.bytes": str(self.retention_bytes),
+            },
+            replication_factor=self.replication_factor,
+            min_insync_replicas=self.min_insync_replicas,
+        )
 
 
 class EvolutionSettings(_Section):
@@ -340,10 +382,17 @@ class DynamicSettings(_Section):
         )
 
 
-class DeadLetterSettings(_Section):
-    """``dead-letter:`` where records that cannot be delivered go."""
+class DeadLetterSettings(_ReplicatedTopic):
+    """``dead-letter:`` where records that cannot be delivered go (retention: the broker's default)."""
 
     topic: str = Field(examples=["shop-events-dlq"])
+
+    def topic_settings(self) -> TopicSettings:
+        return TopicSettings(
+            section="dead-letter",
+            replication_factor=self.replication_factor,
+            min_insync_replicas=self.min_insync_replicas,
+        )
 
 
 class ErrorSettings(_Section):

@@ -36,6 +36,33 @@ class TopicError(FanoutSinkError):
     """One of the sink's own topics (control, dead letters) cannot be created or has an unusable shape."""
 
 
+class ControlTopicError(TopicError):
+    """Control events the sink has not acknowledged were deleted (retention, delete-records).
+
+    Their data files may never have been appended while their source offsets are committed, so the
+    coordinator refuses to skip them silently and stops.
+    """
+
+    def __init__(self, topic: str, group: str, needed_from: int | None, log_start: int) -> None:
+        self.topic, self.group, self.needed_from, self.log_start = topic, group, needed_from, log_start
+        where = (
+            f"the coordinator needs events from offset {needed_from} on"
+            if needed_from is not None
+            else f"coordinator group {group!r} has acknowledged nothing, so it needs every event"
+        )
+        first = needed_from if needed_from is not None else 0
+        super().__init__(
+            f"control topic {topic!r} [0] lost events the sink still needs: {where}, but the log now "
+            f"starts at offset {log_start}; offsets {first}..{log_start - 1} were deleted, by the "
+            "topic's retention (retention.ms / retention.bytes) or by delete-records. Their data "
+            "files may be missing from the tables while their source offsets are committed.\n"
+            "  fix: restore the deleted events and restart; or, to accept the loss deliberately, run "
+            f"`kafka-consumer-groups --bootstrap-server <brokers> --group {group} --topic {topic}:0 "
+            f"--reset-offsets --to-offset {log_start} --execute`, then check the tables against the "
+            "source for rows of the lost events, and give the control topic retention.ms=-1"
+        )
+
+
 class OffsetGapError(FanoutSinkError):
     """The sink-managed group is behind a slice: the records in between were never delivered.
 

@@ -8,13 +8,21 @@ waiting out, and how the sink's own topics come into existence.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource  # admin re-exports it, untyped
+
+# Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+    TopicMetadata,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.errors import TopicError
@@ -24,6 +32,7 @@ KafkaConf = Mapping[str, Any]
 
 DEFAULT_TIMEOUT_S = 30.0
 _PRODUCER_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _TRANSIENT = {
     KafkaError.NOT_COORDINATOR,
@@ -57,26 +66,71 @@ def client_conf(kafka_conf: KafkaConf) -> dict[str, Any]:
     return {k: v for k, v in kafka_conf.items() if k not in {"group.id", "transactional.id"}}
 
 
+@dataclass(frozen=True)
+class TopicSettings:
+    """How the sink creates one of its own topics, and what an existing one must at least have.
+
+    Unset ``replication_factor``/``min_insync_replicas`` mean "as durable as the source offsets":
+    the broker's ``offsets.topic.replication.factor`` and ``transaction.state.log.min.isr``, capped
+    at the number of brokers. Control events and dead letters are committed in the same
+    transactions as the source offsets, so a topic replicated less than ``__consumer_offsets``
+    would be the one that loses what the offsets say was delivered.
+    """
+
+    section: str
+    """The YAML section that configures the topic (named in errors)."""
+    config: Mapping[str, str] = field(default_factory=dict)
+    """Topic properties (Kafka names) set at creation, e.g. ``retention.ms``."""
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """An ensured topic as the broker describes it."""
+
+    partitions: int
+    created: bool
+    config: Mapping[str, str]
+    """The topic's effective properties (empty if the broker would not describe them)."""
+
+
 def ensure_topic(
-    kafka_conf: KafkaConf, topic: str, purpose: str, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> int:
-    """Create ``topic`` (one partition) unless it exists; its partition count once it has a leader.
+    kafka_conf: KafkaConf,
+    topic: str,
+    purpose: str,
+    settings: TopicSettings,
+    check: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> TopicState:
+    """Create ``topic`` (one partition, ``settings``) unless it exists, and describe it.
 
     The sink's own topics must exist before the first transaction writes to them: brokers usually
     refuse to auto-create topics, and a produce to a missing topic waits in the transaction until
-    the commit times out, far from the cause.
+    the commit times out, far from the cause. With ``check``, an existing topic replicated less
+    than ``settings`` asks for is refused (``TopicError``) instead of silently weakening durability.
     """
     admin = AdminClient(client_conf(kafka_conf))
-    metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    if metadata is None or metadata.error is not None:
-        futures = admin.create_topics([NewTopic(topic, num_partitions=1)], operation_timeout=timeout_s)
+    cluster = admin.list_topics(topic=topic, timeout=timeout_s)
+    metadata = cluster.topics.get(topic)
+    replication, min_isr = _required_replication(admin, settings, sorted(cluster.brokers), timeout_s)
+    created = metadata is None or metadata.error is not None
+    if created:
+        config = dict(settings.config)
+        if min_isr is not None:
+            config["min.insync.replicas"] = str(min_isr)
+        new = NewTopic(topic, num_partitions=1, replication_factor=replication or -1, config=config)
+        futures = admin.create_topics([new], operation_timeout=timeout_s)
         try:
             futures[topic].result(timeout=timeout_s)
+            log.info("created %s %r: replication factor %s, %s", purpose, topic, replication, config)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise TopicError(
-                    f"could not create {purpose} {topic!r}: {exc.args[0].str()}\n"
-                    "  fix: create it by hand, or grant the sink CREATE on the cluster."
+                    f"could not create {purpose} {topic!r} (replication factor {replication}, {config}): "
+                    f"{exc.args[0].str()}\n"
+                    f"  fix: create it by hand, or grant the sink CREATE on the cluster; "
+                    f"{settings.section}.replication-factor and .min-insync-replicas set the replication."
                 ) from exc
     # A topic just created (by us or a concurrent process) shows no partitions until a leader is elected.
     deadline = time.monotonic() + timeout_s
@@ -85,7 +139,74 @@ def ensure_topic(
     ):
         time.sleep(0.1)
         metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    return len(metadata.partitions) if metadata is not None else 0
+    described = _describe(admin, ConfigResource(ResourceType.TOPIC, topic), timeout_s)
+    if check and not created and metadata is not None:
+        _check_replication(topic, purpose, settings, metadata, described, replication, min_isr)
+    return TopicState(
+        partitions=len(metadata.partitions) if metadata is not None else 0,
+        created=created,
+        config=described or {},
+    )
+
+
+def _describe(admin: AdminClient, resource: ConfigResource, timeout_s: float) -> dict[str, str] | None:
+    """A broker's or topic's effective configuration; None (with a warning) when it may not be read."""
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+    except KafkaException as exc:
+        log.warning("could not describe %s: %s; its settings are not checked", resource, exc.args[0].str())
+        return None
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+
+
+def _required_replication(
+    admin: AdminClient, settings: TopicSettings, brokers: list[int], timeout_s: float
+) -> tuple[int | None, int | None]:
+    """Replication factor and ``min.insync.replicas`` the topic needs: the configured ones, else the
+    durability the broker gives consumer offsets and transaction state (capped at the brokers
+    there are). None where neither is known (the broker's default applies)."""
+    replication, min_isr = settings.replication_factor, settings.min_insync_replicas
+    if (replication is None or min_isr is None) and brokers:
+        broker = _describe(admin, ConfigResource(ResourceType.BROKER, str(brokers[0])), timeout_s) or {}
+        if replication is None and "offsets.topic.replication.factor" in broker:
+            replication = min(int(broker["offsets.topic.replication.factor"]), len(brokers))
+        if min_isr is None and "transaction.state.log.min.isr" in broker:
+            min_isr = min(int(broker["transaction.state.log.min.isr"]), replication or len(brokers))
+    return replication, min_isr
+
+
+def _check_replication(
+    topic: str,
+    purpose: str,
+    settings: TopicSettings,
+    metadata: TopicMetadata,
+    described: Mapping[str, str] | None,
+    replication: int | None,
+    min_isr: int | None,
+) -> None:
+    problems: list[str] = []
+    fixes: list[str] = []
+    actual_replication = min((len(p.replicas) for p in metadata.partitions.values()), default=0)
+    if replication is not None and actual_replication < replication:
+        problems.append(f"replication factor {actual_replication} < {replication}")
+        fixes.append(
+            f"add replicas with kafka-reassign-partitions, or accept it with "
+            f"{settings.section}.replication-factor: {actual_replication}"
+        )
+    actual_min_isr = (described or {}).get("min.insync.replicas")
+    if min_isr is not None and actual_min_isr is not None and int(actual_min_isr) < min_isr:
+        problems.append(f"min.insync.replicas {actual_min_isr} < {min_isr}")
+        fixes.append(
+            f"kafka-configs --alter --entity-type topics --entity-name {topic} "
+            f"--add-config min.insync.replicas={min_isr}, or accept it with "
+            f"{settings.section}.min-insync-replicas: {actual_min_isr}"
+        )
+    if problems:
+        raise TopicError(
+            f"{purpose} {topic!r} is less durable than the source offsets committed with it: "
+            f"{', '.join(problems)}; losing a broker could lose what the offsets say was delivered.\n"
+            f"  fix: {'; '.join(fixes)}"
+        )
 
 
 def memberless_group_metadata(kafka_conf: KafkaConf, group: str) -> bytes:

@@ -16,19 +16,29 @@ Names derived from the sink name, in one place because every part must agree on 
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from fanout_sink.errors import TopicError
+from fanout_sink.config import ControlSettings
+from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.faults import fault_point
-from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, ensure_topic, retry_transient
+from fanout_sink.kafka.client import (
+    DEFAULT_TIMEOUT_S,
+    KafkaConf,
+    TopicSettings,
+    client_conf,
+    ensure_topic,
+    retry_transient,
+)
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
 
 CONTROL_PARTITION = 0
+log = logging.getLogger(__name__)
 
 
 def sink_group(sink: str) -> str:
@@ -49,16 +59,63 @@ def coordinator_transactional_id(sink: str) -> str:
     return f"fanout-sink-{sink}-coordinator"
 
 
-def ensure_control_topic(kafka_conf: KafkaConf, topic: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Create the control topic with one partition, or check that the existing one has exactly one."""
-    partitions = ensure_topic(kafka_conf, topic, "control topic", timeout_s)
-    if partitions != 1:
+def ensure_control_topic(
+    kafka_conf: KafkaConf,
+    topic: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    settings: TopicSettings | None = None,
+) -> None:
+    """Create the control topic (one partition, kept forever, as durable as the source offsets), or
+    check the existing one.
+
+    ``settings`` come from the YAML ``control:`` section; the app passes them at start and an
+    existing topic is then checked in full: exactly one partition, replication, no compaction, and
+    a loud warning for a finite retention. Workers and the coordinator pass none: they create the
+    topic with the defaults if it is missing, and check only its partition count.
+    """
+    check = settings is not None
+    state = ensure_topic(
+        kafka_conf, topic, "control topic", settings or ControlSettings().topic_settings(), check, timeout_s
+    )
+    if state.partitions != 1:
         raise TopicError(
-            f"control topic {topic!r} has {partitions} partitions; the sink needs exactly 1 so that "
+            f"control topic {topic!r} has {state.partitions} partitions; the sink needs exactly 1 so that "
             "control offsets are one total order.\n"
             "  fix: point control.topic at a new name (the sink creates it), or recreate this topic "
             "with 1 partition."
         )
+    if settings is not None and not state.created:
+        _check_retention(topic, settings, state.config)
+
+
+def _check_retention(topic: str, settings: TopicSettings, actual: Mapping[str, str]) -> None:
+    """Compaction would delete events in the middle of the log, which no offset check can notice:
+    refused. A finite retention deletes from the start, which the reader does notice (it stops with
+    ``ControlTopicError``): warned about, since it turns a long table outage into a stopped sink."""
+    if "compact" in actual.get("cleanup.policy", ""):
+        raise TopicError(
+            f"control topic {topic!r} has cleanup.policy={actual['cleanup.policy']}: compaction keeps only "
+            "the last event per key (the sink name), so events of tables not yet committed would vanish.\n"
+            f"  fix: kafka-configs --alter --entity-type topics --entity-name {topic} "
+            "--add-config cleanup.policy=delete"
+        )
+    for key in ("retention.ms", "retention.bytes"):
+        value = actual.get(key)
+        if value is not None and value != "-1" and value != settings.config.get(key):
+            log.warning(
+                "control topic %r has %s=%s (configured: control.%s=%s). Events a table has not "
+                "committed yet are deleted once that limit passes (a long catalog outage, a sink down "
+                "for days), and the sink then stops with ControlTopicError instead of skipping them. "
+                "fix: kafka-configs --alter --entity-type topics --entity-name %s --add-config %s=-1",
+                topic,
+                key,
+                value,
+                key.replace(".", "-"),
+                settings.config.get(key),
+                topic,
+                key,
+            )
 
 
 def produce_event(producer: TransactionalProducer, topic: str, sink: str, payload: ev.Payload) -> None:
@@ -94,15 +151,28 @@ class ControlReader:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
+                # Never jump over deleted events: a position below the log start is an error
+                # (ERR__AUTO_OFFSET_RESET on poll), reported as ControlTopicError.
+                "auto.offset.reset": "error",
             }
         )
         self._position = 0
 
     def seek_to_committed(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-        """Start at the coordinator group's committed low watermark (or the beginning)."""
+        """Start at the coordinator group's committed low watermark (or the beginning).
+
+        Every event from there on may still be needed by a table, so if the log now starts later
+        (retention, delete-records), this raises ``ControlTopicError`` instead of starting at the
+        log start.
+        """
         committed = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0].offset
-        return self.seek(committed if committed >= 0 else 0)
+        start = committed if committed >= 0 else 0
+        log_start = self.log_start(timeout_s)
+        if log_start > start:
+            raise ControlTopicError(
+                self.topic, coordinator_group(self.sink), committed if committed >= 0 else None, log_start
+            )
+        return self.seek(start)
 
     def seek(self, offset: int) -> int:
         """Read from control offset ``offset`` on (``status`` and tests read the whole history)."""
@@ -114,6 +184,11 @@ class ControlReader:
     def position(self) -> int:
         """The next control offset this reader will look at."""
         return self._position
+
+    def log_start(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+        """The oldest offset still in the log (retention and delete-records move it up)."""
+        low, _high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
+        return int(low)
 
     def end_offset(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
         """The last stable offset: everything below it is decided (committed or aborted)."""
@@ -150,6 +225,10 @@ class ControlReader:
             error = msg.error()
             offset = msg.offset() or 0
             if error is not None:
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:  # deleted under the reader
+                    raise ControlTopicError(
+                        self.topic, coordinator_group(self.sink), self._position, self.log_start()
+                    )
                 if error.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(error)
                 # Under read_committed EOF is at the last stable offset; transaction markers

@@ -76,9 +76,14 @@ class SinkApp:
                 self._query.stop()
 
     def run(self) -> int:
-        ensure_control_topic(self.config.kafka, self.config.control_topic)
+        ensure_control_topic(
+            self.config.kafka, self.config.control_topic, settings=self.config.control.topic_settings()
+        )
         if self.config.dead_letter is not None:
-            ensure_topic(self.config.kafka, self.config.dead_letter.topic, "dead-letter topic")
+            dead_letter = self.config.dead_letter
+            ensure_topic(
+                self.config.kafka, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
+            )
         partitions = planning.source_partitions(self.config)
         committed = planning.sink_group_offsets(self.config, partitions)
         delivered = {f"{t}[{p}]": o for (t, p), o in sorted(committed.items())}

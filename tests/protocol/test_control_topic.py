@@ -3,16 +3,23 @@ retention and deleted records, and the topic's own settings."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 from support.common import create_tables, make_processor, produce_json, run_batch, table_ids
 
 from fanout_sink import faults
+from fanout_sink.config import ControlSettings, DeadLetterSettings
+from fanout_sink.errors import ControlTopicError, TopicError
+from fanout_sink.kafka.client import ensure_topic
+from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel
+from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -78,3 +85,126 @@ def test_a_control_read_failing_mid_round_keeps_the_events_it_already_read(
     for name in "abc":
         assert table_ids(catalog, name) == [i for i in range(30) if _table_of(i) == name]
     assert _coordinator_watermark(conf, sink, control) == result.round_end
+
+
+def _delete_before(bootstrap: str, topic: str, offset: int) -> None:
+    """Real deletion: what retention does to old segments, done now with delete-records."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_records([TopicPartition(topic, 0, offset)])[TopicPartition(topic, 0, offset)].result(30)
+
+
+def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    """Real: broker, control topic, AdminClient.delete_records past the coordinator's committed low
+    watermark (standing in for retention after a long outage), catalog. Nothing simulated."""
+    sink = f"s{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": bootstrap_servers}
+    control = f"{sink}-control"
+    topic = make_topic("src", partitions=3)
+    create_tables(catalog, "abc")
+    coordinator = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    coordinator.open()
+    _deliver(conf, sink, control, topic, catalog, range(30))
+    watermark = coordinator.commit_round().low_watermark
+    _deliver(conf, sink, control, topic, catalog, range(30, 60))  # pending: never committed
+    coordinator.close()
+    _delete_before(bootstrap_servers, control, watermark + 2)
+
+    restarted = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    with pytest.raises(
+        ControlTopicError, match=rf"needs events from offset {watermark} on.*starts at offset {watermark + 2}"
+    ):
+        restarted.open()
+    restarted.close()
+
+    # Accepting the loss deliberately, as the error's fix says: the coordinator group moves to the log start.
+    holder = Consumer({**conf, "group.id": channel.coordinator_group(sink)})
+    holder.commit(offsets=[TopicPartition(control, 0, watermark + 2)], asynchronous=False)
+    holder.close()
+    accepted = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    accepted.open()
+    accepted.commit_round()
+    accepted.close()
+    assert table_ids(catalog, "a")[: len([i for i in range(30) if _table_of(i) == "a"])] == [
+        i for i in range(30) if _table_of(i) == "a"
+    ]
+
+
+def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> None:
+    """Real: broker and delete-records. A reader with nothing acknowledged, or positioned below the
+    new log start, must stop with an error naming the offsets instead of resetting to the log start."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    sink = f"s{uuid.uuid4().hex[:6]}"
+    control = f"{sink}-control"
+    channel.ensure_control_topic(conf, control)
+    producer = TransactionalProducer(conf, f"txn-{control}", "fenced")
+    for n in range(3):
+        with producer.transaction():
+            channel.produce_event(producer, control, sink, ev.StartCommit(commit_id=str(n)))
+    _delete_before(bootstrap_servers, control, 2)
+
+    fresh = channel.ControlReader(sink, conf, control)
+    with pytest.raises(ControlTopicError, match=r"acknowledged nothing.*starts at offset 2"):
+        fresh.seek_to_committed()
+    fresh.seek(0)  # e.g. a reader whose position was deleted under it
+    with pytest.raises(ControlTopicError, match=r"needs events from offset 0 on.*starts at offset 2"):
+        list(fresh.read_until(fresh.end_offset(), timeout_s=10))
+    fresh.close()
+
+
+def _topic_config(bootstrap: str, topic: str) -> dict[str, tuple[str, ConfigSource]]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(30)
+    return {name: (entry.value, ConfigSource(entry.source)) for name, entry in entries.items()}
+
+
+def test_the_sink_creates_its_topics_to_keep_events_and_as_durable_as_the_offsets(
+    bootstrap_servers: str,
+) -> None:
+    """Real: the single-node broker (offsets.topic.replication.factor and
+    transaction.state.log.min.isr 1). The created topics carry their settings as topic configs,
+    not as whatever the broker's defaults happen to be."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    control = f"control-{uuid.uuid4().hex[:8]}"
+    channel.ensure_control_topic(conf, control)
+    config = _topic_config(bootstrap_servers, control)
+    deliberate = {
+        k: config[k] for k in ("cleanup.policy", "retention.ms", "retention.bytes", "min.insync.replicas")
+    }
+    topic_level = ConfigSource.DYNAMIC_TOPIC_CONFIG
+    assert deliberate == {
+        "cleanup.policy": ("delete", topic_level),
+        "retention.ms": ("-1", topic_level),
+        "retention.bytes": ("-1", topic_level),
+        "min.insync.replicas": ("1", topic_level),
+    }
+    dlq = f"dlq-{uuid.uuid4().hex[:8]}"
+    ensure_topic(conf, dlq, "dead-letter topic", DeadLetterSettings(topic=dlq).topic_settings())
+    assert _topic_config(bootstrap_servers, dlq)["min.insync.replicas"] == ("1", topic_level)
+
+
+def test_existing_sink_topics_are_checked_at_start(
+    bootstrap_servers: str, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real: topics created by someone else on the broker, with weaker settings than the sink's."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    weak = make_topic("control-weak", config={"min.insync.replicas": "1"})
+    wanted = ControlSettings(min_insync_replicas=2).topic_settings()
+    with pytest.raises(
+        TopicError, match=r"min.insync.replicas 1 < 2.*\n  fix: .*control.min-insync-replicas: 1"
+    ):
+        channel.ensure_control_topic(conf, weak, settings=wanted)
+    dlq_wanted = DeadLetterSettings(topic=weak, min_insync_replicas=2).topic_settings()
+    with pytest.raises(TopicError, match=r"dead-letter topic .*min.insync.replicas 1 < 2"):
+        ensure_topic(conf, weak, "dead-letter topic", dlq_wanted)
+
+    compacted = make_topic("control-compact", config={"cleanup.policy": "compact"})
+    with pytest.raises(TopicError, match=r"cleanup.policy=compact.*\n  fix: .*cleanup.policy=delete"):
+        channel.ensure_control_topic(conf, compacted, settings=ControlSettings().topic_settings())
+
+    week = make_topic("control-week", config={"retention.ms": "604800000"})
+    with caplog.at_level(logging.WARNING, logger="fanout_sink.protocol.channel"):
+        channel.ensure_control_topic(conf, week, settings=ControlSettings().topic_settings())
+    assert "retention.ms=604800000" in caplog.text and "retention.ms=-1" in caplog.text
