@@ -5,13 +5,19 @@ transaction committed (``read_committed``, so an aborted attempt's files are nev
 events keep one total order (one partition), so "control offset" means the same thing to every
 process and each table can record how far it has consumed.
 
-Names derived from the sink name, in one place because every part must agree on them:
+Names derived from the sink name, in one place because every part must agree on them. Parts are
+joined with ':', which neither a sink name (``^[A-Za-z0-9][A-Za-z0-9._-]*$``) nor a Kafka topic name
+(``[A-Za-z0-9._-]``) can contain, so distinct (sink, topic, partition) always give distinct names:
 
-- ``fanout-sink-<sink>``: the sink-managed consumer group holding the source offsets. Nobody ever
+- ``fanout-sink:<sink>``: the sink-managed consumer group holding the source offsets. Nobody ever
   joins it; offsets arrive only through ``send_offsets_to_transaction`` with generation -1.
-- ``fanout-sink-<sink>-coordinator``: the coordinator's group, holding its control-topic low watermark.
-- ``fanout-sink-<sink>-<topic>-<partition>``: a worker's transactional id (stable per source partition).
-- ``fanout-sink-<sink>-coordinator``: the coordinator's transactional id (stable per sink).
+- ``fanout-sink:<sink>:coordinator``: the coordinator's group, holding its control-topic low watermark.
+- ``fanout-sink:<sink>:<topic>:<partition>``: a worker's transactional id (stable per source partition).
+- ``fanout-sink:<sink>:coordinator``: the coordinator's transactional id (stable per sink).
+
+Before, the parts were joined with '-' (sink ``a`` reading ``b-c`` and sink ``a-b`` reading ``c``
+fenced each other). The legacy group names are still read once, when the new group has no offset
+yet, so that an existing deployment resumes where it was (see :func:`legacy_sink_group`).
 """
 
 from __future__ import annotations
@@ -34,28 +40,48 @@ from fanout_sink.kafka.client import (
     ensure_topic,
     retry_transient,
 )
+from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
 
-CONTROL_PARTITION = 0
 log = logging.getLogger(__name__)
+
+CONTROL_PARTITION = 0
+
+
+SEPARATOR = ":"
+"""Joins the parts of every name: sink names and topic names cannot contain it."""
+
+
+def _name(*parts: object) -> str:
+    return SEPARATOR.join(["fanout-sink", *(str(p) for p in parts)])
 
 
 def sink_group(sink: str) -> str:
     """The sink-managed group: source offsets delivered to the tables (source of truth, invariant I1)."""
-    return f"fanout-sink-{sink}"
+    return _name(sink)
 
 
 def coordinator_group(sink: str) -> str:
     """The coordinator's own group: control offsets every table has passed (the low watermark)."""
-    return f"fanout-sink-{sink}-coordinator"
+    return _name(sink, "coordinator")
 
 
 def worker_transactional_id(sink: str, topic: str, partition: int) -> str:
-    return f"fanout-sink-{sink}-{topic}-{partition}"
+    return _name(sink, topic, partition)
 
 
 def coordinator_transactional_id(sink: str) -> str:
+    return _name(sink, "coordinator")
+
+
+def legacy_sink_group(sink: str) -> str:
+    """The sink group's name before names were joined with ':' (read only, to migrate its offsets)."""
+    return f"fanout-sink-{sink}"
+
+
+def legacy_coordinator_group(sink: str) -> str:
+    """The coordinator group's name before names were joined with ':' (read only, to migrate)."""
     return f"fanout-sink-{sink}-coordinator"
 
 
@@ -142,6 +168,7 @@ class ControlReader:
         self.sink = sink
         self.topic = topic
         self._key = sink.encode()
+        self._kafka_conf = kafka_conf
         self._tp = TopicPartition(topic, CONTROL_PARTITION)
         self._consumer = Consumer(
             {
@@ -166,6 +193,8 @@ class ControlReader:
         log start.
         """
         committed = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0].offset
+        if committed < 0:
+            committed = self._legacy_committed(timeout_s)
         start = committed if committed >= 0 else 0
         log_start = self.log_start(timeout_s)
         if log_start > start:
@@ -173,6 +202,26 @@ class ControlReader:
                 self.topic, coordinator_group(self.sink), committed if committed >= 0 else None, log_start
             )
         return self.seek(start)
+
+    def _legacy_committed(self, timeout_s: float) -> int:
+        """The low watermark under the coordinator group's pre-':' name, for a deployment that ran
+        before the rename (its new group has no offset yet); -1 when there is none."""
+        legacy = GroupOffsets(self._kafka_conf, legacy_coordinator_group(self.sink), stable=False)
+        try:
+            found = legacy.committed([(self.topic, CONTROL_PARTITION)], timeout_s)[
+                (self.topic, CONTROL_PARTITION)
+            ]
+        finally:
+            legacy.close()
+        if found is None:
+            return -1
+        log.info(
+            "coordinator group %r has no offset yet; migrated the low watermark %d of the legacy group %r",
+            coordinator_group(self.sink),
+            found,
+            legacy_coordinator_group(self.sink),
+        )
+        return found
 
     def seek(self, offset: int) -> int:
         """Read from control offset ``offset`` on (``status`` and tests read the whole history)."""

@@ -3,7 +3,7 @@
 This is where invariants I1 (no gap, no overlap), I2 (events and offsets are atomic) and the
 worker half of I3 (fencing) are kept. The order of steps is the protocol:
 
-1. Get the producer of the transactional id ``fanout-sink-<sink>-<topic>-<partition>``. Creating it
+1. Get the producer of the transactional id ``fanout-sink:<sink>:<topic>:<partition>``. Creating it
    runs ``init_transactions``, which fences every older attempt holding that id, so no attempt
    started before can commit after this point.
 2. Only then read the sink-managed group's committed offset (``require_stable``: pending

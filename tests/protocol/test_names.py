@@ -1,0 +1,111 @@
+"""Names derived from the sink name are injective (issue 11, scenario 9).
+
+Real: the broker, two sinks' workers committing transactions side by side, the catalog. Nothing
+is simulated; the colliding pair is exactly the one a '-'-joined name could not tell apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import example, given
+from hypothesis import strategies as st
+from support.common import create_tables, make_processor, produce_json, read_slice, sink_group_offset
+
+from fanout_sink import faults
+from fanout_sink.protocol import channel
+from fanout_sink.protocol.worker import SliceResult, SliceWorker
+
+SINK_NAMES = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,12}\Z")
+TOPIC_NAMES = st.from_regex(r"\A[A-Za-z0-9._-]{1,12}\Z")
+
+
+@given(st.lists(st.tuples(SINK_NAMES, TOPIC_NAMES, st.integers(0, 20)), min_size=2, max_size=6, unique=True))
+@example([("a", "b-c", 0), ("a-b", "c", 0)])
+@example([("a", "b", 1), ("a-b", "1", 1)])
+def test_distinct_sink_topic_partition_give_distinct_transactional_ids(
+    keys: list[tuple[str, str, int]],
+) -> None:
+    worker_ids = {channel.worker_transactional_id(*key) for key in keys}
+    coordinator_ids = {channel.coordinator_transactional_id(sink) for sink, _, _ in keys}
+    assert len(worker_ids) == len(keys)
+    assert not worker_ids & coordinator_ids
+
+
+@given(st.lists(SINK_NAMES, min_size=2, max_size=6, unique=True))
+@example(["x", "x-coordinator"])
+def test_group_names_of_distinct_sinks_never_meet(sinks: list[str]) -> None:
+    groups = [channel.sink_group(s) for s in sinks] + [channel.coordinator_group(s) for s in sinks]
+    assert len(set(groups)) == len(groups)
+    assert all(g.startswith("fanout-sink") for g in groups)
+
+
+def test_sink_x_coordinator_and_sink_x_use_different_groups() -> None:
+    assert channel.sink_group("x-coordinator") != channel.coordinator_group("x")
+
+
+@pytest.mark.kafka
+def test_sinks_whose_dashed_names_collide_do_not_fence_each_other(
+    bootstrap_servers: str, catalog: Any, make_topic: Callable[..., str]
+) -> None:
+    """Sink ``P`` reads topic ``b-R`` and sink ``P-b`` reads topic ``R``: with '-' joins both workers
+    used the transactional id ``fanout-sink-P-b-R-0``, so the second fenced the first mid-slice."""
+    tag = uuid.uuid4().hex[:8]
+    first_sink, first_topic = f"n{tag}", f"b-r{tag}"
+    second_sink, second_topic = f"n{tag}-b", f"r{tag}"
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    for future in admin.create_topics([NewTopic(t, 1, 1) for t in (first_topic, second_topic)]).values():
+        future.result(timeout=30)
+    conf = {"bootstrap.servers": bootstrap_servers}
+    create_tables(catalog, ["a", "b"])
+    process = make_processor(catalog)
+    for topic in (first_topic, second_topic):
+        produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
+    first = SliceWorker(first_sink, conf, f"{first_sink}-control")
+    second = SliceWorker(second_sink, conf, f"{second_sink}-control")
+    second_results: list[SliceResult] = []
+
+    def second_sink_commits(
+        topic: str, **_: object
+    ) -> None:  # the first sink is about to open its transaction
+        if topic != first_topic:
+            return
+        raw = read_slice(bootstrap_servers, second_topic, 0, 0, 4)
+        second_results.append(second.commit_slice(second_topic, 0, 0, 4, raw, process))
+
+    raw = read_slice(bootstrap_servers, first_topic, 0, 0, 4)
+    with faults.register("worker.after-write-files", second_sink_commits):
+        first_result = first.commit_slice(first_topic, 0, 0, 4, raw, process)
+    assert first_result.transaction_committed and second_results[0].transaction_committed
+    assert sink_group_offset(bootstrap_servers, first_sink, first_topic, 0) == 4
+    assert sink_group_offset(bootstrap_servers, second_sink, second_topic, 0) == 4
+    first.close()
+    second.close()
+
+
+@pytest.mark.kafka
+def test_coordinator_resumes_from_the_legacy_named_group_when_the_new_one_is_empty(
+    bootstrap_servers: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An existing deployment's coordinator group has the '-' name; the first start after the rename
+    reads its low watermark (a real commit to the legacy group on the real broker)."""
+    sink = f"m{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": bootstrap_servers}
+    control = f"{sink}-control"
+    channel.ensure_control_topic(conf, control)
+    legacy = Consumer({**conf, "group.id": channel.legacy_coordinator_group(sink)})
+    legacy.commit(offsets=[TopicPartition(control, 0, 7)], asynchronous=False)
+    legacy.close()
+    reader = channel.ControlReader(sink, conf, control)
+    try:
+        with caplog.at_level(logging.INFO):
+            assert reader.seek_to_committed() == 7
+    finally:
+        reader.close()
+    assert "migrated" in caplog.text
