@@ -31,10 +31,13 @@ class CommitState:
     """Files pending per table identifier, and per source partition the latest reported progress."""
 
     pending: dict[str, list[PendingFiles]] = field(default_factory=dict)
-    # Reports not folded into a round yet, and per (topic, partition) the max timestamp of reports
-    # that were (their records are committed once the round's tables are).
+    # Reports not folded into a round yet, and per (topic, partition) what the folded ones said
+    # (their records are committed once the round's tables are): the newest delivered timestamp
+    # and the largest step back in time seen between a slice and the slices before it.
     reports: list[tuple[int, ev.DataComplete]] = field(default_factory=list)
-    max_timestamp_ms: dict[tuple[str, int], int] = field(default_factory=dict)
+    times: dict[tuple[str, int], ev.PartitionTime] = field(default_factory=dict)
+    reports_below: int = 0
+    """Every report below this control offset is folded into ``times``."""
 
     def add(self, item: ControlEvent) -> None:
         payload = item.event.payload
@@ -43,7 +46,37 @@ class CommitState:
                 PendingFiles(item.offset, payload, item.event.event_time_ms)
             )
         elif isinstance(payload, ev.DataComplete):
-            self.reports.append((item.offset, payload))
+            if item.offset >= self.reports_below:
+                self.reports.append((item.offset, payload))
+        elif isinstance(payload, ev.CommitComplete):
+            self._restore(payload)
+
+    def _restore(self, complete: ev.CommitComplete) -> None:
+        """Take over what an earlier round (of this or a previous coordinator process) had folded.
+
+        A restarted coordinator re-reads from the low watermark, which never passes the last
+        round's ``CommitComplete``, but not the reports below it: without this, partitions that are
+        behind would keep VTTS unknown until they report again. Reports at or above
+        ``reports_below`` were not in that round and are re-read anyway.
+        """
+        if complete.reports_below is None or complete.reports_below <= self.reports_below:
+            return  # an older round, or this process's own round read back
+        for time in complete.partition_times:
+            self._merge(time)
+        self.reports_below = complete.reports_below
+        self.reports = [(offset, report) for offset, report in self.reports if offset >= self.reports_below]
+
+    def _merge(self, time: ev.PartitionTime) -> None:
+        key = (time.topic, time.partition)
+        known = self.times.get(key)
+        if known is not None:
+            time = time.model_copy(
+                update={
+                    "max_timestamp_ms": max(known.max_timestamp_ms, time.max_timestamp_ms),
+                    "max_disorder_ms": max(known.max_disorder_ms, time.max_disorder_ms),
+                }
+            )
+        self.times[key] = time
 
     def _fold_reports(self, round_end: int) -> None:
         later = []
@@ -52,8 +85,28 @@ class CommitState:
                 later.append((offset, report))
             elif report.max_timestamp_ms is not None:
                 key = (report.topic, report.partition)
-                self.max_timestamp_ms[key] = max(self.max_timestamp_ms.get(key, 0), report.max_timestamp_ms)
+                known = self.times.get(key)
+                disorder = 0
+                if known is not None and report.min_timestamp_ms is not None:
+                    # Reports of one partition arrive in source-offset order: this slice's oldest
+                    # record came after every record the earlier slices delivered.
+                    disorder = max(0, known.max_timestamp_ms - report.min_timestamp_ms)
+                self._merge(
+                    ev.PartitionTime(
+                        topic=report.topic,
+                        partition=report.partition,
+                        max_timestamp_ms=report.max_timestamp_ms,
+                        max_disorder_ms=disorder,
+                    )
+                )
         self.reports = later
+        self.reports_below = max(self.reports_below, round_end)
+
+    def checkpoint(self, round_end: int) -> tuple[tuple[ev.PartitionTime, ...], int]:
+        """Partition times and the control offset they account for, for the round's
+        ``CommitComplete``: a restarted coordinator starts from them (see ``_restore``)."""
+        self._fold_reports(round_end)
+        return tuple(self.times[key] for key in sorted(self.times)), self.reports_below
 
     def due(self, round_end: int) -> dict[str, list[PendingFiles]]:
         """Per table, the pending files read below ``round_end`` (later ones wait for the next round)."""
@@ -74,23 +127,29 @@ class CommitState:
         return min(oldest, default=round_end)
 
     def vtts(self, positions: list[PartitionPosition], round_end: int) -> int | None:
-        """Minimum over source partitions of the maximum committed record timestamp.
+        """Every record with a timestamp at or below the returned one that was in the source
+        partitions when ``positions`` were read is committed (or None: nothing can be said).
 
         ``positions`` must be read before the round's control end offset is taken, so that whatever
         the sink group had committed then has its events inside the round. A caught-up partition
-        (committed = end) does not hold VTTS back. A partition that is behind and never reported a
-        timestamp makes VTTS unknown (None): nothing can be said about its unread records.
+        (committed = end) does not hold VTTS back. For a partition that is behind, its undelivered
+        records are assumed no older than its newest delivered timestamp minus the largest step
+        back seen in it so far, and one more millisecond for a tie: with LogAppendTime (or ordered
+        producer timestamps) that is exact; with producer-set timestamps it holds as long as the
+        producers' disorder stays within what was already seen, and a record written later with an
+        older timestamp can always fall below VTTS. A partition that is behind and never reported
+        a timestamp makes VTTS unknown.
         """
         self._fold_reports(round_end)
         bounds: list[int] = []
         for position in positions:
             if position.caught_up:
                 continue
-            seen = self.max_timestamp_ms.get((position.topic, position.partition))
+            seen = self.times.get((position.topic, position.partition))
             if seen is None:
                 return None
-            bounds.append(seen)
+            bounds.append(seen.max_timestamp_ms - seen.max_disorder_ms - 1)
         if bounds:
             return min(bounds)
         # Everything is delivered: every record seen so far is committed.
-        return max(self.max_timestamp_ms.values(), default=None)
+        return max((t.max_timestamp_ms for t in self.times.values()), default=None)

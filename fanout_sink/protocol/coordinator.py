@@ -281,7 +281,12 @@ class Coordinator:
                 for t, outcome in result.tables.items()
                 if outcome.outcome == "committed"
             ]
-            payloads.append(ev.CommitComplete(commit_id=commit_id, vtts_ms=vtts))
+            times, reports_below = self.state.checkpoint(round_end)
+            payloads.append(
+                ev.CommitComplete(
+                    commit_id=commit_id, vtts_ms=vtts, partition_times=times, reports_below=reports_below
+                )
+            )
             watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)
             self._publish(payloads, [watermark])
             self.last_round = result

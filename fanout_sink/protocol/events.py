@@ -6,6 +6,11 @@ into a payload, so a reader with another schema would silently misread the bytes
 therefore starts with magic bytes and a version number (``FSNK`` + big-endian uint16); a reader
 rejects a version it does not know with :class:`EventVersionError` instead of guessing.
 
+A new version only adds optional fields, marked ``"since": <version>`` in the ``.avsc`` files. An
+event of an older version is read with its own schema (the current one without the newer fields)
+as the writer's schema, and Avro schema resolution fills in the defaults, so events already on the
+control topic stay readable after an upgrade (the coordinator re-reads them after a restart).
+
 The schemas live as ``.avsc`` files in ``schemas/events/`` (packaged as
 ``fanout_sink/protocol/event_schemas``) so that other languages can read the control topic too.
 """
@@ -27,7 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from fanout_sink.errors import EventVersionError
 
 MAGIC = b"FSNK"
-VERSION = 1
+VERSION = 2
+"""2: ``DataComplete.min_timestamp_ms``, ``CommitComplete.partition_times`` and ``reports_below``."""
+READABLE_VERSIONS = (1, 2)
 _HEADER = struct.Struct(">4sH")
 _NAMESPACE = "fanout_sink.events"
 # Named types first: later schemas refer to earlier ones by name.
@@ -38,6 +45,7 @@ _SCHEMA_FILES = (
     "DataWritten",
     "DataComplete",
     "CommitToTable",
+    "PartitionTime",
     "CommitComplete",
     "Envelope",
 )
@@ -105,6 +113,8 @@ class DataComplete(_Model):
     partition: int
     next_offset: int
     max_timestamp_ms: int | None = None
+    min_timestamp_ms: int | None = None
+    """Oldest record timestamp of the slice (version 2 on): shows how far timestamps go back."""
 
 
 class CommitToTable(_Model):
@@ -115,10 +125,22 @@ class CommitToTable(_Model):
     vtts_ms: int | None = None
 
 
+class PartitionTime(_Model):
+    """A source partition's newest delivered timestamp and the largest step back seen in it."""
+
+    topic: str
+    partition: int
+    max_timestamp_ms: int
+    max_disorder_ms: int = 0
+
+
 class CommitComplete(_Model):
     type: Literal["CommitComplete"] = "CommitComplete"
     commit_id: str
     vtts_ms: int | None = None
+    partition_times: tuple[PartitionTime, ...] = ()
+    reports_below: int | None = None
+    """``partition_times`` account for every ``DataComplete`` below this control offset."""
 
 
 Payload = StartCommit | DataWritten | DataComplete | CommitToTable | CommitComplete
@@ -137,13 +159,15 @@ class Event(_Model):
 
 
 @cache
-def envelope_schema() -> Any:
-    """The parsed Envelope schema (with every named type it refers to)."""
+def envelope_schema(version: int = VERSION) -> Any:
+    """The parsed Envelope schema of ``version`` (with every named type it refers to): the files'
+    fields without those added by a later version (``"since"``)."""
     named: dict[str, Any] = {}
     root = resources.files("fanout_sink.protocol") / "event_schemas"
     parsed: Any = None
     for name in _SCHEMA_FILES:
         raw = json.loads((root / f"{name}.avsc").read_text(encoding="utf-8"))
+        raw["fields"] = [f for f in raw["fields"] if f.get("since", 1) <= version]
         parsed = fastavro.parse_schema(raw, named_schemas=named)
     return parsed
 
@@ -186,6 +210,8 @@ def _payload_to_avro(payload: Payload) -> tuple[str, dict[str, Any]]:
     data = payload.model_dump(exclude={"type"})
     if isinstance(payload, DataWritten):
         data["files"] = [_file_to_avro(f) for f in payload.files]
+    if isinstance(payload, CommitComplete):
+        data["partition_times"] = [p.model_dump() for p in payload.partition_times]
     # A union of records needs the branch named explicitly: fastavro's tuple notation.
     return f"{_NAMESPACE}.{payload.type}", data
 
@@ -221,13 +247,14 @@ def decode(data: bytes) -> Event:
             f"control message does not start with {MAGIC!r} (found {magic!r}): it was not written by "
             "fanout_sink. Give the sink a control topic of its own."
         )
-    if version != VERSION:
+    if version not in READABLE_VERSIONS:
         raise EventVersionError(
-            f"control event version {version} is not supported by this fanout_sink (it reads version "
-            f"{VERSION}). Upgrade fanout_sink on every process of the sink to the same release."
+            f"control event version {version} is not supported by this fanout_sink (it reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}). Upgrade fanout_sink on every process of the sink "
+            "to the same release."
         )
     record: dict[str, Any] = fastavro.schemaless_reader(  # type: ignore[assignment]
-        io.BytesIO(data[_HEADER.size :]), envelope_schema(), None, return_record_name=True
+        io.BytesIO(data[_HEADER.size :]), envelope_schema(version), envelope_schema(), return_record_name=True
     )
     branch, payload = record["payload"]
     return Event(

@@ -71,11 +71,13 @@ def table_ref(table: Table) -> ev.TableRef:
     return ev.TableRef(namespace=tuple(namespace), name=name, uuid=str(table.metadata.table_uuid))
 
 
-def _max_timestamp_ms(raw: pa.Table) -> int | None:
+def _timestamp_range_ms(raw: pa.Table) -> tuple[int | None, int | None]:
+    """Oldest and newest record timestamp of the slice (the coordinator derives VTTS from both)."""
     if raw.num_rows == 0:
-        return None
-    value = pc.max(raw["timestamp"].cast(pa.int64())).as_py()
-    return None if value is None else int(value) // 1000
+        return None, None
+    bounds = pc.min_max(raw["timestamp"].cast(pa.int64())).as_py()
+    low, high = bounds["min"], bounds["max"]
+    return (None if low is None else int(low) // 1000), (None if high is None else int(high) // 1000)
 
 
 class SliceWorker:
@@ -236,8 +238,13 @@ class SliceWorker:
             with producer.transaction():
                 for event in written:
                     channel.produce_event(producer, self.control_topic, self.sink, event)
+                oldest, newest = _timestamp_range_ms(raw)
                 complete = ev.DataComplete(
-                    topic=topic, partition=partition, next_offset=end, max_timestamp_ms=_max_timestamp_ms(raw)
+                    topic=topic,
+                    partition=partition,
+                    next_offset=end,
+                    min_timestamp_ms=oldest,
+                    max_timestamp_ms=newest,
                 )
                 channel.produce_event(producer, self.control_topic, self.sink, complete)
                 if routed.dead_letters and dead_letter_topic is not None:

@@ -39,9 +39,60 @@ def test_vtts_is_the_minimum_of_behind_partitions_and_caught_up_ones_do_not_hold
     for item in (_complete(1, 0, 100), _complete(2, 1, 300), _complete(3, 0, 200), _complete(9, 1, 999)):
         state.add(item)
     behind = [PartitionPosition("s", 0, 5, 10), PartitionPosition("s", 1, 5, 10)]
-    assert state.vtts(behind, round_end=5) == 200  # min(max(100, 200), 300); offset 9 is next round
+    # min(max(100, 200), 300) less a tie's millisecond; offset 9 is next round
+    assert state.vtts(behind, round_end=5) == 199
     caught_up = [PartitionPosition("s", 0, 5, 10), PartitionPosition("s", 1, 10, 10)]
-    assert state.vtts(caught_up, round_end=5) == 200
+    assert state.vtts(caught_up, round_end=5) == 199
     unreported = [*behind, PartitionPosition("s", 2, None, 4)]
     assert state.vtts(unreported, round_end=5) is None
     assert state.vtts([PartitionPosition("s", 0, 10, 10)], round_end=10) == 999  # all caught up
+
+
+def test_vtts_does_not_claim_a_timestamp_an_undelivered_record_can_still_carry() -> None:
+    """Partition 0 is behind; its delivered records reached timestamp 200. The next record may carry
+    200 too (timestamps tie), so VTTS may claim at most 199."""
+    state = CommitState()
+    state.add(_complete(1, 0, 200))
+    assert state.vtts([PartitionPosition("s", 0, 5, 10)], round_end=5) == 199
+
+
+def _slice(offset: int, partition: int, low: int, high: int) -> ControlEvent:
+    payload = ev.DataComplete(
+        topic="s", partition=partition, next_offset=offset, min_timestamp_ms=low, max_timestamp_ms=high
+    )
+    return ControlEvent(offset, ev.Event(sink="x", payload=payload))
+
+
+def test_vtts_of_a_partition_with_out_of_order_timestamps_leaves_room_for_the_disorder_seen() -> None:
+    """Producer-set timestamps: the second slice went back 80 ms below the first one's maximum, so an
+    undelivered record may be as old as the newest delivered timestamp minus 80 ms."""
+    state = CommitState()
+    for item in (_slice(1, 0, 100, 200), _slice(2, 0, 120, 300), _slice(3, 1, 1000, 1000)):
+        state.add(item)
+    behind = [PartitionPosition("s", 0, 5, 10), PartitionPosition("s", 1, 5, 10)]
+    assert state.vtts(behind, round_end=5) == 300 - 80 - 1
+    state.add(_slice(6, 0, 310, 400))  # in order again: the disorder seen stays
+    assert state.vtts(behind, round_end=7) == 400 - 80 - 1
+    # LogAppendTime (or ordered producer timestamps): no disorder, only the tie margin.
+    assert state.vtts([PartitionPosition("s", 1, 5, 10)], round_end=7) == 999
+
+
+def test_a_restarted_state_takes_over_the_partition_times_of_the_last_commit_complete() -> None:
+    """The reports at 1 and 2 were folded by the last round (end 5); a restarted coordinator
+    re-reads from its low watermark (here 2), so it sees the report at 2 again, then the round's
+    CommitComplete, then a new report. It must not fold the report at 2 twice (that would look like
+    disorder) nor lose the one at 1."""
+    before = CommitState()
+    for item in (_slice(1, 0, 100, 200), _slice(2, 0, 190, 300)):
+        before.add(item)
+    behind = [PartitionPosition("s", 0, 5, 10)]
+    assert before.vtts(behind, round_end=5) == 300 - 10 - 1
+    times, reports_below = before.checkpoint(5)
+    complete = ev.CommitComplete(commit_id="c", partition_times=times, reports_below=reports_below)
+
+    after = CommitState()
+    for item in (_slice(2, 0, 190, 300), ControlEvent(6, ev.Event(sink="x", payload=complete))):
+        after.add(item)
+    assert after.vtts(behind, round_end=7) == 289
+    after.add(_slice(8, 0, 280, 400))  # a step back of 20 below 300
+    assert after.vtts(behind, round_end=9) == 400 - 20 - 1

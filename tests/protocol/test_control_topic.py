@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
-from support.common import create_tables, make_processor, produce_json, run_batch, table_ids
+from support.common import create_tables, make_processor, produce_json, read_slice, run_batch, table_ids
 
 from fanout_sink import faults
 from fanout_sink.config import ControlSettings, DeadLetterSettings
@@ -208,3 +208,43 @@ def test_existing_sink_topics_are_checked_at_start(
     with caplog.at_level(logging.WARNING, logger="fanout_sink.protocol.channel"):
         channel.ensure_control_topic(conf, week, settings=ControlSettings().topic_settings())
     assert "retention.ms=604800000" in caplog.text and "retention.ms=-1" in caplog.text
+
+
+def test_vtts_is_known_again_right_after_a_coordinator_restart(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    """Real: broker, worker transactions, coordinator processes' state lost by closing them (what
+    a restarted driver starts from). Before, VTTS stayed unknown after a restart until every
+    partition that was behind reported again, because reports below the low watermark are not
+    re-read; the last round's ``CommitComplete`` (always at or above it) now carries what they said."""
+    sink = f"s{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": bootstrap_servers}
+    control = f"{sink}-control"
+    topic = make_topic("src", partitions=2)
+    create_tables(catalog, "ab")
+
+    def coordinator() -> Coordinator:
+        opened = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+        opened.open()
+        return opened
+
+    first = coordinator()
+    for partition in range(2):
+        produce_json(bootstrap_servers, topic, partition, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
+    worker = SliceWorker(sink, conf, control)
+    run_batch(worker, bootstrap_servers, {topic: 2}, make_processor(catalog))
+    worker.close()
+    claimed = first.commit_round().vtts_ms
+    first.close()
+    assert claimed is not None
+
+    restarted = coordinator()  # nothing new anywhere: the same claim
+    assert restarted.commit_round().vtts_ms == claimed
+    restarted.close()
+
+    produce_json(bootstrap_servers, topic, 1, [{"id": 9, "table": "a"}])  # partition 1 is behind now
+    delivered = read_slice(bootstrap_servers, topic, 1, 0, 4)
+    newest = max(int(t.timestamp() * 1000) for t in delivered["timestamp"].to_pylist())
+    again = coordinator()
+    assert again.commit_round().vtts_ms == newest - 1  # its next record may tie the newest delivered
+    again.close()
