@@ -216,3 +216,31 @@ def test_schema_files_checked_at_load(tmp_path: Path) -> None:
     bad.write_text('{"type": "record", "name": "R", "fields": [{"name": "x", "type": ["int", "string"]}]}')
     message = _error(_base(source={"topics": ["a"], "format": "avro", "schema": str(bad)}))
     assert "source.schema: Avro union" in message
+
+
+def test_sink_topics_settings() -> None:
+    """The control topic keeps its events forever unless told otherwise; replication follows the
+    broker (None here) unless set; min-insync-replicas above replication-factor is refused."""
+    defaults = parse_config(_base(), "x").control.topic_settings()
+    assert dict(defaults.config) == {
+        "cleanup.policy": "delete",
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+    }
+    assert (defaults.replication_factor, defaults.min_insync_replicas) == (None, None)
+    config = parse_config(
+        _base(
+            control={"retention-ms": 2_592_000_000, "replication-factor": 3, "min-insync-replicas": 2},
+            **{"dead-letter": {"topic": "dlq", "replication-factor": 3}},
+        ),
+        "x",
+    )
+    control = config.control.topic_settings()
+    assert (control.config["retention.ms"], control.replication_factor, control.min_insync_replicas) == (
+        "2592000000",
+        3,
+        2,
+    )
+    assert config.dead_letter is not None and config.dead_letter.topic_settings().replication_factor == 3
+    message = _error(_base(control={"replication-factor": 1, "min-insync-replicas": 2}))
+    assert "control: min-insync-replicas 2 is more than replication-factor 1" in message

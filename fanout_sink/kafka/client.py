@@ -92,7 +92,7 @@ class TopicState:
     partitions: int
     created: bool
     config: Mapping[str, str]
-    """The topic's effective properties (empty if the broker would not describe them)."""
+    """The topic's effective properties (empty unless checked, or if the broker would not describe them)."""
 
 
 def ensure_topic(
@@ -113,8 +113,10 @@ def ensure_topic(
     admin = AdminClient(client_conf(kafka_conf))
     cluster = admin.list_topics(topic=topic, timeout=timeout_s)
     metadata = cluster.topics.get(topic)
-    replication, min_isr = _required_replication(admin, settings, sorted(cluster.brokers), timeout_s)
     created = metadata is None or metadata.error is not None
+    replication, min_isr = (None, None)
+    if created or check:
+        replication, min_isr = _required_replication(admin, settings, sorted(cluster.brokers), timeout_s)
     if created:
         config = dict(settings.config)
         if min_isr is not None:
@@ -139,7 +141,7 @@ def ensure_topic(
     ):
         time.sleep(0.1)
         metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    described = _describe(admin, ConfigResource(ResourceType.TOPIC, topic), timeout_s)
+    described = _describe(admin, ConfigResource(ResourceType.TOPIC, topic), timeout_s) if check else None
     if check and not created and metadata is not None:
         _check_replication(topic, purpose, settings, metadata, described, replication, min_isr)
     return TopicState(
