@@ -163,3 +163,16 @@ class SchemaError(FanoutSinkError):
 
 class TableError(FanoutSinkError):
     """A destination table could not be loaded, created or evolved."""
+
+
+class PreflightError(FanoutSinkError):
+    """A check before start-up failed: the broker, credentials, topics, catalog or warehouse is wrong.
+
+    Raised before Spark starts or anything is created, so fixing the cause and running again is all
+    it takes. ``cause`` is one line naming the YAML key involved; ``fix`` says what to change.
+    """
+
+    def __init__(self, cause: str, fix: str) -> None:
+        self.cause = cause
+        self.fix = fix
+        super().__init__(f"{cause}\n  fix: {fix}")

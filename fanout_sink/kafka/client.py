@@ -231,9 +231,5 @@ def max_message_bytes(kafka_conf: KafkaConf, topic: str, timeout_s: float = DEFA
     ``max.message.bytes`` (the broker refuses larger batches, failing the whole transaction)."""
     producer_limit = int(kafka_conf.get("message.max.bytes", _PRODUCER_MESSAGE_MAX_BYTES))
     admin = AdminClient(client_conf(kafka_conf))
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    described = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
-    configs = described.result(timeout=timeout_s)
-    entry = configs.get("max.message.bytes")
-    topic_limit = int(entry.value) if entry is not None and entry.value is not None else producer_limit
-    return min(producer_limit, topic_limit)
+    described = _describe(admin, ConfigResource(ResourceType.TOPIC, topic), timeout_s) or {}
+    return min(producer_limit, int(described.get("max.message.bytes", producer_limit)))

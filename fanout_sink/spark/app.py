@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from fanout_sink import preflight
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import RecordError
@@ -76,6 +77,8 @@ class SinkApp:
                 self._query.stop()
 
     def run(self) -> int:
+        # Before anything is created or started: a wrong setting ends here in two lines, not in Spark.
+        preflight.run(self.config)
         ensure_control_topic(
             self.config.kafka, self.config.control_topic, settings=self.config.control.topic_settings()
         )

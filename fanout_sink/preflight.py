@@ -1,0 +1,267 @@
+"""Checks run before the sink starts anything: broker, credentials, topics, catalog, warehouse.
+
+Without them, a wrong setting surfaces late and far from its cause: an unreachable broker as
+hundreds of librdkafka lines and a traceback after 30 s, a wrong SASL password as "Broker transport
+failure", a missing source topic only after the control topic was created, a catalog without a URI
+after Spark started, with PyIceberg's advice to pass a ``--uri`` flag the CLI does not have. Each
+check here is quick, creates nothing (topic creation is only validated by the broker), names the
+YAML key involved and raises :class:`PreflightError` (one cause line, one fix line).
+
+The librdkafka client used here has an ``error_cb`` and a ``logger`` of its own, so nothing it
+says reaches the terminal raw; its errors are turned into the cause line instead.
+
+:data:`CHECKS` is the ordered list of named checks, so a dry-run command can run them one by one and
+report each; :func:`run` runs them all and stops at the first failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._metadata import ClusterMetadata  # admin re-exports it, untyped
+from confluent_kafka.cimpl import NewTopic
+
+from fanout_sink.catalog import load_catalog
+from fanout_sink.config import SinkConfig
+from fanout_sink.errors import PreflightError
+from fanout_sink.kafka.client import client_conf
+
+log = logging.getLogger("fanout_sink.preflight")
+
+BROKER_TIMEOUT_S = 10.0
+"""How long the broker may take to answer at all; a healthy one answers in milliseconds."""
+
+_SERVERS = 'kafka."bootstrap.servers"'
+_GIVE_UP = {KafkaError._AUTHENTICATION, KafkaError._ALL_BROKERS_DOWN}
+
+
+def _quiet_logger() -> logging.Logger:
+    """Where librdkafka's own log lines go: nowhere visible (its errors reach ``error_cb``)."""
+    logger = logging.getLogger("fanout_sink.preflight.librdkafka")
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    return logger
+
+
+class Preflight:
+    """The state the checks share: the config, one quiet admin client, the cluster's metadata."""
+
+    def __init__(self, config: SinkConfig, broker_timeout_s: float = BROKER_TIMEOUT_S) -> None:
+        self.config = config
+        self.broker_timeout_s = broker_timeout_s
+        self.errors: list[KafkaError] = []
+        self._admin: AdminClient | None = None
+        self._metadata: ClusterMetadata | None = None
+
+    @property
+    def servers(self) -> str:
+        return self.config.kafka.get("bootstrap.servers", "")
+
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            conf: dict[str, Any] = {
+                **client_conf(self.config.kafka),
+                "error_cb": self.errors.append,
+                "logger": _quiet_logger(),
+            }
+            try:
+                self._admin = AdminClient(conf)
+            except KafkaException as exc:
+                raise PreflightError(
+                    f"the kafka: section is not a valid librdkafka configuration: {exc.args[0].str()}",
+                    "correct or remove that property (names as in librdkafka's CONFIGURATION.md)",
+                ) from None
+        return self._admin
+
+    def metadata(self) -> ClusterMetadata:
+        """The cluster's topics; raises as soon as the broker is known unreachable or refuses us."""
+        if self._metadata is not None:
+            return self._metadata
+        admin = self.admin()
+        deadline = time.monotonic() + self.broker_timeout_s
+        while True:
+            try:
+                self._metadata = admin.list_topics(timeout=1.0)
+                return self._metadata
+            except KafkaException:
+                admin.poll(0)  # serves error_cb
+            if any(e.code() in _GIVE_UP for e in self.errors) or time.monotonic() >= deadline:
+                raise self._broker_error()
+
+    def _broker_error(self) -> PreflightError:
+        kafka = self.config.kafka
+        auth = next((e for e in self.errors if e.code() == KafkaError._AUTHENTICATION), None)
+        if auth is not None:
+            user = kafka.get("sasl.username", "")
+            mechanism = kafka.get("sasl.mechanism") or kafka.get("sasl.mechanisms") or "GSSAPI"
+            return PreflightError(
+                f"Kafka at {_SERVERS}={self.servers} refused the credentials (authentication failed) of "
+                f'kafka."sasl.username"={user!r} with SASL {mechanism}: {_reason(auth)}',
+                'correct kafka."sasl.username" / kafka."sasl.password" (or the environment variable '
+                'they come from) and kafka."sasl.mechanism"',
+            )
+        transport = next((e for e in self.errors if e.code() != KafkaError._ALL_BROKERS_DOWN), None)
+        if not self.servers:
+            return PreflightError(f"{_SERVERS} is not set", f"set {_SERVERS}, e.g. 127.0.0.1:9092")
+        detail = (
+            f": {_reason(transport)}"
+            if transport is not None
+            else (f": no answer within {self.broker_timeout_s:.0f}s")
+        )
+        return PreflightError(
+            f"Kafka at {_SERVERS}={self.servers} is unreachable{detail}",
+            f"start the broker or correct {_SERVERS}; a TLS or SASL listener also needs "
+            'kafka."security.protocol"',
+        )
+
+
+def _reason(error: KafkaError) -> str:
+    """librdkafka's message without the ``host:port/id: `` prefix and the state suffix."""
+    text = str(error.str())
+    head, sep, tail = text.partition(": ")
+    if sep and "/" in head:
+        text = tail
+    return text.split(" (after ", 1)[0]
+
+
+def check_broker(pre: Preflight) -> None:
+    """The broker answers, and accepts the credentials."""
+    pre.metadata()
+
+
+def check_source_topics(pre: Preflight) -> None:
+    """Every topic in ``source.topics`` exists; a ``source.pattern`` matching nothing is only a warning."""
+    topics = pre.metadata().topics
+    source = pre.config.source
+    if source.pattern is not None:
+        # Spark subscribes with Java's Matcher.matches(): the whole name must match.
+        if not any(re.fullmatch(source.pattern, name) for name in topics):
+            log.warning(
+                "source.pattern %r matches no topic on %s yet; the sink starts and waits for one",
+                source.pattern,
+                pre.servers,
+            )
+        return
+    missing = [t for t in source.topics if t not in topics or topics[t].error is not None]
+    if missing:
+        names = ", ".join(repr(t) for t in missing)
+        raise PreflightError(
+            f"source.topics: {names} {'does' if len(missing) == 1 else 'do'} not exist on {_SERVERS}="
+            f"{pre.servers} (or the sink may not describe {'it' if len(missing) == 1 else 'them'})",
+            "create the topic(s), correct source.topics, or grant the sink DESCRIBE and READ on them",
+        )
+
+
+def check_sink_topics(pre: Preflight) -> None:
+    """The control and dead-letter topics exist in a usable shape, or the broker would let the sink
+    create them (``validate_only``: nothing is created here)."""
+    topics = pre.metadata().topics
+    config = pre.config
+    wanted = [("control.topic", config.control_topic, 1, config.control.topic_settings())]
+    if config.dead_letter is not None:
+        wanted.append(("dead-letter.topic", config.dead_letter.topic, 0, config.dead_letter.topic_settings()))
+    for key, topic, partitions, settings in wanted:
+        existing = topics.get(topic)
+        if existing is not None and existing.error is None:
+            if partitions and len(existing.partitions) != partitions:
+                raise PreflightError(
+                    f"{key}: topic {topic!r} has {len(existing.partitions)} partitions; the control topic "
+                    "needs exactly 1 so that control offsets are one total order",
+                    f"point {key} at a new name (the sink creates it), or recreate it with 1 partition",
+                )
+            continue
+        future = pre.admin().create_topics(
+            [
+                NewTopic(
+                    topic,
+                    num_partitions=1,
+                    replication_factor=settings.replication_factor or -1,
+                    config=dict(settings.config),
+                )
+            ],
+            validate_only=True,
+            request_timeout=pre.broker_timeout_s,
+        )[topic]
+        try:
+            future.result(timeout=pre.broker_timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise PreflightError(
+                f"{key}: the sink could not create topic {topic!r}: {exc.args[0].str()}",
+                f"create {topic!r} by hand (1 partition), grant the sink CREATE on the cluster, or "
+                f"change {settings.section}.replication-factor",
+            ) from None
+
+
+def _local_warehouse(warehouse: str) -> Path | None:
+    if warehouse.startswith("file://"):
+        return Path(warehouse[len("file://") :])
+    if "://" not in warehouse:
+        return Path(warehouse)
+    return None
+
+
+def check_warehouse(pre: Preflight) -> None:
+    """A local warehouse folder can be written: a probe file is created and deleted."""
+    warehouse = pre.config.catalog.warehouse
+    path = _local_warehouse(warehouse) if warehouse else None
+    if path is None:
+        return  # object stores are checked by the first write; a probe there costs a request and money
+    probe = path / f".fanout-sink-preflight-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise PreflightError(
+            f"catalog.warehouse: cannot write to {path}: {exc.strerror or exc}",
+            "point catalog.warehouse at a folder the sink may write, or fix that folder's permissions",
+        ) from None
+
+
+def check_catalog(pre: Preflight) -> None:
+    """The catalog answers: its namespaces can be listed."""
+    settings = pre.config.catalog
+    if settings.uri is None and settings.type in {"sql", "rest", "hive"}:
+        raise PreflightError(
+            f"catalog.uri is not set: the {settings.type} catalog {settings.name!r} needs one",
+            "set catalog.uri, e.g. sqlite:////var/lib/fanout-sink/catalog.db for the embedded SQL catalog",
+        )
+    try:
+        load_catalog(settings).list_namespaces()
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise PreflightError(
+            f"catalog {settings.name!r} (catalog.type={settings.type}, catalog.uri) is not reachable: "
+            f"{type(exc).__name__}: {first}",
+            "check catalog.uri and the catalog's credentials in the catalog: section",
+        ) from None
+
+
+Check = Callable[[Preflight], None]
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("broker", check_broker),
+    ("source topics", check_source_topics),
+    ("sink topics", check_sink_topics),
+    ("warehouse", check_warehouse),
+    ("catalog", check_catalog),
+)
+
+
+def run(config: SinkConfig, broker_timeout_s: float = BROKER_TIMEOUT_S) -> None:
+    """Every check in order; the first failure raises :class:`PreflightError`."""
+    pre = Preflight(config, broker_timeout_s)
+    for name, check in CHECKS:
+        check(pre)
+        log.debug("pre-flight check %s: ok", name)
+    log.info("pre-flight checks passed (%s)", ", ".join(name for name, _ in CHECKS))
