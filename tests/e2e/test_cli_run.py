@@ -37,11 +37,16 @@ def test_sigusr1_prints_every_thread_stack_and_the_app_keeps_going(tmp_path: Pat
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env(),
         )  # fmt: skip
         try:
-            time.sleep(4)
-            assert app.poll() is None, "still waiting for the broker"
-            app.send_signal(signal.SIGUSR1)
-            time.sleep(1)
-            assert app.poll() is None, "a dump does not stop the app"
+            hung.settimeout(120)
+            # Once connected, the app is in its pre-flight check, past registering the dump signal.
+            # The connection stays open and unanswered, as a hung broker's would.
+            connection, _ = hung.accept()
+            with connection:
+                time.sleep(1)
+                assert app.poll() is None, "still waiting for the broker"
+                app.send_signal(signal.SIGUSR1)
+                time.sleep(1)
+                assert app.poll() is None, "a dump does not stop the app"
         finally:
             app.kill()
             _, stderr = app.communicate(30)

@@ -8,6 +8,7 @@ raises ``BufferError`` from ``produce`` once the queue holds that many undeliver
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,15 @@ def _worker(
     return dlq, SliceWorker(sink, conf, control, dead_letter_topic=dlq)
 
 
+def _dead_letters(read_topic: Callable[..., list[Any]], topic: str, count: int) -> list[Any]:
+    """The topic's committed messages once ``count`` are visible: the broker writes the commit markers
+    after ``commit_transaction`` returns, so a read right after it may stop at the open transaction."""
+    deadline = time.monotonic() + 30
+    while len(messages := read_topic(topic)) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return messages
+
+
 def test_more_dead_letters_than_the_producer_queue_holds_commit_each_once(
     bootstrap_servers: str,
     make_topic: Callable[..., str],
@@ -51,7 +61,7 @@ def test_more_dead_letters_than_the_producer_queue_holds_commit_each_once(
     )
 
     assert result.transaction_committed and result.dead_lettered == len(bad)
-    assert sorted(m.value() for m in read_topic(dlq)) == sorted(bad)
+    assert sorted(m.value() for m in _dead_letters(read_topic, dlq, len(bad))) == sorted(bad)
     worker.close()
 
 
@@ -75,7 +85,7 @@ def test_a_dead_letter_larger_than_the_message_limit_is_truncated_with_headers(
     )
 
     assert result.transaction_committed and result.dead_lettered == 2
-    truncated, small = read_topic(dlq)
+    truncated, small = _dead_letters(read_topic, dlq, 2)
     assert small.value() == b"small bad" and deadletter.TRUNCATED not in dict(small.headers())
     headers = dict(truncated.headers())
     assert headers[deadletter.TRUNCATED] == b"value"
