@@ -195,13 +195,23 @@ class ControlReader:
         committed = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0].offset
         if committed < 0:
             committed = self._legacy_committed(timeout_s)
-        start = committed if committed >= 0 else 0
-        log_start = self.log_start(timeout_s)
-        if log_start > start:
-            raise ControlTopicError(
-                self.topic, coordinator_group(self.sink), committed if committed >= 0 else None, log_start
+        self._check_still_there(committed if committed >= 0 else None, timeout_s)
+        return self.seek(committed if committed >= 0 else 0)
+
+    def _check_still_there(self, needed_from: int | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Raise unless the log still holds every offset from ``needed_from`` (None: from 0) on."""
+        low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
+        if int(low) > (needed_from or 0):
+            raise ControlTopicError(self.topic, coordinator_group(self.sink), needed_from, int(low))
+        if needed_from is not None and needed_from > int(high):
+            raise TopicError(
+                f"control topic {self.topic!r} [0] ends at offset {high}, below offset {needed_from} that "
+                f"coordinator group {coordinator_group(self.sink)!r} has acknowledged: the topic was deleted "
+                "and recreated. The tables record control offsets of the old topic, so events of the new one "
+                "below them would be taken for committed ones.\n"
+                "  fix: restore the original control topic; a sink cannot move to a new control topic under "
+                "the same name (start a new sink name, with new tables or after checking them)"
             )
-        return self.seek(start)
 
     def _legacy_committed(self, timeout_s: float) -> int:
         """The low watermark under the coordinator group's pre-':' name, for a deployment that ran
@@ -233,11 +243,6 @@ class ControlReader:
     def position(self) -> int:
         """The next control offset this reader will look at."""
         return self._position
-
-    def log_start(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-        """The oldest offset still in the log (retention and delete-records move it up)."""
-        low, _high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
-        return int(low)
 
     def end_offset(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
         """The last stable offset: everything below it is decided (committed or aborted)."""
@@ -274,10 +279,9 @@ class ControlReader:
             error = msg.error()
             offset = msg.offset() or 0
             if error is not None:
-                if error.code() == KafkaError._AUTO_OFFSET_RESET:  # deleted under the reader
-                    raise ControlTopicError(
-                        self.topic, coordinator_group(self.sink), self._position, self.log_start()
-                    )
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:  # deleted (or recreated) under the reader
+                    self._check_still_there(self._position)
+                    raise KafkaException(error)
                 if error.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(error)
                 # Under read_committed EOF is at the last stable offset; transaction markers

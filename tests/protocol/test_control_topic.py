@@ -152,6 +152,15 @@ def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> N
         list(fresh.read_until(fresh.end_offset(), timeout_s=10))
     fresh.close()
 
+    # A control topic recreated under the sink (simulated: the group acknowledged past its end).
+    holder = Consumer({**conf, "group.id": channel.coordinator_group(sink)})
+    holder.commit(offsets=[TopicPartition(control, 0, 100)], asynchronous=False)
+    holder.close()
+    recreated = channel.ControlReader(sink, conf, control)
+    with pytest.raises(TopicError, match=r"ends at offset \d+, below offset 100 .* deleted and recreated"):
+        recreated.seek_to_committed()
+    recreated.close()
+
 
 def _topic_config(bootstrap: str, topic: str) -> dict[str, tuple[str, ConfigSource]]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
