@@ -11,7 +11,8 @@ It keeps the driver half of the invariants:
   the table properties, in the same commit, so that snapshot expiry cannot erase it); after any
   crash, events below it are skipped for that table only.
 - Dropped-and-recreated tables: files carry the table uuid they were written for; files for
-  another uuid are never appended (Iceberg also asserts the uuid at commit).
+  another uuid are never appended as they are (Iceberg also asserts the uuid at commit): their rows
+  are rewritten into the new table when the columns fit, else an ERROR names the files.
 
 A round: publish ``StartCommit`` (fails fast when fenced), read source positions (for VTTS), take
 the control topic's last stable offset as the round end, read up to it, commit tables in parallel,
@@ -29,12 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 from confluent_kafka import KafkaException, TopicPartition
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties, Transaction
 
-from fanout_sink.errors import ProducerFencedError
+from fanout_sink.errors import ProducerFencedError, TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, memberless_group_metadata
 from fanout_sink.kafka.offsets import source_positions
@@ -362,6 +365,39 @@ class Coordinator:
                 oldest.offset,
             )
 
+    def _rewrite_stale(self, table: Table, stale: list[PendingFiles]) -> list[DataFile]:
+        """Files written for an older table of this name (dropped and recreated while they were in
+        flight), rewritten as files of ``table`` when their columns fit; otherwise an ERROR naming them.
+        """
+        identifier = ".".join(table.name())
+        records = [r for p in stale for r in p.event.files]
+        paths = [r.file_path for r in records]
+        rows = sum(r.record_count for r in records)
+        try:
+            rewritten = datafiles.rewrite_data_files(table, paths)
+        except (TableError, OSError, pa.ArrowException) as exc:
+            log.error(
+                "table %s was dropped and recreated (uuid now %s): %d file(s) with %d row(s) written for "
+                "the old table do not fit the new one (%s) and are NOT appended: %s\n"
+                "  fix: the rows are in those Parquet files; add them to the table by hand if they are "
+                "wanted (the sink goes on with the new table).",
+                identifier,
+                table.metadata.table_uuid,
+                len(paths),
+                rows,
+                exc,
+                ", ".join(paths),
+            )
+            return []
+        log.warning(
+            "table %s was dropped and recreated: %d file(s) with %d row(s) written for the old table "
+            "rewritten into the new one",
+            identifier,
+            len(paths),
+            rows,
+        )
+        return rewritten
+
     def _commit_table(
         self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
     ) -> TableCommit:
@@ -371,26 +407,35 @@ class Coordinator:
             try:
                 table = self.catalog.load_table(identifier)
             except NoSuchTableError:
-                log.warning("table %s is gone: %d pending file event(s) dropped", identifier, len(items))
+                paths = [r.file_path for p in items for r in p.event.files]
+                log.error(
+                    "table %s is gone: %d file(s) with %d row(s) written for it are NOT appended: %s\n"
+                    "  fix: the rows are in those Parquet files; recreate the table and add them by hand "
+                    "if they are wanted.",
+                    identifier,
+                    len(paths),
+                    sum(r.record_count for p in items for r in p.event.files),
+                    ", ".join(paths),
+                )
                 outcome.outcome = "table-missing"
                 return outcome
             table_uuid = str(table.metadata.table_uuid)
             outcome.table_uuid = table_uuid
-            stale = [p for p in items if p.event.table.uuid != table_uuid]
-            outcome.stale_files = sum(len(p.event.files) for p in stale)
-            if stale:
-                log.warning(
-                    "%s has uuid %s; %d file(s) written for another uuid (a dropped table) are not appended",
-                    identifier,
-                    table_uuid,
-                    outcome.stale_files,
-                )
             floor = table_state.read_state(table, self.sink).next_control_offset(channel.CONTROL_PARTITION)
-            todo = [p for p in items if p.event.table.uuid == table_uuid and p.offset >= floor]
-            if not todo:
+            todo = [p for p in items if p.offset >= floor]
+            stale = [p for p in todo if p.event.table.uuid != table_uuid]
+            outcome.stale_files = sum(len(p.event.files) for p in stale)
+            files = [
+                datafiles.from_record(record, table)
+                for p in todo
+                if p.event.table.uuid == table_uuid
+                for record in p.event.files
+            ]
+            if stale:
+                files += self._rewrite_stale(table, stale)
+            if not files:
                 outcome.outcome = "already-committed"
                 return outcome
-            files = [datafiles.from_record(record, table) for p in todo for record in p.event.files]
             properties = table_state.summary_properties(
                 self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts
             )

@@ -13,8 +13,10 @@ orphans that no snapshot references.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
@@ -22,6 +24,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import PrimitiveType
 
+from fanout_sink.errors import TableError
 from fanout_sink.protocol import events as ev
 
 
@@ -45,6 +48,43 @@ def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
         # were written with the table's default spec, so record that.
         data_file.spec_id = metadata.default_spec_id
     return files
+
+
+def rewrite_data_files(table: Table, paths: Sequence[str]) -> list[DataFile]:
+    """The rows of data files written for another table (a dropped one) as new files of ``table``.
+
+    Columns are matched by name, not by field id (a recreated table numbers its fields anew) and
+    cast to ``table``'s types. Raises :class:`TableError` when the rows do not fit: a column the
+    table lacks (its data would be lost), a required column missing or null, or a cast that fails.
+    """
+    target = table.schema().as_arrow()
+    parts = []
+    for path in paths:
+        with table.io.new_input(path).open() as stream:
+            parts.append(_conform(pq.read_table(stream), target, path, table.name()))
+    return write_data_files(table, pa.concat_tables(parts)) if parts else []
+
+
+def _conform(rows: pa.Table, target: pa.Schema, path: str, table: tuple[str, ...]) -> pa.Table:
+    name = ".".join(table)
+    extra = [c for c in rows.column_names if c not in target.names]
+    if extra:
+        raise TableError(f"{path}: column(s) {extra} are not in table {name}")
+    columns = []
+    for column in target:
+        if column.name not in rows.column_names:
+            if not column.nullable:
+                raise TableError(f"{path}: required column {column.name} of table {name} is missing")
+            columns.append(pa.nulls(rows.num_rows, column.type))
+            continue
+        values = rows[column.name]
+        if not column.nullable and values.null_count:
+            raise TableError(f"{path}: required column {column.name} of table {name} has nulls")
+        try:
+            columns.append(values.cast(column.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise TableError(f"{path}: column {column.name} does not fit table {name}: {exc}") from exc
+    return pa.Table.from_arrays(columns, schema=target)
 
 
 def _partition_fields(table: Table, spec_id: int) -> list[tuple[int, PrimitiveType]]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import TopicPartition
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
@@ -40,9 +41,13 @@ from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles
 from fanout_sink.protocol import events as ev
 from fanout_sink.transform import deadletter
-from fanout_sink.transform.records import SliceProcessor
+from fanout_sink.transform.records import RoutedSlice, SliceProcessor
 
 log = logging.getLogger(__name__)
+
+TABLE_CHECKS = 3
+"""Writes of one slice at most when its tables keep being recreated; the last one goes out unchecked
+(the coordinator rewrites files found for an old table uuid into the new table)."""
 
 
 @dataclass
@@ -205,25 +210,27 @@ class SliceWorker:
             result.skipped_delivered = raw.num_rows - kept.num_rows
             raw = kept
 
-        routed = process(raw)
-        result.filtered = routed.filtered
-        written: list[ev.DataWritten] = []
-        for identifier, table_rows in routed.tables.items():
-            data_files = datafiles.write_data_files(table_rows.table, table_rows.rows)
-            result.rows[identifier] = table_rows.rows.num_rows
-            result.files[identifier] = len(data_files)
-            records = [datafiles.to_record(f, table_rows.table) for f in data_files]
-            # Several events for many files, so that no message outgrows the broker's size limit.
-            for i in range(0, len(records), self.max_files_per_event):
-                written.append(
-                    ev.DataWritten(
-                        table=table_ref(table_rows.table),
-                        files=tuple(records[i : i + self.max_files_per_event]),
-                        topic=topic,
-                        partition=partition,
-                        next_offset=end,
-                    )
+        for attempt in range(1, TABLE_CHECKS + 1):
+            routed, written = self._write(topic, partition, end, raw, process, result)
+            fault_point("worker.after-write-files", topic=topic, partition=partition)
+            # Right before the transaction: are the tables still the ones the files were written
+            # for? A processor's cached table outlives a drop and recreate, and files for the old
+            # uuid would never be the new table's.
+            changed = self._changed_tables(routed) if attempt < TABLE_CHECKS else {}
+            if not changed:
+                break
+            for identifier, current in changed.items():
+                log.warning(
+                    "%s[%d] [%d, %d): table %s was %s since it was loaded; writing the slice again",
+                    topic,
+                    partition,
+                    start,
+                    end,
+                    identifier,
+                    "dropped" if current is None else f"recreated (uuid {current.metadata.table_uuid})",
                 )
+                if routed.table_changed is not None:
+                    routed.table_changed(identifier, current)
         dead_letter_topic = self.dead_letter_topic
         if routed.dead_letters and dead_letter_topic is None:
             first = routed.dead_letters[0]
@@ -232,7 +239,6 @@ class SliceWorker:
                 f"be delivered and no dead-letter topic is configured (first: headers {first.headers}).\n"
                 "  fix: configure dead-letter.topic, or fix the records / routes."
             )
-        fault_point("worker.after-write-files", topic=topic, partition=partition)
 
         try:
             with producer.transaction():
@@ -260,6 +266,62 @@ class SliceWorker:
         result.dead_lettered = len(routed.dead_letters)
         result.transaction_committed = True
         return result
+
+    def _write(
+        self,
+        topic: str,
+        partition: int,
+        end: int,
+        raw: pa.Table,
+        process: SliceProcessor,
+        result: SliceResult,
+    ) -> tuple[RoutedSlice, list[ev.DataWritten]]:
+        """Route the slice and write its data files; the events that will announce them."""
+        routed = process(raw)
+        result.filtered = routed.filtered
+        result.rows, result.files = {}, {}
+        written: list[ev.DataWritten] = []
+        for identifier, table_rows in routed.tables.items():
+            data_files = datafiles.write_data_files(table_rows.table, table_rows.rows)
+            result.rows[identifier] = table_rows.rows.num_rows
+            result.files[identifier] = len(data_files)
+            records = [datafiles.to_record(f, table_rows.table) for f in data_files]
+            # Several events for many files, so that no message outgrows the broker's size limit.
+            for i in range(0, len(records), self.max_files_per_event):
+                written.append(
+                    ev.DataWritten(
+                        table=table_ref(table_rows.table),
+                        files=tuple(records[i : i + self.max_files_per_event]),
+                        topic=topic,
+                        partition=partition,
+                        next_offset=end,
+                    )
+                )
+        return routed, written
+
+    @staticmethod
+    def _changed_tables(routed: RoutedSlice) -> dict[str, Table | None]:
+        """Tables of the slice that the catalog now holds under another uuid (or not at all).
+
+        One catalog load per table and slice: the price of never writing rows for a table that
+        was dropped and recreated meanwhile (files the coordinator would have to rewrite or refuse).
+        """
+        changed: dict[str, Table | None] = {}
+        for identifier, table_rows in routed.tables.items():
+            table = table_rows.table
+            try:
+                current = table.catalog.load_table(table.name())
+            except NoSuchTableError:
+                changed[identifier] = None
+                continue
+            except Exception:
+                # The check only narrows a window; a table that cannot be loaded now is the
+                # coordinator's to report (it re-checks the uuid and rewrites or names stale files).
+                log.warning("could not re-check table %s before the transaction", identifier, exc_info=True)
+                continue
+            if current.metadata.table_uuid != table.metadata.table_uuid:
+                changed[identifier] = current
+        return changed
 
     def close(self) -> None:
         """Flush and drop the cached producers (an open transaction, if any, times out and aborts)."""

@@ -85,7 +85,7 @@ class RoutingProcessor:
         if raw.schema.names != RAW_RECORD_SCHEMA.names:
             raw = raw.select(RAW_RECORD_SCHEMA.names)
         n = raw.num_rows
-        out = RoutedSlice()
+        out = RoutedSlice(table_changed=self.tables.replace)
         stats = SliceStats(records=n)
         failures: list[_Failure] = []
         values = raw.column("value").combine_chunks()

@@ -57,6 +57,10 @@ class RoutedSlice:
     tables: dict[str, TableRows] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     filtered: int = 0
+    table_changed: Callable[[str, Table | None], None] | None = None
+    """Tells the processor that a table it handed out was dropped (``None``) or recreated (the new
+    ``Table``) since it loaded it, so that it stops using its cached copy. The worker calls it when
+    its check before the Kafka transaction finds another table uuid, then processes the slice again."""
 
 
 SliceProcessor = Callable[[pa.Table], RoutedSlice]

@@ -236,6 +236,18 @@ class TableManager:
             return None
         return entry[0]
 
+    def replace(self, name: str, table: Table | None) -> None:
+        """Cache ``table`` for ``name`` now, or forget ``name`` (``None``): it was dropped or recreated.
+
+        The cache would otherwise hand out the old table until it expires, and rows written for the
+        old table uuid are not the new table's.
+        """
+        with self._lock:
+            if table is None:
+                self._cache.pop(name, None)
+            else:
+                self._cache[name] = (table, time.monotonic())
+
     def _remember(self, name: str, table: Table) -> Table:
         with self._lock:
             self._cache[name] = (table, time.monotonic())

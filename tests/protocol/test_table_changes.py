@@ -14,7 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import NestedField, StringType
 from support.common import (
     ARROW_SCHEMA,
     NAMESPACE,
@@ -27,9 +29,12 @@ from support.common import (
 )
 
 from fanout_sink import faults
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config import parse_config
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
+from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import TableRows
 
 pytestmark = pytest.mark.kafka
@@ -169,3 +174,69 @@ def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
     assert len(errors) == 3
     assert "3 round(s) in a row" in errors[-1] and "fix:" in errors[-1] and "oldest pending" in errors[-1]
     assert coordinator.failing["sink.b"].rounds == 3
+
+
+def test_rows_after_a_drop_and_recreate_land_in_the_new_table_while_the_old_one_is_cached(
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    catalog_settings: CatalogSettings,
+    catalog: Any,
+) -> None:
+    """Scenario 7, worker side. Real: broker, catalog, the sink's own processor with its
+    ``TableManager`` cache (300 s), and a drop + recreate of the table between two batches."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    name, topic, control = _new_sink(make_topic)
+    config = parse_config(
+        {
+            "name": name,
+            "source": {"topics": [topic]},
+            "catalog": catalog_settings.model_dump(),
+            "tables": {"sink.a": {"select": "{id: id, topic: topic}"}},
+        },
+        "test",
+    )
+    processor = build_processor(config, catalog)
+    worker = SliceWorker(name, conf, control)
+    coordinator = _coordinator(name, conf, control, catalog, topic)
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "topic": "t"} for i in range(3)])
+    run_batch(worker, bootstrap_servers, {topic: 1}, processor)  # creates and caches sink.a
+    coordinator.commit_round()
+    old = catalog.load_table(f"{NAMESPACE}.a")
+    assert table_ids(catalog, "a") == [0, 1, 2]
+
+    catalog.drop_table(f"{NAMESPACE}.a")
+    catalog.create_table(f"{NAMESPACE}.a", schema=old.schema())
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "topic": "t"} for i in range(3, 6)])
+    run_batch(worker, bootstrap_servers, {topic: 1}, processor)  # the processor still has the old table
+    result = coordinator.commit_round()
+    worker.close()
+    coordinator.close()
+    assert result.tables[f"{NAMESPACE}.a"].stale_files == 0
+    assert table_ids(catalog, "a") == [3, 4, 5]
+
+
+def test_files_for_a_dropped_table_that_do_not_fit_its_successor_are_named_in_an_error(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Scenario 7, coordinator side. Real: broker, catalog, files announced for the old table, then
+    a drop and a recreate with a required column the rows do not have."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    name, topic, control = _new_sink(make_topic)
+    create_tables(catalog, ["a"])
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
+    worker = SliceWorker(name, conf, control)
+    run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
+    worker.close()
+    catalog.drop_table(f"{NAMESPACE}.a")
+    catalog.create_table(
+        f"{NAMESPACE}.a",
+        schema=Schema(*TABLE_SCHEMA.fields, NestedField(3, "region", StringType(), required=True)),
+    )
+    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
+    coordinator = _coordinator(name, conf, control, catalog, topic)
+    result = coordinator.commit_round()
+    coordinator.close()
+    assert result.tables[f"{NAMESPACE}.a"].outcome == "already-committed"
+    assert table_ids(catalog, "a") == []
+    [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "1 file(s) with 4 row(s)" in error and ".parquet" in error and "required column region" in error
