@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import sys
 import tempfile
 import time
@@ -29,13 +30,24 @@ from fanout_sink.protocol.channel import coordinator_group, sink_group
 
 log = logging.getLogger("fanout_sink.devtools.chaos")
 STOP_TIMEOUT_S = 180.0  # SIGTERM finishes one batch and commits: minutes would mean it was ignored
+# "BufferError: Local: Queue full", "fanout_sink.errors.OffsetGapError: gap in ...", not Spark's wrapper.
+_ERROR_LINE = re.compile(r"^(?!pyspark\.errors)[\w.]*(Error|Exception|Fault)\b.*:")
 MIN_RATE = 20.0  # records/s: a trickle at least, so every cycle has work in flight to break
 EXPIRY_TIMEOUT_S = 300.0  # offsets.retention.minutes=1 and a 5 s check: gone after about 65 s
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
 
 
 class ChaosError(FanoutSinkError):
-    """The run could not go on (the app never got to work); the verdict would mean nothing."""
+    """The run could not go on: the app stopped working (it logged no batch, or the final run failed).
+
+    The run still counts what landed, so the verdict says what the stuck sink lost; ``cause`` is the
+    one line for it: the last error the app logged.
+    """
+
+    def __init__(self, what: str, log_tail: str) -> None:
+        errors = [line.strip() for line in log_tail.splitlines() if _ERROR_LINE.match(line.strip())]
+        self.cause = f"{what}; its last error: {errors[-1] if errors else 'none logged'}"
+        super().__init__(f"{self.cause}\n{log_tail}")
 
 
 @dataclass(frozen=True)
@@ -137,17 +149,19 @@ class ChaosRun:
             pace = max(self.options.records / (self.options.cycles * 40.0), MIN_RATE)
             traffic = Traffic(bootstrap, self.topics, self.options.records, self.options.seed, rate=pace)
             traffic.start()
-            self._cycles(app, traffic)
-            log.info("cycles done; waiting for the producer to write its last records")
-            while not traffic.done:
-                self._keep_running(app)
-                time.sleep(1)
-            stats = traffic.finish()
-            log.info("producer done: %d records acknowledged, %d failed", stats.acked, stats.failed)
-            stop_code = self._drain(app, traffic, command, env)
+            stuck: ChaosError | None = None
+            try:
+                stop_code = self._work(app, traffic, command, env)
+            except ChaosError as error:
+                log.error("the run stopped early; counting what landed: %s", error)
+                stuck, stop_code = error, 0
+                traffic.stop()
+                app.kill_group()
             self.result.verdict = verify(
                 bootstrap, self.topics, f"{self.name}-dlq", self.name, load_catalog(self.catalog)
             )
+            if stuck is not None:
+                self.result.verdict.problems.insert(0, f"the run stopped early: {stuck.cause}")
             if stop_code != 0:
                 self.result.verdict.problems.append(
                     f"SIGTERM did not stop the app cleanly within {STOP_TIMEOUT_S:.0f}s (exit {stop_code})"
@@ -164,6 +178,17 @@ class ChaosRun:
             json.dumps({"line": self.result.line(), "problems": self.result.verdict.problems}, indent=2)
         )
         return self.result
+
+    def _work(self, app: AppProcess, traffic: Traffic, command: list[str], env: dict[str, str]) -> int:
+        """The cycles, the last records and the drain; the exit code of the app's SIGTERM stop."""
+        self._cycles(app, traffic)
+        log.info("cycles done; waiting for the producer to write its last records")
+        while not traffic.done:
+            self._keep_running(app)
+            time.sleep(1)
+        stats = traffic.finish()
+        log.info("producer done: %d records acknowledged, %d failed", stats.acked, stats.failed)
+        return self._drain(app, traffic, command, env)
 
     def _create_topics(self, bootstrap: str) -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -203,7 +228,7 @@ class ChaosRun:
                 return
             if app.running():
                 break
-        raise ChaosError(f"the app logged no batch in {self.options.start_timeout_s:.0f}s:\n{app.log_tail()}")
+        raise ChaosError(f"the app logged no batch in {self.options.start_timeout_s:.0f}s", app.log_tail())
 
     def _cycles(self, app: AppProcess, traffic: Traffic) -> None:
         schedule = self._schedule()
@@ -354,5 +379,5 @@ class ChaosRun:
         code = final.wait_exit(900)
         if code != 0:
             final.kill_group()
-            raise ChaosError(f"the final available-now run ended with {code}:\n{final.log_tail()}")
+            raise ChaosError(f"the final available-now run ended with {code}", final.log_tail())
         return stop_code
