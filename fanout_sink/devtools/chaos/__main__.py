@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     result = ChaosRun(options).run()
     for problem in result.verdict.problems:
         print(f"problem: {problem}", file=sys.stderr)
-    print(f"work dir: {result.work_dir} (app.log, verdict.json)", file=sys.stderr)
+    print(f"work dir: {result.work_dir} (chaos.log, app.log, verdict.json)", file=sys.stderr)
     print(result.line(), flush=True)
     return 0 if result.verdict.ok else 1
 

@@ -32,7 +32,9 @@ log = logging.getLogger("fanout_sink.devtools.chaos")
 STOP_TIMEOUT_S = 180.0  # SIGTERM finishes one batch and commits: minutes would mean it was ignored
 # "BufferError: Local: Queue full", "fanout_sink.errors.OffsetGapError: gap in ...", not Spark's wrapper.
 _ERROR_LINE = re.compile(r"^(?!pyspark\.errors)[\w.]*(Error|Exception|Fault)\b.*:")
-MIN_RATE = 20.0  # records/s: a trickle at least, so every cycle has work in flight to break
+# records/s: a trickle at least, so every cycle has work in flight to break; low enough that a slow
+# machine does not produce all records before the last cycle (kinds that need a commit could not land).
+MIN_RATE = 5.0
 EXPIRY_TIMEOUT_S = 300.0  # offsets.retention.minutes=1 and a 5 s check: gone after about 65 s
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
 
@@ -121,6 +123,18 @@ class ChaosRun:
         }
 
     def run(self) -> ChaosResult:
+        """The whole run; the runner's own log goes to ``chaos.log`` in the work dir as well."""
+        handler = logging.FileHandler(self.work_dir / "chaos.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        try:
+            return self._run()
+        finally:
+            log.removeHandler(handler)
+            handler.close()
+
+    def _run(self) -> ChaosResult:
         started = time.monotonic()
         self.broker.start()
         app: AppProcess | None = None
@@ -328,10 +342,14 @@ class ChaosRun:
         return True
 
     def _evolve_partition_spec(self, _app: AppProcess) -> bool:
-        name = self.rng.choice(self._sink_tables())
-        field_name = maintenance.evolve_partition_spec(self.catalog_client, name)
-        log.info("partition-evolution: %s gained partition field %s", name, field_name)
-        return field_name is not None
+        tables = self._sink_tables()
+        self.rng.shuffle(tables)
+        for name in tables:  # the first table that still has a partition field to gain
+            field_name = maintenance.evolve_partition_spec(self.catalog_client, name)
+            if field_name is not None:
+                log.info("partition-evolution: %s gained partition field %s", name, field_name)
+                return True
+        return False
 
     def _recreate_table(self, _app: AppProcess) -> bool:
         name = self.rng.choice(self._sink_tables())
