@@ -13,6 +13,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 _SQLITE_PREFIX = "sqlite:///"
+PY_IO_IMPL = "py-io-impl"
+"""PyIceberg's catalog property naming the FileIO class; a user's choice is kept."""
+DURABLE_FILE_IO = "fanout_sink.durable_io.DurableFileIO"
 
 
 class CatalogSettings(BaseModel):
@@ -50,7 +53,16 @@ def load_catalog(settings: CatalogSettings) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
     if settings.warehouse and settings.warehouse.startswith("file://"):
         Path(settings.warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
-    return pyiceberg_load_catalog(settings.name, **settings.properties())
+    properties = settings.properties()
+    if is_local_warehouse(settings.warehouse) and PY_IO_IMPL not in properties:
+        # Files a Kafka transaction or a catalog commit names must be on disk first: fsync them.
+        properties[PY_IO_IMPL] = DURABLE_FILE_IO
+    return pyiceberg_load_catalog(settings.name, **properties)
+
+
+def is_local_warehouse(warehouse: str | None) -> bool:
+    """A warehouse on a local or mounted filesystem (``file://`` or a plain path): files need fsync."""
+    return warehouse is not None and (warehouse.startswith("file:") or "://" not in warehouse)
 
 
 def spark_catalog_conf(settings: CatalogSettings) -> dict[str, str]:
