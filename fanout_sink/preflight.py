@@ -109,16 +109,13 @@ class Preflight:
                 'correct kafka."sasl.username" / kafka."sasl.password" (or the environment variable '
                 'they come from) and kafka."sasl.mechanism"',
             )
-        transport = next((e for e in self.errors if e.code() != KafkaError._ALL_BROKERS_DOWN), None)
         if not self.servers:
             return PreflightError(f"{_SERVERS} is not set", f"set {_SERVERS}, e.g. 127.0.0.1:9092")
-        detail = (
-            f": {_reason(transport)}"
-            if transport is not None
-            else (f": no answer within {self.broker_timeout_s:.0f}s")
-        )
+        transport = next((e for e in self.errors if e.code() != KafkaError._ALL_BROKERS_DOWN), None)
+        silent = f"no answer within {self.broker_timeout_s:.0f}s"
+        detail = _reason(transport) if transport is not None else silent
         return PreflightError(
-            f"Kafka at {_SERVERS}={self.servers} is unreachable{detail}",
+            f"Kafka at {_SERVERS}={self.servers} is unreachable: {detail}",
             f"start the broker or correct {_SERVERS}; a TLS or SASL listener also needs "
             'kafka."security.protocol"',
         )
