@@ -13,14 +13,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
 from pyiceberg.catalog import Catalog
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import load_config
 from fanout_sink.kafka.client import KafkaConf
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
+from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state
-from fanout_sink.protocol.channel import sink_group
+from fanout_sink.protocol.channel import ControlReader, sink_group
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,23 @@ class TableStatus:
     committed_at_ms: int | None
 
 
+@dataclass(frozen=True)
+class PendingTable:
+    """A table with files announced on the control topic that it does not hold yet."""
+
+    table: str
+    file_events: int
+    oldest_control_offset: int
+    oldest_written_ms: int | None
+
+
 @dataclass
 class SinkStatus:
     sink: str
     control_topic: str
     tables: list[TableStatus] = field(default_factory=list)
     partitions: list[PartitionPosition] = field(default_factory=list)
+    pending: list[PendingTable] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -69,6 +82,46 @@ def table_states(catalog: Catalog, sink: str) -> list[TableStatus]:
     return sorted(found, key=lambda t: t.table)
 
 
+def pending_tables(
+    catalog: Catalog, sink: str, kafka_conf: KafkaConf, control_topic: str
+) -> list[PendingTable]:
+    """Tables still waiting for files: ``DataWritten`` events from the coordinator group's low
+    watermark on, at or above the table's stored control offset.
+
+    Cheap while the sink keeps up (the low watermark is then near the end of the control topic). A
+    table that stays here round after round is failing; the coordinator logs an ERROR for it each
+    round, with the cause.
+    """
+    reader = ControlReader(sink, kafka_conf, control_topic)
+    try:
+        try:
+            reader.seek_to_committed()
+        except KafkaException:  # no control topic yet: nothing was announced
+            return []
+        events = list(reader.read_until(reader.end_offset()))
+    finally:
+        reader.close()
+    floors: dict[str, int] = {}
+    found: dict[str, list[tuple[int, int]]] = {}
+    for item in events:
+        payload = item.event.payload
+        if not isinstance(payload, ev.DataWritten):
+            continue
+        identifier = payload.table.identifier
+        if identifier not in floors:
+            try:
+                floors[identifier] = table_state.read_state(
+                    catalog.load_table(identifier), sink
+                ).next_control_offset()
+            except Exception:  # a table that cannot be loaded holds none of them
+                floors[identifier] = 0
+        if item.offset >= floors[identifier]:
+            found.setdefault(identifier, []).append((item.offset, item.event.event_time_ms))
+    return [
+        PendingTable(table, len(items), items[0][0], items[0][1]) for table, items in sorted(found.items())
+    ]
+
+
 def collect_status(
     sink: str,
     kafka_conf: KafkaConf,
@@ -76,11 +129,13 @@ def collect_status(
     catalog_settings: CatalogSettings,
     source_topics: list[str],
 ) -> SinkStatus:
+    catalog = load_catalog(catalog_settings)
     return SinkStatus(
         sink=sink,
         control_topic=control_topic,
-        tables=table_states(load_catalog(catalog_settings), sink),
+        tables=table_states(catalog, sink),
         partitions=source_positions(kafka_conf, sink_group(sink), source_topics),
+        pending=pending_tables(catalog, sink, kafka_conf, control_topic),
     )
 
 
@@ -99,6 +154,13 @@ def render_text(status: SinkStatus) -> str:
         lines.append(
             f"  {t.table}: commit {t.commit_id} snapshot {t.snapshot_id} at {_time(t.committed_at_ms)} "
             f"vtts {_time(t.vtts_ms)} control-offsets {offsets}"
+        )
+    if status.pending:
+        lines += ["", "pending (announced on the control topic, not in the table yet):"]
+    for pending in status.pending:
+        lines.append(
+            f"  {pending.table}: {pending.file_events} file event(s), the oldest at control offset "
+            f"{pending.oldest_control_offset} written {_time(pending.oldest_written_ms)}"
         )
     lines += ["", "source partitions:"]
     if not status.partitions:

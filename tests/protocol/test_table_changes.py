@@ -28,7 +28,7 @@ from support.common import (
     table_ids,
 )
 
-from fanout_sink import faults
+from fanout_sink import faults, status
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config import parse_config
 from fanout_sink.protocol import table_state
@@ -174,6 +174,8 @@ def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
     assert len(errors) == 3
     assert "3 round(s) in a row" in errors[-1] and "fix:" in errors[-1] and "oldest pending" in errors[-1]
     assert coordinator.failing["sink.b"].rounds == 3
+    pending = status.pending_tables(catalog, name, conf, control)  # what `fanout-sink status` shows
+    assert [(p.table, p.file_events) for p in pending] == [("sink.b", 3)]
 
 
 def test_rows_after_a_drop_and_recreate_land_in_the_new_table_while_the_old_one_is_cached(
