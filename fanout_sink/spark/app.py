@@ -88,14 +88,8 @@ class SinkApp:
                 self.config.kafka, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
             )
         partitions = planning.source_partitions(self.config)
-        committed = planning.sink_group_offsets(self.config, partitions)
-        delivered = {f"{t}[{p}]": o for (t, p), o in sorted(committed.items())}
-        log.info("source partitions %s; sink group has delivered up to %s", partitions, delivered)
+        starting = planning.plan_start(self.config, partitions)
         checkpoint = self.config.checkpoint_location
-        planning.reconcile_checkpoint(checkpoint, committed)
-        starting = planning.starting_offsets_option(
-            list(partitions), partitions, committed, self.config.source.starting_offsets
-        )
         master = self.options.master or self.config.spark.master
         log.info("starting Spark (master %s, checkpoint %s)", master, checkpoint)
         spark = build_spark_session(

@@ -1,8 +1,9 @@
 """What a run reads and from where: source partitions, the sink group, Spark's checkpoint.
 
 Spark's checkpoint drives Spark; the sink-managed group is the truth about what was delivered
-(invariant I1). Before the stream starts, the sink group's offsets decide where Spark starts, and a
-checkpoint found ahead of the group is moved aside. Per micro-batch, the planned ranges come from
+(invariant I1). Before the stream starts, the sink group's offsets decide where Spark starts (the
+missing ones recovered by :mod:`fanout_sink.protocol.positions`), and a checkpoint found ahead of
+a KNOWN delivered position is moved aside. Per micro-batch, the planned ranges come from
 the checkpoint: offsets have holes (transaction markers, aborted and compacted records), so a
 slice's end is the end Spark planned for the batch, never the last record's offset + 1. Spark writes
 each batch's end offsets to ``offsets/<batchId>`` before running it, and the first batch's start
@@ -26,6 +27,7 @@ from fanout_sink.errors import FanoutSinkError
 from fanout_sink.kafka.client import client_conf
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.protocol.channel import sink_group
+from fanout_sink.protocol.positions import recover_positions, restore_positions
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -150,17 +152,25 @@ def sink_group_offsets(config: SinkConfig, partitions: dict[str, int]) -> dict[T
     return {key: value for key, value in found.items() if value is not None}
 
 
-def reconcile_checkpoint(checkpoint: str, committed: dict[TopicPartitionKey, int]) -> None:
-    """A checkpoint ahead of the sink group would skip undelivered records: move it aside."""
+def reconcile_checkpoint(checkpoint: str, delivered: dict[TopicPartitionKey, int]) -> None:
+    """A checkpoint ahead of the sink group would skip undelivered records: move it aside.
+
+    Only a partition whose delivered position is KNOWN and below the checkpoint's is "ahead". A
+    partition the sink never delivered (nothing in the group, nothing recovered) keeps the
+    checkpoint's position: reading "no offset" as "ahead" discarded the checkpoint on every restart,
+    and under ``latest`` skipped what was produced while the app was down.
+    """
     root = _local_path(checkpoint)
     if not root.exists():
         return
     ends = last_committed_ends(checkpoint)
     if ends is None:
         return
-    ahead = {key: (end, committed.get(key)) for key, end in ends.items() if end > committed.get(key, -1)}
+    ahead = {
+        key: (end, delivered[key]) for key, end in ends.items() if key in delivered and end > delivered[key]
+    }
     if not ahead:
-        behind = {key for key, end in ends.items() if end < committed.get(key, end)}
+        behind = {key for key, end in ends.items() if end < delivered.get(key, end)}
         if behind:
             log.info(
                 "the Spark checkpoint is behind the sink group on %s: those records were delivered "
@@ -177,4 +187,68 @@ def reconcile_checkpoint(checkpoint: str, committed: dict[TopicPartitionKey, int
         "group's offsets.",
         detail,
         stale,
+    )
+
+
+def _checkpoint_ends(checkpoint: str) -> dict[TopicPartitionKey, int]:
+    return (last_committed_ends(checkpoint) or {}) if _local_path(checkpoint).exists() else {}
+
+
+def _checkpoint_starts(checkpoint: str) -> dict[TopicPartitionKey, int]:
+    """Where the checkpoint's first batch started (``sources/0/0``); a partition missing there
+    appeared later and started at 0 (as in :func:`planned_ranges`)."""
+    initial = _local_path(checkpoint) / "sources" / "0" / "0"
+    return _flatten(_offsets_json(initial)) if initial.exists() else {}
+
+
+def plan_start(config: SinkConfig, partitions: dict[str, int]) -> str:
+    """Where the stream starts; returns Spark's ``startingOffsets`` (used when no checkpoint is kept).
+
+    The sink group's offsets, with the missing ones recovered (``protocol.positions``). A partition
+    whose position stays unknown (the control topic's history was cut) takes Spark's checkpoint's
+    position when the checkpoint has it (a batch in ``commits/`` was delivered in full), else the
+    configured start, with a WARNING naming it. Then the checkpoint is reconciled with the known
+    positions. A partition the sink never delivered keeps the checkpoint's position when no batch
+    moved it (its first batch's start), also when the checkpoint is moved aside for another one.
+    """
+    wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
+    committed = sink_group_offsets(config, partitions)
+    recovery = recover_positions(config.kafka, config.name, config.control_topic, wanted, committed)
+    checkpoint = config.checkpoint_location
+    ends = _checkpoint_ends(checkpoint)
+    trusted = {key: ends[key] for key in recovery.unknown if key in ends}
+    for topic, part in sorted(trusted):
+        log.warning(
+            "%s[%d]: the sink group has no offset and the control topic %r no longer holds its history "
+            "(log start > 0); trusting Spark's checkpoint, which delivered up to %d",
+            topic,
+            part,
+            config.control_topic,
+            trusted[(topic, part)],
+        )
+    for topic, part in sorted(recovery.unknown - trusted.keys()):
+        log.warning(
+            "%s[%d]: the delivered position is unknown (no sink-group offset, the control topic %r no "
+            "longer holds its history, not in Spark's checkpoint); starting from source.starting-offsets "
+            "%r, which may duplicate or skip records",
+            topic,
+            part,
+            config.control_topic,
+            config.source.starting_offsets,
+        )
+    known = {
+        **recovery.delivered,
+        **restore_positions(config.kafka, config.name, trusted, "Spark's checkpoint"),
+    }
+    shown = {f"{t}[{p}]": o for (t, p), o in sorted(known.items())}
+    log.info("source partitions %s; the sink has delivered up to %s", partitions, shown)
+    # A partition the sink never delivered was never advanced by a batch that carried a record (each
+    # planned range that moves a partition commits a DataComplete, empty or not), so the checkpoint
+    # may only hold it where its first batch started. Beyond that it claims deliveries the sink
+    # never made (a copied checkpoint): ahead.
+    starts = _checkpoint_starts(checkpoint)
+    never = {key: starts.get(key, 0) for key in recovery.never_delivered if key in ends}
+    reconcile_checkpoint(checkpoint, {**never, **known})
+    return starting_offsets_option(
+        list(partitions), partitions, {**never, **known}, config.source.starting_offsets
     )

@@ -12,7 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -194,3 +196,31 @@ def sink_group_offset(
         return reader.committed([(topic, partition)])[(topic, partition)]
     finally:
         reader.close()
+
+
+def write_checkpoint_batch(
+    root: Path,
+    batch_id: int,
+    ends: dict[str, dict[int, int]],
+    starts: dict[str, dict[int, int]] | None = None,
+    committed: bool = True,
+) -> None:
+    """Write batch ``batch_id`` of a Spark checkpoint as Spark 4's Kafka source and offset log do:
+    ``sources/0/0`` (a NUL byte, ``v1`` and the first batch's start offsets; written with batch 0),
+    ``offsets/<id>`` (``v1``, batch metadata, end offsets) and, when ``committed``, ``commits/<id>``."""
+
+    def spec(offsets: dict[str, dict[int, int]]) -> str:
+        return json.dumps({t: {str(p): o for p, o in parts.items()} for t, parts in offsets.items()})
+
+    (root / "offsets").mkdir(parents=True, exist_ok=True)
+    (root / "commits").mkdir(exist_ok=True)
+    if not (root / "metadata").exists():
+        (root / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
+    if batch_id == 0:
+        (root / "sources" / "0").mkdir(parents=True, exist_ok=True)
+        initial = starts or {t: dict.fromkeys(parts, 0) for t, parts in ends.items()}
+        (root / "sources" / "0" / "0").write_text("\0v1\n" + spec(initial))
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": int(time.time() * 1000), "conf": {}}
+    (root / "offsets" / str(batch_id)).write_text(f"v1\n{json.dumps(meta)}\n{spec(ends)}")
+    if committed:
+        (root / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
