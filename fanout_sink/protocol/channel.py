@@ -244,6 +244,11 @@ class ControlReader:
         """The next control offset this reader will look at."""
         return self._position
 
+    def log_start(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+        """The oldest offset still in the log (retention and delete-records move it up)."""
+        low, _high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
+        return int(low)
+
     def end_offset(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
         """The last stable offset: everything below it is decided (committed or aborted)."""
         _low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)

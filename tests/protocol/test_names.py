@@ -99,6 +99,7 @@ def test_coordinator_resumes_from_the_legacy_named_group_when_the_new_one_is_emp
     conf = {"bootstrap.servers": bootstrap_servers}
     control = f"{sink}-control"
     channel.ensure_control_topic(conf, control)
+    produce_json(bootstrap_servers, control, 0, [{"noise": i} for i in range(8)])  # other sinks' traffic
     legacy = Consumer({**conf, "group.id": channel.legacy_coordinator_group(sink)})
     legacy.commit(offsets=[TopicPartition(control, 0, 7)], asynchronous=False)
     legacy.close()
