@@ -188,6 +188,7 @@ class ChaosRun:
             self.broker.stop()
         self.result.restarts = max(0, (app.starts if app else 1) - 1)
         self.result.seconds = time.monotonic() - started
+        log.info("%s", self.result.line())
         (self.work_dir / "verdict.json").write_text(
             json.dumps({"line": self.result.line(), "problems": self.result.verdict.problems}, indent=2)
         )
