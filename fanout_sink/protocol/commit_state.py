@@ -38,6 +38,10 @@ class CommitState:
     times: dict[tuple[str, int], ev.PartitionTime] = field(default_factory=dict)
     reports_below: int = 0
     """Every report below this control offset is folded into ``times``."""
+    committed_through: dict[str, int] = field(default_factory=dict)
+    """Per table uuid, the floor its last ``CommitToTable`` announced. A table swapped away (dropped
+    or renamed aside) can no longer be asked for its floor, yet a restarted coordinator re-reads its
+    events from the low watermark: below this offset they are in the old table already."""
 
     def add(self, item: ControlEvent) -> None:
         payload = item.event.payload
@@ -50,6 +54,9 @@ class CommitState:
                 self.reports.append((item.offset, payload))
         elif isinstance(payload, ev.CommitComplete):
             self._restore(payload)
+        elif isinstance(payload, ev.CommitToTable) and payload.control_offset is not None:
+            held = self.committed_through.get(payload.table.uuid, 0)
+            self.committed_through[payload.table.uuid] = max(held, payload.control_offset)
 
     def _restore(self, complete: ev.CommitComplete) -> None:
         """Take over what an earlier round (of this or a previous coordinator process) had folded.
@@ -107,6 +114,10 @@ class CommitState:
         ``CommitComplete``: a restarted coordinator starts from them (see ``_restore``)."""
         self._fold_reports(round_end)
         return tuple(self.times[key] for key in sorted(self.times)), self.reports_below
+
+    def owed(self, items: list[PendingFiles]) -> list[PendingFiles]:
+        """The items no ``CommitToTable`` read so far accounts for (by the uuid they were written for)."""
+        return [p for p in items if p.offset >= self.committed_through.get(p.event.table.uuid, 0)]
 
     def due(self, round_end: int) -> dict[str, list[PendingFiles]]:
         """Per table, the pending files read below ``round_end`` (later ones wait for the next round)."""

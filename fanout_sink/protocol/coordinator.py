@@ -280,6 +280,7 @@ class Coordinator:
                     table=due[t][0].event.table.model_copy(update={"uuid": outcome.table_uuid}),
                     snapshot_id=outcome.snapshot_id,
                     vtts_ms=vtts,
+                    control_offset=round_end,
                 )
                 for t, outcome in result.tables.items()
                 if outcome.outcome == "committed"
@@ -407,14 +408,18 @@ class Coordinator:
             try:
                 table = self.catalog.load_table(identifier)
             except NoSuchTableError:
-                paths = [r.file_path for p in items for r in p.event.files]
+                owed = self.state.owed(items)  # the rest went into the table before it was dropped
+                if not owed:
+                    outcome.outcome = "already-committed"
+                    return outcome
+                paths = [r.file_path for p in owed for r in p.event.files]
                 log.error(
                     "table %s is gone: %d file(s) with %d row(s) written for it are NOT appended: %s\n"
                     "  fix: the rows are in those Parquet files; recreate the table and add them by hand "
                     "if they are wanted.",
                     identifier,
                     len(paths),
-                    sum(r.record_count for p in items for r in p.event.files),
+                    sum(r.record_count for p in owed for r in p.event.files),
                     ", ".join(paths),
                 )
                 outcome.outcome = "table-missing"
@@ -423,7 +428,7 @@ class Coordinator:
             outcome.table_uuid = table_uuid
             floor = table_state.read_state(table, self.sink).next_control_offset(channel.CONTROL_PARTITION)
             todo = [p for p in items if p.offset >= floor]
-            stale = [p for p in todo if p.event.table.uuid != table_uuid]
+            stale = self.state.owed([p for p in todo if p.event.table.uuid != table_uuid])
             outcome.stale_files = sum(len(p.event.files) for p in stale)
             files = [
                 datafiles.from_record(record, table)

@@ -123,6 +123,7 @@ class CommitToTable(_Model):
     table: TableRef
     snapshot_id: int | None = None
     vtts_ms: int | None = None
+    control_offset: int | None = None  # since version 2: the table's floor after this commit
 
 
 class PartitionTime(_Model):
