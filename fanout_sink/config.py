@@ -230,6 +230,10 @@ class ControlSettings(_ReplicatedTopic):
     topic: str | None = Field(default=None, examples=["shop-events-control"])
     commit_interval: Duration = Field(default=timedelta(seconds=30), examples=["30s"])
     commit_timeout: Duration = Field(default=timedelta(seconds=60), examples=["60s"])
+    offsets_refresh_interval: Duration | None = Field(default=None, examples=["6h"])
+    """How often the coordinator re-commits an idle partition's sink-group offset (the group is never
+    joined, so the broker expires each offset ``offsets.retention.minutes`` after its last commit).
+    Unset: a quarter of the broker's ``offsets.retention.minutes``."""
     retention_ms: int = Field(default=-1, ge=-1, examples=[-1])
     retention_bytes: int = Field(default=-1, ge=-1, examples=[-1])
 

@@ -7,11 +7,17 @@ shows them as lag. One implementation keeps the three agreeing.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+# Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
+
 from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, retry_transient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,3 +106,25 @@ def source_positions(
     finally:
         reader.close()
     return [PartitionPosition(t, p, committed.get((t, p)), ends[(t, p)]) for t, p in partitions]
+
+
+DEFAULT_OFFSETS_RETENTION_S = 7 * 24 * 3600.0
+"""Kafka's default ``offsets.retention.minutes`` (7 days), used when the broker will not say."""
+
+
+def offsets_retention_s(kafka_conf: KafkaConf, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
+    """The broker's ``offsets.retention.minutes`` in seconds: how long a group that nobody joins keeps
+    a partition's committed offset after its last commit."""
+    admin = AdminClient(client_conf(kafka_conf))
+    try:
+        brokers = sorted(admin.list_topics(timeout=timeout_s).brokers)
+        resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))
+        entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+        value = entries["offsets.retention.minutes"].value
+    except (KafkaException, IndexError, KeyError) as exc:
+        log.warning(
+            "could not read the broker's offsets.retention.minutes (%s); assuming Kafka's default, 7 days",
+            exc,
+        )
+        return DEFAULT_OFFSETS_RETENTION_S
+    return float(value) * 60 if value is not None else DEFAULT_OFFSETS_RETENTION_S

@@ -37,15 +37,16 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties, Transaction
 
-from fanout_sink.errors import ProducerFencedError, TableError
+from fanout_sink.errors import FanoutSinkError, ProducerFencedError, TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, memberless_group_metadata
-from fanout_sink.kafka.offsets import source_positions
+from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, table_state
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.append import SpecPreservingAppend
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.protocol.positions import OffsetRefresher
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Coordinator:
         commit_timeout_s: float = 60.0,
         max_parallel_commits: int = 4,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        offsets_refresh_interval_s: float | None = None,
     ) -> None:
         self.sink = sink
         self.kafka_conf = dict(kafka_conf)
@@ -141,6 +143,8 @@ class Coordinator:
         self.last_round: RoundResult | None = None
         self.failing: dict[str, TableFailure] = {}
         """Tables whose commit failed in the latest rounds, by identifier."""
+        self.offsets_refresh_interval_s = offsets_refresh_interval_s
+        self._refresher: OffsetRefresher | None = None
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -294,6 +298,7 @@ class Coordinator:
             watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)
             self._publish(payloads, [watermark])
             self.last_round = result
+            self._refresh_offsets(positions)
             if result.tables:
                 log.info(
                     "commit %s: %s (vtts %s)",
@@ -302,6 +307,23 @@ class Coordinator:
                     vtts,
                 )
             return result
+
+    def _refresh_offsets(self, positions: list[PartitionPosition]) -> None:
+        """Re-commit idle partitions' sink-group offsets before the broker expires them (the group is
+        never joined, so each offset lives ``offsets.retention.minutes`` after its last commit)."""
+        if not positions:
+            return
+        if self._refresher is None:
+            interval = self.offsets_refresh_interval_s
+            if interval is None:
+                interval = offsets_retention_s(self.kafka_conf, self.timeout_s) / 4
+            self._refresher = OffsetRefresher(self.kafka_conf, self.sink, interval, self.timeout_s)
+            log.info("idle partitions' sink-group offsets are re-committed every %.0f s", interval)
+        try:
+            self._refresher.refresh(positions)
+        except (KafkaException, TimeoutError, FanoutSinkError):
+            # The round itself is done; an offset not refreshed now is retried next round.
+            log.warning("re-committing idle partitions' offsets failed; retrying next round", exc_info=True)
 
     def _commit_tables(
         self, due: dict[str, list[PendingFiles]], round_end: int, commit_id: str, vtts: int | None

@@ -137,6 +137,9 @@ class SinkApp:
             source_topics=topics,
             commit_interval_s=control.commit_interval.total_seconds(),
             commit_timeout_s=control.commit_timeout.total_seconds(),
+            offsets_refresh_interval_s=(
+                control.offsets_refresh_interval.total_seconds() if control.offsets_refresh_interval else None
+            ),
         )
         coordinator.start()
         return coordinator

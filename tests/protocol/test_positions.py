@@ -2,9 +2,10 @@
 
 Real: the broker (a private one whose ``offsets.retention.minutes`` is 1 and whose retention check
 runs every second, so the sink group's offsets really expire), workers' transactions, the control
-topic's DataComplete events, AdminClient.delete_records. Simulated: Spark's checkpoint, written file
-by file the way Spark 4 writes it (``support.common.write_checkpoint_batch``), and the restart, which
-is the start-up planning (``planning.plan_start``) the app runs before Spark starts.
+topic's DataComplete events, AdminClient.delete_records, a running coordinator thread. Simulated:
+Spark's checkpoint, written file by file the way Spark 4 writes it
+(``support.common.write_checkpoint_batch``), and the restart, which is the start-up planning
+(``planning.plan_start``) the app runs before Spark starts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config import SinkConfig, parse_config
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.protocol import channel
+from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
 
@@ -216,3 +218,39 @@ def test_checkpoint_claiming_deliveries_the_sink_never_made_is_moved_aside(
 
     assert not checkpoint.exists() and list(checkpoint.parent.glob(f"{checkpoint.name}.stale-*"))
     assert _starting(starting, topic) == {0: 0}
+
+
+def test_idle_partition_offset_survives_retention_while_the_coordinator_runs(
+    expiring_broker: str, catalog: Any, catalog_settings: CatalogSettings
+) -> None:
+    """Deliver [0, 3) of a partition, then nothing more (idle). A canary group's offset, committed
+    right after, expires for real; the sink group's offset must still be there: the running
+    coordinator re-committed it (interval 10 s, under the broker's one-minute retention)."""
+    bootstrap, sink = expiring_broker, f"r{uuid.uuid4().hex[:6]}"
+    topic = _topic(bootstrap, 1)
+    conf = {"bootstrap.servers": bootstrap}
+    create_tables(catalog, ["a", "b"])
+    produce_json(bootstrap, topic, 0, [{"id": i, "table": "a"} for i in range(3)])
+    worker = SliceWorker(sink, conf, f"{sink}-control")
+    _deliver(worker, bootstrap, topic, 0, 3, catalog)
+    worker.close()
+    canary = Consumer({**conf, "group.id": f"canary-{sink}"})
+    canary.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    canary.close()
+    coordinator = Coordinator(
+        sink,
+        conf,
+        f"{sink}-control",
+        catalog,
+        source_topics=[topic],
+        commit_interval_s=1.0,
+        offsets_refresh_interval_s=10.0,
+    )
+    coordinator.start()
+    try:
+        _wait_until_expired(bootstrap, f"canary-{sink}", topic, 0)
+        assert sink_group_offset(bootstrap, sink, topic, 0, stable=False) == 3
+        assert coordinator.error is None
+    finally:
+        coordinator.stop(commit_now=False)
+        coordinator.close()
