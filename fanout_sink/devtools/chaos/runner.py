@@ -30,8 +30,9 @@ from fanout_sink.protocol.channel import coordinator_group, sink_group
 
 log = logging.getLogger("fanout_sink.devtools.chaos")
 STOP_TIMEOUT_S = 180.0  # SIGTERM finishes one batch and commits: minutes would mean it was ignored
-# "BufferError: Local: Queue full", "fanout_sink.errors.OffsetGapError: gap in ...", not Spark's wrapper.
-_ERROR_LINE = re.compile(r"^(?!pyspark\.errors)[\w.]*(Error|Exception|Fault)\b.*:")
+# "BufferError: Local: Queue full", "fanout_sink.errors.OffsetGapError: gap in ...", not Spark's wrapper;
+# or the CLI's one-line cause of an error it stopped with ("fanout-sink: control topic ... lost events").
+_ERROR_LINE = re.compile(r"^((?!pyspark\.errors)[\w.]*(Error|Exception|Fault)\b.*:|fanout-sink: )")
 # records/s: a trickle at least, so every cycle has work in flight to break; low enough that a slow
 # machine does not produce all records before the last cycle (kinds that need a commit could not land).
 MIN_RATE = 5.0
@@ -243,7 +244,11 @@ class ChaosRun:
                 return
             if app.running():
                 break
-        raise ChaosError(f"the app logged no batch in {self.options.start_timeout_s:.0f}s", app.log_tail())
+        raise ChaosError(
+            f"the app logged no batch in 4 starts (each died, or ran "
+            f"{self.options.start_timeout_s:.0f}s without one)",
+            app.log_tail(),
+        )
 
     def _cycles(self, app: AppProcess, traffic: Traffic) -> None:
         schedule = self._schedule()
