@@ -165,6 +165,8 @@ def run_batch(
     """One micro-batch: per source partition, plan [sink group offset or 0, last stable offset) and commit."""
     # Planning reads the group without waiting for pending transactions (a dead attempt's open
     # transaction would block a stable read until it times out); Spark plans from its checkpoint.
+    # Unlike Spark's batch (run_planned_batch), empty ranges are committed too: every partition
+    # then has an offset, which VTTS and lag tests rely on.
     planner = GroupOffsets(worker.kafka_conf, sink_group(worker.sink), stable=False)
     results = []
     for topic, partitions in topics.items():
@@ -174,6 +176,23 @@ def run_batch(
             raw = read_slice(bootstrap, topic, partition, start, end)
             results.append(worker.commit_slice(topic, partition, start, end, raw, process))
     planner.close()
+    return results
+
+
+def run_planned_batch(
+    worker: SliceWorker,
+    bootstrap: str,
+    ranges: dict[tuple[str, int], tuple[int, int]],
+    process: SliceProcessor,
+) -> list[SliceResult]:
+    """Deliver planned ranges ``{(topic, partition): (start, end)}`` as Spark's batch does
+    (``spark/batch.py``): a slice per partition whose range is not empty, with the visible records of
+    [start, end) read like the Kafka source."""
+    results = []
+    for (topic, partition), (start, end) in sorted(ranges.items()):
+        if end > start:
+            raw = read_slice(bootstrap, topic, partition, start, end)
+            results.append(worker.commit_slice(topic, partition, start, end, raw, process))
     return results
 
 
@@ -223,4 +242,10 @@ def write_checkpoint_batch(
     meta = {"batchWatermarkMs": 0, "batchTimestampMs": int(time.time() * 1000), "conf": {}}
     (root / "offsets" / str(batch_id)).write_text(f"v1\n{json.dumps(meta)}\n{spec(ends)}")
     if committed:
-        (root / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+        commit_checkpoint_batch(root, batch_id)
+
+
+def commit_checkpoint_batch(root: Path, batch_id: int) -> None:
+    """Spark's mark that batch ``batch_id`` is done (``foreachBatch`` returned): ``commits/<id>``."""
+    (root / "commits").mkdir(parents=True, exist_ok=True)
+    (root / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
