@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 CONTROL_PARTITION = 0
 
+CONTROL_SCAN_TIMEOUT_S = 600.0
+"""How long reading the control topic's whole retained history at start may take (one partition)."""
+
 
 SEPARATOR = ":"
 """Joins the parts of every name: sink names and topic names cannot contain it."""
@@ -195,6 +198,8 @@ class ControlReader:
         committed = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0].offset
         if committed < 0:
             committed = self._legacy_committed(timeout_s)
+        if committed < 0:
+            committed = self._recorded_low_watermark(timeout_s)
         self._check_still_there(committed if committed >= 0 else None, timeout_s)
         return self.seek(committed if committed >= 0 else 0)
 
@@ -212,6 +217,33 @@ class ControlReader:
                 "  fix: restore the original control topic; a sink cannot move to a new control topic under "
                 "the same name (start a new sink name, with new tables or after checking them)"
             )
+
+    def _recorded_low_watermark(self, timeout_s: float) -> int:
+        """The low watermark the newest ``CommitComplete`` still in the log recorded; -1 when none.
+
+        The coordinator group's offset expires after a downtime longer than the broker's
+        ``offsets.retention.minutes``; by then retention may have deleted the start of the log. The
+        last round committed its low watermark in the same transaction as its ``CommitComplete``, so
+        that event says where the coordinator stood. Only needed when the log no longer starts at 0.
+        """
+        low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
+        if int(low) == 0:
+            return -1
+        recorded = -1
+        self.seek(int(low))
+        for item in self.read_until(int(high), max(timeout_s, CONTROL_SCAN_TIMEOUT_S)):
+            payload = item.event.payload
+            if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
+                recorded = payload.low_watermark
+        if recorded >= 0:
+            log.warning(
+                "coordinator group %r has no offset (expired after a long downtime?); resuming from the low "
+                "watermark %d recorded by the last CommitComplete on %r",
+                coordinator_group(self.sink),
+                recorded,
+                self.topic,
+            )
+        return recorded
 
     def _legacy_committed(self, timeout_s: float) -> int:
         """The low watermark under the coordinator group's pre-':' name, for a deployment that ran

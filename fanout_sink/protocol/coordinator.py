@@ -292,7 +292,11 @@ class Coordinator:
             times, reports_below = self.state.checkpoint(round_end)
             payloads.append(
                 ev.CommitComplete(
-                    commit_id=commit_id, vtts_ms=vtts, partition_times=times, reports_below=reports_below
+                    commit_id=commit_id,
+                    vtts_ms=vtts,
+                    partition_times=times,
+                    reports_below=reports_below,
+                    low_watermark=result.low_watermark,
                 )
             )
             watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)

@@ -142,6 +142,9 @@ class CommitComplete(_Model):
     partition_times: tuple[PartitionTime, ...] = ()
     reports_below: int | None = None
     """``partition_times`` account for every ``DataComplete`` below this control offset."""
+    low_watermark: int | None = None
+    """The coordinator group's offset committed in the same transaction; the group's offset expires
+    after a long downtime, this record of it stays as long as the control topic keeps it."""
 
 
 Payload = StartCommit | DataWritten | DataComplete | CommitToTable | CommitComplete

@@ -41,9 +41,6 @@ log = logging.getLogger(__name__)
 
 TopicPartitionKey = tuple[str, int]
 
-CONTROL_SCAN_TIMEOUT_S = 600.0
-"""How long reading the control topic's whole history at start may take (it is one partition)."""
-
 
 @dataclass(frozen=True)
 class Recovery:
@@ -58,7 +55,7 @@ class Recovery:
 
 
 def control_topic_positions(
-    kafka_conf: KafkaConf, sink: str, control_topic: str, timeout_s: float = CONTROL_SCAN_TIMEOUT_S
+    kafka_conf: KafkaConf, sink: str, control_topic: str, timeout_s: float = channel.CONTROL_SCAN_TIMEOUT_S
 ) -> tuple[dict[TopicPartitionKey, int], int]:
     """The largest committed ``DataComplete.next_offset`` per source partition, and the log start."""
     reader = channel.ControlReader(sink, kafka_conf, control_topic)

@@ -131,6 +131,37 @@ def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
     ]
 
 
+def test_an_expired_coordinator_group_resumes_from_the_low_watermark_its_last_round_recorded(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    """Real: broker, catalog, delete-records of acknowledged events only (what retention does on a
+    healthy sink). Simulated: the coordinator group's offset expiring after a long downtime is done by
+    deleting the group, which is what the broker's expiry leaves behind (a group without offsets)."""
+    sink = f"s{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": bootstrap_servers}
+    control = f"{sink}-control"
+    topic = make_topic("src", partitions=3)
+    create_tables(catalog, "abc")
+    coordinator = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    coordinator.open()
+    _deliver(conf, sink, control, topic, catalog, range(30))
+    watermark = coordinator.commit_round().low_watermark
+    coordinator.close()
+    _deliver(conf, sink, control, topic, catalog, range(30, 60))  # while the app is down
+    _delete_before(bootstrap_servers, control, watermark)
+    admin = AdminClient(conf)
+    for future in admin.delete_consumer_groups([channel.coordinator_group(sink)]).values():
+        future.result(30)
+    assert _coordinator_watermark(conf, sink, control) is None
+
+    restarted = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    restarted.open()  # before: ControlTopicError ("acknowledged nothing ... log now starts at")
+    restarted.commit_round()
+    restarted.close()
+    for name in "abc":
+        assert table_ids(catalog, name) == [i for i in range(60) if _table_of(i) == name]
+
+
 def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> None:
     """Real: broker and delete-records. A reader with nothing acknowledged, or positioned below the
     new log start, must stop with an error naming the offsets instead of resetting to the log start."""
