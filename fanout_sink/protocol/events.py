@@ -33,7 +33,8 @@ from fanout_sink.errors import EventVersionError
 
 MAGIC = b"FSNK"
 VERSION = 2
-"""2: ``DataComplete.min_timestamp_ms``, ``CommitComplete.partition_times`` and ``reports_below``."""
+"""2: ``DataComplete.min_timestamp_ms``; ``CommitComplete.partition_times``, ``reports_below``,
+``low_watermark`` and ``delivered``; ``CommitToTable.control_offset``."""
 READABLE_VERSIONS = (1, 2)
 _HEADER = struct.Struct(">4sH")
 _NAMESPACE = "fanout_sink.events"
@@ -142,9 +143,27 @@ class CommitComplete(_Model):
     partition_times: tuple[PartitionTime, ...] = ()
     reports_below: int | None = None
     """``partition_times`` account for every ``DataComplete`` below this control offset."""
+    delivered: dict[str, int] = Field(default_factory=dict)
+    """``"<topic>:<partition>"`` -> the largest ``DataComplete.next_offset`` below ``reports_below``,
+    carried from round to round: the sink's delivered positions survive both the sink group's
+    offset expiry and the control topic's retention (``positions.control_topic_positions``)."""
     low_watermark: int | None = None
     """The coordinator group's offset committed in the same transaction; the group's offset expires
     after a long downtime, this record of it stays as long as the control topic keeps it."""
+
+
+def delivered_map(positions: dict[tuple[str, int], int]) -> dict[str, int]:
+    """``CommitComplete.delivered`` from per-partition positions (':' is in no topic name)."""
+    return {f"{topic}:{partition}": offset for (topic, partition), offset in sorted(positions.items())}
+
+
+def delivered_positions(complete: CommitComplete) -> dict[tuple[str, int], int]:
+    """The per-partition positions a ``CommitComplete`` recorded."""
+    found: dict[tuple[str, int], int] = {}
+    for key, offset in complete.delivered.items():
+        topic, _, partition = key.rpartition(":")
+        found[(topic, int(partition))] = offset
+    return found
 
 
 Payload = StartCommit | DataWritten | DataComplete | CommitToTable | CommitComplete

@@ -11,13 +11,17 @@ Two things keep the position known:
 - **Recovery** (start-up planning): a partition with no sink-group offset gets its delivered
   position from the durable record the sink already writes. Each ``DataComplete`` on the control
   topic is committed in the same transaction as the partition's offset, so the largest
-  ``next_offset`` per partition IS the delivered position. Then the legacy '-' named group of a
-  deployment that ran before the names changed. The larger of the two is restored into the sink
-  group, in a transaction under the partition's worker transactional id (fence, stable read, send
-  the offset), so the worker's overlap and gap checks work unchanged. Nothing found, and the
-  control topic still starts at 0: the sink never delivered the partition. Nothing found but the
-  control history was cut: the position is unknown, and planning decides (trust the checkpoint,
-  else the configured start with a warning).
+  ``next_offset`` per partition IS the delivered position. Retention may have deleted old
+  ``DataComplete`` events, but every round's ``CommitComplete`` carries forward the positions of
+  all reports below it (``delivered``), and retention only deletes below the last round. Then the
+  legacy '-' named group of a deployment that ran before the names changed. The larger of the two
+  is restored into the sink group, in a transaction under the partition's worker transactional id
+  (fence, stable read, send the offset), so the worker's overlap and gap checks work unchanged.
+  Nothing found, and the
+  control topic's history complete (it starts at 0, or a retained ``CommitComplete`` covers what
+  was deleted): the sink never delivered the partition. Nothing found and the history cut: the
+  position is unknown, and planning decides (trust the checkpoint, else the configured start with
+  a warning).
 - **Refresh** (the coordinator, while running): a partition whose offset has not changed for
   ``interval`` is committed again with the same protocol and the same offset, which restarts its
   retention clock. The interval defaults to a quarter of the broker's ``offsets.retention.minutes``.
@@ -51,27 +55,43 @@ class Recovery:
     never_delivered: frozenset[TopicPartitionKey] = frozenset()
     """No offset, nothing recovered, and the control topic's whole history was read."""
     unknown: frozenset[TopicPartitionKey] = frozenset()
-    """No offset and nothing recovered, but the control topic's history was cut (log start > 0)."""
+    """No offset and nothing recovered, and the control topic no longer proves the whole history."""
 
 
 def control_topic_positions(
     kafka_conf: KafkaConf, sink: str, control_topic: str, timeout_s: float = channel.CONTROL_SCAN_TIMEOUT_S
-) -> tuple[dict[TopicPartitionKey, int], int]:
-    """The largest committed ``DataComplete.next_offset`` per source partition, and the log start."""
+) -> tuple[dict[TopicPartitionKey, int], bool]:
+    """The delivered position per source partition the control topic still proves, and whether that
+    covers the sink's whole history.
+
+    A position is the largest committed ``DataComplete.next_offset`` (committed in the same
+    transaction as the offset), or what a ``CommitComplete`` carried forward in ``delivered`` for
+    the reports below its ``reports_below``. The history is complete when the log starts at 0, or
+    when a ``CommitComplete`` still in the log accounts for every report below the log start
+    (retention deletes only what the coordinator acknowledged, which is below the last round).
+    """
     reader = channel.ControlReader(sink, kafka_conf, control_topic)
     found: dict[TopicPartitionKey, int] = {}
+
+    def take(key: TopicPartitionKey, offset: int) -> None:
+        found[key] = max(found.get(key, 0), offset)
+
     try:
         log_start, end = reader.log_start(), reader.end_offset()
+        complete = log_start == 0
         if end > log_start:
             reader.seek(log_start)
             for item in reader.read_until(end, timeout_s):
                 payload = item.event.payload
                 if isinstance(payload, ev.DataComplete):
-                    key = (payload.topic, payload.partition)
-                    found[key] = max(found.get(key, 0), payload.next_offset)
+                    take((payload.topic, payload.partition), payload.next_offset)
+                elif isinstance(payload, ev.CommitComplete) and payload.reports_below is not None:
+                    for key, offset in ev.delivered_positions(payload).items():
+                        take(key, offset)
+                    complete = complete or payload.reports_below >= log_start
     finally:
         reader.close()
-    return found, log_start
+    return found, complete
 
 
 class PositionWriter:
@@ -153,7 +173,7 @@ def recover_positions(
     missing = [key for key in partitions if key not in committed]
     if not missing:
         return Recovery(dict(committed))
-    from_control, log_start = control_topic_positions(kafka_conf, sink, control_topic)
+    from_control, complete = control_topic_positions(kafka_conf, sink, control_topic)
     legacy = GroupOffsets(kafka_conf, channel.legacy_sink_group(sink), stable=False)
     try:
         from_legacy = {k: v for k, v in legacy.committed(missing).items() if v is not None}
@@ -172,7 +192,7 @@ def recover_positions(
         best = {k: v for k, v in best.items() if k not in delivered}
         delivered.update(restore_positions(kafka_conf, sink, best, source))
     left = frozenset(key for key in missing if key not in delivered)
-    if log_start > 0:
+    if not complete:
         return Recovery(delivered, unknown=left)
     return Recovery(delivered, never_delivered=left)
 

@@ -254,3 +254,38 @@ def test_idle_partition_offset_survives_retention_while_the_coordinator_runs(
     finally:
         coordinator.stop(commit_now=False)
         coordinator.close()
+
+
+def test_positions_survive_expiry_and_retention_together_through_the_last_round(
+    expiring_broker: str, catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    """Deliver [0, 6) and [6, 9) of a partition; Spark's checkpoint only committed the first batch
+    (the app died before writing commits/1, as a SIGKILL leaves it). A coordinator round runs; then
+    retention deletes every acknowledged control event (delete_records up to the coordinator's low
+    watermark) and the broker expires the sink group's offset for real. Nothing in the retained log
+    is a DataComplete, so the position must come from what the last CommitComplete carried forward:
+    9, not the checkpoint's 6 (which would deliver [6, 9) again)."""
+    bootstrap, sink = expiring_broker, f"r{uuid.uuid4().hex[:6]}"
+    topic = _topic(bootstrap, 1)
+    config = _config(bootstrap, sink, topic, catalog_settings, tmp_path, "earliest")
+    create_tables(catalog, ["a", "b"])
+    produce_json(bootstrap, topic, 0, [{"id": i, "table": "a"} for i in range(9)])
+    worker = SliceWorker(sink, config.kafka, config.control_topic)
+    _deliver(worker, bootstrap, topic, 0, 6, catalog)
+    _deliver(worker, bootstrap, topic, 0, 9, catalog)
+    worker.close()
+    checkpoint = Path(config.checkpoint_location)
+    write_checkpoint_batch(checkpoint, 0, {topic: {0: 6}})
+    coordinator = Coordinator(sink, config.kafka, config.control_topic, catalog, source_topics=[topic])
+    coordinator.open()
+    watermark = coordinator.commit_round().low_watermark
+    coordinator.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    cut = TopicPartition(config.control_topic, 0, watermark)
+    admin.delete_records([cut])[cut].result(30)
+    _wait_until_expired(bootstrap, channel.sink_group(sink), topic, 0)
+
+    starting = planning.plan_start(config, {topic: 1})
+
+    assert sink_group_offset(bootstrap, sink, topic, 0) == 9
+    assert _starting(starting, topic) == {0: 9}
