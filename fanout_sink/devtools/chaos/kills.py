@@ -14,6 +14,9 @@ A month of production, compressed (``maintenance`` does what the other parties d
   ``offsets.retention.check.interval.ms`` (for the whole run, see ``BROKER_PROPERTIES``); the app is
   stopped (SIGKILL or SIGTERM, seeded) and stays down until the broker has really deleted every
   offset of the sink group, then restarts. Simulated: only the duration (1 minute for 7 days).
+  The compression holds for the whole run: a Spark restart (30-60 s) then lasts "most of a week",
+  so any partition's offset may expire during any restart, not only in this kind's cycles, and the
+  coordinator group's low watermark expires with the sink group's offsets.
 - ``control-retention``: the control topic's records below the coordinator group's committed low
   watermark are really deleted (``AdminClient.delete_records``, what time-based retention does on a
   healthy sink), then the driver is SIGKILLed; the restart finds log start > 0. Simulated: that
