@@ -38,7 +38,7 @@ from fanout_sink.kafka.client import (
 )
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel, datafiles
+from fanout_sink.protocol import channel, datafiles, positions
 from fanout_sink.protocol import events as ev
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.records import RoutedSlice, SliceProcessor
@@ -185,6 +185,33 @@ class SliceWorker:
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
                 return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
 
+    def _recover(self, producer: TransactionalProducer, topic: str, partition: int) -> int | None:
+        """The delivered position of a partition whose sink-group offset vanished while the app ran.
+
+        The broker expires an offset ``offsets.retention.minutes`` after its last commit, for
+        example when a broker outage outlasts it, and a batch replayed afterwards would otherwise be
+        delivered again. The control topic proves the position (``positions``); it is restored
+        into the group at once, under this fenced producer, so the next slice reads it as usual.
+        It reads the control topic's history, so it is only done when the group is silent: once for
+        a partition's first slice, and after an expiry.
+        """
+        found, _complete = positions.control_topic_positions(self.kafka_conf, self.sink, self.control_topic)
+        recovered = found.get((topic, partition))
+        if recovered is None:
+            return None
+        log.warning(
+            "sink group %r had no offset for %s[%d] (expired while the sink ran?); restored the delivered "
+            "position %d from the control topic %r before delivering the slice",
+            self.group,
+            topic,
+            partition,
+            recovered,
+            self.control_topic,
+        )
+        with producer.transaction():
+            producer.send_offsets([TopicPartition(topic, partition, recovered)], self._metadata())
+        return recovered
+
     def _attempt(
         self,
         txn_id: str,
@@ -198,6 +225,8 @@ class SliceWorker:
         # A new producer fences older attempts before anything is read.
         producer = self._producer(txn_id, topic, partition)
         committed = self.committed_offset(topic, partition)
+        if committed is None:
+            committed = self._recover(producer, topic, partition)
         result = SliceResult(topic, partition, start, end, committed, records_in=raw.num_rows)
         if committed is not None and committed >= end:
             result.skipped_delivered = raw.num_rows

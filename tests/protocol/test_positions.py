@@ -289,3 +289,28 @@ def test_positions_survive_expiry_and_retention_together_through_the_last_round(
 
     assert sink_group_offset(bootstrap, sink, topic, 0) == 9
     assert _starting(starting, topic) == {0: 9}
+
+
+def test_a_replayed_slice_after_the_offset_expired_while_running_is_not_delivered_again(
+    expiring_broker: str, catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    """Real: the broker expires the sink group's offset while the sink "runs" (a broker outage longer
+    than offsets.retention.minutes does this), then Spark replays the batch whose transaction had
+    committed. The worker must find the delivered position on the control topic instead of
+    delivering the range again."""
+    bootstrap, sink = expiring_broker, f"w{uuid.uuid4().hex[:6]}"
+    topic = _topic(bootstrap, 1)
+    config = _config(bootstrap, sink, topic, catalog_settings, tmp_path, "earliest")
+    create_tables(catalog, ["a", "b"])
+    produce_json(bootstrap, topic, 0, [{"id": i, "table": "a"} for i in range(6)])
+    worker = SliceWorker(sink, config.kafka, config.control_topic)
+    _deliver(worker, bootstrap, topic, 0, 6, catalog)
+    _wait_until_expired(bootstrap, channel.sink_group(sink), topic, 0)
+
+    replay = worker.commit_slice(
+        topic, 0, 0, 6, read_slice(bootstrap, topic, 0, 0, 6), make_processor(catalog)
+    )
+    worker.close()
+
+    assert not replay.transaction_committed and replay.skipped_delivered == 6
+    assert sink_group_offset(bootstrap, sink, topic, 0) == 6
