@@ -205,10 +205,10 @@ class ControlReader:
 
     def _check_still_there(self, needed_from: int | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Raise unless the log still holds every offset from ``needed_from`` (None: from 0) on."""
-        low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
-        if int(low) > (needed_from or 0):
-            raise ControlTopicError(self.topic, coordinator_group(self.sink), needed_from, int(low))
-        if needed_from is not None and needed_from > int(high):
+        low, high = self.watermarks(timeout_s)
+        if low > (needed_from or 0):
+            raise ControlTopicError(self.topic, coordinator_group(self.sink), needed_from, low)
+        if needed_from is not None and needed_from > high:
             raise TopicError(
                 f"control topic {self.topic!r} [0] ends at offset {high}, below offset {needed_from} that "
                 f"coordinator group {coordinator_group(self.sink)!r} has acknowledged: the topic was deleted "
@@ -226,12 +226,12 @@ class ControlReader:
         last round committed its low watermark in the same transaction as its ``CommitComplete``, so
         that event says where the coordinator stood. Only needed when the log no longer starts at 0.
         """
-        low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
-        if int(low) == 0:
+        low, high = self.watermarks(timeout_s)
+        if low == 0:
             return -1
         recorded = -1
-        self.seek(int(low))
-        for item in self.read_until(int(high), max(timeout_s, CONTROL_SCAN_TIMEOUT_S)):
+        self.seek(low)
+        for item in self.read_until(high, max(timeout_s, CONTROL_SCAN_TIMEOUT_S)):
             payload = item.event.payload
             if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
                 recorded = payload.low_watermark
@@ -276,15 +276,14 @@ class ControlReader:
         """The next control offset this reader will look at."""
         return self._position
 
-    def log_start(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-        """The oldest offset still in the log (retention and delete-records move it up)."""
-        low, _high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
-        return int(low)
+    def watermarks(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
+        """The log start (retention and delete-records move it up) and the last stable offset
+        (everything below it is decided: committed or aborted), asked of the broker, not cached."""
+        low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
+        return int(low), int(high)
 
     def end_offset(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-        """The last stable offset: everything below it is decided (committed or aborted)."""
-        _low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
-        return int(high)
+        return self.watermarks(timeout_s)[1]
 
     def read_until(self, end: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[ControlEvent]:
         """Reads at least up to control offset ``end``: yields this sink's events not read yet, in order.

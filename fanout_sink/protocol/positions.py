@@ -77,7 +77,7 @@ def control_topic_positions(
         found[key] = max(found.get(key, 0), offset)
 
     try:
-        log_start, end = reader.log_start(), reader.end_offset()
+        log_start, end = reader.watermarks()
         complete = log_start == 0
         if end > log_start:
             reader.seek(log_start)
