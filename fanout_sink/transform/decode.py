@@ -29,7 +29,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,6 +41,9 @@ from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import ConfigError, SchemaError
 
+FieldPaths = frozenset[tuple[str, ...]]
+"""Record field paths (``("customer", "tier")`` for ``customer.tier``) that routing reads."""
+
 
 @dataclass
 class Decoded:
@@ -51,46 +54,61 @@ class Decoded:
     ``lossy`` names top-level columns whose Arrow type does not reflect every record (JSON fields
     that change type within a batch are kept as JSON text); routing evaluates predicates on those
     per record. ``python()`` returns the records as Python objects (computed once, on demand).
+
+    ``routed`` is set when ``records`` holds only those top-level fields (the ones routing reads):
+    the batch's fields disagree on types, so each table's records are parsed on their own by
+    :meth:`subset` (one table's records usually agree). ``None``: ``records`` holds every field.
     """
 
     records: pa.Table
     rows: np.ndarray
     failures: list[tuple[int, str]] = field(default_factory=list)
     lossy: frozenset[str] = frozenset()
+    routed: frozenset[str] | None = None
     _python: Callable[[], list[Any]] | None = None
     _python_cache: list[Any] | None = None
+    _parse: Callable[[np.ndarray, str | None], Decoded] | None = None
 
     def with_rows(self, rows: np.ndarray) -> Decoded:
         """The same records with other row indices and no failures (after re-indexing)."""
-        return Decoded(self.records, rows, [], self.lossy, self._python, self._python_cache)
+        return replace(self, rows=rows, failures=[])
 
     def python(self) -> list[Any]:
         if self._python_cache is None:
             self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
         return self._python_cache
 
-    def take(self, positions: np.ndarray) -> pa.Table:
-        """The records at ``positions``, lossy columns rebuilt from just those records' values.
+    def subset(self, positions: np.ndarray, key: str | None = None) -> Decoded:
+        """The records at ``positions`` with every field; its ``rows`` and ``failures`` index this
+        Decoded's records (a record fails here only if parsing it with its group found what the
+        batch did not). ``key`` names the group (its table), so the decoder can remember its schema.
 
-        A field whose type differs between records bound for different tables (a bad record's
-        string ``id`` next to good integer ids) then keeps its real type in each table; without
-        this, a dynamically created table took the JSON text type from its bad neighbours.
+        Lossy columns are rebuilt from just those records' values: a field whose type differs
+        between records bound for different tables (a bad record's string ``id`` next to good
+        integer ids) then keeps its real type in each table; without this, a dynamically created
+        table took the JSON text type from its bad neighbours.
         """
+        if self._parse is not None:
+            return self._parse(positions, key)
         rows = self.records.take(pa.array(positions, pa.int64()))
-        if not self.lossy:
-            return rows
-        objects = self.python()
-        lossy = [name for name in rows.column_names if name in self.lossy]
-        rebuilt, _ = arrow_from_python(
-            [{name: objects[p].get(name) for name in lossy} for p in positions.tolist()]
-        )
-        for name in lossy:
-            rows = rows.set_column(rows.column_names.index(name), name, rebuilt.column(name))
-        return rows
+        lossy: frozenset[str] = frozenset()
+        names = [name for name in rows.column_names if name in self.lossy]
+        if names:
+            objects = self.python()
+            rebuilt, lossy = arrow_from_python(
+                [{name: objects[p].get(name) for name in names} for p in positions.tolist()]
+            )
+            for name in names:
+                rows = rows.set_column(rows.column_names.index(name), name, rebuilt.column(name))
+        chosen = positions.tolist()
+        return Decoded(rows, positions, lossy=lossy, _python=lambda: [self.python()[p] for p in chosen])
 
 
 class Decoder(Protocol):
-    def __call__(self, values: pa.Array) -> Decoded: ...
+    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
+        """Decode ``values``; ``fields`` (the paths routing reads, ``None``: unknown) lets a decoder
+        return only those when the whole records do not decode together (:attr:`Decoded.routed`)."""
+        ...
 
 
 def _empty() -> Decoded:
@@ -125,21 +143,56 @@ def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
     return np.flatnonzero(np.asarray(pc.greater(opening, MAX_NESTING).fill_null(False), dtype=bool))
 
 
-def _safe_for_arrow(values: pa.Array) -> bool:
-    """True when Arrow's JSON parser may see every value: UTF-8, an object (a ``null`` first in the
-    buffer segfaults it), shallow enough, no int beyond int64, no line break inside a string.
-
-    Whole-batch kernels pick the few suspects; only those are looked at one by one.
-    """
+def _not_utf8(values: pa.Array, start: int = 0) -> list[int]:
+    """Indices of values that are not UTF-8: one cast checks the batch, halves find the culprits."""
     try:
         values.cast(pa.string())
     except pa.ArrowInvalid:
-        return False
-    if not pc.all(pc.match_substring_regex(values, r"^[ \t\r\n]*\{")).as_py():
-        return False
-    big_or_broken = pc.match_substring_regex(values, _BIG_INT + r"|[\r\n]").fill_null(False)
-    suspects = np.union1d(np.flatnonzero(np.asarray(big_or_broken, dtype=bool)), _may_nest_too_deep(values))
-    return not any(_unsafe(values[int(i)].as_py()) for i in suspects)
+        if len(values) == 1:
+            return [start]
+        half = len(values) // 2
+        return _not_utf8(values[:half], start) + _not_utf8(values[half:], start + half)
+    return []
+
+
+_SUSPECT = _BIG_INT + r"|[\r\n]|NaN|Infinity"
+"""What may keep a value from Arrow's parser: a big int, a line break (inside a string it is invalid
+JSON the newline join would hide), a ``NaN`` or ``Infinity`` (Arrow's parser takes them)."""
+
+
+class _NotForArrow(Exception):
+    """A valid value Arrow's parser cannot take (an int beyond int64): parse the batch per record."""
+
+
+def _screen(values: pa.Array) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """Which values Arrow's parser may see: (their indices, failures of the others).
+
+    Whole-batch kernels pick the few suspects -- null, not UTF-8, not starting as an object (a
+    ``null`` first in the buffer segfaults the parser), too many brackets, :data:`_SUSPECT` -- and
+    only those are parsed on their own. A suspect that parses is a false alarm (``"NaN"`` in a
+    string, a line break between tokens), unless it holds an int beyond int64: then
+    :class:`_NotForArrow` is raised, because Arrow would make the whole column double.
+    """
+    suspect = np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    suspect[_not_utf8(values)] = True
+    texts = np.flatnonzero(~suspect)
+    checked = values if len(texts) == len(values) else values.take(pa.array(texts, pa.int64()))
+    odd = pc.or_(
+        pc.invert(pc.match_substring_regex(checked, r"^[ \t\r\n]*\{")),
+        pc.match_substring_regex(checked, _SUSPECT),
+    )
+    suspect[texts[np.asarray(odd.fill_null(True), dtype=bool)]] = True
+    suspect[texts[_may_nest_too_deep(checked)]] = True
+    failures: list[tuple[int, str]] = []
+    for index in np.flatnonzero(suspect).tolist():
+        value = values[index].as_py()
+        obj, reason = parse_json_value(value)
+        if obj is None:
+            failures.append((index, reason or "not a JSON object"))
+        elif _unsafe(value):
+            raise _NotForArrow(index)
+    ok = np.arange(len(values), dtype=np.int64)
+    return (np.setdiff1d(ok, [i for i, _ in failures]) if failures else ok), failures
 
 
 def _unsafe(value: bytes) -> bool:
@@ -313,8 +366,123 @@ def arrow_from_python(objects: Sequence[dict[str, Any]]) -> tuple[pa.Table, froz
     return pa.table(columns), frozenset(lossy)
 
 
+def _loader(values: pa.Array) -> Callable[[], list[Any]]:
+    """Python objects of ``values`` (each a vetted JSON object), parsed when first asked for."""
+    return lambda: [json.loads(v.decode("utf-8")) for v in values.to_pylist()]
+
+
+_SAMPLE = 64
+"""Values whose routing fields give the types the batch's routing fields are parsed as."""
+_LEAF = 8
+"""A failing group of at most this many values is parsed value by value to find the bad ones."""
+_MISSES = 256
+"""Failed parses allowed while isolating bad values; more, and the batch is parsed per record."""
+
+
+def _path_value(obj: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(name)
+    return obj
+
+
+def _routing_schema(values: pa.Array, fields: FieldPaths) -> pa.Schema | None:
+    """The Arrow schema of just the routing fields, typed from the first :data:`_SAMPLE` values.
+
+    A field the sample never sets is read as a string (if it is not, the parse fails and the batch
+    is parsed per record). ``None`` when the sample's values of a field do not share a type, or a
+    path is a prefix of another (``customer`` and ``customer.id``): routing needs them per record.
+    """
+    if any(a != b and a == b[: len(a)] for a in fields for b in fields):
+        return None
+    sample = [parse_json_value(v)[0] for v in values[:_SAMPLE].to_pylist()]
+    tree: dict[str, Any] = {}
+    for path in sorted(fields):
+        found = [v for v in (_path_value(obj, path) for obj in sample) if v is not None]
+        try:
+            dtype = pa.array(found).type if found else pa.string()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return None
+        node = tree
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = dtype
+
+    def build(node: dict[str, Any]) -> list[pa.Field]:
+        return [pa.field(k, pa.struct(build(v)) if isinstance(v, dict) else v) for k, v in node.items()]
+
+    return pa.schema(build(tree))
+
+
+def _parse_routing(
+    values: pa.Array, schema: pa.Schema
+) -> tuple[pa.Table, np.ndarray, list[tuple[int, str]]] | None:
+    """The routing fields of ``values`` in as few Arrow calls as the bad values allow.
+
+    Returns (table, indices of the values it holds, failures). A failing group is halved until it
+    is :data:`_LEAF` values small; those are parsed one by one, which names the bad ones. ``None``
+    when valid values still do not parse (a routing field changes type) or after :data:`_MISSES`
+    failed parses (too many bad values to be worth it).
+    """
+    options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    tables: list[pa.Table] = []
+    kept: list[np.ndarray] = []
+    failures: list[tuple[int, str]] = []
+    misses = 0
+
+    def attempt(part: pa.Array) -> pa.Table | None:
+        try:
+            table = _arrow_read(_newline_joined(part), options)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return None
+        return table if table.num_rows == len(part) else None
+
+    def visit(lo: int, hi: int) -> bool:
+        nonlocal misses
+        table = attempt(values[lo:hi])
+        if table is not None:
+            tables.append(table)
+            kept.append(np.arange(lo, hi, dtype=np.int64))
+            return True
+        misses += 1
+        if misses > _MISSES:
+            return False
+        if hi - lo > _LEAF:
+            mid = (lo + hi) // 2
+            return visit(lo, mid) and visit(mid, hi)
+        good: list[int] = []
+        for index in range(lo, hi):
+            _, reason = parse_json_value(values[index].as_py())
+            if reason is None:
+                good.append(index)
+            else:
+                failures.append((index, reason))
+        if not good:
+            return True
+        indices = np.asarray(good, dtype=np.int64)
+        table = attempt(values.take(pa.array(indices)))
+        if table is None:
+            return False
+        tables.append(table)
+        kept.append(indices)
+        return True
+
+    if not visit(0, len(values)):
+        return None
+    rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    empty = [name for name in table.column_names if table.column(name).null_count == table.num_rows]
+    return table.drop_columns(empty), rows, failures
+
+
 class JsonDecoder:
     """Batch JSON decoding with per-record isolation of bad values.
+
+    Three ways, fastest first: the whole batch in one Arrow call; when its fields disagree on types,
+    only the fields routing reads (``fields``), so each table's records are parsed in one call
+    after routing (:attr:`Decoded.routed`); and value by value with :func:`json.loads` when neither
+    works (a routing field that changes type, an int beyond int64, many bad values).
 
     ``per_record=True`` parses every value with :func:`json.loads` and builds Arrow from Python
     objects: the slow path, kept for the benchmark's comparison.
@@ -322,41 +490,74 @@ class JsonDecoder:
 
     def __init__(self, per_record: bool = False) -> None:
         self.per_record = per_record
-        self._known: pa.Schema | None = None
+        self._known: dict[str | None, pa.Schema] = {}
+        """Schema of the last batch (key ``None``) and of each table's records (see :meth:`subset`)."""
 
-    def __call__(self, values: pa.Array) -> Decoded:
-        n = len(values)
-        if n == 0:
+    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
+        if len(values) == 0:
             return _empty()
         if self.per_record:
             return self._per_record(values)
-        raw = values
+        try:
+            ok, failures = _screen(values)
+        except _NotForArrow:
+            return self._isolate(values)
+        candidates = values.take(pa.array(ok, pa.int64())) if failures else values
+        whole = self._whole(candidates, None)
+        if whole is not None:
+            return replace(whole, rows=ok, failures=failures)
+        if fields is not None:
+            routed = self._routed(candidates, fields)
+            if routed is not None:
+                rows = ok[routed.rows]
+                more = [(int(ok[i]), reason) for i, reason in routed.failures]
+                return replace(routed, rows=rows, failures=sorted(failures + more))
+        return self._isolate(values)
 
-        def python(indices: np.ndarray | None = None) -> Callable[[], list[Any]]:
-            def load() -> list[Any]:
-                chosen = raw if indices is None else raw.take(pa.array(indices))
-                return [json.loads(v.decode("utf-8")) for v in chosen.to_pylist() if v is not None]
+    def _whole(self, values: pa.Array, key: str | None) -> Decoded | None:
+        """``values`` (screened) in one Arrow call, or None when Arrow refuses them together."""
+        try:
+            table = _read_json(_newline_joined(values), self._known.get(key))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return None
+        if table.num_rows != len(values) or _has_non_finite(table):
+            return None
+        self._remember(key, table.schema)
+        return Decoded(table, np.arange(len(values), dtype=np.int64), _python=_loader(values))
 
-            return load
+    def _routed(self, values: pa.Array, fields: FieldPaths) -> Decoded | None:
+        """The routing fields of ``values`` (screened); each group's records parsed on request."""
+        schema = _routing_schema(values, fields)
+        if schema is None:
+            return None
+        parsed = _parse_routing(values, schema)
+        if parsed is None:
+            return None
+        table, rows, failures = parsed
+        good = values.take(pa.array(rows, pa.int64())) if len(rows) != len(values) else values
 
-        if values.null_count == 0 and _safe_for_arrow(values):
-            try:
-                table = _read_json(_newline_joined(values), self._known)
-                if table.num_rows == n and not _has_non_finite(table):
-                    self._remember(table.schema)
-                    return Decoded(table, np.arange(n, dtype=np.int64), _python=python())
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                pass
-        return self._isolate(values, python)
+        def parse(positions: np.ndarray, key: str | None) -> Decoded:
+            group = good.take(pa.array(positions, pa.int64()))
+            decoded = self._whole(group, key) or self._isolate(group)
+            return replace(
+                decoded,
+                rows=positions[decoded.rows],
+                failures=[(int(positions[i]), reason) for i, reason in decoded.failures],
+            )
 
-    def _remember(self, schema: pa.Schema) -> None:
-        known = self._known
+        return Decoded(
+            table, rows, failures, routed=frozenset(schema.names), _python=_loader(good), _parse=parse
+        )
+
+    def _remember(self, key: str | None, schema: pa.Schema) -> None:
+        known = self._known.get(key)
         if known is None:
-            self._known = schema
+            if len(self._known) < 1000:
+                self._known[key] = schema
             return
         fields = {f.name: f for f in known}
         fields.update({f.name: f for f in schema})
-        self._known = pa.schema(list(fields.values())) if len(fields) <= 1000 else schema
+        self._known[key] = pa.schema(list(fields.values())) if len(fields) <= 1000 else schema
 
     @staticmethod
     def _parse_each(values: pa.Array) -> tuple[list[int], list[dict[str, Any]], list[tuple[int, str]]]:
@@ -378,7 +579,7 @@ class JsonDecoder:
         table, lossy = arrow_from_python(objects)
         return Decoded(table, np.asarray(good, dtype=np.int64), failures, lossy=lossy, _python_cache=objects)
 
-    def _isolate(self, values: pa.Array, python: Callable[[np.ndarray], Callable[[], list[Any]]]) -> Decoded:
+    def _isolate(self, values: pa.Array) -> Decoded:
         good, objects, failures = self._parse_each(values)
         rows = np.asarray(good, dtype=np.int64)
         if not good:
@@ -443,7 +644,8 @@ class AvroDecoder:
         self.schema = parse_schema(schema)
         self.arrow_schema = avro_to_arrow_schema(schema)
 
-    def __call__(self, values: pa.Array) -> Decoded:
+    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
+        """``fields`` is not needed: every value is decoded with its writer schema."""
         if len(values) == 0:
             return _empty()
         objects, good, failures = _decode_avro(values.to_pylist(), self.schema, self.arrow_schema)
@@ -495,7 +697,8 @@ class ConfluentAvroDecoder:
             self._schemas[schema_id] = result
         return result
 
-    def __call__(self, values: pa.Array) -> Decoded:
+    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
+        """``fields`` is not needed: every value is decoded with its writer schema."""
         if len(values) == 0:
             return _empty()
         raw = values.to_pylist()

@@ -105,6 +105,21 @@ class RecordView:
     def __len__(self) -> int:
         return int(self.meta.num_rows)
 
+    def subset(self, positions: np.ndarray, key: str | None = None) -> RecordView:
+        """The records at ``positions`` with every field (:meth:`Decoded.subset`, ``key`` naming
+        their table); its ``decoded.rows`` are positions in this view."""
+        decoded = self.decoded.subset(positions, key)
+        chosen = decoded.rows
+        take = pa.array(chosen, pa.int64())
+        listed = chosen.tolist()
+        return RecordView(
+            decoded,
+            self.meta.take(take),
+            None if self.headers is None else [self.headers[p] for p in listed],
+            None if self._raw_headers is None else self._raw_headers.take(take),
+            None if self._python is None else [self._python[p] for p in listed],
+        )
+
     @property
     def records(self) -> pa.Table:
         return self.decoded.records
@@ -148,6 +163,8 @@ class RecordView:
             )
         if name in self.decoded.lossy:
             raise Fallback(f"column {name} has mixed types in this batch")
+        if self.decoded.routed is not None and name not in self.decoded.routed:
+            raise Fallback(f"column {name} is not among the routing fields decoded")
         records = self.decoded.records
         if name in records.column_names:
             column = records.column(name).combine_chunks()
@@ -183,6 +200,35 @@ def _path(node: dict[str, Any]) -> list[str] | None:
             names.extend(sub)
         return names
     return None
+
+
+_COMBINING = {
+    "comparator",
+    "and_expression",
+    "or_expression",
+    "not_expression",
+    "function_expression",
+    "multi_select_list",
+}
+
+
+def field_paths(node: dict[str, Any]) -> set[tuple[str, ...]] | None:
+    """The record field paths an expression reads (``_kafka`` metadata left out), or ``None`` when
+    it reads the record in a way no path names (``@``, projections, indexes, ``&`` references)."""
+    names = _path(node)
+    if names is not None:
+        return set() if names[0] == META_ROOT else {tuple(names)}
+    if node["type"] == "literal":
+        return set()
+    if node["type"] not in _COMBINING:
+        return None
+    paths: set[tuple[str, ...]] = set()
+    for child in node["children"]:
+        found = field_paths(child)
+        if found is None:
+            return None
+        paths |= found
+    return paths
 
 
 def _resolve(view: RecordView, names: list[str]) -> pa.Array:
@@ -402,6 +448,8 @@ class Predicate:
         self.expression = expression
         self.compiled = jmespath.compile(expression)
         self._ast: dict[str, Any] = dict(self.compiled.parsed)
+        self.paths = field_paths(self._ast)
+        """The record fields it reads (``None``: not nameable; see :func:`field_paths`)."""
         self.last_vectorised = False
 
     def mask(self, view: RecordView, vectorised: bool = True) -> np.ndarray:
@@ -470,13 +518,15 @@ class Projection:
         node = self._ast
         if node["type"] != "multi_select_dict":
             raise Fallback("select is not {name: field, ...}")
+        every = np.array_equal(positions, np.arange(len(view)))  # a table's own view: no copy
         take = pa.array(positions, pa.int64())
         columns: dict[str, pa.Array] = {}
         for pair in node["children"]:
             names = _path(pair["children"][0])
             if names is None:
                 raise Fallback("select value is not a field path")
-            columns[pair["value"]] = _resolve(view, names).take(take)
+            column = _resolve(view, names)
+            columns[pair["value"]] = column if every else column.take(take)
         return pa.table(columns) if columns else pa.table({"_": pa.nulls(len(positions))}).drop_columns(["_"])
 
 
@@ -487,6 +537,8 @@ class NameExpression:
         self.expression = expression
         self.compiled = jmespath.compile(expression)
         self._ast: dict[str, Any] = dict(self.compiled.parsed)
+        self.paths = field_paths(self._ast)
+        """The record fields it reads (``None``: not nameable; see :func:`field_paths`)."""
         self.last_vectorised = False
 
     def names(self, view: RecordView, positions: np.ndarray, vectorised: bool = True) -> list[Any]:

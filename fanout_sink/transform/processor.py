@@ -104,7 +104,7 @@ class RoutingProcessor:
                     for i in np.flatnonzero(tombstone)
                 )
         present = np.flatnonzero(~tombstone)
-        decoded = self.decoder(values.take(pa.array(present, pa.int64())))
+        decoded = self.decoder(values.take(pa.array(present, pa.int64())), self.router.fields)
         failures.extend(_Failure(int(present[i]), "decode", reason) for i, reason in decoded.failures)
         decoded = decoded.with_rows(present[decoded.rows] if len(decoded.rows) else decoded.rows)
         view = RecordView.build(decoded, raw)
@@ -157,12 +157,20 @@ class RoutingProcessor:
         failures: list[_Failure],
     ) -> None:
         settings = self.tables.settings_for(name)
+        # The table's records with every field: parsed now when routing saw only its fields.
+        sub = view.subset(positions, name)
+        failures.extend(
+            _Failure(int(decoded.rows[p]), "decode", reason, table=name) for p, reason in sub.decoded.failures
+        )
+        local = np.arange(len(sub))
         if settings.select is not None:
-            rows, kept, bad = self._projection(settings.select).apply(view, positions, self.vectorised)
-            failures.extend(_Failure(int(decoded.rows[p]), "route", r, table=name) for p, r in bad)
+            rows, kept, bad = self._projection(settings.select).apply(sub, local, self.vectorised)
+            failures.extend(
+                _Failure(int(decoded.rows[sub.decoded.rows[p]]), "route", r, table=name) for p, r in bad
+            )
         else:
-            rows = decoded.take(positions)
-            kept = positions
+            rows, kept = sub.records, local
+        origin = decoded.rows[sub.decoded.rows[kept]]  # each row's index in the raw slice
         if rows.num_rows == 0:
             return
         is_dynamic = name not in self.config.tables
@@ -171,12 +179,12 @@ class RoutingProcessor:
         except TableError as exc:
             if not is_dynamic:
                 raise
-            failures.extend(_Failure(int(decoded.rows[p]), "route", str(exc), table=name) for p in kept)
+            failures.extend(_Failure(int(i), "route", str(exc), table=name) for i in origin)
             return
         table = self.tables.evolve(name, table, rows, settings)
         converted = convert(rows, table.schema().as_arrow(), Matching.of(settings.conversion))
         failures.extend(
-            _Failure(int(decoded.rows[kept[pos]]), "convert", reason, table=name, column=column)
+            _Failure(int(origin[pos]), "convert", reason, table=name, column=column)
             for pos, column, reason in converted.failures
         )
         if converted.rows.num_rows:

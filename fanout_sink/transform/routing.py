@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fanout_sink.config import SinkConfig
+from fanout_sink.transform.decode import FieldPaths
 from fanout_sink.transform.expressions import NameExpression, Predicate, RecordView
 
 UNMATCHED_REASON = "no table matched the record (unmatched.action is dead-letter)"
@@ -106,6 +107,19 @@ class Router:
             else NameRules()
         )
         self._name_cache: dict[str, tuple[str | None, str | None]] = {}
+        self.fields = self._fields()
+        """What routing reads of a record: the decoder may decode just that first (``None``: all)."""
+
+    def _fields(self) -> FieldPaths | None:
+        expressions: list[Predicate | NameExpression | None] = [*self.rules.values(), self.dynamic]
+        paths: set[tuple[str, ...]] = set()
+        for expression in expressions:
+            if expression is None:
+                continue
+            if expression.paths is None:
+                return None
+            paths |= expression.paths
+        return frozenset(paths)
 
     def _check_name(self, raw: Any) -> tuple[str | None, str | None]:
         if not isinstance(raw, str):
