@@ -15,4 +15,6 @@ def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     printed = capsys.readouterr().out
     assert "vectorised:" in printed and "per-record:" in printed and "records/s" in printed
     text = out.read_text()
-    assert "| vectorised | 500 |" in text and "| per-record | 500 |" in text and "MB/s" in text
+    for topic in ("uniform", "mixed"):
+        assert f"| {topic} | vectorised | 500 |" in text and f"| {topic} | per-record | 500 |" in text
+    assert "MB/s" in text and "the mixed-type topic runs at" in text

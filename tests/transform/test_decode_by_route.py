@@ -1,0 +1,180 @@
+"""Mixed-type JSON topics stay vectorised: routing fields first, then each table's records.
+
+The demo's ``orders`` topic carries ``amount`` as a string on orders and as a number on payments
+(and ``ts`` as ISO text and epoch milliseconds): the batch is no single Arrow table. These tests
+forbid the per-record path (``JsonDecoder._parse_each``, Python objects of the records) and count
+``parse_json_value`` calls, so they fail if a mixed batch falls back to json.loads per record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config import load_config
+from fanout_sink.devtools.raw_slices import make_raw_slice
+from fanout_sink.devtools.sample_data import shop_events
+from fanout_sink.transform import deadletter, decode
+from fanout_sink.transform.decode import Decoded, JsonDecoder
+from fanout_sink.transform.processor import build_processor
+
+DEMO = Path(__file__).resolve().parents[2] / "routing" / "shop-demo.yaml"
+BY_TYPE = frozenset({("type",)})
+
+
+def _orders_topic(count: int) -> list[bytes]:
+    """The demo's ``orders`` topic: orders (string amount, ISO ts) and payments (numbers)."""
+    return [e.value for e in shop_events(count) if e.topic == "orders"]
+
+
+@pytest.fixture
+def parsed_alone(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Forbids the per-record path; returns the values ``parse_json_value`` was called with."""
+
+    def forbidden(*args: Any) -> Any:
+        raise AssertionError("the per-record path was taken")
+
+    monkeypatch.setattr(JsonDecoder, "_parse_each", staticmethod(forbidden))
+    monkeypatch.setattr(Decoded, "python", forbidden)
+    calls: list[bytes] = []
+    real: Callable[[bytes | None], Any] = decode.parse_json_value
+
+    def counted(value: bytes | None) -> Any:
+        calls.append(value or b"")
+        return real(value)
+
+    monkeypatch.setattr(decode, "parse_json_value", counted)
+    return calls
+
+
+def test_mixed_batch_decodes_routing_fields_then_each_group_in_one_call(parsed_alone: list[bytes]) -> None:
+    values = _orders_topic(2000)
+    decoded = JsonDecoder()(pa.array(values), BY_TYPE)
+    assert decoded.failures == [] and decoded.rows.tolist() == list(range(len(values)))
+    assert decoded.routed == frozenset({"type"}) and decoded.records.column_names == ["type"]
+    kinds = np.asarray(decoded.records.column("type").to_pylist())
+    orders = decoded.subset(np.flatnonzero(kinds == "order"), "shop.orders")
+    payments = decoded.subset(np.flatnonzero(kinds == "payment"), "shop.payments")
+    assert orders.records.schema.field("amount").type == pa.string()
+    assert orders.records.schema.field("ts").type == pa.string()  # ISO text stays text
+    assert payments.records.schema.field("amount").type == pa.float64()
+    assert payments.records.schema.field("ts").type == pa.int64()
+    assert orders.lossy == payments.lossy == frozenset()
+    expected = [json.loads(values[i])["amount"] for i in orders.rows.tolist()]
+    assert orders.records.column("amount").to_pylist() == expected
+    # Only the sample that types the routing fields was parsed value by value.
+    assert 0 < len(parsed_alone) <= decode._SAMPLE
+
+
+def test_without_routing_fields_a_mixed_batch_still_goes_per_record(parsed_alone: list[bytes]) -> None:
+    """The guard above can fail: the same batch without ``fields`` takes the per-record path."""
+    with pytest.raises(AssertionError, match="per-record path"):
+        JsonDecoder()(pa.array(_orders_topic(200)))
+
+
+def test_a_routing_field_that_changes_type_is_decoded_per_record() -> None:
+    values = pa.array([b'{"v": 1, "w": "a"}', b'{"v": "one", "w": 2}'])
+    decoded = JsonDecoder()(values, frozenset({("v",)}))
+    assert decoded.routed is None and decoded.lossy == frozenset({"v", "w"})
+    assert decoded.python() == [{"v": 1, "w": "a"}, {"v": "one", "w": 2}]
+
+
+def _demo_processor(catalog_settings: CatalogSettings, catalog: Any) -> Any:
+    config = load_config(DEMO).model_copy(update={"catalog": catalog_settings})
+    return build_processor(config, catalog)
+
+
+def test_demo_orders_topic_lands_in_each_tables_types(
+    catalog_settings: CatalogSettings, catalog: Any, parsed_alone: list[bytes]
+) -> None:
+    values = _orders_topic(1500)
+    process = _demo_processor(catalog_settings, catalog)
+    out = process(make_raw_slice(values, topic="orders"))
+    assert out.dead_letters == [] and out.filtered == 0
+    sent = [json.loads(v) for v in values]
+    orders = out.tables["shop.orders"].rows
+    payments = out.tables["shop.payments"].rows
+    assert orders.num_rows + payments.num_rows == len(values)
+    # orders: the string amount becomes the declared decimal(12, 2), the ISO ts a timestamp
+    assert orders.schema.field("amount").type == pa.decimal128(12, 2)
+    assert pa.types.is_timestamp(orders.schema.field("ts").type)
+    expected = {r["id"]: Decimal(r["amount"]) for r in sent if r["type"] == "order"}
+    assert (
+        dict(zip(orders.column("id").to_pylist(), orders.column("amount").to_pylist(), strict=True))
+        == expected
+    )
+    # payments (schema inferred from the first rows): numbers stay numbers
+    assert payments.schema.field("amount").type == pa.float64()
+    assert payments.schema.field("ts").type == pa.int64()
+    expected_payments = {r["id"]: (r["amount"], r["ts"]) for r in sent if r["type"] == "payment"}
+    got = zip(
+        payments.column("id").to_pylist(),
+        payments.column("amount").to_pylist(),
+        payments.column("ts").to_pylist(),
+        strict=True,
+    )
+    assert {i: (a, t) for i, a, t in got} == expected_payments
+    assert len(parsed_alone) <= decode._SAMPLE
+
+
+def test_bad_values_in_a_mixed_batch_become_dead_letters_the_rest_stays_vectorised(
+    catalog_settings: CatalogSettings, catalog: Any, parsed_alone: list[bytes]
+) -> None:
+    values = _orders_topic(3000)
+    truncated, nan = 700, 1500
+    values[truncated] = b'{"type": "order", "id": "order-bad", "amount": "1.00"'
+    values[nan] = b'{"type": "payment", "id": "payment-bad", "amount": NaN, "ts": 1}'
+    process = _demo_processor(catalog_settings, catalog)
+    out = process(make_raw_slice(values, topic="orders", partition=3, start_offset=10_000))
+    letters = {
+        deadletter.header(d, deadletter.SOURCE_OFFSET): (
+            deadletter.header(d, deadletter.STAGE),
+            deadletter.header(d, deadletter.REASON),
+            deadletter.header(d, deadletter.SOURCE_TOPIC),
+            deadletter.header(d, deadletter.SOURCE_PARTITION),
+        )
+        for d in out.dead_letters
+    }
+    assert set(letters) == {str(10_000 + truncated), str(10_000 + nan)}
+    stage, reason, topic, partition = letters[str(10_000 + truncated)]
+    assert (stage, topic, partition) == ("decode", "orders", "3") and reason is not None
+    assert reason.startswith("invalid JSON")
+    assert letters[str(10_000 + nan)][1] is not None
+    assert letters[str(10_000 + nan)][1].startswith("invalid JSON: NaN is not a JSON value")
+    rows = sum(t.rows.num_rows for t in out.tables.values())
+    assert rows == len(values) - 2 and process.last_stats.reconciles()
+    # The NaN was screened out before parsing; the truncated value was found by halving the
+    # batch: a few small groups parsed one value at a time, not the batch.
+    assert len(parsed_alone) <= decode._SAMPLE + 2 * decode._LEAF
+
+
+def test_a_table_within_another_tables_records_is_taken_from_its_parse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Orders and big orders: the big orders' values are not parsed a second time."""
+    decoded = JsonDecoder()(pa.array(_orders_topic(600)), BY_TYPE)
+    kinds = np.asarray(decoded.records.column("type").to_pylist())
+    orders = np.flatnonzero(kinds == "order")
+    all_orders = decoded.subset(orders, "shop.orders")
+    reads: list[int] = []
+    real = decode._arrow_read
+
+    def counted(*args: Any) -> pa.Table:
+        reads.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(decode, "_arrow_read", counted)
+    some = decoded.subset(orders[::3], "shop.big_orders")
+    assert reads == []
+    assert some.rows.tolist() == orders[::3].tolist()
+    assert some.records.equals(all_orders.records.take(pa.array(np.arange(0, len(orders), 3))))
+    decoded.subset(np.flatnonzero(kinds == "payment"), "shop.payments")
+    assert reads == [1]
