@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -89,17 +90,37 @@ class SinkApp:
             )
         partitions = planning.source_partitions(self.config)
         starting = planning.plan_start(self.config, partitions)
-        checkpoint = self.config.checkpoint_location
         master = self.options.master or self.config.spark.master
-        log.info("starting Spark (master %s, checkpoint %s)", master, checkpoint)
-        spark = build_spark_session(
-            self.config.catalog,
-            master=master,
-            app_name=self.config.name,
-            extra_conf=dict(self.options.spark_conf),
-        )
+        log.info("starting Spark (master %s, checkpoint %s)", master, self.config.checkpoint_location)
+        # The coordinator needs no Spark: it opens its producer, catalog and control-topic position
+        # while the driver JVM starts, instead of after it.
+        with ThreadPoolExecutor(1, thread_name_prefix="fanout-sink-start") as starter:
+            coordinator = starter.submit(self._start_coordinator, list(partitions))
+            try:
+                spark = build_spark_session(
+                    self.config.catalog,
+                    master=master,
+                    app_name=self.config.name,
+                    extra_conf=dict(self.options.spark_conf),
+                    light_jit=True,
+                )
+            except BaseException:
+                self._coordinator = coordinator.result()
+                self._stop_coordinator()
+                raise
+            self._coordinator = coordinator.result()
+        try:
+            self._run_query(spark, starting)
+        except Exception:
+            if self.record_error is not None:  # the operator needs the record, not Spark's traces
+                raise self.record_error from None
+            raise
+        finally:
+            self._stop_coordinator()
+        return 0
+
+    def _run_query(self, spark: Any, starting: str) -> None:
         spark.streams.addListener(progress.ProgressLogger())
-        self._coordinator = self._start_coordinator(list(partitions))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
         threading.Thread(target=self._stopper, name="fanout-sink-stopper", daemon=True).start()
@@ -108,7 +129,7 @@ class SinkApp:
             read_stream(spark, self.config, starting, limit)
             .writeStream.queryName(self.config.name)
             .foreachBatch(self.batches)
-            .option("checkpointLocation", checkpoint)
+            .option("checkpointLocation", self.config.checkpoint_location)
         )
         if self.options.available_now:
             writer = writer.trigger(availableNow=True)
@@ -117,15 +138,7 @@ class SinkApp:
             writer = writer.trigger(processingTime=f"{int(interval.total_seconds() * 1000)} milliseconds")
         self._query = writer.start()
         self._query_started.set()
-        try:
-            self._query.awaitTermination()
-        except Exception:
-            if self.record_error is not None:  # the operator needs the record, not Spark's traces
-                raise self.record_error from None
-            raise
-        finally:
-            self._stop_coordinator()
-        return 0
+        self._query.awaitTermination()
 
     def _start_coordinator(self, topics: list[str]) -> Coordinator:
         control = self.config.control

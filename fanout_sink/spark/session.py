@@ -14,6 +14,9 @@ from typing import Any
 from fanout_sink import jars
 from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
 from fanout_sink.config import SECRET_KEY_PATTERN
+from fanout_sink.spark.jvm import DriverJvm, driver_java_options
+
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 SPARK_CONNECTORS = jars.JarSet("spark-connectors", "fanout_sink.spark")
 """Spark's Kafka source, Iceberg's Spark runtime, the SQLite JDBC driver (``poms/spark-connectors.xml``)."""
@@ -50,8 +53,13 @@ def build_spark_session(
     master: str | None = None,
     app_name: str = "fanout-sink",
     extra_conf: Mapping[str, str] | None = None,
+    light_jit: bool = False,
 ) -> Any:
-    """A SparkSession with the sink's jars and catalog; ``master`` defaults to ``local[*]``."""
+    """A SparkSession with the sink's jars and catalog; ``master`` defaults to ``local[*]``.
+
+    ``light_jit`` is for the app, whose driver JVM never handles records (see :mod:`.jvm`).
+    """
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
     resolved_master = master or ("local[*]" if "PYSPARK_GATEWAY_PORT" not in os.environ else None)
@@ -65,8 +73,26 @@ def build_spark_session(
     # Under spark-submit the JVM exists already (PYSPARK_GATEWAY_PORT is set) and owns the master.
     if resolved_master is not None:
         builder = builder.master(resolved_master)
-    for key, value in spark_conf(catalog, extra_conf).items():
+    conf = spark_conf(catalog, extra_conf)
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    launching = "PYSPARK_GATEWAY_PORT" not in os.environ
+    jvm = DriverJvm.plan(conf["spark.driver.extraClassPath"].split(os.pathsep)) if launching else None
+    user_options = conf.get(_JAVA_OPTIONS)
+    if jvm is not None:
+        builder = builder.config(_JAVA_OPTIONS, driver_java_options(jvm, light_jit, user_options))
+    try:
+        session = builder.getOrCreate()
+    except PySparkRuntimeError:
+        if jvm is None or jvm.archive is None or jvm.dumping:
+            raise
+        jvm.discard()  # a damaged archive makes the JVM exit at once: start once more without it
+        jvm = None
+        builder = builder.config(
+            _JAVA_OPTIONS, driver_java_options(DriverJvm(None, False), light_jit, user_options)
+        )
+        session = builder.getOrCreate()
+    if jvm is not None:
+        jvm.publish_at_exit(session)
     session.sparkContext.setLogLevel(os.environ.get("FANOUT_SINK_SPARK_LOG_LEVEL", "WARN"))
     return session

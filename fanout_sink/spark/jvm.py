@@ -1,0 +1,153 @@
+"""Options for the driver JVM that PySpark launches: a class-data-sharing archive, and C1 for the app.
+
+Measured on a 2-core machine: creating the sink's Spark session and its Kafka source costs the driver
+JVM about 23 CPU seconds before the first batch can run, most of it loading and verifying Spark's
+classes and compiling them with both JIT tiers. Two JDK features cut it without touching Spark:
+
+* **A dynamic AppCDS archive** (JDK 13+): the first JVM that exits cleanly dumps the classes it
+  loaded (``-XX:ArchiveClassesAtExit``); later JVMs map them (``-XX:SharedArchiveFile``). 23 → 6 CPU s.
+  A truncated archive crashes the JVM (SIGBUS) instead of being ignored, so the dump goes to a file
+  of its own and is published by rename only after that JVM exited with status 0; a start that still
+  fails with an archive deletes it and starts again without one.
+* **C1 only** (``-XX:TieredStopAtLevel=1``) for the app: its driver JVM plans offsets and keeps the
+  checkpoint; records never pass through it (each Python task reads its range from the broker), so
+  the optimising compiler never pays back its compile threads. Sessions that run queries (tests, the
+  demo's Spark SQL) keep the default JIT.
+
+The archive is keyed by the JDK, PySpark and the class path: anything else would make the JVM refuse
+it (silently, with ``-Xshare:auto``) or, worse, map a stale one. ``FANOUT_SINK_CDS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fanout_sink import jars
+
+log = logging.getLogger(__name__)
+
+LIGHT_JIT = "-XX:TieredStopAtLevel=1"
+_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+"""Dumping lists every class it skips as a warning (hundreds of lines); none of them is actionable."""
+_DUMP_WAIT_S = 120.0
+
+
+def _java_home() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        return Path(home).resolve()
+    java = shutil.which("java")
+    return Path(java).resolve().parent.parent if java else None
+
+
+def _fingerprint(path: Path) -> str:
+    try:
+        stat = path.stat()
+    except OSError:
+        return f"{path}:missing"
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def archive_path(classpath: Sequence[str]) -> Path | None:
+    """Where the archive for this JDK, PySpark and class path lives; None without a JDK on PATH."""
+    import pyspark
+
+    home = _java_home()
+    if home is None:
+        return None
+    libjvm = next(iter(sorted(home.glob("lib/server/libjvm.so"))), home / "lib/server/libjvm.so")
+    parts = [_fingerprint(libjvm), pyspark.__version__, str(Path(pyspark.__file__).parent), *classpath]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return jars.cache_dir() / "jvm" / f"spark-driver-{digest}.jsa"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_abandoned_dumps(folder: Path) -> None:
+    """Dumps of JVMs that were killed before publishing them (``<archive>.<pid>.dump``)."""
+    for dump in folder.glob("*.dump"):
+        pid = dump.suffixes[-2].lstrip(".") if len(dump.suffixes) >= 2 else ""
+        if not (pid.isdigit() and _alive(int(pid))):
+            dump.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class DriverJvm:
+    """The class-data-sharing part of one driver JVM's options: map ``archive``, or dump one for it."""
+
+    archive: Path | None
+    dumping: bool
+
+    @classmethod
+    def plan(cls, classpath: Sequence[str]) -> DriverJvm:
+        archive = None if os.environ.get("FANOUT_SINK_CDS", "1") == "0" else archive_path(classpath)
+        if archive is None:
+            return cls(None, dumping=False)
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_dumps(archive.parent)
+        return cls(archive, dumping=not archive.exists())
+
+    @property
+    def dump(self) -> Path | None:
+        """This process's own dump file: no other JVM ever maps it before it is complete."""
+        return self.archive.with_name(f"{self.archive.name}.{os.getpid()}.dump") if self.archive else None
+
+    def options(self) -> str:
+        if self.archive is None:
+            return ""
+        if self.dumping:
+            return f"-XX:ArchiveClassesAtExit={self.dump} {_QUIET_CDS}"
+        return f"-XX:SharedArchiveFile={self.archive} {_QUIET_CDS}"
+
+    def discard(self) -> None:
+        """The JVM did not start with the archive: it must not be offered again."""
+        if self.archive is not None and not self.dumping:
+            log.warning("the driver JVM failed to start with the class archive %s; deleted it", self.archive)
+            self.archive.unlink(missing_ok=True)
+
+    def publish_at_exit(self, session: Any) -> None:
+        """Publish the dump once the session's JVM exited cleanly (run when this process exits)."""
+        if self.dumping:
+            atexit.register(self._publish, session)
+
+    def _publish(self, session: Any) -> None:
+        dump, archive = self.dump, self.archive
+        assert dump is not None and archive is not None
+        proc = getattr(session.sparkContext._gateway, "proc", None)
+        if proc is None:  # not a JVM PySpark launched (spark-submit): it was not told to dump
+            return
+        status = None
+        try:
+            session.stop()
+            if proc.stdin is not None:
+                proc.stdin.close()  # the gateway JVM exits when its stdin closes, and dumps then
+            status = proc.wait(timeout=_DUMP_WAIT_S)
+        except Exception:  # at exit: a JVM that is gone already just publishes nothing
+            log.debug("the driver JVM did not exit cleanly; its class archive is not kept", exc_info=True)
+        if status == 0 and dump.exists():
+            os.replace(dump, archive)
+        else:
+            dump.unlink(missing_ok=True)
+
+
+def driver_java_options(jvm: DriverJvm, light_jit: bool, user_options: str | None) -> str:
+    """``spark.driver.extraJavaOptions``: ours first, the user's last (the JVM takes the last of a flag)."""
+    return " ".join(
+        part for part in (LIGHT_JIT if light_jit else "", jvm.options(), user_options or "") if part
+    )
