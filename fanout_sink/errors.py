@@ -176,3 +176,31 @@ class PreflightError(FanoutSinkError):
         self.cause = cause
         self.fix = fix
         super().__init__(f"{cause}\n  fix: {fix}")
+
+
+class SourceReadError(FanoutSinkError):
+    """A worker could not read its planned source range ``[start, end)`` of one partition.
+
+    The range was planned from offsets the broker reported, so every offset in it must still be
+    readable; a slice is never committed from fewer records than the range holds.
+    """
+
+
+class SourceDataLossError(SourceReadError):
+    """Records of a planned source range were deleted before they were delivered (retention,
+    delete-records): the same condition Spark's Kafka source stops on with ``failOnDataLoss=true``."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int, log_start: int, group: str) -> None:
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        self.log_start, self.group = log_start, group
+        super().__init__(
+            f"source {topic}[{partition}] lost records the sink has not delivered: the slice to deliver is "
+            f"[{start}, {end}) but the log now starts at offset {log_start}; offsets "
+            f"{start}..{log_start - 1} were deleted by the topic's retention (retention.ms / "
+            "retention.bytes) or by delete-records.\n"
+            "  fix: give the source topic a retention longer than the sink's longest lag. The sink never "
+            "skips undelivered records by itself; to go on without them, stop the app, run "
+            f"`kafka-consumer-groups --bootstrap-server <brokers> --group {group} "
+            f"--topic {topic}:{partition} --reset-offsets --to-offset {log_start} --execute`, "
+            "move the Spark checkpoint aside and restart"
+        )

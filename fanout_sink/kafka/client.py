@@ -66,6 +66,43 @@ def client_conf(kafka_conf: KafkaConf) -> dict[str, Any]:
     return {k: v for k, v in kafka_conf.items() if k not in {"group.id", "transactional.id"}}
 
 
+PRODUCER_ONLY = frozenset(
+    {
+        "acks",
+        "batch.num.messages",
+        "batch.size",
+        "compression.codec",
+        "compression.level",
+        "compression.type",
+        "delivery.report.only.error",
+        "delivery.timeout.ms",
+        "enable.gapless.guarantee",
+        "enable.idempotence",
+        "linger.ms",
+        "message.send.max.retries",
+        "message.timeout.ms",
+        "partitioner",
+        "queue.buffering.backpressure.threshold",
+        "queue.buffering.max.kbytes",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.ms",
+        "queuing.strategy",
+        "request.required.acks",
+        "request.timeout.ms",
+        "retries",
+        "sticky.partitioning.linger.ms",
+        "transaction.timeout.ms",
+    }
+)
+"""librdkafka properties a consumer ignores with a CONFWARN line each time one is created (found by
+creating a consumer with each); a ``kafka:`` section tuned for the workers' producers sets them."""
+
+
+def consumer_conf(kafka_conf: KafkaConf) -> dict[str, Any]:
+    """``client_conf`` without producer-only properties: a consumer created per process stays quiet."""
+    return {k: v for k, v in client_conf(kafka_conf).items() if k not in PRODUCER_ONLY}
+
+
 @dataclass(frozen=True)
 class TopicSettings:
     """How the sink creates one of its own topics, and what an existing one must at least have.

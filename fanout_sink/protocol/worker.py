@@ -8,9 +8,11 @@ worker half of I3 (fencing) are kept. The order of steps is the protocol:
    started before can commit after this point.
 2. Only then read the sink-managed group's committed offset (``require_stable``: pending
    transactional commits are waited for). It is the truth about what was delivered:
-   at or past the slice's end, nothing is left to do; inside the slice, the delivered head is
-   dropped; before the slice's start, records in between were lost upstream: stop (a gap).
-3. Route and convert (the ``SliceProcessor``), write data files (invisible until appended).
+   at or past the slice's end, nothing is left to do (nothing is read); inside the slice, only
+   ``[committed, end)`` is read (or, for records handed in already read, the delivered head is
+   dropped); before the slice's start, records in between were lost upstream: stop (a gap).
+3. Read the source records that are left (a :data:`SliceSource`), route and convert them (the
+   ``SliceProcessor``), write data files (invisible until appended).
 4. One transaction: ``DataWritten`` per table, ``DataComplete``, dead letters, and the source offset
    (the planned end offset, never last record + 1: offsets have holes) sent to the sink group with
    generation -1 metadata. Commit. A crash before the commit leaves only orphan files.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -45,6 +48,11 @@ from fanout_sink.transform.records import RoutedSlice, SliceProcessor
 
 log = logging.getLogger(__name__)
 
+SliceSource = Callable[[int, int], pa.Table]
+"""``read(from, until)``: the visible records of ``[from, until)`` of the slice's partition, in
+``RAW_RECORD_SCHEMA``. The worker calls it once, after fencing and reading the delivered offset, so a
+replayed slice reads only what is left (``kafka.range_reader.RangeReader`` behind it in a task)."""
+
 TABLE_CHECKS = 3
 """Writes of one slice at most when its tables keep being recreated; the last one goes out unchecked
 (the coordinator rewrites files found for an old table uuid into the new table)."""
@@ -54,7 +62,9 @@ TABLE_CHECKS = 3
 class SliceResult:
     """What one ``commit_slice`` did; the counts reconcile (invariant I5) per slice:
     ``records_in - skipped_delivered = sum(rows, counted per route) + dead_lettered + filtered``
-    when every record goes to exactly one table."""
+    when every record goes to exactly one table. ``records_in`` counts the records read: a source
+    reads from the delivered offset on, so delivered records are neither read nor counted; records
+    handed in already read (a table) are all counted, the delivered ones in ``skipped_delivered``."""
 
     topic: str
     partition: int
@@ -163,10 +173,15 @@ class SliceWorker:
         partition: int,
         start_offset: int,
         end_offset: int,
-        raw: pa.Table,
+        source: pa.Table | SliceSource,
         process: SliceProcessor,
     ) -> SliceResult:
-        """Deliver the planned offset range ``[start_offset, end_offset)`` of one source partition."""
+        """Deliver the planned offset range ``[start_offset, end_offset)`` of one source partition.
+
+        ``source`` reads the records when the worker knows what is left; a table of the range's
+        records already read (tests, tools) is taken as it is and its delivered head dropped.
+        """
+        read = source if callable(source) else _already_read(source)
         txn_id = channel.worker_transactional_id(self.sink, topic, partition)
         if not self._control_checked:
             # Producing to a missing topic only times out; creating or checking it once says why.
@@ -175,7 +190,7 @@ class SliceWorker:
         with self._lock(txn_id):
             cached = txn_id in self._producers
             try:
-                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, read, process)
             except ProducerFencedError:
                 if not cached:
                     raise
@@ -183,7 +198,7 @@ class SliceWorker:
                 # process meanwhile (Spark moved the task). That is not a zombie situation, so start
                 # over once with a new producer, which fences in turn and re-reads the offset.
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
-                return self._attempt(txn_id, topic, partition, start_offset, end_offset, raw, process)
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, read, process)
 
     def _recover(self, producer: TransactionalProducer, topic: str, partition: int) -> int | None:
         """The delivered position of a partition whose sink-group offset vanished while the app ran.
@@ -219,7 +234,7 @@ class SliceWorker:
         partition: int,
         start: int,
         end: int,
-        raw: pa.Table,
+        read: SliceSource,
         process: SliceProcessor,
     ) -> SliceResult:
         # A new producer fences older attempts before anything is read.
@@ -227,12 +242,14 @@ class SliceWorker:
         committed = self.committed_offset(topic, partition)
         if committed is None:
             committed = self._recover(producer, topic, partition)
-        result = SliceResult(topic, partition, start, end, committed, records_in=raw.num_rows)
+        result = SliceResult(topic, partition, start, end, committed)
         if committed is not None and committed >= end:
-            result.skipped_delivered = raw.num_rows
+            result.skipped_delivered = result.records_in = read(end, end).num_rows
             return result
         if committed is not None and committed < start:
             raise OffsetGapError(topic, partition, committed, start, end, self.group)
+        raw = read(max(start, committed or start), end)
+        result.records_in = raw.num_rows
         if committed is not None and committed > start:
             keep = pc.greater_equal(raw["offset"], pa.scalar(committed, pa.int64()))
             kept = raw.filter(keep)
@@ -360,3 +377,9 @@ class SliceWorker:
         if self._offsets is not None:
             self._offsets.close()
             self._offsets = None
+
+
+def _already_read(raw: pa.Table) -> SliceSource:
+    """A source over records read before the worker knew what was delivered: it returns them all,
+    and the worker drops the delivered head (and counts it as skipped)."""
+    return lambda _from, _until: raw

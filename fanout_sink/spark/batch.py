@@ -1,9 +1,12 @@
 """The driver's part of one micro-batch (the ``foreachBatch`` body).
 
-It plans the batch's ranges from Spark's checkpoint, has the executors deliver them
-(:mod:`fanout_sink.spark.task`), commits the planned ranges that carried no visible record itself
-(their end offset must still reach the sink group), retries a failed batch, and turns a bad record's
-task failure back into the :class:`~fanout_sink.errors.RecordError` that caused it.
+It plans the batch's ranges from Spark's checkpoint and has the executors deliver them, one Spark
+task per topic-partition whose range moved (:mod:`fanout_sink.spark.task`; a task reads its range
+from Kafka itself). The micro-batch DataFrame of Spark's Kafka source is never executed: Spark only
+plans (end offsets, checkpoint, triggers, ``maxOffsetsPerTrigger``) and schedules. A range without a
+visible record (markers, aborted records) is a task like any other: its end offset must reach the
+sink group too. It retries a failed batch and turns a bad record's task failure back into the
+:class:`~fanout_sink.errors.RecordError` that caused it.
 """
 
 from __future__ import annotations
@@ -18,14 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import FanoutSinkError, RecordError
-from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
-from fanout_sink.spark.task import RESULT_DDL, SliceReport, config_key, run_task, slice_worker
-from fanout_sink.transform.processor import RoutingProcessor, build_processor
-from fanout_sink.transform.records import RAW_RECORD_SCHEMA
+from fanout_sink.spark.task import SliceReport, config_key, run_task
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -51,7 +50,8 @@ class BatchSummary:
             f"{self._total('skipped_delivered')} already delivered, {self._total('dead_lettered')} "
             f"dead-lettered, {self._total('filtered')} filtered, rows {json.dumps(self._per_table('rows'))}, "
             f"files {json.dumps(self._per_table('files'))} ({seconds:.1f}s, {len(self.reports)} slices, "
-            f"peak worker RSS {max((r.peak_rss_mb for r in self.reports), default=0)} MB)"
+            f"peak worker RSS {max((r.peak_rss_mb for r in self.reports), default=0)} MB), "
+            f"{self._total('records_in') / max(seconds, 1e-3):.0f} records/s"
         )
 
 
@@ -72,8 +72,6 @@ class BatchRunner:
         """The bad record that stopped the query (``errors.tolerance: none``)."""
         self._coordinator_error = coordinator_error
         self._config_key = config_key(config)
-        self._driver_worker: SliceWorker = slice_worker(config)
-        self._processor: RoutingProcessor | None = None
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         """Deliver every planned slice of batch ``batch_id``, retrying the batch on failure."""
@@ -88,7 +86,7 @@ class BatchRunner:
             started = time.monotonic()
             for attempt in range(1, self.retries + 1):
                 try:
-                    reports = self._run(frame, ranges)
+                    reports = self._run(frame.sparkSession.sparkContext, batch_id, ranges)
                     break
                 except Exception as exc:
                     # A bad record under errors.tolerance: none fails the same way on every retry.
@@ -100,21 +98,14 @@ class BatchRunner:
                     log.warning("batch %d attempt %d failed (%s); retrying the batch", batch_id, attempt, exc)
             log.info("%s", BatchSummary(reports).describe(batch_id, time.monotonic() - started))
 
-    def _run(self, frame: Any, ranges: planning.PlannedRanges) -> list[SliceReport]:
-        task = functools.partial(run_task, self._config_key, self.config, ranges)
-        reports = [SliceReport.from_row(row.asDict()) for row in frame.mapInArrow(task, RESULT_DDL).collect()]
-        reported = {(r.result.topic, r.result.partition) for r in reports}
-        for (topic, partition), (start, end) in sorted(ranges.items()):
-            if (topic, partition) in reported or end <= start:
-                continue
-            # Offsets without a visible record (markers, aborted): the end offset must be committed too.
-            result = self._driver_worker.commit_slice(
-                topic, partition, start, end, RAW_RECORD_SCHEMA.empty_table(), self._driver_processor()
-            )
-            reports.append(SliceReport.here(result))
+    def _run(self, context: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
+        """One task per range that moved (``numSlices`` = ranges: one element each), in the order of
+        the ranges; the reports come back pickled."""
+        moved = sorted((key, (start, end)) for key, (start, end) in ranges.items() if end > start)
+        if not moved:
+            return []
+        task = functools.partial(run_task, self._config_key, self.config, batch_id)
+        reports: list[SliceReport] = (
+            context.parallelize(moved, numSlices=len(moved)).mapPartitions(task).collect()
+        )
         return reports
-
-    def _driver_processor(self) -> RoutingProcessor:
-        if self._processor is None:
-            self._processor = build_processor(self.config, load_catalog(self.config.catalog))
-        return self._processor

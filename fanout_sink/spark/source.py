@@ -1,8 +1,11 @@
-"""The stream's input: Spark's Kafka source, configured from the sink's librdkafka properties.
+"""The stream's planner: Spark's Kafka source, configured from the sink's librdkafka properties.
 
-Spark plans offsets per micro-batch and keeps its checkpoint; the records reach the workers through
-it. It is the Java Kafka client, so the ``kafka:`` section is translated (names the Java client knows,
-credentials as a JAAS config) and ``read_committed`` is forced: aborted records never reach a worker.
+Spark plans the end offsets per micro-batch (triggers, ``maxOffsetsPerTrigger``) and keeps its
+checkpoint in its usual format; the micro-batch DataFrame itself is never executed, because the
+tasks read their ranges with librdkafka (:mod:`fanout_sink.kafka.range_reader`). The source still
+talks to the broker through the Java client to plan, so the ``kafka:`` section is translated (names
+the Java client knows, credentials as a JAAS config). ``read_committed`` keeps the planned ends at
+the last stable offset, the same isolation the tasks read with.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from typing import Any
 
 from fanout_sink.config import SinkConfig
 from fanout_sink.kafka.java_client import spark_kafka_options
-from fanout_sink.spark import progress
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -27,13 +29,10 @@ def java_client_names(spark: Any) -> frozenset[str]:
 
 
 def read_stream(spark: Any, config: SinkConfig, starting: str, max_offsets_per_trigger: int | None) -> Any:
-    """The Kafka source as a streaming DataFrame (headers included), with the sink's observed metrics."""
+    """The Kafka source as a streaming DataFrame, for its planned offsets only."""
     source = config.source
     reader = (
-        spark.readStream.format("kafka")
-        .option("includeHeaders", "true")
-        .option("startingOffsets", starting)
-        .option("failOnDataLoss", "true")
+        spark.readStream.format("kafka").option("startingOffsets", starting).option("failOnDataLoss", "true")
     )
     kafka = spark_kafka_options(config.kafka, java_client_names(spark))
     if kafka.left_out:
@@ -43,7 +42,8 @@ def read_stream(spark: Any, config: SinkConfig, starting: str, max_offsets_per_t
             ", ".join(kafka.left_out),
         )
     reader = reader.options(**kafka.options)
-    # After the user's properties, so read_committed always wins: aborted records never reach a worker.
+    # After the user's properties, so read_committed always wins: planned ends never pass an open
+    # transaction's records, which the tasks could not read yet.
     reader = reader.option("kafka.isolation.level", "read_committed")
     if source.pattern:
         reader = reader.option("subscribePattern", source.pattern)
@@ -51,4 +51,4 @@ def read_stream(spark: Any, config: SinkConfig, starting: str, max_offsets_per_t
         reader = reader.option("subscribe", ",".join(source.topics))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    return progress.observe(reader.load())
+    return reader.load()

@@ -1,67 +1,44 @@
-"""The executor side of a micro-batch: one Spark task delivers one source topic-partition's slice.
+"""The executor side of a micro-batch: one Spark task delivers one source topic-partition's range.
 
-Spark runs :func:`run_task` through ``mapInArrow`` on the Kafka source's rows. A partition split
-across tasks would share one transactional id, so a task that sees two partitions refuses. What a
-task did travels back to the driver as one Arrow row per slice whose columns are derived from
-:class:`~fanout_sink.protocol.worker.SliceResult`, so a counter added there reaches the driver's
-batch log without touching this module.
+The driver hands each task a planned range ``((topic, partition), (start, end))`` (an RDD element,
+never Kafka rows: the micro-batch DataFrame of Spark's Kafka source is never executed). The task's
+worker fences, reads the delivered offset, and only then reads what is left of the range with
+librdkafka (:class:`~fanout_sink.kafka.range_reader.RangeReader`) straight into Arrow. What it did
+travels back to the driver as a pickled :class:`SliceReport`.
+
+``FANOUT_SINK_PROFILE=<dir>`` (in the app's environment, which local executors inherit) runs every
+task under cProfile and dumps ``<dir>/<topic>-<partition>-<batch>.prof``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import cProfile
+import functools
 import hashlib
-import json
+import os
 import resource
 import threading
-import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import pyarrow as pa
+from pathlib import Path
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
-from fanout_sink.errors import FanoutSinkError
+from fanout_sink.kafka.range_reader import RangeReader
+from fanout_sink.protocol.channel import sink_group
 from fanout_sink.protocol.worker import SliceResult, SliceWorker
-from fanout_sink.spark.planning import PlannedRanges
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
-from fanout_sink.transform.records import RAW_RECORD_SCHEMA
 
-SPLITTING_OPTIONS = ("minPartitions", "maxRecordsPerPartition")
-"""Kafka source options that split one partition across tasks: the sink cannot run with them."""
+PROFILE_ENV = "FANOUT_SINK_PROFILE"
 
-_PEAK_RSS = "peak_rss_mb"
-_HINTS = typing.get_type_hints(SliceResult)
-_FIELDS = [f.name for f in dataclasses.fields(SliceResult)]
-_JSON_FIELDS = frozenset(name for name in _FIELDS if typing.get_origin(_HINTS[name]) is dict)
-
-
-def _arrow_type(name: str) -> pa.DataType:
-    """Ints and optional ints as int64, strings, booleans; dicts as JSON text (one plain Spark type)."""
-    hint = _HINTS[name]
-    if name in _JSON_FIELDS or hint is str:
-        return pa.string()
-    if hint is bool:
-        return pa.bool_()
-    if int in (hint, *typing.get_args(hint)):
-        return pa.int64()
-    raise TypeError(f"SliceResult.{name}: {hint} has no column type; add one in {__name__}._arrow_type")
-
-
-RESULT_SCHEMA = pa.schema(
-    [pa.field(name, _arrow_type(name)) for name in _FIELDS] + [pa.field(_PEAK_RSS, pa.int64())]
-)
-_SPARK_TYPES = {pa.string(): "string", pa.int64(): "bigint", pa.bool_(): "boolean"}
-RESULT_DDL = ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in RESULT_SCHEMA)
-"""The same columns in Spark's DDL, as ``mapInArrow`` declares its output."""
+PlannedRange = tuple[tuple[str, int], tuple[int, int]]
+"""``((topic, partition), (start, end))``: one task's input."""
 
 
 @dataclass(frozen=True)
 class SliceReport:
-    """One slice as the driver sees it: the worker's result and the peak memory of the process that
-    ran it (an executor's Python worker, or the driver for ranges without a visible record)."""
+    """One slice as the driver sees it: the worker's result and the peak memory of the executor's
+    Python worker process that ran it."""
 
     result: SliceResult
     peak_rss_mb: int
@@ -69,18 +46,6 @@ class SliceReport:
     @classmethod
     def here(cls, result: SliceResult) -> SliceReport:
         return cls(result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
-
-    def to_batch(self) -> pa.RecordBatch:
-        row: dict[str, Any] = dataclasses.asdict(self.result)
-        for name in _JSON_FIELDS:
-            row[name] = json.dumps(row[name])
-        row[_PEAK_RSS] = self.peak_rss_mb
-        return pa.RecordBatch.from_pylist([row], schema=RESULT_SCHEMA)
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> SliceReport:
-        values = {name: json.loads(row[name]) if name in _JSON_FIELDS else row[name] for name in _FIELDS}
-        return cls(SliceResult(**values), int(row[_PEAK_RSS]))
 
 
 def config_key(config: SinkConfig) -> str:
@@ -97,36 +62,44 @@ def slice_worker(config: SinkConfig) -> SliceWorker:
     )
 
 
-_EXECUTOR_STATE: dict[str, tuple[SliceWorker, RoutingProcessor]] = {}
+@dataclass(frozen=True)
+class _ExecutorState:
+    worker: SliceWorker
+    processor: RoutingProcessor
+    reader: RangeReader
+
+
+_EXECUTOR_STATE: dict[str, _ExecutorState] = {}
 _EXECUTOR_LOCK = threading.Lock()
 
 
-def _executor_state(key: str, config: SinkConfig) -> tuple[SliceWorker, RoutingProcessor]:
-    """One worker and one processor per Python worker process and config, reused across tasks:
-    producers, catalog connections and loaded tables outlive a single micro-batch."""
+def _executor_state(key: str, config: SinkConfig) -> _ExecutorState:
+    """One worker, processor and source reader per Python worker process and config, reused across
+    tasks: producers, the consumer, catalog connections and loaded tables outlive a micro-batch."""
     with _EXECUTOR_LOCK:
         if key not in _EXECUTOR_STATE:
             processor = build_processor(config, load_catalog(config.catalog))
-            _EXECUTOR_STATE[key] = (slice_worker(config), processor)
+            reader = RangeReader(config.kafka, sink_group(config.name))
+            _EXECUTOR_STATE[key] = _ExecutorState(slice_worker(config), processor, reader)
         return _EXECUTOR_STATE[key]
 
 
 def run_task(
-    key: str, config: SinkConfig, ranges: PlannedRanges, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """One Spark task = one source topic-partition's slice of the micro-batch."""
-    collected = [batch for batch in batches if batch.num_rows]
-    if not collected:
-        return
-    raw = pa.Table.from_batches(collected).cast(RAW_RECORD_SCHEMA)
-    topics, partitions = raw["topic"].unique(), raw["partition"].unique()
-    if len(topics) != 1 or len(partitions) != 1:
-        raise FanoutSinkError(
-            "a Spark task received records of more than one Kafka partition "
-            f"({topics.to_pylist()} / {partitions.to_pylist()}); the sink needs one task per partition. "
-            f"Remove the Kafka source options {', '.join(SPLITTING_OPTIONS)} if you set them."
+    key: str, config: SinkConfig, batch_id: int, ranges: Iterable[PlannedRange]
+) -> Iterator[SliceReport]:
+    """One Spark task = one source topic-partition's range of the micro-batch (one element)."""
+    state = _executor_state(key, config)
+    profile_dir = os.environ.get(PROFILE_ENV)
+    for (topic, partition), (start, end) in ranges:
+        read = functools.partial(state.reader.read, topic, partition)
+        deliver = functools.partial(
+            state.worker.commit_slice, topic, partition, start, end, read, state.processor
         )
-    topic, partition = str(topics[0]), int(partitions[0].as_py())
-    start, end = ranges[(topic, partition)]
-    worker, processor = _executor_state(key, config)
-    yield SliceReport.here(worker.commit_slice(topic, partition, start, end, raw, processor)).to_batch()
+        if profile_dir:
+            profiler = cProfile.Profile()
+            result = profiler.runcall(deliver)
+            Path(profile_dir).mkdir(parents=True, exist_ok=True)
+            profiler.dump_stats(Path(profile_dir) / f"{topic}-{partition}-{batch_id}.prof")
+        else:
+            result = deliver()
+        yield SliceReport.here(result)

@@ -14,23 +14,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyiceberg.table import Table
 
-# Column names and types as Spark's Kafka source delivers them through mapInArrow (with
-# includeHeaders=true). Engine-free code and tests build raw slices with the same schema.
-RAW_RECORD_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("timestampType", pa.int32()),
-        pa.field(
-            "headers",
-            pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
-        ),
-    ]
-)
+from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA
+
+# RAW_RECORD_SCHEMA, the shape of a raw slice, is the Kafka range reader's (layer 1); re-exported
+# here as the seam's input shape.
+__all__ = ["RAW_RECORD_SCHEMA", "DeadLetter", "RoutedSlice", "SliceProcessor", "TableRows"]
 
 
 @dataclass(frozen=True)

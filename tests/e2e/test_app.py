@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,9 @@ def test_available_now_into_static_and_dynamic_tables_read_both_ways(
     sink_run.produce(1500)
     log = sink_run.run("--available-now", "--max-offsets-per-trigger", "800")
     assert "batch 0:" in log and "batch 1:" in log, "the cap splits the run into several micro-batches"
-    assert "spark progress: batch 1" in log and "'records_in':" in log, "Spark's own progress is logged too"
+    assert "spark progress: batch 1, durations ms" in log, "Spark's own progress is logged too"
+    batch_lines = re.findall(r"batch \d+: (\d+) records in, .* MB\), (\d+) records/s", log)
+    assert sum(int(n) for n, _rate in batch_lines) == 1500, f"the tasks' own counts and rates: {log[-3000:]}"
     sink_run.assert_exact()
 
     # A second run with nothing new delivers nothing twice.

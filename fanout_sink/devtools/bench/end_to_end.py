@@ -10,7 +10,8 @@ It produces the records to a fresh topic (2 partitions) on the local broker (or
   (``build_processor``) and the worker's Parquet writer, in this process: no Kafka, no Spark;
 - *end to end*: ``fanout-sink run --available-now`` in a child process, from start to exit (Spark
   start-up included) and the sum of its micro-batch times (steady state), with the peak RSS of
-  the Python workers that ran the slices.
+  the Python workers that ran the slices, and its CPU seconds per process role (driver JVM, Python
+  workers, driver Python; sampled from ``/proc``).
 
 ``--tables 3`` routes shop events to orders/payments/clicks; ``--tables N`` (N > 3) spreads uniform
 click-like records over N dynamic tables. Throughput counts input records and input value bytes.
@@ -38,6 +39,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import parse_config
+from fanout_sink.devtools.bench.process_cpu import ProcessTreeCpu
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.devtools.stack import daemon
@@ -121,24 +123,29 @@ def in_process_limit(config: Any, values: list[bytes]) -> float:
     return time.monotonic() - started
 
 
-def end_to_end(config_path: Path) -> tuple[float, float, int, int]:
-    """(wall seconds, sum of batch seconds, records reported, peak worker RSS MB) of one run."""
+def end_to_end(config_path: Path) -> tuple[float, float, int, int, dict[str, float]]:
+    """(wall seconds, sum of batch seconds, records reported, peak worker RSS MB, CPU seconds per
+    process role) of one run."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     started = time.monotonic()
-    result = subprocess.run(
+    app = subprocess.Popen(
         [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config_path), "--available-now",
          "--max-offsets-per-trigger", "400000"],
-        capture_output=True, text=True, check=False, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
+    cpu = ProcessTreeCpu(app.pid)
+    _, stderr = app.communicate()
+    cpu.stop()
     wall = time.monotonic() - started
-    if result.returncode != 0:
-        raise SystemExit(f"the app failed:\n{result.stderr[-4000:]}")
-    batches = [(int(a), float(b), int(c)) for a, b, c in _BATCH_LINE.findall(result.stderr)]
+    if app.returncode != 0:
+        raise SystemExit(f"the app failed:\n{stderr[-4000:]}")
+    batches = [(int(a), float(b), int(c)) for a, b, c in _BATCH_LINE.findall(stderr)]
     return (
         wall,
         sum(b[1] for b in batches),
         sum(b[0] for b in batches),
         max((b[2] for b in batches), default=0),
+        cpu.by_role(),
     )
 
 
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         yaml.safe_dump(_config(f"bench-{run}", topic, bootstrap, settings, folder, args.tables))
     )
     del values
-    wall_s, batches_s, reported, peak_rss = end_to_end(config_path)
+    wall_s, batches_s, reported, peak_rss, cpu = end_to_end(config_path)
     catalog = load_catalog(settings)
     landed = [".".join(identifier) for identifier in catalog.list_tables("bench")]
     rows = sum(len(catalog.load_table(t).scan(selected_fields=("id",)).to_arrow()) for t in landed)
@@ -193,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"steady state = {100 * limit_s / batches_s:.0f}% of the in-process limit; "
         f"peak Python worker RSS {peak_rss} MB",
+        "",
+        f"app CPU seconds per 1M records: {1e6 * sum(cpu.values()) / args.records:.1f} = "
+        + ", ".join(f"{role} {1e6 * seconds / args.records:.1f}" for role, seconds in cpu.items()),
     ]
     text = "\n".join(lines)
     print(text)

@@ -1,0 +1,83 @@
+"""CPU seconds of a process tree split by role: driver JVM, Spark's Python workers, driver Python.
+
+Where an app's CPU goes is the first question of a throughput change (issue 12: most of it was the
+JVM's Kafka source and the Arrow stream into the Python workers). The tree is sampled from
+``/proc`` while it runs (Linux only); every process counts with the last CPU time seen, so a
+process that ends between two samples loses at most one interval (Spark reuses its Python workers,
+so little is lost).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+ROLES = ("driver JVM", "Python workers", "driver Python", "other")
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of one process, None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may contain spaces
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _role(pid: int, root: int) -> str:
+    if pid == root:
+        return "driver Python"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "other"
+    if argv[0].endswith(b"java"):
+        return "driver JVM"
+    if b"pyspark.daemon" in argv or b"pyspark.worker" in argv:
+        return "Python workers"
+    return "other"
+
+
+class ProcessTreeCpu:
+    """Samples the tree under ``root`` every ``interval_s`` until :meth:`stop`; :meth:`by_role` sums."""
+
+    def __init__(self, root: int, interval_s: float = 0.2) -> None:
+        self.root = root
+        self.interval_s = interval_s
+        self._seen: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-tree-cpu", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        parents: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+                parents[int(entry.name)], cpu[int(entry.name)] = stat
+        tree, grew = {self.root}, True
+        while grew:
+            children = {pid for pid, parent in parents.items() if parent in tree} - tree
+            tree |= children
+            grew = bool(children)
+        for pid in tree & cpu.keys():
+            role = self._seen[pid][0] if pid in self._seen else _role(pid, self.root)
+            self._seen[pid] = (role, cpu[pid])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def by_role(self) -> dict[str, float]:
+        total: dict[str, float] = defaultdict(float)
+        for role, seconds in self._seen.values():
+            total[role] += seconds
+        return {role: total[role] for role in ROLES}

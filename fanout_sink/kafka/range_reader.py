@@ -1,0 +1,195 @@
+"""Reads one source partition's planned offset range ``[start, end)`` straight into Arrow.
+
+Spark plans the micro-batch (end offsets, checkpoint, triggers), but its Kafka source is never
+executed: the records would cross the JVM, become Spark rows, then Arrow again on their way to the
+Python task, which cost most of the sink's CPU. The task reads its range itself with librdkafka:
+
+- ``read_committed``: aborted records and transaction markers never appear, so offsets have holes
+  and the range cannot end at "last record + 1". It ends at the first message at or past ``end``,
+  or at partition EOF at or past ``end`` (the last stable offset: markers and aborted records at
+  the tail of the range are passed that way).
+- Assigned, never subscribed, no commits: the consumer's group id is the sink group's, which must
+  never get a member (``kafka.client.memberless_group_metadata``); assigning does not join.
+- A start below the log start is data loss (``auto.offset.reset: error``), the same condition
+  Spark's ``failOnDataLoss=true`` stopped on; no progress for ``stall_timeout_s`` is an error too.
+- Each ``consume`` batch becomes one Arrow record batch: one Python list per column, no
+  per-record dicts (headers, rare, are the exception).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from fanout_sink.errors import SourceDataLossError, SourceReadError
+from fanout_sink.kafka.client import KafkaConf, consumer_conf
+
+_HEADER = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+RAW_RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field("headers", pa.list_(_HEADER)),
+    ]
+)
+"""A slice of Kafka records in Arrow: the columns (and names) Spark's Kafka source gives with
+``includeHeaders=true``, which the sink read through Spark before; ``headers`` is null for a record
+without headers, ``timestampType`` 0 = CreateTime, 1 = LogAppendTime."""
+
+FETCH_DEFAULTS: dict[str, Any] = {
+    # One partition per consumer: let one fetch bring a large chunk of it (librdkafka's default is 1 MB
+    # per partition per fetch), and keep up to 64 MB queued ahead of consume().
+    "fetch.max.bytes": 64 * 1024 * 1024,
+    "max.partition.fetch.bytes": 32 * 1024 * 1024,
+    "queued.max.messages.kbytes": 64 * 1024,
+}
+"""Fetch sizes for reading whole ranges; the user's ``kafka:`` section wins where it sets one."""
+
+CONSUME_BATCH = 10_000
+"""Messages per ``consume`` call, so per Arrow record batch."""
+
+DEFAULT_STALL_TIMEOUT_S = 60.0
+
+
+class RangeReader:
+    """One consumer, reassigned for every range it reads; cheap to keep per process and sink.
+
+    ``group`` is the sink group's id, used only because librdkafka needs one (and named in errors):
+    the consumer never joins, subscribes or commits. ``read`` holds a lock, so threads of one
+    process take turns on the single assignment.
+    """
+
+    def __init__(self, kafka_conf: KafkaConf, group: str, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S):
+        self.group = group
+        self.stall_timeout_s = stall_timeout_s
+        self._lock = threading.Lock()
+        self._consumer = Consumer(
+            {
+                **FETCH_DEFAULTS,
+                **consumer_conf(kafka_conf),
+                "group.id": group,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                # A start below the log start is an error (ERR__AUTO_OFFSET_RESET), never a jump.
+                "auto.offset.reset": "error",
+            }
+        )
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
+        """The visible (committed, not aborted) records of ``[start, end)``, offsets ascending."""
+        if start >= end:
+            return RAW_RECORD_SCHEMA.empty_table()
+        with self._lock:
+            self._consumer.assign([TopicPartition(topic, partition, start)])
+            try:
+                return self._read_assigned(topic, partition, start, end)
+            finally:
+                self._consumer.unassign()
+
+    def _read_assigned(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
+        batches: list[pa.RecordBatch] = []
+        position = start
+        deadline = time.monotonic() + self.stall_timeout_s
+        while position < end:
+            messages = self._consumer.consume(CONSUME_BATCH, timeout=1.0)
+            records: list[Message] = []
+            for message in messages:
+                error, offset = message.error(), _offset(message)
+                if error is None:
+                    if offset >= end:
+                        position = end
+                        break
+                    records.append(message)
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    position = max(position, offset)
+                else:
+                    self._fail(topic, partition, start, end, error)
+            if records:
+                batches.append(_record_batch(topic, partition, records))
+                position = max(position, _offset(records[-1]) + 1)
+            if records or position >= end:
+                deadline = time.monotonic() + self.stall_timeout_s
+            elif time.monotonic() > deadline:
+                raise SourceReadError(
+                    f"reading source {topic}[{partition}] [{start}, {end}) made no progress for "
+                    f"{self.stall_timeout_s:.0f}s at offset {position}: the broker did not return the "
+                    "planned offsets (unreachable, or the topic was recreated with fewer records).\n"
+                    "  fix: check the broker and the topic; if it was recreated, move the Spark checkpoint "
+                    "aside and reset the sink group's offset for the partition"
+                )
+        return pa.Table.from_batches(batches, RAW_RECORD_SCHEMA)
+
+    def _fail(self, topic: str, partition: int, start: int, end: int, error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            low, _high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self.stall_timeout_s, cached=False
+            )
+            raise SourceDataLossError(topic, partition, start, end, int(low), self.group)
+        raise SourceReadError(
+            f"reading source {topic}[{partition}] [{start}, {end}) failed: {error.str()}.\n"
+            "  fix: check the broker, the topic and the kafka: section's credentials and ACLs (the "
+            "sink needs READ on the source topics)"
+        ) from KafkaException(error)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _offset(message: Message) -> int:
+    """A consumed message's (or EOF event's) offset; librdkafka sets it on both."""
+    offset = message.offset()
+    assert offset is not None, "a consumed message carries its offset"
+    return offset
+
+
+def _record_batch(topic: str, partition: int, records: list[Message]) -> pa.RecordBatch:
+    """One consume() batch as Arrow: a list per column, vectorised conversions after that."""
+    count = len(records)
+    stamps = [m.timestamp() for m in records]
+    millis = pa.array([ms for _kind, ms in stamps], pa.int64())
+    # librdkafka: 0 not available, 1 CreateTime, 2 LogAppendTime; Spark: 0 CreateTime, 1 LogAppendTime.
+    kinds = pc.subtract(pa.array([kind for kind, _ms in stamps], pa.int32()), pa.scalar(1, pa.int32()))
+    headers = [m.headers() for m in records]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.key() for m in records], pa.binary()),
+            pa.array([m.value() for m in records], pa.binary()),
+            pa.array([topic] * count, pa.string()),
+            pa.array([partition] * count, pa.int32()),
+            pa.array([m.offset() for m in records], pa.int64()),
+            pc.multiply(millis, pa.scalar(1000, pa.int64())).cast(pa.timestamp("us", tz="UTC")),
+            kinds,
+            _headers(headers),
+        ],
+        schema=RAW_RECORD_SCHEMA,
+    )
+
+
+def _headers(headers: list[Any]) -> pa.Array:
+    """Null where a record has no headers (as Spark gave them); a list of key/value structs else."""
+    list_type = RAW_RECORD_SCHEMA.field("headers").type
+    if not any(headers):
+        return pa.nulls(len(headers), list_type)
+    offsets, keys, values = [0], [], []
+    for pairs in headers:
+        for key, value in pairs or ():
+            keys.append(key)
+            values.append(value)
+        offsets.append(len(keys))
+    entries = pa.StructArray.from_arrays(
+        [pa.array(keys, pa.string()), pa.array(values, pa.binary())], fields=list(_HEADER)
+    )
+    mask = pa.array([pairs is None for pairs in headers], pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), entries, type=list_type, mask=mask)

@@ -1,0 +1,159 @@
+"""RangeReader on the real broker: exact [start, end) ranges read_committed, data loss, record fields."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from fanout_sink.errors import SourceDataLossError
+from fanout_sink.kafka.client import PRODUCER_ONLY, consumer_conf
+from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA, RangeReader
+
+pytestmark = pytest.mark.kafka
+
+STALL_S = 10.0
+"""Short enough that a read waiting for an offset that never comes fails the test quickly."""
+
+
+@pytest.fixture
+def reader(bootstrap_servers: str) -> Iterator[RangeReader]:
+    # Producer-only properties in the section must not bother the consumer (no CONFWARN, no error).
+    kafka = {"bootstrap.servers": bootstrap_servers, "linger.ms": "5", "acks": "all"}
+    reader = RangeReader(kafka, "fanout-sink:range-reader-test", stall_timeout_s=STALL_S)
+    yield reader
+    reader.close()
+
+
+def _transactions(bootstrap: str, topic: str, batches: list[tuple[list[bytes], bool]]) -> None:
+    """One transaction per (values, commit?) to partition 0; each ends with a marker offset."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"txn-{topic}"})
+    producer.init_transactions(30)
+    for values, commit in batches:
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value=value, partition=0)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+
+def test_a_range_ending_in_a_commit_marker_ends_there(
+    bootstrap_servers: str, make_topic: Callable[..., str], reader: RangeReader
+) -> None:
+    topic = make_topic("marker")
+    # Offsets 0-4 records, 5 the commit marker; then 6-7 records, 8 the marker.
+    _transactions(
+        bootstrap_servers, topic, [([b"a0", b"a1", b"a2", b"a3", b"a4"], True), ([b"b0", b"b1"], True)]
+    )
+
+    first = reader.read(topic, 0, 0, 6)
+    assert first["offset"].to_pylist() == [0, 1, 2, 3, 4]
+    assert first["value"].to_pylist() == [b"a0", b"a1", b"a2", b"a3", b"a4"]
+    # The log's last offset is a marker too: the read ends at the EOF, not at a record.
+    assert reader.read(topic, 0, 6, 9)["value"].to_pylist() == [b"b0", b"b1"]
+    # Only the marker: nothing visible, and no wait for a record that never comes.
+    assert reader.read(topic, 0, 5, 6).num_rows == 0
+
+
+def test_aborted_records_inside_the_range_are_skipped(
+    bootstrap_servers: str, make_topic: Callable[..., str], reader: RangeReader
+) -> None:
+    topic = make_topic("aborted")
+    # 0-1 committed (marker 2), 3-5 aborted (marker 6), 7 committed (marker 8).
+    _transactions(
+        bootstrap_servers, topic, [([b"c0", b"c1"], True), ([b"x0", b"x1", b"x2"], False), ([b"c2"], True)]
+    )
+
+    raw = reader.read(topic, 0, 0, 9)
+    assert raw["offset"].to_pylist() == [0, 1, 7]
+    assert raw["value"].to_pylist() == [b"c0", b"c1", b"c2"]
+    # A range of aborted records and markers only is read as empty, at once.
+    assert reader.read(topic, 0, 2, 7).num_rows == 0
+    # A range ending inside the log stops at its end even though more records follow.
+    assert reader.read(topic, 0, 0, 1)["value"].to_pylist() == [b"c0"]
+
+
+def test_a_range_whose_start_was_deleted_fails_naming_the_loss(
+    bootstrap_servers: str, make_topic: Callable[..., str], reader: RangeReader
+) -> None:
+    topic = make_topic("deleted")
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for n in range(10):
+        producer.produce(topic, value=f"v{n}".encode(), partition=0)
+    producer.flush(30)
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin.delete_records([TopicPartition(topic, 0, 5)])[TopicPartition(topic, 0, 5)].result(30)
+
+    with pytest.raises(SourceDataLossError) as raised:
+        reader.read(topic, 0, 2, 10)
+    error = raised.value
+    assert (error.topic, error.partition, error.start, error.end, error.log_start) == (topic, 0, 2, 10, 5)
+    message = str(error)
+    assert f"{topic}[0]" in message and "offsets 2..4 were deleted" in message and "\n  fix: " in message
+    # What is still there reads as before.
+    assert reader.read(topic, 0, 5, 10)["value"].to_pylist() == [f"v{n}".encode() for n in range(5, 10)]
+
+
+def _utc(millis: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=millis)
+
+
+def test_keys_headers_and_timestamps_round_trip_across_partitions(
+    bootstrap_servers: str, make_topic: Callable[..., str], reader: RangeReader
+) -> None:
+    topic = make_topic("fields", partitions=2)
+    stamp_ms = 1_700_000_000_123
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    producer.produce(topic, value=b"v0", key=b"k0", partition=1, timestamp=stamp_ms,
+                     headers=[("h1", b"x"), ("h2", None), ("h1", b"y")])  # fmt: skip
+    producer.produce(topic, value=None, key=None, partition=1, timestamp=stamp_ms + 1)
+    producer.produce(topic, value=b"p0", partition=0, timestamp=stamp_ms + 2)
+    producer.flush(30)
+
+    raw = reader.read(topic, 1, 0, 2)
+    assert raw.schema == RAW_RECORD_SCHEMA
+    assert raw.to_pylist() == [
+        {
+            "key": b"k0",
+            "value": b"v0",
+            "topic": topic,
+            "partition": 1,
+            "offset": 0,
+            "timestamp": _utc(stamp_ms),
+            "timestampType": 0,  # CreateTime, as Spark spells it
+            "headers": [
+                {"key": "h1", "value": b"x"},
+                {"key": "h2", "value": None},
+                {"key": "h1", "value": b"y"},
+            ],
+        },
+        {
+            "key": None,
+            "value": None,
+            "topic": topic,
+            "partition": 1,
+            "offset": 1,
+            "timestamp": _utc(stamp_ms + 1),
+            "timestampType": 0,
+            "headers": None,
+        },
+    ]
+    # The same consumer, reassigned to the other partition.
+    assert reader.read(topic, 0, 0, 1)["value"].to_pylist() == [b"p0"]
+
+
+def test_the_consumer_gets_no_producer_only_properties() -> None:
+    section = {
+        "bootstrap.servers": "b:9092",
+        "security.protocol": "SASL_SSL",
+        "linger.ms": "5",
+        "acks": "all",
+    }
+    assert consumer_conf(section) == {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL"}
+    assert {"linger.ms", "acks", "transaction.timeout.ms"} <= PRODUCER_ONLY
