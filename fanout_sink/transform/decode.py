@@ -4,8 +4,14 @@ Three formats (``source.format``):
 
 * ``json``: one JSON object per value. The batch is newline-joined in Arrow and parsed by
   ``pyarrow.json.read_json`` in one call. Strings stay strings (Arrow's timestamp inference is
-  undone: conversion parses timestamps per the table's column type). Only when the batch fails is
-  each value parsed on its own, to isolate the bad ones; the good ones are parsed in one call again.
+  undone: conversion parses timestamps per the table's column type). Whole-batch kernels screen
+  the values first, so the few bad ones are dead-lettered without parsing the rest one by one.
+  When a field carries different JSON types for different record kinds (string amounts on
+  orders, numbers on payments), the batch is no single Arrow table: then only the fields routing
+  reads are parsed in one call (the others are ignored), and after routing each table's records
+  are parsed in one call (:meth:`Decoded.subset`); a bad value that the screening missed is found
+  by halving. Only what that cannot handle (a routing field that itself changes type, many bad
+  values) is parsed value by value with :func:`json.loads`.
   A value must be UTF-8 (not guessed: ``json.loads`` of bytes would read UTF-16 or UTF-32), hold no
   ``NaN``/``Infinity`` (not JSON; Arrow's parser accepts them) nor unpaired surrogate escapes, and be
   at most :data:`MAX_NESTING` levels deep: Arrow's parser overflows the C stack (a segfault) at about
@@ -533,6 +539,8 @@ class JsonDecoder:
             ok, failures = _screen(values)
         except _NotForArrow:
             return self._isolate(values)
+        if len(ok) == 0:
+            return Decoded(pa.table({}), ok, failures)
         candidates = values.take(pa.array(ok, pa.int64())) if failures else values
         joined = _newline_joined(candidates)
         whole = self._whole(candidates, None, joined)
