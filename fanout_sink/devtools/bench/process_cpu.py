@@ -65,8 +65,8 @@ class ProcessTreeCpu:
             tree |= children
             grew = bool(children)
         for pid in tree & cpu.keys():
-            role = self._seen[pid][0] if pid in self._seen else _role(pid, self.root)
-            self._seen[pid] = (role, cpu[pid])
+            # Asked every time: a child shows its parent's command line until it execs.
+            self._seen[pid] = (_role(pid, self.root), cpu[pid])
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
