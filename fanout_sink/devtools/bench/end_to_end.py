@@ -88,7 +88,8 @@ def _config(
     return data
 
 
-def _produce(bootstrap: str, topic: str, values: list[bytes]) -> float:
+def produce(bootstrap: str, topic: str, values: list[bytes]) -> float:
+    """Seconds to create ``topic`` and produce ``values``: value n to partition n % PARTITIONS."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     limit_s = in_process_limit(limit_config, values)
 
     topic = f"bench-{run}"
-    produce_s = _produce(bootstrap, topic, values)
+    produce_s = produce(bootstrap, topic, values)
     settings = CatalogSettings(name="bench", uri=f"sqlite:///{folder / 'e2e.db'}",
                                warehouse=f"file://{folder / 'e2e-warehouse'}")  # fmt: skip
     config_path = folder / "sink.yaml"

@@ -1,0 +1,124 @@
+"""The Apache Iceberg Kafka Connect sink as a peer, in Kafka Connect standalone built from Maven Central.
+
+The worker's classpath (``poms/connect-worker.xml``) and the plugin folder
+(``poms/iceberg-connect-plugin.xml``; the official runtime ZIP is not on Maven Central) are fetched
+and cached like every other jar set. Routing is static by the route field, one regex per table;
+the tables exist before the connector starts (created by PyIceberg in the same SQLite file, which
+Iceberg's JdbcCatalog reads when the catalog names match); the commit interval equals the sink's.
+Connect never finishes on its own: the run is done when every record is visible, then SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from fanout_sink import jars
+from fanout_sink.catalog import sqlite_path
+from fanout_sink.devtools.bench.context import RunContext, SystemRun
+from fanout_sink.devtools.bench.landed import landed
+from fanout_sink.devtools.bench.proctree import run_child
+from fanout_sink.devtools.bench.workload import ROUTE_FIELD
+from fanout_sink.devtools.stack.broker import free_port
+
+CONNECT_WORKER = jars.JarSet("connect-worker", "fanout_sink.devtools.bench")
+ICEBERG_CONNECT_PLUGIN = jars.JarSet("iceberg-connect-plugin", "fanout_sink.devtools.bench")
+SYSTEM = "Iceberg Kafka Connect sink"
+_LOG4J2 = """status = warn
+appender.console.type = Console
+appender.console.name = console
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d %p %c{1}: %m%n
+rootLogger.level = warn
+rootLogger.appenderRef.console.ref = console
+logger.commit.name = org.apache.iceberg.connect.channel
+logger.commit.level = info
+"""
+
+
+def iceberg_version() -> str:
+    """The Iceberg release the plugin jars carry, read off the connector jar's name."""
+    for jar in jars.jars(ICEBERG_CONNECT_PLUGIN):
+        if jar.name.startswith("iceberg-kafka-connect-") and jar.name[22:23].isdigit():
+            return jar.name[22:].removesuffix(".jar")
+    return "unknown"
+
+
+def _properties(values: dict[str, str]) -> str:
+    return "".join(f"{key}={value}\n" for key, value in values.items())
+
+
+def _plugin_path(folder: Path) -> Path:
+    """Connect wants a folder *of* plugin folders; the cached jar folder is one plugin."""
+    plugins = folder / "plugins"
+    plugins.mkdir()
+    (plugins / "iceberg").symlink_to(jars.fetch(ICEBERG_CONNECT_PLUGIN), target_is_directory=True)
+    return plugins
+
+
+def run(ctx: RunContext) -> SystemRun:
+    catalog = ctx.prepare()
+    name = f"iceberg-{ctx.folder.name}".replace("_", "-")
+    control = f"{name}-control"
+    admin = AdminClient({"bootstrap.servers": ctx.bootstrap})
+    admin.create_topics([NewTopic(control, 1, 1)])[control].result(timeout=30)
+    worker = {
+        "bootstrap.servers": ctx.bootstrap,
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "offset.storage.file.filename": str(ctx.folder / "connect.offsets"),
+        "listeners": f"http://127.0.0.1:{free_port()}",
+        "plugin.path": str(_plugin_path(ctx.folder)),
+        "consumer.isolation.level": "read_committed",
+        "plugin.discovery": "service_load",  # what Connect itself advises for these jars: faster start-up
+    }
+    tables = ctx.variant.table_names()
+    connector = {
+        "name": name,
+        "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+        "tasks.max": str(ctx.cores),
+        "topics": ctx.topic,
+        "iceberg.tables": ",".join(tables),
+        "iceberg.tables.route-field": ROUTE_FIELD,
+        **{f"iceberg.table.{t}.route-regex": f"^{t.rsplit('.', 1)[1]}$" for t in tables},
+        "iceberg.control.topic": control,
+        "iceberg.control.group-id-prefix": f"{name}-cg",
+        "iceberg.control.commit.interval-ms": str(int(ctx.commit_interval_s * 1000)),
+        "iceberg.catalog": ctx.settings.name,
+        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "iceberg.catalog.uri": f"jdbc:sqlite:{sqlite_path(ctx.settings.uri or '')}",
+        "iceberg.catalog.jdbc.schema-version": "V1",
+        "iceberg.catalog.clients": "1",
+        "iceberg.catalog.warehouse": ctx.settings.warehouse or "",
+        "iceberg.kafka.bootstrap.servers": ctx.bootstrap,
+    }
+    (ctx.folder / "worker.properties").write_text(_properties(worker))
+    (ctx.folder / "connector.properties").write_text(_properties(connector))
+    (ctx.folder / "log4j2.properties").write_text(_LOG4J2)
+    classpath = os.path.join(jars.fetch(CONNECT_WORKER), "*")
+    command = [
+        "java", "-Xms256m", "-Xmx2g", f"-Dlog4j2.configurationFile={ctx.folder / 'log4j2.properties'}",
+        "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
+        str(ctx.folder / "worker.properties"), str(ctx.folder / "connector.properties"),
+    ]  # fmt: skip
+    visible = ctx.visible()
+    log = ctx.folder / "connect.log"
+    child = run_child(command, env=ctx.child_env(), log=log, done=lambda: visible.total() >= ctx.records)
+    if visible.total() < ctx.records:
+        raise SystemExit(
+            f"{SYSTEM} exited (code {child.returncode}) before every row was visible; "
+            f"log {log}:\n{child.stderr[-3000:]}"
+        )
+    return SystemRun(
+        system=SYSTEM,
+        wall_s=child.wall_s,
+        cpu_s=child.cpu_s,
+        peak_rss_mb=child.peak_rss_mb,
+        worker_rss_mb=None,
+        steady_s=None,
+        landing=landed(catalog, tables),
+    )

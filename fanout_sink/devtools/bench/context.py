@@ -1,0 +1,86 @@
+"""What every system of the side-by-side benchmark gets for one run, and what it hands back.
+
+Each run has a folder of its own with a fresh SQLite SQL catalog and warehouse, created with the
+variant's tables before the system starts; the topic is the same for every system and round.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fanout_sink
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.devtools.bench.landed import TableLanding, VisibleRows
+from fanout_sink.devtools.bench.workload import Variant, create_tables
+
+CATALOG_NAME = "bench"
+PARTITIONS = 2
+
+
+def catalog_settings(folder: Path) -> CatalogSettings:
+    """The catalog of the run in ``folder`` (also for reading a kept run folder afterwards)."""
+    return CatalogSettings(
+        name=CATALOG_NAME,
+        uri=f"sqlite:///{folder / 'catalog.db'}",
+        warehouse=f"file://{folder / 'warehouse'}",
+    )
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """One system's run: the shared input and a fresh catalog under ``folder``."""
+
+    bootstrap: str
+    topic: str
+    variant: Variant
+    records: int
+    values_file: Path
+    commit_interval_s: float
+    cores: int
+    max_offsets_per_trigger: int
+    folder: Path
+
+    @property
+    def master(self) -> str:
+        return f"local[{self.cores}]"
+
+    @property
+    def catalog_db(self) -> Path:
+        return self.folder / "catalog.db"
+
+    @property
+    def settings(self) -> CatalogSettings:
+        return catalog_settings(self.folder)
+
+    def prepare(self) -> Any:
+        """Create the folder and the variant's tables in a fresh catalog; returns the catalog."""
+        self.folder.mkdir(parents=True, exist_ok=False)
+        catalog = load_catalog(self.settings)
+        create_tables(catalog, self.variant)
+        return catalog
+
+    def visible(self) -> VisibleRows:
+        return VisibleRows(self.catalog_db, CATALOG_NAME)
+
+    def child_env(self) -> dict[str, str]:
+        """The environment of a child: this checkout's code first, no inherited Spark gateway."""
+        root = str(Path(fanout_sink.__file__).resolve().parents[1])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        return env
+
+
+@dataclass(frozen=True)
+class SystemRun:
+    """What one system did in one round: its own measures and what it landed."""
+
+    system: str
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    worker_rss_mb: float | None
+    steady_s: float | None
+    landing: dict[str, TableLanding]

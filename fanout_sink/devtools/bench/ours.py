@@ -1,0 +1,101 @@
+"""fanout_sink itself in the side-by-side benchmark: ``run --available-now`` and a continuous run.
+
+Both start ``python -m fanout_sink.cli run`` as a child, so Spark's start-up counts. The steady
+state comes from the app's batch log lines: from the first batch's start (its end minus its
+duration) to the last batch's end, over the batches that carried records.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fanout_sink.devtools.bench.context import RunContext, SystemRun
+from fanout_sink.devtools.bench.landed import landed
+from fanout_sink.devtools.bench.proctree import ChildRun, run_child
+from fanout_sink.devtools.bench.workload import ROUTE_FIELD
+
+TRIGGER_INTERVAL = "2s"
+_TIMED_BATCH_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO fanout_sink\.app: batch \d+: (\d+) records in"
+    r".*\((\d+\.\d+)s, \d+ slices, peak worker RSS (\d+) MB\)",
+    re.MULTILINE,
+)
+
+
+def sink_config(ctx: RunContext, name: str) -> dict[str, Any]:
+    """The sink's YAML for this run: one static rule per table on the route field."""
+    return {
+        "name": name,
+        "kafka": {"bootstrap.servers": ctx.bootstrap},
+        "source": {"topics": [ctx.topic], "format": "json"},
+        "control": {"topic": f"{name}-control", "commit-interval": f"{ctx.commit_interval_s:g}s"},
+        "catalog": ctx.settings.model_dump(),
+        "spark": {"master": ctx.master, "checkpoint-location": str(ctx.folder / "checkpoints")},
+        "tables": {
+            table: {"when": f"{ROUTE_FIELD} == '{table.rsplit('.', 1)[1]}'"}
+            for table in ctx.variant.table_names()
+        },
+    }
+
+
+def steady_seconds(log: str) -> tuple[float | None, int]:
+    """(seconds from the first record-carrying batch's start to the last one's end, records in them)."""
+    batches = [
+        (datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(records), float(seconds))
+        for stamp, records, seconds, _ in _TIMED_BATCH_LINE.findall(log)
+        if int(records) > 0
+    ]
+    if not batches:
+        return None, 0
+    first_start = batches[0][0] - batches[0][2]
+    return max(batches[-1][0] - first_start, 1e-3), sum(b[1] for b in batches)
+
+
+def _run(ctx: RunContext, system: str, extra: list[str], continuous: bool) -> SystemRun:
+    catalog = ctx.prepare()
+    name = f"{system.replace(' ', '-')}-{ctx.folder.name}".replace("_", "-")
+    config = ctx.folder / "sink.yaml"
+    config.write_text(yaml.safe_dump(sink_config(ctx, name)))
+    command = [
+        sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--master", ctx.master,
+        "--max-offsets-per-trigger", str(ctx.max_offsets_per_trigger), *extra,
+    ]  # fmt: skip
+    visible = ctx.visible()
+    run = run_child(
+        command,
+        env=ctx.child_env(),
+        log=ctx.folder / "app.log",
+        done=(lambda: visible.total() >= ctx.records) if continuous else None,
+        worker_marker="pyspark.daemon",
+    )
+    _check_exit(run, system, ctx.folder / "app.log", stopped=continuous)
+    steady, _ = steady_seconds(run.stderr)
+    return SystemRun(
+        system=system,
+        wall_s=run.wall_s,
+        cpu_s=run.cpu_s,
+        peak_rss_mb=run.peak_rss_mb,
+        worker_rss_mb=run.peak_worker_rss_mb,
+        steady_s=steady,
+        landing=landed(catalog, ctx.variant.table_names()),
+    )
+
+
+def _check_exit(run: ChildRun, system: str, log: Path, stopped: bool) -> None:
+    # A stopped app exits 0 on SIGTERM; anything else is a failed run, not a slow one.
+    if run.returncode != 0 and not (stopped and run.returncode in (-15, 143)):
+        raise SystemExit(f"{system} failed (exit {run.returncode}); log {log}:\n{run.stderr[-3000:]}")
+
+
+def available_now(ctx: RunContext) -> SystemRun:
+    return _run(ctx, "fanout_sink available-now", ["--available-now"], continuous=False)
+
+
+def continuous(ctx: RunContext) -> SystemRun:
+    return _run(ctx, "fanout_sink continuous", ["--trigger-interval", TRIGGER_INTERVAL], continuous=True)

@@ -1,0 +1,156 @@
+"""A child process measured as a whole process tree: wall, CPU seconds and peak RSS.
+
+``RUSAGE_CHILDREN`` alone misses what the child did not reap (Spark's Python workers, a JVM's
+threads are fine but a daemon's forks are not always waited for), so a thread samples ``/proc``
+for the child and every descendant: CPU per pid (the last value seen: a process's CPU only grows)
+and RSS summed over the live processes at each sample. The sum of per-pid CPU misses each
+process's last sampling interval and processes shorter than one; ``wait4``'s rusage misses
+descendants nobody reaped. Both are lower bounds, so the larger one is reported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 1e6
+_SAMPLE_S = 0.2
+_STOP_GRACE_S = 120.0
+
+
+@dataclass
+class TreeUsage:
+    """What the sampler saw of one process tree."""
+
+    cpu_by_pid: dict[int, float] = field(default_factory=dict)
+    peak_rss_mb: float = 0.0
+    peak_worker_rss_mb: float = 0.0
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu_by_pid.values())
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """One measured child: wall seconds until done, CPU seconds and RSS of its tree, its output."""
+
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    peak_worker_rss_mb: float
+    returncode: int
+    stderr: str
+
+
+def _stat(pid: int) -> tuple[int, float, float] | None:
+    """(parent pid, CPU seconds, RSS MB) of a live process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE_MB
+
+
+def _is_worker(pid: int, marker: str) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def _sample(root: int, usage: TreeUsage, worker_marker: str) -> None:
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                stats[int(entry)] = stat
+    tree, frontier = {root}, [root]
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    rss = 0.0
+    for pid in tree & stats.keys():
+        _, cpu, pid_rss = stats[pid]
+        usage.cpu_by_pid[pid] = max(cpu, usage.cpu_by_pid.get(pid, 0.0))
+        rss += pid_rss
+        if worker_marker and pid_rss > usage.peak_worker_rss_mb and _is_worker(pid, worker_marker):
+            usage.peak_worker_rss_mb = pid_rss
+    usage.peak_rss_mb = max(usage.peak_rss_mb, rss)
+
+
+def run_child(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log: Path,
+    done: Callable[[], bool] | None = None,
+    timeout_s: float = 3600.0,
+    worker_marker: str = "",
+) -> ChildRun:
+    """Run ``command`` and measure its tree until it exits, or, with ``done``, until ``done()`` holds.
+
+    With ``done`` the wall time ends when it first holds; the child then gets SIGTERM (its CPU up to
+    the exit still counts). ``worker_marker`` names the processes (by command line) whose largest
+    single RSS is reported as the worker's peak. The child's stderr and stdout go to ``log``.
+    """
+    usage = TreeUsage()
+    with log.open("w") as out:
+        started = time.monotonic()
+        child = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, env=dict(env))
+        stop = threading.Event()
+
+        def sampler() -> None:
+            while not stop.is_set():
+                _sample(child.pid, usage, worker_marker)
+                stop.wait(_SAMPLE_S)
+
+        thread = threading.Thread(target=sampler, name="proctree-sampler", daemon=True)
+        thread.start()
+        wall: float | None = None
+        kill_at = float("inf")
+        try:
+            while True:
+                pid, status, rusage = os.wait4(child.pid, os.WNOHANG)
+                if pid:
+                    child.returncode = os.waitstatus_to_exitcode(status)
+                    break
+                now = time.monotonic()
+                if wall is None and done is not None and done():
+                    wall, kill_at = now - started, now + _STOP_GRACE_S
+                    child.send_signal(signal.SIGTERM)
+                elif wall is None and now - started > timeout_s:
+                    raise TimeoutError(f"{command[:4]} did not finish within {timeout_s:.0f}s; log: {log}")
+                elif now > kill_at:
+                    child.kill()
+                time.sleep(0.25)
+            wall = wall if wall is not None else time.monotonic() - started
+        finally:
+            stop.set()
+            thread.join()
+            if child.returncode is None:
+                child.kill()
+                child.wait()
+    reaped = rusage.ru_utime + rusage.ru_stime
+    return ChildRun(
+        wall_s=wall,
+        cpu_s=max(usage.cpu_s, reaped),
+        peak_rss_mb=usage.peak_rss_mb,
+        peak_worker_rss_mb=usage.peak_worker_rss_mb,
+        returncode=child.returncode,
+        stderr=log.read_text(errors="replace"),
+    )

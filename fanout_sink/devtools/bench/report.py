@@ -1,0 +1,282 @@
+"""The side-by-side benchmark's results: kept as JSON, rendered as markdown, a PNG chart and targets.
+
+Every invocation merges its measurements into ``results.json`` (a run with ``--cores 1`` or
+``--latency`` adds to, not replaces, the others), then the markdown and the chart are rendered
+from all of it, so one file always shows the latest of each measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+OURS_BATCH = "fanout_sink available-now"
+OURS_CONTINUOUS = "fanout_sink continuous"
+CONNECT = "Iceberg Kafka Connect sink"
+LIMIT = "in-process limit"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One system, variant and round: the raw figures a row of the table is computed from."""
+
+    cores: int
+    variant: str
+    round: int
+    system: str
+    records: int
+    megabytes: float
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    worker_rss_mb: float | None
+    steady_s: float | None
+    files_per_table: list[int]
+    snapshots_per_table: list[int]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Medians and spreads of one (cores, variant, system) over its rounds."""
+
+    cores: int
+    variant: str
+    system: str
+    rounds: int
+    rate: tuple[float, float, float]  # median, min, max records/s (wall)
+    mb_rate: tuple[float, float, float]
+    steady_rate: float | None
+    cpu_per_million: float
+    peak_rss_mb: float
+    worker_rss_mb: float | None
+    files: tuple[int, int]
+    snapshots: tuple[int, int]
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def summarise(measurements: Iterable[Measurement]) -> list[Summary]:
+    groups: dict[tuple[int, str, str], list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault((m.cores, m.variant, m.system), []).append(m)
+    out = []
+    for (cores, variant, system), ms in groups.items():
+        steady = [m.records / m.steady_s for m in ms if m.steady_s]
+        workers = [m.worker_rss_mb for m in ms if m.worker_rss_mb]
+        out.append(
+            Summary(
+                cores=cores,
+                variant=variant,
+                system=system,
+                rounds=len(ms),
+                rate=_spread([m.records / m.wall_s for m in ms]),
+                mb_rate=_spread([m.megabytes / m.wall_s for m in ms]),
+                steady_rate=statistics.median(steady) if steady else None,
+                cpu_per_million=statistics.median(m.cpu_s * 1e6 / m.records for m in ms),
+                peak_rss_mb=statistics.median(m.peak_rss_mb for m in ms),
+                worker_rss_mb=max(workers) if workers else None,
+                files=(min(min(m.files_per_table) for m in ms), max(max(m.files_per_table) for m in ms)),
+                snapshots=(
+                    min(min(m.snapshots_per_table) for m in ms),
+                    max(max(m.snapshots_per_table) for m in ms),
+                ),
+            )
+        )
+    return out
+
+
+def merge(path: Path, key: str, update: Callable[[Any], Any]) -> dict[str, Any]:
+    """Read ``path`` (JSON), replace ``data[key]`` with ``update(old value)``, write it back."""
+    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = update(data.get(key))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
+
+
+def merge_measurements(old: list[dict[str, Any]] | None, new: list[Measurement]) -> list[dict[str, Any]]:
+    """Old measurements, minus those of a (cores, variant, system) measured anew, plus the new ones."""
+    fresh = {(m.cores, m.variant, m.system) for m in new}
+    kept = [m for m in old or [] if (m["cores"], m["variant"], m["system"]) not in fresh]
+    return kept + [asdict(m) for m in new]
+
+
+def _range(values: tuple[int, int]) -> str:
+    return str(values[0]) if values[0] == values[1] else f"{values[0]}-{values[1]}"
+
+
+def _table(summaries: list[Summary]) -> list[str]:
+    lines = [
+        "| cores | variant | system | records/s (median, min-max) | MB/s | steady records/s | "
+        "CPU s per 1M | peak RSS tree MB | largest worker MB | files/table | snapshots/table |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in sorted(summaries, key=lambda s: (-s.cores, s.variant, s.system)):
+        steady = f"{s.steady_rate:,.0f}" if s.steady_rate else ""
+        worker = f"{s.worker_rss_mb:,.0f}" if s.worker_rss_mb else ""
+        lines.append(
+            f"| {s.cores} | {s.variant} | {s.system} | {s.rate[0]:,.0f} ({s.rate[1]:,.0f}-{s.rate[2]:,.0f}) "
+            f"| {s.mb_rate[0]:.1f} | {steady} | {s.cpu_per_million:.0f} | {s.peak_rss_mb:,.0f} | {worker} "
+            f"| {_range(s.files)} | {_range(s.snapshots)} |"
+        )
+    return lines
+
+
+def _find(summaries: list[Summary], cores: int, variant: str, system: str) -> Summary | None:
+    return next((s for s in summaries if (s.cores, s.variant, s.system) == (cores, variant, system)), None)
+
+
+def targets(summaries: list[Summary], latency: dict[str, Any] | None, cores: int) -> list[str]:
+    """One line per target of issue 12, computed from the measured numbers: met, missed or not measured."""
+    lines = ["| target | measured | verdict |", "|---|---|---|"]
+
+    def add(target: str, measured: str | None, met: bool | None) -> None:
+        verdict = "not measured" if met is None else ("met" if met else "**missed**")
+        lines.append(f"| {target} | {measured or ''} | {verdict} |")
+
+    ours, peer = (
+        _find(summaries, cores, "uniform-3", OURS_BATCH),
+        _find(summaries, cores, "uniform-3", CONNECT),
+    )
+    if ours and peer:
+        ratio = ours.rate[0] / peer.rate[0]
+        add("wall records/s >= 2x Connect (uniform-3)", f"{ratio:.2f}x", ratio >= 2)
+        cpu = ours.cpu_per_million / peer.cpu_per_million
+        add("CPU s per 1M <= 0.5x Connect (uniform-3)", f"{cpu:.2f}x", cpu <= 0.5)
+        add(
+            "peak RSS <= Connect's, 3 tables",
+            f"{ours.peak_rss_mb:,.0f} vs {peer.peak_rss_mb:,.0f} MB",
+            ours.peak_rss_mb <= peer.peak_rss_mb,
+        )
+    else:
+        for target in (
+            "wall records/s >= 2x Connect",
+            "CPU s per 1M <= 0.5x Connect",
+            "peak RSS <= Connect's",
+        ):
+            add(target, None, None)
+    steady = _find(summaries, cores, "uniform-3", OURS_CONTINUOUS)
+    limit = _find(summaries, cores, "uniform-3", LIMIT)
+    if steady and steady.steady_rate and limit:
+        share = steady.steady_rate / limit.rate[0]
+        add("continuous steady state >= 40% of the 2-process limit (uniform-3)", f"{share:.0%}", share >= 0.4)
+    else:
+        add("continuous steady state >= 40% of the limit", None, None)
+    mixed = _find(summaries, cores, "mixed-3", OURS_CONTINUOUS)
+    if steady and steady.steady_rate and mixed and mixed.steady_rate:
+        share = mixed.steady_rate / steady.steady_rate
+        add("mixed-type steady state >= 50% of uniform (3 tables)", f"{share:.0%}", share >= 0.5)
+    else:
+        add("mixed-type steady state >= 50% of uniform", None, None)
+    ours_systems = (OURS_BATCH, OURS_CONTINUOUS)
+    workers = [
+        s.worker_rss_mb
+        for s in summaries
+        if s.variant.endswith("-50") and s.system in ours_systems and s.worker_rss_mb
+    ]  # fmt: skip
+    add(
+        "largest Python worker < 1 GB with 50 tables",
+        f"{max(workers):,.0f} MB" if workers else None,
+        max(workers) < 1024 if workers else None,
+    )
+    if latency:
+        bound = latency["commit_interval_s"] + 5
+        add(
+            f"produce-to-visible p99 <= commit interval + 5 s ({bound:g} s)",
+            f"{latency['p99_s']:.1f} s",
+            latency["p99_s"] <= bound,
+        )
+    else:
+        add("produce-to-visible p99 <= commit interval + 5 s", None, None)
+    one = _find(summaries, 1, "uniform-3", OURS_CONTINUOUS)
+    two = _find(summaries, 2, "uniform-3", OURS_CONTINUOUS)
+    if one and two and one.steady_rate and two.steady_rate:
+        scale = two.steady_rate / one.steady_rate
+        add("1 core to 2 cores >= 1.8x (continuous steady state, uniform-3)", f"{scale:.2f}x", scale >= 1.8)
+    else:
+        add("1 core to 2 cores >= 1.8x", None, None)
+    return lines
+
+
+def markdown(data: dict[str, Any]) -> str:
+    measurements = [Measurement(**m) for m in data.get("measurements") or []]
+    summaries = summarise(measurements)
+    machine = data.get("machine", {})
+    latency = data.get("latency")
+    cores = max((s.cores for s in summaries), default=machine.get("cores", 2))
+    lines = [
+        "# Side-by-side throughput",
+        "",
+        "Regenerate with (on a quiet machine):",
+        "",
+        f"    {data.get('command', 'python -m fanout_sink.devtools.bench.side_by_side')}",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in sorted(machine.items())),
+        "",
+        "Same generated JSON records for every system, one topic with 2 partitions on the local broker, "
+        "each system into a fresh SQLite catalog with the tables created up front. records/s and MB/s are "
+        "wall time, start-up included (the in-process limit: the work only); steady = first batch start "
+        "to last batch end. CPU and RSS cover the whole process tree (JVM, Python workers). Every "
+        "system landed exactly the same ids per table (checked after each run).",
+        "",
+        *_table(summaries),
+        "",
+        "## Targets (issue 12)",
+        "",
+        *targets(summaries, latency, cores),
+    ]
+    if latency:
+        lines += [
+            "",
+            "## Produce-to-visible latency",
+            "",
+            f"    {latency['command']}",
+            "",
+            f"{latency['records']:,} records at {latency['rate']:,.0f} records/s "
+            f"for {latency['duration_s']:g} s "
+            f"into `{latency['variant']}`, commit interval {latency['commit_interval_s']:g} s: "
+            f"p50 {latency['p50_s']:.1f} s, p99 {latency['p99_s']:.1f} s, max {latency['max_s']:.1f} s "
+            "(produce call to the timestamp of the first snapshot holding the record).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def chart(data: dict[str, Any], path: Path) -> None:
+    """Median wall records/s (min-max as error bars) and CPU s per 1M, per variant and system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summaries = [s for s in summarise(Measurement(**m) for m in data.get("measurements") or [])]
+    cores = max((s.cores for s in summaries), default=0)
+    summaries = [s for s in summaries if s.cores == cores]
+    variants = sorted({s.variant for s in summaries})
+    systems = sorted({s.system for s in summaries})
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8))
+    width = 0.8 / max(len(systems), 1)
+    for n, system in enumerate(systems):
+        found = [_find(summaries, cores, v, system) for v in variants]
+        xs = [i + n * width for i in range(len(variants))]
+        rates = [s.rate[0] if s else 0 for s in found]
+        errors = [
+            [s.rate[0] - s.rate[1] if s else 0 for s in found],
+            [s.rate[2] - s.rate[0] if s else 0 for s in found],
+        ]
+        top.bar(xs, rates, width, yerr=errors, label=system, capsize=2)
+        bottom.bar(xs, [s.cpu_per_million if s else 0 for s in found], width, label=system)
+    for axis, title in ((top, "records/s (wall, median, min-max)"), (bottom, "CPU seconds per 1M records")):
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(variants))], variants)
+        axis.set_title(title)
+        axis.grid(axis="y", alpha=0.3)
+    top.legend(fontsize=8)
+    fig.suptitle(f"fanout_sink side by side, {cores} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,215 @@
+"""fanout_sink next to the Iceberg Kafka Connect sink, Spark's own writer and the in-process limit.
+
+    python -m fanout_sink.devtools.bench.side_by_side                      # everything, 1M records, 3 rounds
+    python -m fanout_sink.devtools.bench.side_by_side --records 20000 --rounds 1 --variants uniform-3
+    python -m fanout_sink.devtools.bench.side_by_side --cores 1 --systems continuous
+    python -m fanout_sink.devtools.bench.side_by_side --latency --rate 20000 --duration 120
+
+Per variant the records are generated once, written to a fresh topic (2 partitions) on the local
+broker (``fanout-sink stack``, started when down) and to a file for the in-process limit. Each
+round runs every chosen system once, in an order rotated per round, each into a fresh catalog;
+after each run the ids per table are compared with the generated ones. Results merge into
+``<out>/results.json``; ``<out>/throughput.md`` and ``<out>/throughput.png`` are rendered from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+import pyspark
+
+from fanout_sink.devtools.bench import connect_peer, latency, limit, ours, report, spark_writer
+from fanout_sink.devtools.bench.context import RunContext, SystemRun
+from fanout_sink.devtools.bench.end_to_end import produce
+from fanout_sink.devtools.bench.landed import TableLanding, check_same_rows, sorted_ids
+from fanout_sink.devtools.bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, values
+from fanout_sink.devtools.stack import daemon
+
+SYSTEMS: dict[str, Callable[[RunContext], SystemRun]] = {
+    "available-now": ours.available_now,
+    "continuous": ours.continuous,
+    "connect": connect_peer.run,
+    "spark": spark_writer.run,
+    "limit": limit.run,
+}
+GENERATED = "the generated records"
+
+
+def expected_landing(values_file: Path, variant: Variant) -> dict[str, TableLanding]:
+    """The ids each table must hold, read back from the records file (route field -> table)."""
+    schema = pa.schema([("id", pa.string()), (ROUTE_FIELD, pa.string())])
+    rows = pj.read_json(
+        values_file,
+        parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+    )
+    out = {}
+    for table in variant.table_names():
+        ids = rows.filter(pc.equal(rows[ROUTE_FIELD], table.removeprefix(f"{NAMESPACE}.")))["id"]
+        out[table] = TableLanding(ids=sorted_ids(ids), data_files=0, snapshots=0)
+    return out
+
+
+def machine_facts() -> dict[str, str]:
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    memory_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal"))
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr
+    return {
+        "cores": str(os.cpu_count()),
+        "RAM": f"{memory_kb / 1e6:.0f} GB",
+        "CPU": cpu or platform.machine(),
+        "Python": platform.python_version(),
+        "PySpark": pyspark.__version__,
+        "Java": java.split("\n")[0].replace('"', ""),
+        "Iceberg (Connect peer)": connect_peer.iceberg_version(),
+    }
+
+
+def _measure(
+    ctx: RunContext, key: str, round_no: int, expected: dict[str, TableLanding], megabytes: float
+) -> report.Measurement:
+    run = SYSTEMS[key](ctx)
+    print(
+        f"  round {round_no + 1} {run.system}: {ctx.records / run.wall_s:,.0f} records/s, "
+        f"{run.cpu_s:.1f} CPU s, peak RSS {run.peak_rss_mb:,.0f} MB",
+        flush=True,
+    )
+    check_same_rows((GENERATED, expected), (run.system, run.landing))
+    tables = ctx.variant.table_names()
+    return report.Measurement(
+        cores=ctx.cores,
+        variant=ctx.variant.name,
+        round=round_no,
+        system=run.system,
+        records=ctx.records,
+        megabytes=megabytes,
+        wall_s=run.wall_s,
+        cpu_s=run.cpu_s,
+        peak_rss_mb=run.peak_rss_mb,
+        worker_rss_mb=run.worker_rss_mb,
+        steady_s=run.steady_s,
+        files_per_table=[run.landing[t].data_files for t in tables],
+        snapshots_per_table=[run.landing[t].snapshots for t in tables],
+    )
+
+
+def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[report.Measurement]:
+    measurements = []
+    for variant in args.variants:
+        records = values(variant, args.records)
+        megabytes = sum(len(v) for v in records) / 1e6
+        values_file = work / f"{variant.name}.jsonl"
+        values_file.write_bytes(b"\n".join(records) + b"\n")
+        topic = f"side-by-side-{variant.name}-{uuid.uuid4().hex[:6]}"
+        produce(bootstrap, topic, records)
+        del records
+        expected = expected_landing(values_file, variant)
+        print(f"{variant.name}: {args.records:,} records, {megabytes:.1f} MB on topic {topic}", flush=True)
+        for round_no in range(args.rounds):
+            order = (
+                args.systems[round_no % len(args.systems) :] + args.systems[: round_no % len(args.systems)]
+            )
+            for key in order:
+                ctx = RunContext(
+                    bootstrap=bootstrap,
+                    topic=topic,
+                    variant=variant,
+                    records=args.records,
+                    values_file=values_file,
+                    commit_interval_s=args.commit_interval,
+                    cores=args.cores,
+                    max_offsets_per_trigger=args.max_offsets_per_trigger,
+                    folder=work / variant.name / f"r{round_no}-{key}",
+                )
+                measurements.append(_measure(ctx, key, round_no, expected, megabytes))
+                if not args.keep:
+                    shutil.rmtree(ctx.folder, ignore_errors=True)
+    return measurements
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--variants",
+        default="uniform-3,uniform-50,mixed-3,mixed-50",
+        help="comma-separated <uniform|mixed>-<tables>",
+    )
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"comma-separated of {', '.join(SYSTEMS)}"
+    )
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="local[N] for the Spark systems, tasks.max for Connect",
+    )
+    parser.add_argument(
+        "--commit-interval", type=float, default=10.0, help="seconds, for the sink and Connect"
+    )
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=400_000)
+    parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"), help="results.json, .md, .png")
+    parser.add_argument("--work-dir", type=Path, help="run folders (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep every run's catalog, warehouse and log")
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG (no matplotlib needed)")
+    parser.add_argument("--latency", action="store_true", help="the produce-to-visible latency mode instead")
+    parser.add_argument("--rate", type=float, help="latency mode: records/s (default: half the capacity)")
+    parser.add_argument("--duration", type=float, default=120.0, help="latency mode: seconds of producing")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.variants = [parse_variant(v.strip()) for v in args.variants.split(",") if v.strip()]
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(SYSTEMS)}")
+    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
+    command = "python -m fanout_sink.devtools.bench.side_by_side " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="side-by-side-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.json"
+    try:
+        if args.latency:
+            measured = latency.measure(args, bootstrap, work, results)
+            report.merge(results, "latency", lambda _: {**measured, "command": command})
+        else:
+            if "connect" in args.systems:
+                connect_peer.iceberg_version()  # fetches the jars before anything is timed
+            new = throughput(args, bootstrap, work)
+            report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
+            report.merge(results, "command", lambda _: command)
+        data = report.merge(results, "machine", lambda _: machine_facts())
+    finally:
+        if args.work_dir is None and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    (args.out / "throughput.md").write_text(report.markdown(data))
+    if not args.no_chart:
+        report.chart(data, args.out / "throughput.png")
+    print(f"wrote {args.out / 'throughput.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
