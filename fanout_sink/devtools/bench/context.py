@@ -7,6 +7,7 @@ variant's tables before the system starts; the topic is the same for every syste
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,10 @@ class RunContext:
         return catalog_settings(self.folder)
 
     def prepare(self) -> Any:
-        """Create the folder and the variant's tables in a fresh catalog; returns the catalog."""
-        self.folder.mkdir(parents=True, exist_ok=False)
+        """Create the folder (emptied when a reused ``--work-dir`` holds it) and the variant's tables in
+        a fresh catalog; returns the catalog."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True)
         catalog = load_catalog(self.settings)
         create_tables(catalog, self.variant)
         return catalog

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyspark
+from confluent_kafka.admin import AdminClient
 
 from fanout_sink.devtools.bench import connect_peer, latency, limit, ours, report, spark_writer
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
@@ -138,6 +139,8 @@ def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[rep
                 measurements.append(_measure(ctx, key, round_no, expected, megabytes))
                 if not args.keep:
                     shutil.rmtree(ctx.folder, ignore_errors=True)
+        # The input topic is this variant's only: dropped so repeated runs do not fill the broker's disk.
+        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(timeout=30)
     return measurements
 
 
