@@ -6,6 +6,7 @@ and cached like every other jar set. Routing is static by the route field, one r
 the tables exist before the connector starts (created by PyIceberg in the same SQLite file, which
 Iceberg's JdbcCatalog reads when the catalog names match); the commit interval equals the sink's.
 Connect never finishes on its own: the run is done when every record is visible, then SIGTERM.
+The worker flushes offsets at the commit interval (see ``offset.flush.interval.ms`` below).
 """
 
 from __future__ import annotations
@@ -39,12 +40,22 @@ logger.commit.level = info
 """
 
 
-def iceberg_version() -> str:
-    """The Iceberg release the plugin jars carry, read off the connector jar's name."""
-    for jar in jars.jars(ICEBERG_CONNECT_PLUGIN):
-        if jar.name.startswith("iceberg-kafka-connect-") and jar.name[22:23].isdigit():
-            return jar.name[22:].removesuffix(".jar")
+def _jar_version(jar_set: jars.JarSet, artifact: str) -> str:
+    for jar in jars.jars(jar_set):
+        version = jar.name.removeprefix(f"{artifact}-").removesuffix(".jar")
+        if version != jar.name and version[:1].isdigit():
+            return version
     return "unknown"
+
+
+def iceberg_version() -> str:
+    """The Iceberg release the plugin carries (fetches the jars when missing), read off a jar's name."""
+    return _jar_version(ICEBERG_CONNECT_PLUGIN, "iceberg-kafka-connect")
+
+
+def kafka_version() -> str:
+    """The Kafka Connect release the worker runs."""
+    return _jar_version(CONNECT_WORKER, "connect-runtime")
 
 
 def _properties(values: dict[str, str]) -> str:
@@ -61,7 +72,7 @@ def _plugin_path(folder: Path) -> Path:
 
 def run(ctx: RunContext) -> SystemRun:
     catalog = ctx.prepare()
-    name = f"iceberg-{ctx.folder.name}".replace("_", "-")
+    name = ctx.unique_name("iceberg")
     control = f"{name}-control"
     admin = AdminClient({"bootstrap.servers": ctx.bootstrap})
     admin.create_topics([NewTopic(control, 1, 1)])[control].result(timeout=30)
@@ -74,6 +85,10 @@ def run(ctx: RunContext) -> SystemRun:
         "listeners": f"http://127.0.0.1:{free_port()}",
         "plugin.path": str(_plugin_path(ctx.folder)),
         "consumer.isolation.level": "read_committed",
+        # A sink task's poll waits for the next offset flush when no records come (60 s by default),
+        # and the Iceberg task answers the coordinator's commit request only from put(): without this
+        # the last records of a finite input wait up to a minute for their commit.
+        "offset.flush.interval.ms": str(int(ctx.commit_interval_s * 1000)),
         "plugin.discovery": "service_load",  # what Connect itself advises for these jars: faster start-up
     }
     tables = ctx.variant.table_names()

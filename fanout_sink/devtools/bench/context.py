@@ -7,8 +7,10 @@ variant's tables before the system starts; the topic is the same for every syste
 from __future__ import annotations
 
 import os
+import re
 import shutil
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,12 @@ class RunContext:
     cores: int
     max_offsets_per_trigger: int
     folder: Path
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+
+    def unique_name(self, system: str) -> str:
+        """A name for this run's sink, connector, control topic and groups: never one of an earlier
+        run, whose control topic and committed offsets would make this run skip the records."""
+        return re.sub(r"[^A-Za-z0-9-]+", "-", f"{system}-{self.folder.name}-{self.run_id}")
 
     @property
     def master(self) -> str:

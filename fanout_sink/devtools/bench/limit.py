@@ -79,7 +79,7 @@ def _job(config_path: str, values_file: Path, slice_size: int) -> None:
 def run(ctx: RunContext) -> SystemRun:
     catalog = ctx.prepare()
     config = ctx.folder / "sink.yaml"
-    config.write_text(yaml.safe_dump(sink_config(ctx, f"limit-{ctx.folder.name}".replace("_", "-"))))
+    config.write_text(yaml.safe_dump(sink_config(ctx, ctx.unique_name("limit"))))
     command = [
         sys.executable, "-m", __name__, "--config", str(config), "--values", str(ctx.values_file),
         "--slice-size", str(ctx.max_offsets_per_trigger // PARTITIONS),

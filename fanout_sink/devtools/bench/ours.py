@@ -59,7 +59,7 @@ def steady_seconds(log: str) -> tuple[float | None, int]:
 
 def _run(ctx: RunContext, system: str, extra: list[str], continuous: bool) -> SystemRun:
     catalog = ctx.prepare()
-    name = f"{system.replace(' ', '-')}-{ctx.folder.name}".replace("_", "-")
+    name = ctx.unique_name(system)
     config = ctx.folder / "sink.yaml"
     config.write_text(yaml.safe_dump(sink_config(ctx, name)))
     command = [

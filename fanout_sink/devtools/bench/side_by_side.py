@@ -77,6 +77,7 @@ def machine_facts() -> dict[str, str]:
         "PySpark": pyspark.__version__,
         "Java": java.split("\n")[0].replace('"', ""),
         "Iceberg (Connect peer)": connect_peer.iceberg_version(),
+        "Kafka Connect": connect_peer.kafka_version(),
     }
 
 
@@ -140,7 +141,8 @@ def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[rep
                 if not args.keep:
                     shutil.rmtree(ctx.folder, ignore_errors=True)
         # The input topic is this variant's only: dropped so repeated runs do not fill the broker's disk.
-        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(timeout=30)
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # held: the futures die with the client
+        admin.delete_topics([topic])[topic].result(timeout=30)
     return measurements
 
 
@@ -199,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             report.merge(results, "latency", lambda _: {**measured, "command": command})
         else:
             if "connect" in args.systems:
-                connect_peer.iceberg_version()  # fetches the jars before anything is timed
+                connect_peer.kafka_version()  # fetch both jar sets before anything is timed
+                connect_peer.iceberg_version()
             new = throughput(args, bootstrap, work)
             report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
             report.merge(results, "command", lambda _: command)
