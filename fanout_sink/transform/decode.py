@@ -407,7 +407,7 @@ def _loader(values: pa.Array) -> Callable[[], list[Any]]:
 
 
 _SAMPLE = 64
-"""Values whose routing fields give the types the batch's routing fields are parsed as."""
+"""Values (spread over the batch) whose routing fields give the types they are parsed as."""
 _LEAF = 8
 """A failing group of at most this many values is parsed value by value to find the bad ones."""
 _MISSES = 256
@@ -423,7 +423,8 @@ def _path_value(obj: Any, path: tuple[str, ...]) -> Any:
 
 
 def _routing_schema(values: pa.Array, fields: FieldPaths) -> pa.Schema | None:
-    """The Arrow schema of just the routing fields, typed from the first :data:`_SAMPLE` values.
+    """The Arrow schema of just the routing fields, typed from :data:`_SAMPLE` values spread over
+    the batch (record kinds often come in runs: the first values may all be orders).
 
     A field the sample never sets is read as a string (if it is not, the parse fails and the batch
     is parsed per record). ``None`` when the sample's values of a field do not share a type, or a
@@ -431,7 +432,8 @@ def _routing_schema(values: pa.Array, fields: FieldPaths) -> pa.Schema | None:
     """
     if any(a != b and a == b[: len(a)] for a in fields for b in fields):
         return None
-    sample = [parse_json_value(v)[0] for v in values[:_SAMPLE].to_pylist()]
+    picked = np.unique(np.linspace(0, len(values) - 1, num=min(_SAMPLE, len(values))).astype(np.int64))
+    sample = [parse_json_value(v)[0] for v in values.take(pa.array(picked)).to_pylist()]
     tree: dict[str, Any] = {}
     for path in sorted(fields):
         found = [v for v in (_path_value(obj, path) for obj in sample) if v is not None]

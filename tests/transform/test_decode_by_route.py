@@ -178,3 +178,13 @@ def test_a_table_within_another_tables_records_is_taken_from_its_parse(
     assert some.records.equals(all_orders.records.take(pa.array(np.arange(0, len(orders), 3))))
     decoded.subset(np.flatnonzero(kinds == "payment"), "shop.payments")
     assert reads == [1]
+
+
+def test_routing_field_types_come_from_values_spread_over_the_batch(parsed_alone: list[bytes]) -> None:
+    """Kinds come in runs: a field only the batch's second half sets is still typed right."""
+    orders = [json.dumps({"type": "order", "amount": "1.50"}).encode()] * 200
+    payments = [json.dumps({"type": "payment", "amount": 2.5, "n": i}).encode() for i in range(200)]
+    decoded = JsonDecoder()(pa.array(orders + payments), frozenset({("type",), ("n",)}))
+    assert decoded.routed == frozenset({"type", "n"})
+    assert decoded.records.schema.field("n").type == pa.int64()
+    assert decoded.records.column("n").to_pylist() == [None] * 200 + list(range(200))
