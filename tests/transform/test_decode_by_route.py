@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config import load_config
@@ -24,7 +26,8 @@ from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.transform import deadletter, decode
 from fanout_sink.transform.decode import Decoded, JsonDecoder
-from fanout_sink.transform.processor import build_processor
+from fanout_sink.transform.processor import RoutingProcessor, build_processor
+from fanout_sink.transform.records import RoutedSlice
 
 DEMO = Path(__file__).resolve().parents[2] / "routing" / "shop-demo.yaml"
 BY_TYPE = frozenset({("type",)})
@@ -188,3 +191,59 @@ def test_routing_field_types_come_from_values_spread_over_the_batch(parsed_alone
     assert decoded.routed == frozenset({"type", "n"})
     assert decoded.records.schema.field("n").type == pa.int64()
     assert decoded.records.column("n").to_pylist() == [None] * 200 + list(range(200))
+
+
+_amounts = st.one_of(
+    st.none(),
+    st.integers(-(10**6), 10**6),
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.sampled_from(["12.50", "x"]),
+)
+_times = st.one_of(
+    st.none(), st.integers(0, 2**41), st.sampled_from(["2024-05-01T10:00:00Z", "2024-05-01", "?"])
+)
+_shop_records = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["order", "payment", "click", "refund"]),
+        "id": st.text(max_size=4),
+        "method": st.sampled_from(["card", "sepa"]),
+    },
+    optional={
+        "amount": _amounts,
+        "ts": _times,
+        "customer": st.one_of(
+            st.none(), st.fixed_dictionaries({"id": st.integers(0, 9), "country": st.just("DE")})
+        ),
+        "items": st.lists(
+            st.fixed_dictionaries({"sku": st.just("A"), "qty": st.integers(1, 3), "price": st.floats(0, 9)}),
+            max_size=2,
+        ),
+    },
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    records=st.lists(_shop_records, min_size=1, max_size=25),
+    bad=st.sampled_from([None, b"{oops", b'{"type": NaN}']),
+)
+def test_decoding_by_route_lands_what_the_per_record_path_lands(
+    catalog_settings: CatalogSettings, catalog: Any, records: list[dict[str, Any]], bad: bytes | None
+) -> None:
+    """The demo's routing over records whose fields change type by kind: the same rows and dead
+    letters as json.loads per record (both convert into the same tables)."""
+    values = [json.dumps(r).encode() for r in records] + ([bad] if bad else [])
+    raw = make_raw_slice(values, topic="orders")
+    config = load_config(DEMO).model_copy(update={"catalog": catalog_settings})
+    by_route = build_processor(config, catalog)(raw)
+    reference = RoutingProcessor(config, catalog, decoder=JsonDecoder(per_record=True))(raw)
+    assert _landed(by_route) == _landed(reference)
+
+
+def _landed(out: RoutedSlice) -> tuple[Any, ...]:
+    tables = {name: rows.rows.to_pylist() for name, rows in sorted(out.tables.items())}
+    return tables, [(d.key, d.value, d.headers) for d in out.dead_letters], out.filtered
