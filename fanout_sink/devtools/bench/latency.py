@@ -92,9 +92,8 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
     rate = args.rate or _capacity(results, args.cores, variant.name) / 2
     total = int(rate * args.duration)
     topic = f"side-by-side-latency-{uuid.uuid4().hex[:6]}"
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, PARTITIONS, 1)])[
-        topic
-    ].result(30)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held: the future dies with the client
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
     ctx = RunContext(
         bootstrap=bootstrap,
         topic=topic,

@@ -72,7 +72,6 @@ def _run(ctx: RunContext, system: str, extra: list[str], continuous: bool) -> Sy
         env=ctx.child_env(),
         log=ctx.folder / "app.log",
         done=(lambda: visible.total() >= ctx.records) if continuous else None,
-        worker_marker="pyspark.daemon",
     )
     _check_exit(run, system, ctx.folder / "app.log", stopped=continuous)
     steady, _ = steady_seconds(run.stderr)

@@ -12,23 +12,54 @@ from __future__ import annotations
 import os
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 ROLES = ("driver JVM", "Python workers", "driver Python", "other")
 _TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, user + system CPU seconds) of one process, None once it is gone."""
+@dataclass(frozen=True)
+class ProcStat:
+    """One process as ``/proc/<pid>/stat`` shows it."""
+
+    parent: int
+    cpu_s: float  # user + system
+    rss_mb: float
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """One process's parent, CPU and RSS; None once it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # the command name may contain spaces
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+    return ProcStat(int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE_MB)
 
 
-def _role(pid: int, root: int) -> str:
+def read_all() -> dict[int, ProcStat]:
+    """Every live process."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := read_stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = stat
+    return stats
+
+
+def tree_of(root: int, stats: dict[int, ProcStat]) -> set[int]:
+    """``root`` and its live descendants."""
+    tree, grew = {root}, True
+    while grew:
+        children = {pid for pid, stat in stats.items() if stat.parent in tree} - tree
+        tree |= children
+        grew = bool(children)
+    return tree & (stats.keys() | {root})
+
+
+def role(pid: int, root: int) -> str:
+    """What a process of an app's tree is: one of ``ROLES``."""
     if pid == root:
         return "driver Python"
     try:
@@ -54,19 +85,10 @@ class ProcessTreeCpu:
         self._thread.start()
 
     def _sample(self) -> None:
-        parents: dict[int, int] = {}
-        cpu: dict[int, float] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-                parents[int(entry.name)], cpu[int(entry.name)] = stat
-        tree, grew = {self.root}, True
-        while grew:
-            children = {pid for pid, parent in parents.items() if parent in tree} - tree
-            tree |= children
-            grew = bool(children)
-        for pid in tree & cpu.keys():
+        stats = read_all()
+        for pid in tree_of(self.root, stats) & stats.keys():
             # Asked every time: a child shows its parent's command line until it execs.
-            self._seen[pid] = (_role(pid, self.root), cpu[pid])
+            self._seen[pid] = (role(pid, self.root), stats[pid].cpu_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

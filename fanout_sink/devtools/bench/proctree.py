@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 1e6
+from fanout_sink.devtools.bench.process_cpu import read_all, role, tree_of
+
 _SAMPLE_S = 0.2
 _STOP_GRACE_S = 120.0
 
@@ -50,46 +50,15 @@ class ChildRun:
     stderr: str
 
 
-def _stat(pid: int) -> tuple[int, float, float] | None:
-    """(parent pid, CPU seconds, RSS MB) of a live process, None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE_MB
-
-
-def _is_worker(pid: int, marker: str) -> bool:
-    try:
-        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-
-
-def _sample(root: int, usage: TreeUsage, worker_marker: str) -> None:
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
-                stats[int(entry)] = stat
-    tree, frontier = {root}, [root]
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _, _) in stats.items():
-        children.setdefault(parent, []).append(pid)
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            if child not in tree:
-                tree.add(child)
-                frontier.append(child)
+def _sample(root: int, usage: TreeUsage) -> None:
+    stats = read_all()
     rss = 0.0
-    for pid in tree & stats.keys():
-        _, cpu, pid_rss = stats[pid]
-        usage.cpu_by_pid[pid] = max(cpu, usage.cpu_by_pid.get(pid, 0.0))
-        rss += pid_rss
-        if worker_marker and pid_rss > usage.peak_worker_rss_mb and _is_worker(pid, worker_marker):
-            usage.peak_worker_rss_mb = pid_rss
+    for pid in tree_of(root, stats) & stats.keys():
+        stat = stats[pid]
+        usage.cpu_by_pid[pid] = max(stat.cpu_s, usage.cpu_by_pid.get(pid, 0.0))
+        rss += stat.rss_mb
+        if stat.rss_mb > usage.peak_worker_rss_mb and role(pid, root) == "Python workers":
+            usage.peak_worker_rss_mb = stat.rss_mb
     usage.peak_rss_mb = max(usage.peak_rss_mb, rss)
 
 
@@ -100,13 +69,12 @@ def run_child(
     log: Path,
     done: Callable[[], bool] | None = None,
     timeout_s: float = 3600.0,
-    worker_marker: str = "",
 ) -> ChildRun:
     """Run ``command`` and measure its tree until it exits, or, with ``done``, until ``done()`` holds.
 
     With ``done`` the wall time ends when it first holds; the child then gets SIGTERM (its CPU up to
-    the exit still counts). ``worker_marker`` names the processes (by command line) whose largest
-    single RSS is reported as the worker's peak. The child's stderr and stdout go to ``log``.
+    the exit still counts). The largest single RSS among Spark's Python workers is reported as the
+    worker's peak. The child's stderr and stdout go to ``log``.
     """
     usage = TreeUsage()
     with log.open("w") as out:
@@ -116,7 +84,7 @@ def run_child(
 
         def sampler() -> None:
             while not stop.is_set():
-                _sample(child.pid, usage, worker_marker)
+                _sample(child.pid, usage)
                 stop.wait(_SAMPLE_S)
 
         thread = threading.Thread(target=sampler, name="proctree-sampler", daemon=True)

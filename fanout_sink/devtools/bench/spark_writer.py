@@ -77,7 +77,7 @@ def run(ctx: RunContext) -> SystemRun:
         "--checkpoint", str(ctx.folder / "checkpoint"), "--max-offsets", str(ctx.max_offsets_per_trigger),
     ]  # fmt: skip
     log = ctx.folder / "spark-writer.log"
-    child = run_child(command, env=ctx.child_env(), log=log, worker_marker="pyspark.daemon")
+    child = run_child(command, env=ctx.child_env(), log=log)
     if child.returncode != 0:
         raise SystemExit(f"{SYSTEM} failed (exit {child.returncode}); log {log}:\n{child.stderr[-3000:]}")
     return SystemRun(
