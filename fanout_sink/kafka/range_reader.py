@@ -18,6 +18,7 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from typing import Any
@@ -104,18 +105,18 @@ class RangeReader:
         deadline = time.monotonic() + self.stall_timeout_s
         while position < end:
             messages = self._consumer.consume(CONSUME_BATCH, timeout=1.0)
-            records: list[Message] = []
-            for message in messages:
-                error, offset = message.error(), _offset(message)
-                if error is None:
-                    if offset >= end:
-                        position = end
-                        break
-                    records.append(message)
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    position = max(position, offset)
-                else:
+            # Comprehensions, not a loop with a body per message: this runs for every record.
+            events = [m for m in messages if m.error() is not None]
+            records = [m for m in messages if m.error() is None] if events else messages
+            for event in events:
+                error = event.error()
+                if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    position = max(position, _offset(event))
+                elif error is not None:
                     self._fail(topic, partition, start, end, error)
+            if records and _offset(records[-1]) >= end:
+                records = records[: bisect.bisect_left(records, end, key=_offset)]
+                position = end
             if records:
                 batches.append(_record_batch(topic, partition, records))
                 position = max(position, _offset(records[-1]) + 1)
