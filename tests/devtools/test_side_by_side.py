@@ -57,6 +57,8 @@ def test_every_system_ran_and_the_report_is_written(smoke: SmokeRun) -> None:
     measured = {m["system"] for m in data["measurements"]}
     assert len(measured) == len(smoke.systems)
     assert all(m["records"] == RECORDS and m["wall_s"] > 0 and m["cpu_s"] > 0 for m in data["measurements"])
+    ours = [m for m in data["measurements"] if m["system"].startswith("fanout_sink")]
+    assert ours and all(m["steady_s"] and m["worker_rss_mb"] for m in ours)  # batch lines and workers seen
     text = (smoke.out / "throughput.md").read_text()
     for system in measured:
         assert f"| {VARIANT.name} | {system} |" in text
