@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                 connect_peer.iceberg_version()
             new = throughput(args, bootstrap, work)
             report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
-            report.merge(results, "command", lambda _: command)
+            key = f"throughput, --cores {args.cores}"
+            report.merge(results, "commands", lambda old: {**(old or {}), key: command})
         data = report.merge(results, "machine", lambda _: machine_facts())
     finally:
         if args.work_dir is None and not args.keep:
