@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 SliceSource = Callable[[int, int], pa.Table]
 """``read(from, until)``: the visible records of ``[from, until)`` of the slice's partition, in
-``RAW_RECORD_SCHEMA``. The worker calls it once, after fencing and reading the delivered offset, so a
-replayed slice reads only what is left (``kafka.range_reader.RangeReader`` behind it in a task)."""
+``RAW_RECORD_SCHEMA``. The worker calls it at most once, after fencing and reading the delivered
+offset, so a replayed slice reads only what is left (a ``kafka.range_reader.RangeReader`` in a task)."""
 
 TABLE_CHECKS = 3
 """Writes of one slice at most when its tables keep being recreated; the last one goes out unchecked
@@ -181,7 +181,6 @@ class SliceWorker:
         ``source`` reads the records when the worker knows what is left; a table of the range's
         records already read (tests, tools) is taken as it is and its delivered head dropped.
         """
-        read = source if callable(source) else _already_read(source)
         txn_id = channel.worker_transactional_id(self.sink, topic, partition)
         if not self._control_checked:
             # Producing to a missing topic only times out; creating or checking it once says why.
@@ -190,7 +189,7 @@ class SliceWorker:
         with self._lock(txn_id):
             cached = txn_id in self._producers
             try:
-                return self._attempt(txn_id, topic, partition, start_offset, end_offset, read, process)
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, source, process)
             except ProducerFencedError:
                 if not cached:
                     raise
@@ -198,7 +197,7 @@ class SliceWorker:
                 # process meanwhile (Spark moved the task). That is not a zombie situation, so start
                 # over once with a new producer, which fences in turn and re-reads the offset.
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
-                return self._attempt(txn_id, topic, partition, start_offset, end_offset, read, process)
+                return self._attempt(txn_id, topic, partition, start_offset, end_offset, source, process)
 
     def _recover(self, producer: TransactionalProducer, topic: str, partition: int) -> int | None:
         """The delivered position of a partition whose sink-group offset vanished while the app ran.
@@ -234,7 +233,7 @@ class SliceWorker:
         partition: int,
         start: int,
         end: int,
-        read: SliceSource,
+        source: pa.Table | SliceSource,
         process: SliceProcessor,
     ) -> SliceResult:
         # A new producer fences older attempts before anything is read.
@@ -244,11 +243,12 @@ class SliceWorker:
             committed = self._recover(producer, topic, partition)
         result = SliceResult(topic, partition, start, end, committed)
         if committed is not None and committed >= end:
-            result.skipped_delivered = result.records_in = read(end, end).num_rows
+            # Nothing is read; records handed in already read were all delivered.
+            result.skipped_delivered = result.records_in = 0 if callable(source) else source.num_rows
             return result
         if committed is not None and committed < start:
             raise OffsetGapError(topic, partition, committed, start, end, self.group)
-        raw = read(max(start, committed or start), end)
+        raw = source(max(start, committed or start), end) if callable(source) else source
         result.records_in = raw.num_rows
         if committed is not None and committed > start:
             keep = pc.greater_equal(raw["offset"], pa.scalar(committed, pa.int64()))
@@ -377,9 +377,3 @@ class SliceWorker:
         if self._offsets is not None:
             self._offsets.close()
             self._offsets = None
-
-
-def _already_read(raw: pa.Table) -> SliceSource:
-    """A source over records read before the worker knew what was delivered: it returns them all,
-    and the worker drops the delivered head (and counts it as skipped)."""
-    return lambda _from, _until: raw

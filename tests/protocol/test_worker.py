@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from support.common import (
@@ -19,6 +20,7 @@ from support.common import (
 
 from fanout_sink import faults
 from fanout_sink.errors import OffsetGapError, ProducerFencedError
+from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.worker import SliceWorker
@@ -82,6 +84,34 @@ def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
         len([p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)])
         == 3
     )
+    worker.close()
+
+
+def test_a_source_is_read_only_where_the_sink_group_has_not_delivered(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    """A task hands the worker a reader: a replayed slice reads nothing, a partly delivered one
+    reads from the committed offset on (fencing and the stable read come first)."""
+    sink, source, _control, worker = _setup(bootstrap_servers, make_topic, catalog)
+    produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(15)])
+    reader = RangeReader({"bootstrap.servers": bootstrap_servers}, channel.sink_group(sink))
+    reads: list[tuple[int, int]] = []
+
+    def read(first: int, until: int) -> pa.Table:
+        reads.append((first, until))
+        return reader.read(source, 0, first, until)
+
+    process = make_processor(catalog)
+    first = worker.commit_slice(source, 0, 0, 10, read, process)
+    assert first.transaction_committed and first.records_in == 10 and first.rows == {"sink.a": 5, "sink.b": 5}
+    replay = worker.commit_slice(source, 0, 0, 10, read, process)
+    assert not replay.transaction_committed and (replay.records_in, replay.skipped_delivered) == (0, 0)
+    overlap = worker.commit_slice(source, 0, 5, 15, read, process)
+    assert (overlap.records_in, overlap.skipped_delivered) == (5, 0)
+    assert overlap.rows == {"sink.a": 3, "sink.b": 2}  # ids 10-14 only
+    assert reads == [(0, 10), (10, 15)], "the replay read nothing, the overlap only what was left"
+    assert _committed(bootstrap_servers, sink, source) == 15
+    reader.close()
     worker.close()
 
 
