@@ -124,6 +124,7 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
     print(f"latency: producing {total:,} records at {rate:,.0f}/s into {topic}", flush=True)
     produced = pa.array(_produce_steadily(bootstrap, topic, records, rate), pa.float64())
     thread.join()
+    admin.delete_topics([topic])[topic].result(timeout=30)  # like the throughput mode's input topics
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     seqs, stamps = visible_ms(ctx)
