@@ -36,10 +36,13 @@ _CHILD = textwrap.dedent(
 
 
 def _session_in_child(archive: Path) -> str:
+    """Runs in the archive's folder: a JVM that crashes on a damaged archive leaves its hs_err log there."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     env.pop("FANOUT_SINK_CDS", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, str(archive)],
+        cwd=archive.parent,
         capture_output=True,
         text=True,
         env=env,
