@@ -59,6 +59,9 @@ FETCH_DEFAULTS: dict[str, Any] = {
 CONSUME_BATCH = 10_000
 """Messages per ``consume`` call, so per Arrow record batch."""
 
+CONSUME_WAIT_S = 0.2
+"""How long one ``consume`` call waits for its count; the stall timeout bounds the whole read."""
+
 DEFAULT_STALL_TIMEOUT_S = 60.0
 
 
@@ -104,7 +107,11 @@ class RangeReader:
         position = start
         deadline = time.monotonic() + self.stall_timeout_s
         while position < end:
-            messages = self._consumer.consume(CONSUME_BATCH, timeout=1.0)
+            # consume() returns when it has the count or the timeout passed, not at partition EOF: a
+            # count above what is left made every range's tail wait the whole timeout (1 s per slice).
+            # Markers and aborted records make what is left smaller than end - position; then the short
+            # timeout bounds the wait, and EOF at or past the end finishes the range.
+            messages = self._consumer.consume(min(CONSUME_BATCH, end - position), timeout=CONSUME_WAIT_S)
             # Comprehensions, not a loop with a body per message: this runs for every record.
             events = [m for m in messages if m.error() is not None]
             records = [m for m in messages if m.error() is None] if events else messages

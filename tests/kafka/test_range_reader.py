@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
@@ -157,3 +158,44 @@ def test_the_consumer_gets_no_producer_only_properties() -> None:
     }
     assert consumer_conf(section) == {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL"}
     assert {"linger.ms", "acks", "transaction.timeout.ms"} <= PRODUCER_ONLY
+
+
+def test_a_range_of_plain_records_is_read_without_waiting_out_a_consume_timeout(
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    reader: RangeReader,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``consume`` returns early only when it has the count it asked for; a call that comes back with
+    fewer records than asked and no end in sight waited its whole timeout. Not timed: the calls' counts
+    are compared, through a spy on the real consumer."""
+    topic = make_topic("no-wait")
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for n in range(2500):
+        producer.produce(topic, value=b"v%d" % n, partition=0)
+    producer.flush(30)
+    calls: list[tuple[int, int]] = []
+    consume = reader._consumer.consume
+
+    def spy(num_messages: int, timeout: float) -> list[Any]:
+        messages = consume(num_messages, timeout)
+        calls.append((num_messages, sum(1 for m in messages if m.error() is None)))
+        return messages
+
+    monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+
+    assert len(reader.read(topic, 0, 0, 2500)) == 2500
+    assert len(reader.read(topic, 0, 1000, 1200)) == 200
+    short = [(asked, got) for asked, got in calls if got and got < asked]
+    assert not short, f"consume calls that waited out their timeout (asked, got): {short}"
+
+
+class _Spied:
+    """The real consumer with ``consume`` replaced by a spy."""
+
+    def __init__(self, consumer: Any, consume: Callable[..., list[Any]]) -> None:
+        self._consumer = consumer
+        self.consume = consume
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
