@@ -7,7 +7,8 @@ librdkafka (:class:`~fanout_sink.kafka.range_reader.RangeReader`) straight into 
 travels back to the driver as a pickled :class:`SliceReport`.
 
 ``FANOUT_SINK_PROFILE=<dir>`` (in the app's environment, which local executors inherit) runs every
-task under cProfile and dumps ``<dir>/<topic>-<partition>-<batch>.prof``.
+task under cProfile (wall clock, its default: waits on the broker show too) and dumps
+``<dir>/<topic>-<partition>-<batch>.prof`` (``python -m pstats`` reads it).
 """
 
 from __future__ import annotations
