@@ -15,6 +15,10 @@ from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
 from fanout_sink.devtools.topics import read_to_end
 
+pytest_plugins = [
+    "support.stores_fixtures",
+]
+
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:

@@ -110,7 +110,7 @@ def _new_cluster_id() -> str:
             return cid
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -125,7 +125,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def log_tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -255,7 +255,7 @@ class KafkaBroker:
     def start(self, timeout_s: float = 120.0) -> BrokerState:
         """Start the broker and return once it accepts clients; raise StackError within ``timeout_s``."""
         existing = load_state(self.work_dir)
-        if existing is not None and _pid_alive(existing.pid):
+        if existing is not None and pid_alive(existing.pid):
             raise StackError(
                 f"a broker from {self.work_dir} is already running (pid {existing.pid}, "
                 f"{existing.bootstrap_servers})",
@@ -309,7 +309,7 @@ class KafkaBroker:
                 if READY_LINE.encode() in log.read():
                     return
             if self._process.poll() is not None:
-                tail = _tail(self.log_file)
+                tail = log_tail(self.log_file)
                 cause, fix = _diagnose(tail, self.state.port, self.state.controller_port)
                 raise StackError(
                     f"{cause} (exit code {self._process.returncode})",
@@ -321,7 +321,7 @@ class KafkaBroker:
         raise StackError(
             f"the Kafka broker did not report ready within {timeout_s:.0f}s",
             "the machine may be overloaded; read the broker log, then retry",
-            f"last lines of {self.log_file}:\n{_tail(self.log_file)}",
+            f"last lines of {self.log_file}:\n{log_tail(self.log_file)}",
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -370,7 +370,7 @@ def stop_pid(pid: int, timeout_s: float = 30.0) -> None:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
@@ -379,7 +379,7 @@ def stop_pid(pid: int, timeout_s: float = 30.0) -> None:
 
 def is_running(state: BrokerState) -> bool:
     """The broker's process lives and its port accepts connections."""
-    if not _pid_alive(state.pid):
+    if not pid_alive(state.pid):
         return False
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(2)
