@@ -38,7 +38,7 @@ from pydantic import (
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
 from fanout_sink.kafka.client import TopicSettings
-from fanout_sink.kafka.java_client import sasl_jaas_config
+from fanout_sink.kafka.java_client import PropertyError, java_tls_properties, sasl_jaas_config
 
 # --------------------------------------------------------------------------------------------
 # Small value types
@@ -531,7 +531,7 @@ class SinkConfig(_Section):
 
 SECRET_KEY_PATTERN = (
     r"(password|passwd|secret|token|credential|private[._-]?key|account[._-]?key|"
-    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key|key[._-]?pem)"
+    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key|key[._-]?pem|keystore[._-]?key)"
 )
 """What names a secret, case-insensitively; also valid as a Java regex (Spark's redaction takes it)."""
 _SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.IGNORECASE)
@@ -691,6 +691,15 @@ def _check_schema_files(config: SinkConfig, source: str) -> None:
         raise ConfigError.many(source, problems)
 
 
+def _check_kafka_tls(config: SinkConfig, source: str) -> None:
+    """The TLS files under ``kafka:`` are readable and serve Spark's Java Kafka client as well as
+    librdkafka (a wrong password or a missing file would otherwise stop the app after Spark started)."""
+    try:
+        java_tls_properties(config.kafka)
+    except PropertyError as exc:
+        raise ConfigError(source, _join("kafka", exc.key), exc.problem, exc.fix) from None
+
+
 def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> SinkConfig:
     """Validate already-parsed YAML data (a mapping) into a :class:`SinkConfig`."""
     if not isinstance(data, dict):
@@ -703,6 +712,7 @@ def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = No
     except ValidationError as exc:
         raise _errors(exc, source) from None
     _check_schema_files(config, source)
+    _check_kafka_tls(config, source)
     return config
 
 

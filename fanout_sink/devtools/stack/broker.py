@@ -1,5 +1,9 @@
 """A real single-node Apache Kafka broker (KRaft, transactions on) on 127.0.0.1, run from Maven jars.
 
+Besides its PLAINTEXT listener it can offer SASL_PLAINTEXT, and with TLS an SSL listener that requires
+a client certificate (mTLS) and a SASL_SSL one, from a private CA made in its folder
+(:mod:`.certificates`): the listeners a secured production cluster has, for both Kafka clients.
+
 Used three ways: by ``fanout-sink stack up`` as a background daemon that outlives the command, by the
 test suite as a session fixture, and by fault-injection tests that stop and restart it mid-run.
 """
@@ -21,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from fanout_sink import jars
+from fanout_sink.devtools.stack.certificates import TlsFiles, make_tls_files
 from fanout_sink.errors import StackError
 from fanout_sink.kafka.java_client import jaas_quote
 
@@ -28,6 +33,9 @@ KAFKA_BROKER = jars.JarSet("kafka-broker", "fanout_sink.devtools.stack")
 """Apache Kafka's server jars (``poms/kafka-broker.xml``)."""
 READY_LINE = "Kafka Server started"
 SASL_LISTENER = "SASL_CLIENT"
+SSL_LISTENER = "SSL_CLIENT"
+SASL_SSL_LISTENER = "SASL_SSL_CLIENT"
+_PROTOCOLS = {SASL_LISTENER: "SASL_PLAINTEXT", SSL_LISTENER: "SSL", SASL_SSL_LISTENER: "SASL_SSL"}
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256")
 _STATE_FILE = "broker.json"
 _LOG_FILE = "broker.log"
@@ -44,10 +52,23 @@ class BrokerState:
     data_dir: str
     log_file: str
     sasl_port: int | None = None
+    ssl_port: int | None = None
+    sasl_ssl_port: int | None = None
+    tls_dir: str | None = None
+    """The private CA and certificates (:class:`.certificates.TlsFiles`) when the broker has TLS."""
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def listener_ports(self) -> dict[str, int]:
+        """The ports of the client listeners beyond PLAINTEXT, by listener name."""
+        ports = {
+            SASL_LISTENER: self.sasl_port,
+            SSL_LISTENER: self.ssl_port,
+            SASL_SSL_LISTENER: self.sasl_ssl_port,
+        }
+        return {name: port for name, port in ports.items() if port is not None}
 
 
 @dataclass(frozen=True)
@@ -84,10 +105,10 @@ def _usable(port: int | None, taken: tuple[int, ...]) -> int:
     return port
 
 
-def _sasl_properties(user: SaslUser) -> dict[str, str]:
-    """The SASL listener's mechanisms and JAAS configs. PLAIN checks ``user_<name>`` entries of its
+def _sasl_properties(user: SaslUser, listener: str) -> dict[str, str]:
+    """A SASL listener's mechanisms and JAAS configs. PLAIN checks ``user_<name>`` entries of its
     JAAS config; SCRAM checks the credentials stored in the metadata log at format time."""
-    prefix = f"listener.name.{SASL_LISTENER.lower()}"
+    prefix = f"listener.name.{listener.lower()}"
     plain = f"org.apache.kafka.common.security.plain.PlainLoginModule required user_{user.username}="
     return {
         f"{prefix}.sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
@@ -95,6 +116,18 @@ def _sasl_properties(user: SaslUser) -> dict[str, str]:
         f"{prefix}.scram-sha-256.sasl.jaas.config": (
             "org.apache.kafka.common.security.scram.ScramLoginModule required;"
         ),
+    }
+
+
+def _tls_properties(files: TlsFiles) -> dict[str, str]:
+    """PEM key and trust stores for the TLS listeners; the SSL one requires a client certificate, the
+    SASL_SSL one authenticates by SASL (as clusters that offer both usually do)."""
+    return {
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(files.server),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(files.ca),
+        f"listener.name.{SSL_LISTENER.lower()}.ssl.client.auth": "required",
     }
 
 
@@ -165,9 +198,12 @@ class KafkaBroker:
         controller_port: int | None = None,
         sasl_user: SaslUser | None = None,
         properties: Mapping[str, str] | None = None,
+        tls: bool = False,
     ) -> None:
         """``sasl_user`` adds a SASL_PLAINTEXT client listener (PLAIN and SCRAM-SHA-256) that accepts
         that user only; the PLAINTEXT listener stays for the controller, the broker itself and tools.
+        ``tls`` adds an SSL listener that requires a certificate of the broker's private CA and, with
+        ``sasl_user``, a SASL_SSL listener; the CA and certificates are made in ``work_dir/tls``.
         ``properties`` are server properties set last, over the defaults: a chaos run compresses a
         month of retention with ``offsets.retention.minutes`` and friends."""
         self.work_dir = work_dir.resolve()
@@ -175,6 +211,7 @@ class KafkaBroker:
         self._requested_port = port
         self._requested_controller_port = controller_port
         self.sasl_user = sasl_user
+        self.tls = tls
         self._process: subprocess.Popen[bytes] | None = None
         self.state: BrokerState | None = None
 
@@ -187,15 +224,49 @@ class KafkaBroker:
     @property
     def sasl_bootstrap_servers(self) -> str:
         """The SASL_PLAINTEXT listener's address (the broker was given a ``sasl_user``)."""
-        if self.state is None or self.state.sasl_port is None:
-            raise StackError("the broker has no SASL listener", "start it with sasl_user=SaslUser(...)")
-        return f"127.0.0.1:{self.state.sasl_port}"
+        return self._listener_address(SASL_LISTENER, "sasl_user=SaslUser(...)")
+
+    @property
+    def ssl_bootstrap_servers(self) -> str:
+        """The SSL listener's address, which requires a client certificate (the broker has ``tls``)."""
+        return self._listener_address(SSL_LISTENER, "tls=True")
+
+    @property
+    def sasl_ssl_bootstrap_servers(self) -> str:
+        """The SASL_SSL listener's address (the broker has ``tls`` and a ``sasl_user``)."""
+        return self._listener_address(SASL_SSL_LISTENER, "tls=True and sasl_user=SaslUser(...)")
+
+    @property
+    def tls_files(self) -> TlsFiles:
+        """The private CA, the broker's and the client's certificates (the broker has ``tls``)."""
+        if self.state is None or self.state.tls_dir is None:
+            raise StackError("the broker has no TLS listener", "start it with tls=True")
+        return TlsFiles(Path(self.state.tls_dir))
+
+    def _listener_address(self, listener: str, how: str) -> str:
+        port = None if self.state is None else self.state.listener_ports().get(listener)
+        if port is None:
+            raise StackError(f"the broker has no {_PROTOCOLS[listener]} listener", f"start it with {how}")
+        return f"127.0.0.1:{port}"
+
+    def _listeners(self) -> tuple[str, ...]:
+        """The client listeners beyond PLAINTEXT that this broker offers."""
+        wanted = {
+            SASL_LISTENER: self.sasl_user is not None,
+            SSL_LISTENER: self.tls,
+            SASL_SSL_LISTENER: self.tls and self.sasl_user is not None,
+        }
+        return tuple(name for name, on in wanted.items() if on)
 
     @property
     def log_file(self) -> Path:
         return self.work_dir / _LOG_FILE
 
-    def _choose_ports(self) -> tuple[int, int, int | None]:
+    @property
+    def tls_dir(self) -> Path:
+        return self.work_dir / "tls"
+
+    def _choose_ports(self) -> tuple[int, int, dict[str, int]]:
         previous = load_state(self.work_dir)
         port = self._requested_port or (previous.port if previous else None)
         cport = self._requested_controller_port or (previous.controller_port if previous else None)
@@ -208,18 +279,18 @@ class KafkaBroker:
                 )
         port = _usable(port, taken=())
         cport = _usable(cport, taken=(port,))
-        if self.sasl_user is None:
-            return port, cport, None
-        return port, cport, _usable(previous.sasl_port if previous else None, taken=(port, cport))
+        before = previous.listener_ports() if previous else {}
+        extra: dict[str, int] = {}
+        for listener in self._listeners():
+            extra[listener] = _usable(before.get(listener), taken=(port, cport, *extra.values()))
+        return port, cport, extra
 
-    def _write_config(self, port: int, cport: int, sasl_port: int | None) -> Path:
+    def _write_config(self, port: int, cport: int, extra: Mapping[str, int]) -> Path:
         data_dir = self.work_dir / "data"
         data_dir.mkdir(parents=True, exist_ok=True)
-        listeners = {"PLAINTEXT": port, "CONTROLLER": cport}
+        listeners = {"PLAINTEXT": port, "CONTROLLER": cport, **extra}
         protocols = {"CONTROLLER": "PLAINTEXT", "PLAINTEXT": "PLAINTEXT"}
-        if sasl_port is not None:
-            listeners[SASL_LISTENER] = sasl_port
-            protocols[SASL_LISTENER] = "SASL_PLAINTEXT"
+        protocols.update({name: _PROTOCOLS[name] for name in extra})
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -245,8 +316,12 @@ class KafkaBroker:
             "log.cleaner.dedupe.buffer.size": "33554432",
             "log.flush.interval.messages": "9223372036854775807",
         }
-        if sasl_port is not None and self.sasl_user is not None:
-            props.update(_sasl_properties(self.sasl_user))
+        if self.sasl_user is not None:
+            for listener in (SASL_LISTENER, SASL_SSL_LISTENER):
+                if listener in extra:
+                    props.update(_sasl_properties(self.sasl_user, listener))
+        if self.tls:
+            props.update(_tls_properties(make_tls_files(self.tls_dir)))
         props.update(self.properties)
         path = self.work_dir / "server.properties"
         path.write_text("".join(f"{k}={_escape_property(v)}\n" for k, v in props.items()))
@@ -266,8 +341,8 @@ class KafkaBroker:
         )
         classpath = str(jars.fetch(KAFKA_BROKER) / "*")
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        port, cport, sasl_port = self._choose_ports()
-        config = self._write_config(port, cport, sasl_port)
+        port, cport, extra = self._choose_ports()
+        config = self._write_config(port, cport, extra)
         cluster_id = existing.cluster_id if existing else _new_cluster_id()
         scram = []
         if self.sasl_user is not None:
@@ -294,7 +369,9 @@ class KafkaBroker:
             )  # fmt: skip
         self.state = BrokerState(
             pid=self._process.pid, port=port, controller_port=cport, cluster_id=cluster_id,
-            data_dir=str(self.work_dir / "data"), log_file=str(self.log_file), sasl_port=sasl_port,
+            data_dir=str(self.work_dir / "data"), log_file=str(self.log_file),
+            sasl_port=extra.get(SASL_LISTENER), ssl_port=extra.get(SSL_LISTENER),
+            sasl_ssl_port=extra.get(SASL_SSL_LISTENER), tls_dir=str(self.tls_dir) if self.tls else None,
         )  # fmt: skip
         self._wait_ready(log_offset, timeout_s)
         (self.work_dir / _STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2) + "\n")
