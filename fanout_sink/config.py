@@ -417,6 +417,19 @@ class SparkSettings(_Section):
     checkpoint_location: str | None = Field(default=None, examples=["/var/lib/fanout-sink/checkpoints"])
 
 
+class MetricsSettings(_Section):
+    """``metrics:`` the driver's Prometheus endpoint (``/metrics``); present = on.
+
+    Absent means off, so the embedded default and several sinks on one machine never fight over a
+    port; a production config sets it (``metrics: {}`` serves on 127.0.0.1:9464, the port
+    OpenTelemetry reserved for Prometheus exporters; ``host: 0.0.0.0`` for a scraper elsewhere,
+    ``port: 0`` for any free port, logged).
+    """
+
+    host: str = Field(default="127.0.0.1", examples=["0.0.0.0"])
+    port: int = Field(default=9464, ge=0, le=65535, examples=[9464])
+
+
 class SinkConfig(_Section):
     """The whole ``sink.yaml``."""
 
@@ -431,6 +444,7 @@ class SinkConfig(_Section):
     dead_letter: DeadLetterSettings | None = None
     errors: ErrorSettings = Field(default_factory=ErrorSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    metrics: MetricsSettings | None = Field(default=None, examples=[{"port": 9464}])
     base_dir: Path = Field(default=Path("."), exclude=True)
     """Folder of the YAML file; relative schema paths resolve against it."""
 

@@ -29,6 +29,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 from confluent_kafka import KafkaException, TopicPartition
@@ -63,6 +64,7 @@ class TableCommit:
     table_uuid: str | None = None
     snapshot_id: int | None = None
     files: int = 0
+    rows: int = 0
     stale_files: int = 0  # written for another table uuid: never appended
     attempts: int = 0
     error: str | None = None
@@ -84,6 +86,15 @@ class RoundResult:
     low_watermark: int
     vtts_ms: int | None
     tables: dict[str, TableCommit] = field(default_factory=dict)
+
+
+class RoundObserver(Protocol):
+    """Told the outcome of every commit round (the app's metrics); called on the coordinator's thread
+    after the round, so an observer must be quick and must not raise."""
+
+    def round_done(self, result: RoundResult, positions: list[PartitionPosition]) -> None: ...
+
+    def round_failed(self, error: BaseException) -> None: ...
 
 
 def _no_retry_transaction(table: Table) -> Transaction:
@@ -121,6 +132,7 @@ class Coordinator:
         max_parallel_commits: int = 4,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         offsets_refresh_interval_s: float | None = None,
+        observer: RoundObserver | None = None,
     ) -> None:
         self.sink = sink
         self.kafka_conf = dict(kafka_conf)
@@ -145,6 +157,7 @@ class Coordinator:
         """Tables whose commit failed in the latest rounds, by identifier."""
         self.offsets_refresh_interval_s = offsets_refresh_interval_s
         self._refresher: OffsetRefresher | None = None
+        self.observer = observer
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -253,6 +266,17 @@ class Coordinator:
 
     def commit_round(self) -> RoundResult:
         """One commit round, synchronously (tests call it directly; the thread calls it on a timer)."""
+        try:
+            result, positions = self._round()
+        except Exception as exc:
+            if self.observer is not None:
+                self.observer.round_failed(exc)
+            raise
+        if self.observer is not None:
+            self.observer.round_done(result, positions)
+        return result
+
+    def _round(self) -> tuple[RoundResult, list[PartitionPosition]]:
         with self._lock:
             _, reader = self._ready()
             commit_id = str(uuid.uuid4())
@@ -311,7 +335,7 @@ class Coordinator:
                     ", ".join(f"{t} {c.outcome} ({c.files} files)" for t, c in sorted(result.tables.items())),
                     vtts,
                 )
-            return result
+            return result, positions
 
     def _refresh_offsets(self, positions: list[PartitionPosition]) -> None:
         """Re-commit idle partitions' sink-group offsets before the broker expires them (the group is
@@ -493,6 +517,7 @@ class Coordinator:
             fault_point("coordinator.after-table-commit", table=identifier)
             outcome.outcome = "committed"
             outcome.files = len(files)
+            outcome.rows = sum(data_file.record_count for data_file in files)
             outcome.error = None
             snapshot = committed.current_snapshot()
             outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None

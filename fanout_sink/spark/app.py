@@ -21,6 +21,7 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import RecordError
 from fanout_sink.kafka.client import ensure_topic
+from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.spark import planning, progress
@@ -49,7 +50,8 @@ class SinkApp:
     def __init__(self, config: SinkConfig, options: RunOptions | None = None) -> None:
         self.config = config
         self.options = options or RunOptions()
-        self.batches = BatchRunner(config, self.options.batch_retries, self._coordinator_error)
+        self.metrics = SinkMetrics(config.name) if config.metrics is not None else None
+        self.batches = BatchRunner(config, self.options.batch_retries, self._coordinator_error, self.metrics)
         self._stop_requested = threading.Event()
         self._query_started = threading.Event()
         self._query: Any = None
@@ -80,6 +82,15 @@ class SinkApp:
     def run(self) -> int:
         # Before anything is created or started: a wrong setting ends here in two lines, not in Spark.
         preflight.run(self.config)
+        if self.metrics is not None and self.config.metrics is not None:
+            self.metrics.serve(self.config.metrics)
+        try:
+            return self._run()
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def _run(self) -> int:
         ensure_control_topic(
             self.config.kafka, self.config.control_topic, settings=self.config.control.topic_settings()
         )
@@ -101,7 +112,11 @@ class SinkApp:
                     self.config.catalog,
                     master=master,
                     app_name=self.config.name,
-                    extra_conf=dict(self.options.spark_conf),
+                    # Spark's own metrics system then reports the query's rates and durations too.
+                    extra_conf={
+                        "spark.sql.streaming.metricsEnabled": "true",
+                        **dict(self.options.spark_conf),
+                    },
                     light_jit=True,
                 )
             except BaseException:
@@ -153,6 +168,7 @@ class SinkApp:
             offsets_refresh_interval_s=(
                 control.offsets_refresh_interval.total_seconds() if control.offsets_refresh_interval else None
             ),
+            observer=self.metrics,
         )
         coordinator.start()
         return coordinator

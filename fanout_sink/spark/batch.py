@@ -23,6 +23,7 @@ from typing import Any
 
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import FanoutSinkError, RecordError
+from fanout_sink.metrics import SinkMetrics
 from fanout_sink.spark import planning
 from fanout_sink.spark.task import SliceReport, config_key, run_task
 
@@ -63,6 +64,7 @@ class BatchRunner:
         config: SinkConfig,
         retries: int,
         coordinator_error: Callable[[], BaseException | None],
+        metrics: SinkMetrics | None = None,
     ) -> None:
         self.config = config
         self.checkpoint = config.checkpoint_location
@@ -72,6 +74,7 @@ class BatchRunner:
         """The bad record that stopped the query (``errors.tolerance: none``)."""
         self._coordinator_error = coordinator_error
         self._config_key = config_key(config)
+        self._metrics = metrics
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         """Deliver every planned slice of batch ``batch_id``, retrying the batch on failure."""
@@ -96,7 +99,10 @@ class BatchRunner:
                     if attempt == self.retries or isinstance(exc, FanoutSinkError):
                         raise
                     log.warning("batch %d attempt %d failed (%s); retrying the batch", batch_id, attempt, exc)
-            log.info("%s", BatchSummary(reports).describe(batch_id, time.monotonic() - started))
+            seconds = time.monotonic() - started
+            log.info("%s", BatchSummary(reports).describe(batch_id, seconds))
+            if self._metrics is not None:
+                self._metrics.batch_done(seconds, [report.result for report in reports])
 
     def _run(self, context: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
         """One task per range that moved (``numSlices`` = ranges: one element each), in the order of

@@ -1,0 +1,116 @@
+"""The driver's Prometheus endpoint, scraped while the real app runs: what it says matches the tables."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
+from support.sink_app import SinkRun
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.devtools.chaos.app_process import child_env
+from fanout_sink.devtools.stack.broker import free_port
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of ``/metrics``, keyed by name and sorted labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
+    return {dict(labels)[label]: value for (found, labels), value in samples.items() if found == name}
+
+
+def test_metrics_scraped_during_a_run_match_the_tables(
+    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+) -> None:
+    dlq = make_topic("dlq")
+    port = free_port()
+    sink_run = SinkRun(
+        tmp_path,
+        bootstrap_servers,
+        catalog_settings,
+        make_topic,
+        commit_interval="1s",
+        overrides={"metrics": {"port": port}, "dead-letter": {"topic": dlq}},
+    )
+    sink_run.produce(600)
+    bad = Producer({"bootstrap.servers": bootstrap_servers})
+    for n in range(3):
+        bad.produce(sink_run.topics["clicks"], key=f"bad-{n}".encode(), value=b"{not json")
+    bad.flush(30)
+
+    app = subprocess.Popen(
+        sink_run.command("--trigger-interval", "1s"),
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "app.log").open("w"),
+        env=child_env(),
+        start_new_session=True,
+    )
+    try:
+        samples: Samples = {}
+        rows: dict[str, float] = {}
+        lag: dict[tuple[tuple[str, str], ...], float] = {}
+        deadline = time.monotonic() + 300
+        expected_rows = sum(len(ids) for ids in sink_run.expected.values())
+        while time.monotonic() < deadline and app.poll() is None:
+            try:
+                samples = scrape(port)
+            except OSError:  # not serving yet
+                time.sleep(0.5)
+                continue
+            rows = by_label(samples, "fanout_sink_rows_committed_total", "table")
+            lag = {labels: v for (name, labels), v in samples.items() if name == "fanout_sink_partition_lag"}
+            if sum(rows.values()) == expected_rows and len(lag) == 5 and not any(lag.values()):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(
+                f"metrics never caught up: rows {rows}, lag {lag}\n{(tmp_path / 'app.log').read_text()}"
+            )
+
+        ids = sink_run.table_ids()
+        assert rows == {table: len(ids[table]) for table in sink_run.expected}, (
+            "rows committed = rows in table"
+        )
+        files = by_label(samples, "fanout_sink_files_committed_total", "table")
+        assert set(files) == set(rows) and all(count >= 1 for count in files.values())
+        assert by_label(samples, "fanout_sink_dead_letters_total", "topic") == {
+            sink_run.topics["clicks"]: 3.0,
+            sink_run.topics["orders"]: 0.0,
+        }
+        records = by_label(samples, "fanout_sink_records_read_total", "topic")
+        assert sum(records.values()) == 603
+        now = time.time()
+        vtts = by_label(samples, "fanout_sink_table_vtts_timestamp_seconds", "table")
+        assert set(vtts) == set(rows) and all(0 < value <= now for value in vtts.values())
+        ages = by_label(samples, "fanout_sink_table_vtts_age_seconds", "table")
+        assert all(age >= 0 for age in ages.values()) and set(ages) == set(rows)
+        commits = by_label(samples, "fanout_sink_table_last_commit_timestamp_seconds", "table")
+        assert all(now - 300 < value <= now for value in commits.values())
+        assert by_label(samples, "fanout_sink_commit_failures_total", "table") == {}
+        batches = by_label(samples, "fanout_sink_batch_duration_seconds_count", "sink")
+        assert batches[sink_run.name] >= 1
+        info = by_label(samples, "fanout_sink_info", "sink")
+        assert info == {sink_run.name: 1.0}
+    finally:
+        app.send_signal(signal.SIGTERM)
+        assert app.wait(120) == 0, (tmp_path / "app.log").read_text()[-4000:]
+    sink_run.assert_exact()
