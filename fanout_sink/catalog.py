@@ -1,32 +1,72 @@
 """One Iceberg catalog seen from two engines: PyIceberg on the sink's side, Spark SQL on the reader's.
 
-The embedded default is PyIceberg's SQL catalog on SQLite. Iceberg's JDBC catalog reads the same
-SQLite file only when it is registered in Spark under the same catalog name, because both key
-their rows by that name; keeping one settings object for both engines keeps the names equal.
+The user writes the ``catalog:`` section once, with PyIceberg's property names (or names a catalog of
+their ``.pyiceberg.yaml``); the Spark side is derived from the same properties here, so both engines
+reach the same catalog and the same files:
+
+- SQL catalog -> Iceberg's JDBC catalog. Both key their rows by the catalog name, so it is registered
+  in Spark under the same name. A SQLAlchemy URI becomes a JDBC URI without its driver suffix and
+  without its credentials, which go to ``jdbc.user``/``jdbc.password`` (a JDBC URI is logged in
+  places where a property is redacted).
+- REST, Hive, Glue: the type and the properties pass through; PyIceberg and Iceberg Java share the
+  REST names (``credential``, ``token``, ``oauth2-server-uri``, ``scope``, ``audience``,
+  ``resource``, ``warehouse``, ``prefix``, ``header.*``, ``rest.sigv4-enabled``, ``rest.signing-*``).
+- Storage: PyIceberg's S3 names become Iceberg's ``S3FileIO`` properties, and the same endpoint and
+  keys configure Hadoop's ``s3a`` for a checkpoint on the object store (:func:`spark_storage_conf`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _SQLITE_PREFIX = "sqlite:///"
 PY_IO_IMPL = "py-io-impl"
 """PyIceberg's catalog property naming the FileIO class; a user's choice is kept."""
 DURABLE_FILE_IO = "fanout_sink.durable_io.DurableFileIO"
+DEFAULT_CATALOG_NAME = "lake"
+DEFAULT_CATALOG_TYPE = "sql"
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+_S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+
+def is_s3_location(location: str | None) -> bool:
+    """An ``s3://``, ``s3a://`` or ``s3n://`` location (a warehouse, a checkpoint)."""
+    return location is not None and location.startswith(_S3_SCHEMES)
 
 
 class CatalogSettings(BaseModel):
-    """The ``catalog:`` section: Iceberg catalog property names, passed through as they are."""
+    """The ``catalog:`` section: Iceberg catalog property names, passed through as they are.
+
+    A catalog of the same name in PyIceberg's own configuration (``.pyiceberg.yaml`` or
+    ``PYICEBERG_CATALOG__<NAME>__<KEY>`` variables) is the base and the keys given here override
+    its keys, so ``catalog: {name: prod}`` alone uses that catalog. The default ``type: sql`` applies
+    only when no such catalog exists. The merged properties travel with the settings object (to the
+    Spark side and to executors on hosts that have no ``.pyiceberg.yaml``).
+    """
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
-    name: str = Field(default="lake", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    type: str = "sql"
+    name: str = Field(default=DEFAULT_CATALOG_NAME, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    type: str = DEFAULT_CATALOG_TYPE
     uri: str | None = None
     warehouse: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_pyiceberg_config(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        found = pyiceberg_catalog_properties(str(data.get("name", DEFAULT_CATALOG_NAME)))
+        if found is None:
+            return data
+        merged = {**found, **data}
+        if "type" not in merged:
+            merged["type"] = _inferred_type(str(data.get("name")), merged)
+        return merged
 
     def properties(self) -> dict[str, str]:
         """Catalog properties as PyIceberg's ``load_catalog`` takes them (every key but ``name``)."""
@@ -36,6 +76,30 @@ class CatalogSettings(BaseModel):
         if self.warehouse is not None:
             props["warehouse"] = self.warehouse
         return {key: str(value) for key, value in props.items()}
+
+
+def pyiceberg_catalog_properties(name: str) -> dict[str, str] | None:
+    """Catalog ``name`` from PyIceberg's configuration, read by PyIceberg's own loader (so the file
+    lookup — ``$PYICEBERG_HOME``, ``~``, the working folder — and the variable rules are PyIceberg's),
+    or None when it defines no such catalog.
+
+    Nested blocks (``ssl:``, ``auth:``) are left out: PyIceberg still reads them from its file on
+    the driver, but they cannot travel as flat properties.
+    """
+    from pyiceberg.utils.config import Config
+
+    found = Config().get_catalog_config(name)
+    if found is None:
+        return None
+    return {str(key): str(value) for key, value in found.items() if not isinstance(value, dict)}
+
+
+def _inferred_type(name: str, properties: dict[str, Any]) -> str:
+    """PyIceberg's own guess from the URI (``http`` -> rest, ``thrift`` -> hive, SQL URIs -> sql)."""
+    from pyiceberg.catalog import infer_catalog_type
+
+    inferred = infer_catalog_type(name, properties)
+    return inferred.value if inferred is not None else DEFAULT_CATALOG_TYPE
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -65,20 +129,168 @@ def is_local_warehouse(warehouse: str | None) -> bool:
     return warehouse is not None and (warehouse.startswith("file:") or "://" not in warehouse)
 
 
+# --------------------------------------------------------------------------------------------
+# The Spark side
+
+_JDBC_DIALECTS = {"postgres": "postgresql"}
+"""SQLAlchemy dialect -> JDBC subprotocol where they differ (``postgresql`` and ``mysql`` agree)."""
+
+
+def jdbc_catalog_properties(uri: str) -> dict[str, str]:
+    """Iceberg JDBC catalog properties for a SQLAlchemy URI: ``uri`` plus ``jdbc.user``/``jdbc.password``.
+
+    ``postgresql+psycopg2://user:pw@host:5432/db?sslmode=require`` ->
+    ``jdbc:postgresql://host:5432/db?sslmode=require`` (pgjdbc takes libpq's ``sslmode``,
+    ``sslrootcert``, ``sslcert`` and ``sslkey`` under the same names). SQLite becomes
+    ``jdbc:sqlite:<absolute path>``. Only the SQLite and PostgreSQL drivers ship with the sink.
+    """
+    path = sqlite_path(uri)
+    if path is not None:
+        return {"uri": f"jdbc:sqlite:{path}"}
+    parts = urlsplit(uri)
+    dialect = parts.scheme.split("+", 1)[0]
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal
+    netloc = host + (f":{parts.port}" if parts.port is not None else "")
+    query = f"?{parts.query}" if parts.query else ""
+    props = {"uri": f"jdbc:{_JDBC_DIALECTS.get(dialect, dialect)}://{netloc}{parts.path}{query}"}
+    if parts.username:
+        props["jdbc.user"] = unquote(parts.username)
+    if parts.password is not None:
+        props["jdbc.password"] = unquote(parts.password)
+    return props
+
+
+_PYICEBERG_ONLY = ("py-", "hf.")
+"""Properties only PyIceberg reads (its FileIO and catalog classes, Hugging Face): not given to Java."""
+
+_S3_RENAMED = {
+    "s3.region": "client.region",
+    "client.access-key-id": "s3.access-key-id",
+    "client.secret-access-key": "s3.secret-access-key",
+    "client.session-token": "s3.session-token",
+    "s3.role-arn": "client.assume-role.arn",
+    "client.role-arn": "client.assume-role.arn",
+    "s3.role-session-name": "client.assume-role.session-name",
+    "client.role-session-name": "client.assume-role.session-name",
+    "s3.sse-kms-key-id": "s3.sse.key",
+    "gcs.endpoint": "gcs.service.host",
+    "adls.account-key": "adls.auth.shared-key.account.key",
+}
+"""PyIceberg name -> Iceberg Java name where they differ and the Java property means the same.
+
+An ``s3.*`` name wins over its ``client.*`` fallback (PyIceberg's order). Everything not named here
+or in :func:`java_catalog_properties` passes through unchanged: the two share most names
+(``s3.endpoint``, ``s3.access-key-id``, ``s3.secret-access-key``, ``s3.session-token``,
+``s3.signer.uri``, ``s3.remote-signing-enabled``, ``gcs.project-id``, ``gcs.oauth2.token``,
+``gcs.service.host``, ``adls.token``), and a PyIceberg-only one (``s3.proxy-uri``,
+``s3.connect-timeout``, ``s3.anonymous``, ``gcs.access``, ``adls.connection-string``, the ``ssl``
+and ``auth`` blocks) is ignored by Java.
+"""
+
+
+def _s3_path_style(props: dict[str, str]) -> str | None:
+    """Java's ``s3.path-style-access`` matching what pyarrow does with the same properties.
+
+    pyarrow addresses buckets by path whenever an endpoint is given and
+    ``s3.force-virtual-addressing`` is not true; the AWS SDK defaults to virtual hosts, which a
+    self-hosted store on an IP address cannot serve.
+    """
+    if "s3.path-style-access" in props:
+        return props["s3.path-style-access"]
+    forced = props.get("s3.force-virtual-addressing")
+    if forced is not None:
+        return str(forced.lower() not in {"true", "1", "yes"}).lower()
+    return "true" if props.get("s3.endpoint") else None
+
+
+def uses_s3(props: dict[str, str]) -> bool:
+    """Whether the catalog's files are on S3: an ``s3://`` warehouse or any S3 property."""
+    return is_s3_location(props.get("warehouse")) or any(key.startswith("s3.") for key in props)
+
+
+def java_catalog_properties(settings: CatalogSettings) -> dict[str, str]:
+    """The catalog's properties with Iceberg Java's names (see :data:`_S3_RENAMED` for what changes)."""
+    props = settings.properties()
+    out: dict[str, str] = {}
+    for key, value in props.items():
+        if key.startswith(_PYICEBERG_ONLY) or key in {"type", "uri", "s3.force-virtual-addressing"}:
+            continue
+        renamed = _S3_RENAMED.get(key, key)
+        if renamed != key and renamed in props:
+            continue  # the Java name is given as such, or the s3.* name beats its client.* fallback
+        if key.startswith("client.") and renamed != key and f"s3.{key[len('client.') :]}" in props:
+            continue
+        out[renamed] = value
+    if settings.type == "sql":
+        out["type"] = "jdbc"
+        out.update(jdbc_catalog_properties(settings.uri or ""))
+    else:
+        out["type"] = settings.type
+        if settings.uri is not None:
+            out["uri"] = settings.uri
+    if "s3.sse-kms-key-id" in props and "s3.sse.type" not in props:
+        out["s3.sse.type"] = "kms"
+    if "client.assume-role.arn" in out:
+        out.setdefault("client.factory", "org.apache.iceberg.aws.AssumeRoleAwsClientFactory")
+        if "client.region" in out:
+            out.setdefault("client.assume-role.region", out["client.region"])
+    if "adls.account-name" in props:
+        account = props["adls.account-name"]
+        if "adls.auth.shared-key.account.key" in out:
+            out["adls.auth.shared-key.account.name"] = account
+        if "adls.sas-token" in out:  # Java keys a SAS token by the account's host
+            out[f"adls.sas-token.{account}.dfs.core.windows.net"] = out.pop("adls.sas-token")
+    if uses_s3(props):
+        out.setdefault("io-impl", S3_FILE_IO)
+        path_style = _s3_path_style(props)
+        if path_style is not None:
+            out["s3.path-style-access"] = path_style
+    return out
+
+
 def spark_catalog_conf(settings: CatalogSettings) -> dict[str, str]:
     """Spark properties registering the same catalog in Spark SQL under the same name."""
     prefix = f"spark.sql.catalog.{settings.name}"
     conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
-    passthrough = {k: v for k, v in settings.properties().items() if k not in {"type", "uri"}}
-    if settings.type == "sql":
-        uri = settings.uri or ""
-        path = sqlite_path(uri)
-        conf[f"{prefix}.type"] = "jdbc"
-        conf[f"{prefix}.uri"] = f"jdbc:sqlite:{path}" if path is not None else f"jdbc:{uri}"
-    else:
-        conf[f"{prefix}.type"] = settings.type
-        if settings.uri is not None:
-            conf[f"{prefix}.uri"] = settings.uri
-    for key, value in passthrough.items():
+    for key, value in java_catalog_properties(settings).items():
         conf[f"{prefix}.{key}"] = value
+    return conf
+
+
+_S3A_CREDENTIALS = {
+    "s3.access-key-id": "access.key",
+    "s3.secret-access-key": "secret.key",
+    "s3.session-token": "session.token",
+}
+
+
+def spark_storage_conf(settings: CatalogSettings) -> dict[str, str]:
+    """Hadoop ``s3a`` properties (``spark.hadoop.fs.s3a.*``) from the catalog's S3 properties.
+
+    Spark's checkpoint is written through Hadoop's FileSystem, not Iceberg's FileIO: a checkpoint
+    location ``s3a://bucket/path`` (or ``s3://``, mapped to the same S3A class) then reaches the
+    same store with the same keys. Empty when the catalog does not use S3.
+    """
+    props = java_catalog_properties(settings)
+    if props.get("io-impl") != S3_FILE_IO:
+        return {}
+    prefix = "spark.hadoop.fs.s3a."
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    endpoint = props.get("s3.endpoint")
+    if endpoint:
+        conf[f"{prefix}endpoint"] = endpoint
+        conf[f"{prefix}connection.ssl.enabled"] = str(not endpoint.startswith("http://")).lower()
+    if "s3.path-style-access" in props:
+        conf[f"{prefix}path.style.access"] = props["s3.path-style-access"]
+    if "client.region" in props:
+        conf[f"{prefix}endpoint.region"] = props["client.region"]
+    for source, target in _S3A_CREDENTIALS.items():
+        if source in props:
+            conf[prefix + target] = props[source]
+    if "s3.session-token" in props:
+        conf[f"{prefix}aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+    elif "s3.access-key-id" in props:
+        conf[f"{prefix}aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
     return conf

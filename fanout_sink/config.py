@@ -519,8 +519,12 @@ class SinkConfig(_Section):
     @property
     def checkpoint_location(self) -> str:
         """Spark's checkpoint of this sink: ``spark.checkpoint-location`` (or ``.fanout-sink/checkpoints``
-        beside the YAML file), one folder per sink name."""
+        beside the YAML file), one folder per sink name. A URI (``s3a://bucket/path``,
+        ``hdfs://nn/path``, ``file:///path``) keeps its scheme and authority: it is joined as text,
+        never as a local path."""
         base = self.spark.checkpoint_location or str(self.base_dir / ".fanout-sink" / "checkpoints")
+        if "://" in base:
+            return f"{base.rstrip('/')}/{self.name}"
         return str(Path(base) / self.name)
 
     def resolve(self, path: str) -> Path:
@@ -545,9 +549,10 @@ class SinkConfig(_Section):
 
 SECRET_KEY_PATTERN = (
     r"(password|passwd|secret|token|credential|private[._-]?key|account[._-]?key|"
-    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key|key[._-]?pem|keystore[._-]?key)"
+    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key|key[._-]?pem|keystore[._-]?key|authorization)"
 )
-"""What names a secret, case-insensitively; also valid as a Java regex (Spark's redaction takes it)."""
+"""What names a secret, case-insensitively; also valid as a Java regex (Spark's redaction takes it).
+``authorization`` covers a REST catalog's ``header.Authorization``."""
 _SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.IGNORECASE)
 REDACTED = "***"
 

@@ -100,9 +100,12 @@ class SinkApp:
                 self.config.kafka, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
             )
         partitions = planning.source_partitions(self.config)
-        starting = planning.plan_start(self.config, partitions)
+        checkpoint = self.config.checkpoint_location
+        # A checkpoint on an object store or HDFS is read through the session's JVM: planned after it.
+        local = planning.is_local_checkpoint(checkpoint)
+        starting = planning.plan_start(self.config, partitions) if local else None
         master = self.options.master or self.config.spark.master
-        log.info("starting Spark (master %s, checkpoint %s)", master, self.config.checkpoint_location)
+        log.info("starting Spark (master %s, checkpoint %s)", master, checkpoint)
         # The coordinator needs no Spark: it opens its producer, catalog and control-topic position
         # while the driver JVM starts, instead of after it.
         with ThreadPoolExecutor(1, thread_name_prefix="fanout-sink-start") as starter:
@@ -118,6 +121,7 @@ class SinkApp:
                         **dict(self.options.spark_conf),
                     },
                     light_jit=True,
+                    checkpoint=checkpoint,
                 )
             except BaseException:
                 self._coordinator = coordinator.result()
@@ -125,6 +129,8 @@ class SinkApp:
                 raise
             self._coordinator = coordinator.result()
         try:
+            if starting is None:
+                starting = planning.plan_start(self.config, partitions, spark)
             self._run_query(spark, starting)
         except Exception:
             if self.record_error is not None:  # the operator needs the record, not Spark's traces

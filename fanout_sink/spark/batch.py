@@ -85,7 +85,7 @@ class BatchRunner:
                     f"the coordinator of sink {self.config.name!r} stopped: {error}. "
                     "Restart the app; it resumes from the sink group and the tables' summaries."
                 ) from error
-            ranges = planning.planned_ranges(self.checkpoint, batch_id)
+            ranges = planning.planned_ranges(self.checkpoint, batch_id, frame.sparkSession)
             started = time.monotonic()
             for attempt in range(1, self.retries + 1):
                 try:

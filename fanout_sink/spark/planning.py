@@ -17,8 +17,9 @@ import logging
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka.admin import AdminClient
 
@@ -33,74 +34,194 @@ log = logging.getLogger("fanout_sink.app")
 
 TopicPartitionKey = tuple[str, int]
 PlannedRanges = dict[TopicPartitionKey, tuple[int, int]]
+_T = TypeVar("_T")
 
 
 class CheckpointError(FanoutSinkError):
     """The Spark checkpoint does not hold what the sink needs to plan a batch."""
 
 
-def _local_path(location: str) -> Path:
-    return Path(location[len("file://") :] if location.startswith("file://") else location)
+def is_local_checkpoint(location: str) -> bool:
+    """A checkpoint on this machine's filesystem (a path or ``file://``), read with Python's I/O."""
+    return location.startswith("file:") or "://" not in location
 
 
-def _offsets_json(path: Path) -> dict[str, dict[str, int]]:
-    """The Kafka source's offsets: the last line of an offset log file (the first lines are versions)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
+class CheckpointFiles(Protocol):
+    """The few file operations planning needs on a checkpoint, relative to its root folder."""
+
+    location: str
+
+    def exists(self) -> bool: ...
+    def read(self, *parts: str) -> str | None:
+        """A file's text, or None when it does not exist."""
+
+    def names(self, *parts: str) -> list[str]:
+        """The entries of a folder, or [] when it does not exist."""
+
+    def move_aside(self, name: str) -> str:
+        """Rename the checkpoint folder to ``name`` beside it; returns the new location."""
+
+
+class LocalCheckpoint:
+    """A checkpoint on local disk: the fast path, no JVM involved."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.root = Path(location[len("file://") :] if location.startswith("file://") else location)
+
+    def exists(self) -> bool:
+        return self.root.exists()
+
+    def read(self, *parts: str) -> str | None:
+        path = self.root.joinpath(*parts)
+        try:
+            return path.read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot read Spark's checkpoint file {path}: {exc}. The sink plans each batch from it.\n"
+                "  fix: check the checkpoint location's permissions"
+            ) from exc
+
+    def names(self, *parts: str) -> list[str]:
+        folder = self.root.joinpath(*parts)
+        return [p.name for p in folder.iterdir()] if folder.is_dir() else []
+
+    def move_aside(self, name: str) -> str:
+        target = self.root.with_name(name)
+        shutil.move(str(self.root), target)
+        return str(target)
+
+
+class HadoopCheckpoint:
+    """A checkpoint on ``s3a://``, ``hdfs://`` or any scheme Hadoop serves, read through Hadoop's
+    FileSystem in the driver JVM: the same classes and configuration Spark writes it with."""
+
+    def __init__(self, location: str, spark: Any) -> None:
+        self.location = location
+        self._jvm = spark._jvm
+        self._root = self._jvm.org.apache.hadoop.fs.Path(location)
+        self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
+
+    def _path(self, *parts: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(self._root, "/".join(parts)) if parts else self._root
+
+    def _call(self, what: str, action: Callable[[], _T]) -> _T:
+        try:
+            return action()
+        except Exception as exc:  # py4j's Py4JJavaError carries Hadoop's IOException
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(
+                f"cannot {what} in Spark's checkpoint {self.location}: {first}. The sink plans each batch "
+                "from it.\n  fix: check the store's endpoint, credentials (spark.hadoop.fs.*, derived "
+                "from the catalog's s3.* properties) and permissions"
+            ) from exc
+
+    def exists(self) -> bool:
+        return bool(self._call("look", lambda: self._fs.exists(self._root)))
+
+    def read(self, *parts: str) -> str | None:
+        path = self._path(*parts)
+
+        def read() -> str | None:
+            if not self._fs.exists(path):
+                return None
+            stream = self._fs.open(path)
+            try:
+                data: bytes = self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+            finally:
+                stream.close()
+            return data.decode(errors="replace")
+
+        return self._call(f"read {'/'.join(parts)}", read)
+
+    def names(self, *parts: str) -> list[str]:
+        path = self._path(*parts)
+
+        def names() -> list[str]:
+            if not self._fs.exists(path):
+                return []
+            return [str(status.getPath().getName()) for status in self._fs.listStatus(path)]
+
+        return self._call(f"list {'/'.join(parts)}", names)
+
+    def move_aside(self, name: str) -> str:
+        target = self._jvm.org.apache.hadoop.fs.Path(self._root.getParent(), name)
+        # On an object store this copies and deletes file by file: slower, but the checkpoint is small.
+        if not self._call("rename the checkpoint", lambda: self._fs.rename(self._root, target)):
+            raise CheckpointError(
+                f"Hadoop could not rename Spark's checkpoint {self.location} to {target.toString()}.\n"
+                "  fix: move the checkpoint aside by hand (or delete it) and restart; the sink group's "
+                "offsets say where to resume"
+            )
+        return str(target.toString())
+
+
+def open_checkpoint(location: str, spark: Any = None) -> CheckpointFiles:
+    """The checkpoint's files: local disk directly, any other scheme through the session's JVM."""
+    if is_local_checkpoint(location):
+        return LocalCheckpoint(location)
+    if spark is None:
         raise CheckpointError(
-            f"cannot read Spark's offset log {path}: {exc}. The sink plans each batch from it; "
-            "check the checkpoint location's permissions."
-        ) from exc
+            f"the checkpoint {location} is not on local disk and no Spark session was given to read it "
+            "through Hadoop's FileSystem.\n  fix: pass the session (planning.plan_start(..., spark))"
+        )
+    return HadoopCheckpoint(location, spark)
+
+
+def _offsets(files: CheckpointFiles, *parts: str) -> dict[TopicPartitionKey, int] | None:
+    """The Kafka source's offsets in an offset log file (its last line; the first lines are
+    versions), flattened; None when the file does not exist."""
+    text = files.read(*parts)
+    if text is None:
+        return None
     line = text.strip().splitlines()[-1]
     data: Any = json.loads(line)
-    return {topic: {part: int(off) for part, off in parts.items()} for topic, parts in data.items()}
+    return {(topic, int(part)): int(off) for topic, parts_ in data.items() for part, off in parts_.items()}
 
 
-def _flatten(offsets: dict[str, dict[str, int]]) -> dict[TopicPartitionKey, int]:
-    return {(topic, int(part)): off for topic, parts in offsets.items() for part, off in parts.items()}
+def batch_end_offsets(checkpoint: str, batch_id: int, spark: Any = None) -> dict[TopicPartitionKey, int]:
+    files = open_checkpoint(checkpoint, spark)
+    ends = _offsets(files, "offsets", str(batch_id))
+    if ends is None:
+        raise CheckpointError(
+            f"Spark's offset log {checkpoint}/offsets/{batch_id} does not exist. The sink plans each batch "
+            "from it; was the checkpoint folder edited?\n  fix: move the checkpoint aside to restart from "
+            "the sink-managed group's offsets"
+        )
+    return ends
 
 
-def batch_end_offsets(checkpoint: str, batch_id: int) -> dict[TopicPartitionKey, int]:
-    return _flatten(_offsets_json(_local_path(checkpoint) / "offsets" / str(batch_id)))
-
-
-def planned_ranges(checkpoint: str, batch_id: int) -> PlannedRanges:
+def planned_ranges(checkpoint: str, batch_id: int, spark: Any = None) -> PlannedRanges:
     """``{(topic, partition): (start, end)}`` for batch ``batch_id``: start inclusive, end exclusive.
 
     A partition that appears for the first time in this batch (new partition) starts at 0: the
-    worker then has no planned start to compare with beyond what the sink group says.
+    worker then has no planned start to compare with beyond what the sink group says. ``spark`` is
+    needed for a checkpoint that is not on local disk.
     """
-    root = _local_path(checkpoint)
-    ends = batch_end_offsets(checkpoint, batch_id)
-    previous = root / "offsets" / str(batch_id - 1)
-    initial = root / "sources" / "0" / "0"
-    if batch_id > 0 and previous.exists():
-        starts = _flatten(_offsets_json(previous))
-    elif initial.exists():
-        starts = _flatten(_offsets_json(initial))
-    else:
+    files = open_checkpoint(checkpoint, spark)
+    ends = batch_end_offsets(checkpoint, batch_id, spark)
+    starts = _offsets(files, "offsets", str(batch_id - 1)) if batch_id > 0 else None
+    if starts is None:
+        starts = _offsets(files, "sources", "0", "0")
+    if starts is None:
         raise CheckpointError(
-            f"Spark's checkpoint {root} has neither offsets/{batch_id - 1} nor sources/0/0, so batch "
+            f"Spark's checkpoint {checkpoint} has neither offsets/{batch_id - 1} nor sources/0/0, so batch "
             f"{batch_id} cannot be planned. Was the checkpoint folder edited? Move it aside to restart "
             "from the sink-managed group's offsets."
         )
     return {key: (min(starts.get(key, 0), end), end) for key, end in ends.items()}
 
 
-def last_committed_ends(checkpoint: str) -> dict[TopicPartitionKey, int] | None:
+def last_committed_ends(checkpoint: str, spark: Any = None) -> dict[TopicPartitionKey, int] | None:
     """End offsets of the newest batch Spark considers done (``commits/<id>``), or None when fresh."""
-    root = _local_path(checkpoint)
-    commits = root / "commits"
-    ids = (
-        sorted((int(p.name) for p in commits.iterdir() if p.name.isdigit()), reverse=True)
-        if commits.is_dir()
-        else []
-    )
+    files = open_checkpoint(checkpoint, spark)
+    ids = sorted((int(name) for name in files.names("commits") if name.isdigit()), reverse=True)
     for batch_id in ids:
-        path = root / "offsets" / str(batch_id)
-        if path.exists():
-            return _flatten(_offsets_json(path))
+        ends = _offsets(files, "offsets", str(batch_id))
+        if ends is not None:
+            return ends
     return None
 
 
@@ -152,7 +273,7 @@ def sink_group_offsets(config: SinkConfig, partitions: dict[str, int]) -> dict[T
     return {key: value for key, value in found.items() if value is not None}
 
 
-def reconcile_checkpoint(checkpoint: str, delivered: dict[TopicPartitionKey, int]) -> None:
+def reconcile_checkpoint(checkpoint: str, delivered: dict[TopicPartitionKey, int], spark: Any = None) -> None:
     """A checkpoint ahead of the sink group would skip undelivered records: move it aside.
 
     Only a partition whose delivered position is KNOWN and below the checkpoint's is "ahead". A
@@ -160,10 +281,10 @@ def reconcile_checkpoint(checkpoint: str, delivered: dict[TopicPartitionKey, int
     checkpoint's position: reading "no offset" as "ahead" discarded the checkpoint on every restart,
     and under ``latest`` skipped what was produced while the app was down.
     """
-    root = _local_path(checkpoint)
-    if not root.exists():
+    files = open_checkpoint(checkpoint, spark)
+    if not files.exists():
         return
-    ends = last_committed_ends(checkpoint)
+    ends = last_committed_ends(checkpoint, spark)
     if ends is None:
         return
     ahead = {
@@ -178,8 +299,7 @@ def reconcile_checkpoint(checkpoint: str, delivered: dict[TopicPartitionKey, int
                 sorted(behind),
             )
         return
-    stale = root.with_name(f"{root.name}.stale-{int(time.time())}")
-    shutil.move(str(root), stale)
+    stale = files.move_aside(f"{checkpoint.rstrip('/').rsplit('/', 1)[-1]}.stale-{int(time.time())}")
     detail = ", ".join(f"{t}[{p}]: checkpoint {e}, group {c}" for (t, p), (e, c) in sorted(ahead.items()))
     log.warning(
         "the Spark checkpoint is ahead of the sink-managed group (%s). The group is the truth about "
@@ -190,18 +310,13 @@ def reconcile_checkpoint(checkpoint: str, delivered: dict[TopicPartitionKey, int
     )
 
 
-def _checkpoint_ends(checkpoint: str) -> dict[TopicPartitionKey, int]:
-    return (last_committed_ends(checkpoint) or {}) if _local_path(checkpoint).exists() else {}
-
-
-def _checkpoint_starts(checkpoint: str) -> dict[TopicPartitionKey, int]:
+def _checkpoint_starts(checkpoint: str, spark: Any) -> dict[TopicPartitionKey, int]:
     """Where the checkpoint's first batch started (``sources/0/0``); a partition missing there
     appeared later and started at 0 (as in :func:`planned_ranges`)."""
-    initial = _local_path(checkpoint) / "sources" / "0" / "0"
-    return _flatten(_offsets_json(initial)) if initial.exists() else {}
+    return _offsets(open_checkpoint(checkpoint, spark), "sources", "0", "0") or {}
 
 
-def plan_start(config: SinkConfig, partitions: dict[str, int]) -> str:
+def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None) -> str:
     """Where the stream starts; returns Spark's ``startingOffsets`` (used when no checkpoint is kept).
 
     The sink group's offsets, with the missing ones recovered (``protocol.positions``). A partition
@@ -210,12 +325,13 @@ def plan_start(config: SinkConfig, partitions: dict[str, int]) -> str:
     configured start, with a WARNING naming it. Then the checkpoint is reconciled with the known
     positions. A partition the sink never delivered keeps the checkpoint's position when no batch
     moved it (its first batch's start), also when the checkpoint is moved aside for another one.
+    ``spark`` is needed for a checkpoint that is not on local disk (:func:`open_checkpoint`).
     """
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
     committed = sink_group_offsets(config, partitions)
     recovery = recover_positions(config.kafka, config.name, config.control_topic, wanted, committed)
     checkpoint = config.checkpoint_location
-    ends = _checkpoint_ends(checkpoint)
+    ends = last_committed_ends(checkpoint, spark) or {}
     trusted = {key: ends[key] for key in recovery.unknown if key in ends}
     for topic, part in sorted(trusted):
         log.warning(
@@ -246,9 +362,9 @@ def plan_start(config: SinkConfig, partitions: dict[str, int]) -> str:
     # planned range that moves a partition commits a DataComplete, empty or not), so the checkpoint
     # may only hold it where its first batch started. Beyond that it claims deliveries the sink
     # never made (a copied checkpoint): ahead.
-    starts = _checkpoint_starts(checkpoint)
+    starts = _checkpoint_starts(checkpoint, spark)
     never = {key: starts.get(key, 0) for key in recovery.never_delivered if key in ends}
-    reconcile_checkpoint(checkpoint, {**never, **known})
+    reconcile_checkpoint(checkpoint, {**never, **known}, spark)
     return starting_offsets_option(
         list(partitions), partitions, {**never, **known}, config.source.starting_offsets
     )

@@ -12,19 +12,36 @@ from collections.abc import Mapping
 from typing import Any
 
 from fanout_sink import jars
-from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
+from fanout_sink.catalog import CatalogSettings, is_s3_location, spark_catalog_conf, spark_storage_conf
 from fanout_sink.config import SECRET_KEY_PATTERN
 from fanout_sink.spark.jvm import DriverJvm, driver_java_options
 
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 SPARK_CONNECTORS = jars.JarSet("spark-connectors", "fanout_sink.spark")
-"""Spark's Kafka source, Iceberg's Spark runtime, the SQLite JDBC driver (``poms/spark-connectors.xml``)."""
+"""Spark's Kafka source, Iceberg's Spark runtime, the SQLite and PostgreSQL JDBC drivers
+(``poms/spark-connectors.xml``)."""
+
+SPARK_OBJECT_STORE = jars.JarSet("spark-object-store", "fanout_sink.spark")
+"""The AWS SDK for Iceberg's S3FileIO and Hadoop's s3a (``poms/spark-object-store.xml``, 65 MB):
+added only when the catalog or the checkpoint is on S3, so the embedded default does not fetch it."""
 
 
-def spark_conf(catalog: CatalogSettings | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def connector_jars(catalog: CatalogSettings | None, checkpoint: str | None = None) -> list[str]:
+    """The jars Spark needs for this catalog and checkpoint location (fetched when missing)."""
+    sets = [SPARK_CONNECTORS]
+    if (catalog is not None and spark_storage_conf(catalog)) or is_s3_location(checkpoint):
+        sets.append(SPARK_OBJECT_STORE)
+    return [str(path) for jar_set in sets for path in jars.jars(jar_set)]
+
+
+def spark_conf(
+    catalog: CatalogSettings | None,
+    extra: Mapping[str, str] | None = None,
+    checkpoint: str | None = None,
+) -> dict[str, str]:
     """Every Spark property the sink sets, as one dict (tests and ``spark-submit --conf`` reuse it)."""
-    jar_paths = [str(p) for p in jars.jars(SPARK_CONNECTORS)]
+    jar_paths = connector_jars(catalog, checkpoint)
     conf = {
         "spark.jars": ",".join(jar_paths),
         # JDBC drivers are looked up by the driver's system class loader, which spark.jars does not reach.
@@ -44,6 +61,7 @@ def spark_conf(catalog: CatalogSettings | None, extra: Mapping[str, str] | None 
     }
     if catalog is not None:
         conf.update(spark_catalog_conf(catalog))
+        conf.update(spark_storage_conf(catalog))
     conf.update(extra or {})
     return conf
 
@@ -54,6 +72,7 @@ def build_spark_session(
     app_name: str = "fanout-sink",
     extra_conf: Mapping[str, str] | None = None,
     light_jit: bool = False,
+    checkpoint: str | None = None,
 ) -> Any:
     """A SparkSession with the sink's jars and catalog; ``master`` defaults to ``local[*]``.
 
@@ -73,7 +92,7 @@ def build_spark_session(
     # Under spark-submit the JVM exists already (PYSPARK_GATEWAY_PORT is set) and owns the master.
     if resolved_master is not None:
         builder = builder.master(resolved_master)
-    conf = spark_conf(catalog, extra_conf)
+    conf = spark_conf(catalog, extra_conf, checkpoint)
     for key, value in conf.items():
         builder = builder.config(key, value)
     launching = "PYSPARK_GATEWAY_PORT" not in os.environ
