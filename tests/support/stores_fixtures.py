@@ -1,6 +1,11 @@
 """Session fixtures for the real storage servers: an S3 object store (S3Proxy), an Iceberg REST catalog
-(Nessie) and PostgreSQL, each started once per pytest session and stopped at its end, plus ready
-``CatalogSettings`` on them with a warehouse prefix of each test's own."""
+(Nessie) and PostgreSQL, each started once per pytest session (on first use) and stopped at its end,
+plus ready ``CatalogSettings`` on them, fresh per test.
+
+The servers are shared, so a test keeps to its own corner: ``rest_s3_catalog_settings`` and
+``postgres_s3_catalog_settings`` carry a unique catalog ``name``; use it as the test's namespace. The
+``*_process`` fixtures hand out the server objects themselves, for tests that kill and restart them.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +14,97 @@ from collections.abc import Iterator
 
 import pytest
 
+from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.stack.object_store import ObjectStore, ObjectStoreState
+from fanout_sink.devtools.stack.postgres import PostgresServer, PostgresState
+from fanout_sink.devtools.stack.rest_catalog import RestCatalog, RestCatalogState
 
 WAREHOUSE_BUCKET = "warehouse"
 """The bucket the shared catalogs keep their tables in; tests write under a prefix of their own."""
 
 
 @pytest.fixture(scope="session")
-def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStoreState]:
-    """The session's S3Proxy, with the bucket ``WAREHOUSE_BUCKET`` created."""
+def object_store_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
     server = ObjectStore(tmp_path_factory.mktemp("s3"))
     state = server.start()
     try:
         state.create_bucket(WAREHOUSE_BUCKET)
-        yield state
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def object_store(object_store_process: ObjectStore) -> ObjectStoreState:
+    """The session's S3Proxy, with the bucket ``WAREHOUSE_BUCKET`` created."""
+    assert object_store_process.state is not None
+    return object_store_process.state
 
 
 @pytest.fixture
 def s3_prefix(object_store: ObjectStoreState) -> str:
     """A fresh ``s3://`` folder for one test."""
     return f"s3://{WAREHOUSE_BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def rest_catalog_process(
+    tmp_path_factory: pytest.TempPathFactory, object_store: ObjectStoreState
+) -> Iterator[RestCatalog]:
+    server = RestCatalog(tmp_path_factory.mktemp("rest"), object_store, WAREHOUSE_BUCKET)
+    server.start(timeout_s=300)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def rest_catalog_server(rest_catalog_process: RestCatalog) -> RestCatalogState:
+    """The session's Nessie, its tables in ``s3://WAREHOUSE_BUCKET/``."""
+    assert rest_catalog_process.state is not None
+    return rest_catalog_process.state
+
+
+@pytest.fixture(scope="session")
+def postgres_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres_process: PostgresServer) -> PostgresState:
+    """The session's PostgreSQL, with the database ``iceberg``."""
+    assert postgres_process.state is not None
+    return postgres_process.state
+
+
+def _unique_name(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def rest_s3_catalog_settings(
+    rest_catalog_server: RestCatalogState, object_store: ObjectStoreState
+) -> CatalogSettings:
+    """Iceberg REST (Nessie) with the S3 store's keys: PyIceberg writes the data files itself."""
+    return CatalogSettings.model_validate(
+        {"name": _unique_name("rest"), "type": "rest", "uri": rest_catalog_server.uri,
+         **object_store.pyiceberg_properties()}
+    )  # fmt: skip
+
+
+@pytest.fixture
+def postgres_s3_catalog_settings(
+    postgres_server: PostgresState, object_store: ObjectStoreState, s3_prefix: str
+) -> CatalogSettings:
+    """PyIceberg's SQL catalog on PostgreSQL, its warehouse a fresh prefix of the S3 store. The catalog
+    name is unique, and the SQL catalog keys every row by it: no test sees another's tables."""
+    return CatalogSettings.model_validate(
+        {"name": _unique_name("pg"), "type": "sql", "uri": postgres_server.sqlalchemy_uri,
+         "warehouse": s3_prefix, **object_store.pyiceberg_properties()}
+    )  # fmt: skip

@@ -8,8 +8,12 @@ the test fixtures and docker's foreground ``serve`` all read the same file.
 from __future__ import annotations
 
 import contextlib
+import functools
+import glob
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -58,10 +62,32 @@ def pick_port(requested: int | None, previous: int | None, taken: Sequence[int] 
     return port
 
 
-def java() -> str:
-    return jars.require_tool(
-        "java", "install a JDK 17 (Debian: `apt-get install -y openjdk-17-jdk-headless`)"
+def java(min_major: int = 17) -> str:
+    """A ``java`` of at least version ``min_major``: the one on PATH, else ``$JAVA_HOME``'s, else the
+    newest under /usr/lib/jvm (Nessie's server needs 21 while the rest of the stack runs on 17)."""
+    candidates = [
+        shutil.which("java"),
+        os.path.join(os.environ.get("JAVA_HOME", "/nonexistent"), "bin", "java"),
+    ]
+    candidates += sorted(glob.glob("/usr/lib/jvm/*/bin/java"), key=java_major, reverse=True)
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK) and java_major(candidate) >= min_major:
+            return candidate
+    raise StackError(
+        f"no Java {min_major}+ runtime was found (on PATH, in $JAVA_HOME or under /usr/lib/jvm)",
+        f"install a JDK {min_major} or newer and put its `java` first on PATH or in JAVA_HOME",
     )
+
+
+@functools.cache
+def java_major(path: str) -> int:
+    """The feature version of the ``java`` at ``path`` (8 for 1.8), 0 when it does not run."""
+    try:
+        out = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    match = re.search(r'version "(?:1\.)?(\d+)', out.stderr)
+    return int(match.group(1)) if match else 0
 
 
 def single_jar(jar_set: jars.JarSet) -> Path:
@@ -96,6 +122,8 @@ class LocalServer(Generic[S]):
     title: ClassVar[str]
     """What people call it, for messages."""
     state_type: ClassVar[type[Any]]
+    stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+    """What asks the server to shut down cleanly."""
 
     def __init__(self, work_dir: Path, port: int | None = None) -> None:
         self.work_dir = work_dir.resolve()
@@ -195,6 +223,8 @@ class LocalServer(Generic[S]):
     def stop(self, timeout_s: float = 30.0) -> None:
         """Clean shutdown (SIGTERM); SIGKILL if it does not exit in time. The data stays."""
         if self.state is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.state.pid, self.stop_signal)
             stop_pid(self.state.pid, timeout_s)
         self._reap()
 

@@ -1,0 +1,97 @@
+"""An Iceberg REST catalog that people run in production: Project Nessie's server (one Quarkus jar from
+Maven Central) on 127.0.0.1, its catalog state in RocksDB under the work dir, tables on an S3 store.
+
+Clients speak plain Iceberg REST at ``http://127.0.0.1:P/iceberg`` and read and write table files with
+their own S3 keys: Nessie's request signing is off, because PyIceberg's pyarrow FileIO cannot sign
+through a catalog. Nessie itself writes table metadata to the store with the same key pair.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fanout_sink import jars
+from fanout_sink.devtools.stack.object_store import ObjectStoreState
+from fanout_sink.devtools.stack.service import LocalServer, http_status, java, pick_port, single_jar
+
+NESSIE = jars.JarSet("nessie", "fanout_sink.devtools.stack")
+"""Nessie's Quarkus runner jar (``poms/nessie.xml``)."""
+NESSIE_JAVA = 21
+"""Nessie 0.99's classes are built for Java 21 (class file version 65)."""
+WAREHOUSE = "warehouse"
+"""The name of Nessie's one warehouse, the default for clients that name none."""
+
+
+@dataclass(frozen=True)
+class RestCatalogState:
+    """Where the catalog serves, and the store folder its tables live under."""
+
+    pid: int
+    port: int
+    management_port: int
+    log_file: str
+    warehouse_location: str
+
+    @property
+    def uri(self) -> str:
+        """The catalog's ``uri`` property for Iceberg REST clients."""
+        return f"http://127.0.0.1:{self.port}/iceberg"
+
+
+class RestCatalog(LocalServer[RestCatalogState]):
+    """Nessie on ROCKSDB: namespaces, tables and their commits survive a kill and a restart. Tables
+    go to ``s3://<bucket>/<namespace>/<table>_<uuid>`` on ``store``."""
+
+    kind = "rest"
+    title = "Nessie REST catalog"
+    state_type = RestCatalogState
+
+    def __init__(self, work_dir: Path, store: ObjectStoreState, bucket: str, port: int | None = None) -> None:
+        super().__init__(work_dir, port)
+        self.store = store
+        self.bucket = bucket
+
+    def _launch(self, previous: RestCatalogState | None) -> RestCatalogState:
+        jar = single_jar(NESSIE)
+        runtime = java(NESSIE_JAVA)
+        port = pick_port(self.requested_port, previous.port if previous else None)
+        management = pick_port(None, previous.management_port if previous else None, taken=(port,))
+        location = self.store.create_bucket(self.bucket) + "/"
+        # Quarkus reads ./config/application.properties from its working dir: the S3 secret stays off
+        # the command line (visible to every user in `ps`).
+        config = self.work_dir / "config" / "application.properties"
+        config.parent.mkdir(exist_ok=True)
+        config.touch(mode=0o600)
+        s3 = "nessie.catalog.service.s3.default-options"
+        properties = {
+            "nessie.version.store.type": "ROCKSDB",
+            "nessie.version.store.persist.rocks.database-path": str(self.work_dir / "nessie-rocksdb"),
+            "nessie.catalog.default-warehouse": WAREHOUSE,
+            f"nessie.catalog.warehouses.{WAREHOUSE}.location": location,
+            f"{s3}.endpoint": self.store.endpoint,
+            f"{s3}.path-style-access": "true",
+            f"{s3}.region": self.store.region,
+            f"{s3}.auth-type": "STATIC",
+            f"{s3}.access-key": "urn:nessie-secret:quarkus:fanout-sink.s3",
+            "fanout-sink.s3.name": self.store.access_key_id,
+            "fanout-sink.s3.secret": self.store.secret_access_key,
+            f"{s3}.request-signing-enabled": "false",
+            "quarkus.http.host": "127.0.0.1",
+            "quarkus.http.port": str(port),
+            "quarkus.management.host": "127.0.0.1",
+            "quarkus.management.port": str(management),
+            "quarkus.http.access-log.enabled": "false",
+            "quarkus.otel.sdk.disabled": "true",
+        }
+        config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+        heap = os.environ.get("FANOUT_SINK_NESSIE_HEAP", "512m")
+        pid = self._spawn([runtime, f"-Xmx{heap}", "--enable-native-access=ALL-UNNAMED", "-jar", str(jar)])
+        return RestCatalogState(
+            pid=pid, port=port, management_port=management, log_file=str(self.log_file),
+            warehouse_location=location,
+        )  # fmt: skip
+
+    def _ready(self, state: RestCatalogState) -> bool:
+        return http_status(f"{state.uri}/v1/config") == 200
