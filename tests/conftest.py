@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
+from support.common import embedded_catalog_settings
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
@@ -77,16 +78,8 @@ def read_topic(bootstrap_servers: str) -> Callable[..., list[Message]]:
 
 @pytest.fixture
 def catalog_settings(tmp_path: Path) -> CatalogSettings:
-    """A fresh embedded catalog (SQLite + local warehouse) per test, under a name of its own.
-
-    Spark caches a catalog per name for the session's life, so the shared session needs new names.
-    """
-    return CatalogSettings(
-        name=f"lake_{uuid.uuid4().hex[:8]}",
-        type="sql",
-        uri=f"sqlite:///{tmp_path / 'catalog.db'}",
-        warehouse=f"file://{tmp_path / 'warehouse'}",
-    )
+    """A fresh embedded catalog per test (see ``embedded_catalog_settings``)."""
+    return embedded_catalog_settings(tmp_path)
 
 
 @pytest.fixture

@@ -9,16 +9,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.table.snapshots import ancestors_of
 
 from fanout_sink.devtools.chaos import kills, maintenance, scenario
 from fanout_sink.devtools.chaos.runner import ChaosOptions, ChaosRun
 from fanout_sink.devtools.chaos.traffic import flood, record
 from fanout_sink.devtools.chaos.verify import verify
-from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.devtools.topics import read_to_end
-from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import table_state
 
 ID_SCHEMA = pa.schema([pa.field("id", pa.string())])
@@ -179,33 +176,6 @@ def test_a_flood_holds_bad_records_and_one_bigger_than_the_default_message_size(
 
 
 @pytest.mark.chaos
-@pytest.mark.kafka
-@pytest.mark.timeout(400)
-def test_a_broker_with_the_chaos_retention_really_expires_a_memberless_groups_offsets(
-    tmp_path: Path,
-) -> None:
-    """Real: a broker with offsets.retention.minutes=1 deletes the offsets of a group that never
-    joined, as it would after 7 days by default; only the duration is compressed (about 65 s)."""
-    broker = KafkaBroker(tmp_path / "kafka", properties=kills.BROKER_PROPERTIES)
-    broker.start()
-    try:
-        bootstrap = broker.bootstrap_servers
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic("src", 2, 1)])["src"].result(timeout=30)
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fanout-sink-s"})
-        consumer.commit(
-            offsets=[TopicPartition("src", 0, 0), TopicPartition("src", 1, 0)], asynchronous=False
-        )
-        consumer.close()
-        positions = source_positions({"bootstrap.servers": bootstrap}, "fanout-sink-s", ["src"])
-        assert [p.committed for p in positions] == [0, 0]
-
-        assert maintenance.group_expired(bootstrap, "fanout-sink-s", ["src"], timeout_s=300)
-    finally:
-        broker.stop()
-
-
-@pytest.mark.chaos
 @pytest.mark.timeout(1500)
 @pytest.mark.spark
 @pytest.mark.kafka
@@ -214,9 +184,10 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
 
     Real: every kind's breakage (see ``kills``); the app's producer queue is 1000 messages so that a
     flood of 3000 dead letters overflows it. Not here, to keep the suite short: ``offset-expiry`` (a
-    minute of downtime; the broker setting it relies on is tested above) and ``snapshot-expiry`` (the
-    ``coordinator`` kind's kill plus the catalog steps tested above). The long run, every kind, is a
-    command: ``python -m fanout_sink.devtools.chaos --cycles 22 --records 40000``.
+    minute of downtime; the broker setting it relies on is tested in tests/protocol/test_positions.py)
+    and ``snapshot-expiry`` (the ``coordinator`` kind's kill plus the catalog steps tested above).
+    The long run, every kind, is a command:
+    ``python -m fanout_sink.devtools.chaos --cycles 22 --records 40000``.
     """
     skipped = {"offset-expiry", "snapshot-expiry"}
     kinds = tuple(kind for kind in kills.KINDS if kind not in skipped)

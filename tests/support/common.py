@@ -42,6 +42,19 @@ TABLE_SCHEMA = Schema(
 ARROW_SCHEMA = TABLE_SCHEMA.as_arrow()
 
 
+def embedded_catalog_settings(folder: Path) -> CatalogSettings:
+    """A fresh embedded catalog (SQLite + local warehouse) in ``folder``, under a name of its own.
+
+    Spark caches a catalog per name for the session's life, so the shared session needs new names.
+    """
+    return CatalogSettings(
+        name=f"lake_{uuid.uuid4().hex[:8]}",
+        type="sql",
+        uri=f"sqlite:///{folder / 'catalog.db'}",
+        warehouse=f"file://{folder / 'warehouse'}",
+    )
+
+
 def create_tables(catalog: Any, names: Iterable[str]) -> None:
     catalog.create_namespace_if_not_exists(NAMESPACE)
     for name in names:

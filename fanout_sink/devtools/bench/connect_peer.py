@@ -124,16 +124,5 @@ def run(ctx: RunContext) -> SystemRun:
     log = ctx.folder / "connect.log"
     child = run_child(command, env=ctx.child_env(), log=log, done=lambda: visible.total() >= ctx.records)
     if visible.total() < ctx.records:
-        raise SystemExit(
-            f"{SYSTEM} exited (code {child.returncode}) before every row was visible; "
-            f"log {log}:\n{child.stderr[-3000:]}"
-        )
-    return SystemRun(
-        system=SYSTEM,
-        wall_s=child.wall_s,
-        cpu_s=child.cpu_s,
-        peak_rss_mb=child.peak_rss_mb,
-        worker_rss_mb=None,
-        steady_s=None,
-        landing=landed(catalog, tables),
-    )
+        raise child.failure(SYSTEM, log, "exited before every row was visible")
+    return SystemRun.of_child(SYSTEM, child, landed(catalog, tables))

@@ -17,6 +17,7 @@ from typing import Any
 import fanout_sink
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.bench.landed import TableLanding, VisibleRows
+from fanout_sink.devtools.bench.proctree import ChildRun
 from fanout_sink.devtools.bench.workload import Variant, create_tables
 
 CATALOG_NAME = "bench"
@@ -95,3 +96,25 @@ class SystemRun:
     worker_rss_mb: float | None
     steady_s: float | None
     landing: dict[str, TableLanding]
+
+    @classmethod
+    def of_child(
+        cls,
+        system: str,
+        child: ChildRun,
+        landing: dict[str, TableLanding],
+        *,
+        wall_s: float | None = None,
+        steady_s: float | None = None,
+    ) -> SystemRun:
+        """The measures of a system run as one child process tree; ``wall_s`` when the system times
+        its own work (then start-up is left out). No Python workers seen: no worker RSS."""
+        return cls(
+            system=system,
+            wall_s=child.wall_s if wall_s is None else wall_s,
+            cpu_s=child.cpu_s,
+            peak_rss_mb=child.peak_rss_mb,
+            worker_rss_mb=child.peak_worker_rss_mb or None,
+            steady_s=steady_s,
+            landing=landing,
+        )

@@ -88,16 +88,9 @@ def run(ctx: RunContext) -> SystemRun:
     child = run_child(command, env=ctx.child_env(), log=log)
     work = [line for line in child.stderr.splitlines() if line.startswith(_WORK_LINE)]
     if child.returncode != 0 or not work:
-        raise SystemExit(f"{SYSTEM} failed (exit {child.returncode}); log {log}:\n{child.stderr[-3000:]}")
-    return SystemRun(
-        system=SYSTEM,
-        wall_s=float(work[-1][len(_WORK_LINE) :]),
-        cpu_s=child.cpu_s,
-        peak_rss_mb=child.peak_rss_mb,
-        worker_rss_mb=None,
-        steady_s=None,
-        landing=landed(catalog, ctx.variant.table_names()),
-    )
+        raise child.failure(SYSTEM, log)
+    wall_s = float(work[-1][len(_WORK_LINE) :])
+    return SystemRun.of_child(SYSTEM, child, landed(catalog, ctx.variant.table_names()), wall_s=wall_s)
 
 
 def main(argv: list[str] | None = None) -> int:

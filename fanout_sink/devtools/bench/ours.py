@@ -10,14 +10,13 @@ from __future__ import annotations
 import re
 import sys
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
 from fanout_sink.devtools.bench.landed import landed
-from fanout_sink.devtools.bench.proctree import ChildRun, run_child
+from fanout_sink.devtools.bench.proctree import run_child
 from fanout_sink.devtools.bench.workload import ROUTE_FIELD
 
 TRIGGER_INTERVAL = "2s"
@@ -73,23 +72,11 @@ def _run(ctx: RunContext, system: str, extra: list[str], continuous: bool) -> Sy
         log=ctx.folder / "app.log",
         done=(lambda: visible.total() >= ctx.records) if continuous else None,
     )
-    _check_exit(run, system, ctx.folder / "app.log", stopped=continuous)
-    steady, _ = steady_seconds(run.stderr)
-    return SystemRun(
-        system=system,
-        wall_s=run.wall_s,
-        cpu_s=run.cpu_s,
-        peak_rss_mb=run.peak_rss_mb,
-        worker_rss_mb=run.peak_worker_rss_mb,
-        steady_s=steady,
-        landing=landed(catalog, ctx.variant.table_names()),
-    )
-
-
-def _check_exit(run: ChildRun, system: str, log: Path, stopped: bool) -> None:
     # A stopped app exits 0 on SIGTERM; anything else is a failed run, not a slow one.
-    if run.returncode != 0 and not (stopped and run.returncode in (-15, 143)):
-        raise SystemExit(f"{system} failed (exit {run.returncode}); log {log}:\n{run.stderr[-3000:]}")
+    if run.returncode != 0 and not (continuous and run.returncode in (-15, 143)):
+        raise run.failure(system, ctx.folder / "app.log")
+    steady, _ = steady_seconds(run.stderr)
+    return SystemRun.of_child(system, run, landed(catalog, ctx.variant.table_names()), steady_s=steady)
 
 
 def available_now(ctx: RunContext) -> SystemRun:

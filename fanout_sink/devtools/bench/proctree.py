@@ -49,6 +49,10 @@ class ChildRun:
     returncode: int
     stderr: str
 
+    def failure(self, system: str, log: Path, what: str = "failed") -> SystemExit:
+        """The benchmark's stop for a system that did not finish its run: the exit code and log tail."""
+        return SystemExit(f"{system} {what} (exit {self.returncode}); log {log}:\n{self.stderr[-3000:]}")
+
 
 def _sample(root: int, usage: TreeUsage) -> None:
     stats = read_all()

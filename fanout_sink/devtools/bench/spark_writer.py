@@ -79,16 +79,8 @@ def run(ctx: RunContext) -> SystemRun:
     log = ctx.folder / "spark-writer.log"
     child = run_child(command, env=ctx.child_env(), log=log)
     if child.returncode != 0:
-        raise SystemExit(f"{SYSTEM} failed (exit {child.returncode}); log {log}:\n{child.stderr[-3000:]}")
-    return SystemRun(
-        system=SYSTEM,
-        wall_s=child.wall_s,
-        cpu_s=child.cpu_s,
-        peak_rss_mb=child.peak_rss_mb,
-        worker_rss_mb=child.peak_worker_rss_mb,
-        steady_s=None,
-        landing=landed(catalog, ctx.variant.table_names()),
-    )
+        raise child.failure(SYSTEM, log)
+    return SystemRun.of_child(SYSTEM, child, landed(catalog, ctx.variant.table_names()))
 
 
 def main(argv: list[str] | None = None) -> int:
