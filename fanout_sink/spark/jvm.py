@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fanout_sink import jars
+from fanout_sink.processes import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -69,21 +70,11 @@ def archive_path(classpath: Sequence[str]) -> Path | None:
     return jars.cache_dir() / "jvm" / f"spark-driver-{digest}.jsa"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_abandoned_dumps(folder: Path) -> None:
     """Dumps of JVMs that were killed before publishing them (``<archive>.<pid>.dump``)."""
     for dump in folder.glob("*.dump"):
         pid = dump.suffixes[-2].lstrip(".") if len(dump.suffixes) >= 2 else ""
-        if not (pid.isdigit() and _alive(int(pid))):
+        if not (pid.isdigit() and pid_alive(int(pid))):
             dump.unlink(missing_ok=True)
 
 

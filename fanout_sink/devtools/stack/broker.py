@@ -28,6 +28,7 @@ from fanout_sink import jars
 from fanout_sink.devtools.stack.certificates import TlsFiles, make_tls_files
 from fanout_sink.errors import StackError
 from fanout_sink.kafka.java_client import jaas_quote
+from fanout_sink.processes import pid_alive
 
 KAFKA_BROKER = jars.JarSet("kafka-broker", "fanout_sink.devtools.stack")
 """Apache Kafka's server jars (``poms/kafka-broker.xml``)."""
@@ -141,21 +142,6 @@ def _new_cluster_id() -> str:
         cid = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
         if not cid.startswith("-"):
             return cid
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as dead.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from fanout_sink import jars
-from fanout_sink.devtools.stack.broker import free_port, log_tail, pid_alive, port_is_free, stop_pid
+from fanout_sink.devtools.stack.broker import free_port, log_tail, port_is_free, stop_pid
 from fanout_sink.errors import StackError
+from fanout_sink.processes import pid_alive
 
 
 class ServerState(Protocol):
