@@ -40,7 +40,8 @@ BROKER_TIMEOUT_S = 10.0
 """How long the broker may take to answer at all; a healthy one answers in milliseconds."""
 
 _SERVERS = 'kafka."bootstrap.servers"'
-_GIVE_UP = {KafkaError._AUTHENTICATION, KafkaError._ALL_BROKERS_DOWN}
+_GIVE_UP = {KafkaError._AUTHENTICATION, KafkaError._ALL_BROKERS_DOWN, KafkaError._SSL}
+_TLS_ALERT = "ssl/tls alert"  # OpenSSL's text for an alert the peer sent
 
 
 def _quiet_logger() -> logging.Logger:
@@ -108,6 +109,14 @@ class Preflight:
                 f'kafka."sasl.username"={user!r} with SASL {mechanism}: {_reason(auth)}',
                 'correct kafka."sasl.username" / kafka."sasl.password" (or the environment variable '
                 'they come from) and kafka."sasl.mechanism"',
+            )
+        # A broker that rejects the client's certificate answers with a TLS alert: a transport error.
+        tls = next((e for e in self.errors if e.code() == KafkaError._SSL or _TLS_ALERT in e.str()), None)
+        if tls is not None:
+            return PreflightError(
+                f"Kafka at {_SERVERS}={self.servers} failed the TLS handshake: {_reason(tls)}",
+                'give in kafka."ssl.ca.location" the CA that signed the broker\'s certificate, and as '
+                'kafka."ssl.certificate.location"/"ssl.key.location" a client certificate the broker trusts',
             )
         if not self.servers:
             return PreflightError(f"{_SERVERS} is not set", f"set {_SERVERS}, e.g. 127.0.0.1:9092")

@@ -1,0 +1,134 @@
+"""The app over Kafka TLS, configured with librdkafka's property names only, for both Kafka clients.
+
+A real broker with a private CA offers an SSL listener that requires a client certificate (mTLS) and
+a SASL_SSL listener (SCRAM-SHA-256). The client key is encrypted the way OpenSSL 3 does by default
+(PKCS#8, PBES2), which Java's PEM reader cannot read by itself. The sink's ``kafka:`` section names
+only the TLS listener, so every client must speak TLS for the run to land its rows: Spark's Java
+Kafka source planning the offsets, and librdkafka in the workers, the coordinator, the range reader,
+the transactions and the pre-flight checks.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
+from support.sink_app import SinkRun
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.devtools.chaos.app_process import child_env
+from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
+from fanout_sink.devtools.stack.certificates import make_tls_files
+
+pytestmark = pytest.mark.kafka
+SASL_USER = SaslUser("sink", secrets.token_urlsafe(12))
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A broker with PLAINTEXT (for the test's own producer), SSL with mTLS and SASL_SSL listeners."""
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-tls"), sasl_user=SASL_USER, tls=True)
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def _topics(broker: KafkaBroker) -> dict[str, str]:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    topics = {"orders": f"orders-{uuid.uuid4().hex[:8]}", "clicks": f"clicks-{uuid.uuid4().hex[:8]}"}
+    futures = admin.create_topics([NewTopic(topics["orders"], 3), NewTopic(topics["clicks"], 2)])
+    for future in futures.values():
+        future.result(30)
+    return topics
+
+
+def _listener(broker: KafkaBroker, protocol: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The sink's ``kafka:`` section for a listener (secrets as ``${VAR}``), and those variables."""
+    files = broker.tls_files
+    if protocol == "SSL":
+        kafka = {
+            "bootstrap.servers": broker.ssl_bootstrap_servers,
+            **files.client_properties(),
+            "ssl.key.password": "${KAFKA_KEY_PASSWORD}",
+        }
+        env = {"KAFKA_KEY_PASSWORD": files.client_key_password}
+    else:
+        kafka = {
+            "bootstrap.servers": broker.sasl_ssl_bootstrap_servers,
+            "ssl.ca.location": str(files.ca),
+            "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": SASL_USER.username,
+            "sasl.password": "${KAFKA_PASSWORD}",
+        }
+        env = {"KAFKA_PASSWORD": SASL_USER.password}
+    return {"security.protocol": protocol, **kafka}, env
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
+def test_the_app_lands_exact_rows_over_tls_with_both_kafka_clients(
+    tls_broker: KafkaBroker, catalog_settings: CatalogSettings, tmp_path: Path, protocol: str
+) -> None:
+    kafka, env = _listener(tls_broker, protocol)
+    topics = _topics(tls_broker)
+    sink = SinkRun(
+        tmp_path, tls_broker.bootstrap_servers, catalog_settings, make_topic=lambda *a, **k: "",
+        topics=topics, overrides={"kafka": kafka},
+    )  # fmt: skip
+    sink.produce(300)  # over PLAINTEXT: the test's producer, not the sink
+    log = sink.run("--available-now", env=env)
+    assert "final commit round" in log
+    sink.assert_exact()
+    # The key the Java client got was decrypted in memory: neither it nor a password is in the log.
+    key_body = tls_broker.tls_files.client_key.read_text().splitlines()[1]
+    for secret in (*env.values(), key_body):
+        assert secret not in log
+
+
+@pytest.mark.parametrize(
+    ("mistake", "says", "names"),
+    [
+        ("a CA that did not sign the broker's certificate", "certificate verify failed", "ssl.ca.location"),
+        ("a client certificate of another CA", "bad certificate", "ssl.certificate.location"),
+    ],
+)
+def test_a_tls_mistake_fails_before_start_naming_the_broker_and_the_key(
+    tls_broker: KafkaBroker,
+    catalog_settings: CatalogSettings,
+    tmp_path: Path,
+    mistake: str,
+    says: str,
+    names: str,
+) -> None:
+    kafka, env = _listener(tls_broker, "SSL")
+    other = make_tls_files(tmp_path / "other-ca", ca_name="another CA")
+    if names == "ssl.ca.location":
+        kafka["ssl.ca.location"] = str(other.ca)
+    else:
+        kafka.update({**other.client_properties(), "ssl.ca.location": kafka["ssl.ca.location"]})
+    config = tmp_path / "sink.yaml"
+    sink = {
+        "name": f"tls-{uuid.uuid4().hex[:6]}",
+        "kafka": kafka,
+        "source": {"topics": [_topics(tls_broker)["orders"]]},
+        "catalog": catalog_settings.model_dump(exclude_none=True),
+        "tables": {"a.b": {}},
+    }
+    config.write_text(yaml.safe_dump(sink))
+    done = subprocess.run(
+        [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config)],
+        capture_output=True, text=True, env=child_env(env), timeout=120, check=False,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, f"{mistake}: {done.stderr[-3000:]}"
+    cause, fix = lines[-2:]
+    assert tls_broker.ssl_bootstrap_servers in cause and "TLS handshake" in cause and says in cause, cause
+    assert f'kafka."{names}"' in fix and fix.startswith("  fix: "), fix
+    assert "Traceback" not in done.stderr and "%3|" not in done.stderr
