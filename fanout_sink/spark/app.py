@@ -28,6 +28,7 @@ from fanout_sink.spark import planning, progress
 from fanout_sink.spark.batch import BatchRunner
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
+from fanout_sink.spark.spark_metrics import SparkMetricsMirror
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -142,6 +143,8 @@ class SinkApp:
 
     def _run_query(self, spark: Any, starting: str) -> None:
         spark.streams.addListener(progress.ProgressLogger())
+        if self.metrics is not None:
+            self.metrics.on_change = SparkMetricsMirror(spark, self.metrics.registry).update
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
         threading.Thread(target=self._stopper, name="fanout-sink-stopper", daemon=True).start()

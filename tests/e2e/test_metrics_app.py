@@ -1,4 +1,5 @@
-"""The driver's Prometheus endpoint, scraped while the real app runs: what it says matches the tables."""
+"""The driver's Prometheus endpoint, scraped while the real app runs: what it says matches the tables,
+and Spark's own metrics system (here its CSV sink) reports the same values and the query's."""
 
 from __future__ import annotations
 
@@ -34,6 +35,19 @@ def scrape(port: int) -> Samples:
     }
 
 
+def spark_csv(folder: Path) -> dict[str, float]:
+    """The latest value of every metric Spark's CSV sink wrote, by name without the ``<app>.driver.``
+    prefix (the sink's own under ``fanout_sink.``, which is dropped too)."""
+    latest = {}
+    for path in folder.glob("*.driver.*.csv"):
+        lines = path.read_text().splitlines()
+        if len(lines) < 2:
+            continue
+        name = path.name.removesuffix(".csv").split(".driver.", 1)[1].removeprefix("fanout_sink.")
+        latest[name] = float(lines[-1].split(",")[1])
+    return latest
+
+
 def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
     return {dict(labels)[label]: value for (found, labels), value in samples.items() if found == name}
 
@@ -57,8 +71,13 @@ def test_metrics_scraped_during_a_run_match_the_tables(
         bad.produce(sink_run.topics["clicks"], key=f"bad-{n}".encode(), value=b"{not json")
     bad.flush(30)
 
+    csv = tmp_path / "spark-metrics"
+    csv.mkdir()
+    spark_sink = "spark.metrics.conf.driver.sink.csv"
+    csv_sink = {"class": "org.apache.spark.metrics.sink.CsvSink", "period": "1", "unit": "seconds"}
+    conf = [f"--conf={spark_sink}.{key}={value}" for key, value in {**csv_sink, "directory": csv}.items()]
     app = subprocess.Popen(
-        sink_run.command("--trigger-interval", "1s"),
+        sink_run.command("--trigger-interval", "1s", *conf),
         stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "app.log").open("w"),
         env=child_env(),
@@ -110,6 +129,18 @@ def test_metrics_scraped_during_a_run_match_the_tables(
         assert batches[sink_run.name] >= 1
         info = by_label(samples, "fanout_sink_info", "sink")
         assert info == {sink_run.name: 1.0}
+
+        # The same values in Spark's metrics system, as its sinks see them (one CSV file per metric).
+        wanted = {f"rows_committed_total.{table}": count for table, count in rows.items()}
+        wanted[f"dead_letters_total.{sink_run.topics['clicks']}"] = 3.0
+        seen: dict[str, float] = {}
+        while time.monotonic() < deadline and seen != wanted:
+            seen = {name: value for name, value in spark_csv(csv).items() if name in wanted}
+            time.sleep(0.5)
+        assert seen == wanted
+        assert any(name.startswith(f"spark.streaming.{sink_run.name}.") for name in spark_csv(csv)), (
+            "spark.sql.streaming.metricsEnabled: the query's own metrics"
+        )
     finally:
         app.send_signal(signal.SIGTERM)
         assert app.wait(120) == 0, (tmp_path / "app.log").read_text()[-4000:]
