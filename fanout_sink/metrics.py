@@ -42,7 +42,7 @@ class SinkMetrics:
     """One sink's metrics: the coordinator's :class:`~fanout_sink.protocol.coordinator.RoundObserver`,
     fed per batch by the batch runner, and served over HTTP by :meth:`serve`."""
 
-    def __init__(self, sink: str) -> None:
+    def __init__(self, sink: str, commit_interval_s: float) -> None:
         self.sink = sink
         self.registry = CollectorRegistry(auto_describe=True)
         self.on_change: Callable[[], None] | None = None
@@ -52,6 +52,8 @@ class SinkMetrics:
         self._table_vtts_s: dict[str, float] = {}
         self._tables: set[str] = set()
         """Tables that committed at least once: they follow the sink's VTTS while nothing fails."""
+        self._held: set[str] = set()
+        """Tables whose latest commit failed: their VTTS stays until one succeeds."""
         registry = self.registry
         Info(
             "fanout_sink", "The sink and the fanout_sink version serving these metrics.", registry=registry
@@ -84,7 +86,8 @@ class SinkMetrics:
         )
         self.failures = Counter(
             "fanout_sink_commit_failures",
-            "Commit rounds in which the table's commit failed (its files stay pending and are retried).",
+            "Commit rounds in which the table's commit failed (its files stay pending and are retried) "
+            "or the table was gone (its files are not appended; an ERROR names them).",
             table,
             registry=registry,
         )
@@ -101,6 +104,12 @@ class SinkMetrics:
             sink_only,
             registry=registry,
         )
+        Gauge(
+            "fanout_sink_commit_interval_seconds",
+            "control.commit-interval: how often a commit round runs (alert thresholds scale with it).",
+            sink_only,
+            registry=registry,
+        ).labels(sink).set(commit_interval_s)
         self.last_round = Gauge(
             "fanout_sink_last_round_timestamp_seconds",
             "When the latest commit round completed (Unix time).",
@@ -173,16 +182,17 @@ class SinkMetrics:
                 self.last_commit.labels(self.sink, identifier).set(now)
                 self.rows.labels(self.sink, identifier).inc(outcome.rows)
                 self.files.labels(self.sink, identifier).inc(outcome.files)
-            elif outcome.outcome == "failed":
+            elif outcome.outcome in ("failed", "table-missing"):
                 self.failures.labels(self.sink, identifier).inc()
         keeping = {t for t, c in result.tables.items() if c.outcome in _VTTS_KEEPING}
         self._tables |= keeping
+        self._held = (self._held | result.tables.keys()) - keeping
         if result.vtts_ms is not None:
             vtts_s = result.vtts_ms / 1000
             self.vtts.labels(self.sink).set(vtts_s)
             self._vtts_s = vtts_s
             # A table with nothing due this round holds everything up to the VTTS too.
-            for identifier in keeping | (self._tables - result.tables.keys()):
+            for identifier in keeping | (self._tables - self._held):
                 self._set_table_vtts(identifier, vtts_s)
         for position in positions:
             self.lag.labels(self.sink, position.topic, str(position.partition)).set(position.lag)

@@ -24,7 +24,7 @@ def round_of(vtts_ms: int | None, *outcomes: TableCommit) -> RoundResult:
 
 
 def test_a_failing_table_keeps_its_vtts_while_the_others_follow_the_sink() -> None:
-    metrics = SinkMetrics("s")
+    metrics = SinkMetrics("s", 30.0)
     assert math.isnan(value(metrics, "fanout_sink_vtts_age_seconds") or 0.0), "no VTTS known yet"
     metrics.round_done(
         round_of(None, TableCommit("a.x", "committed", files=2, rows=7)),
@@ -32,6 +32,7 @@ def test_a_failing_table_keeps_its_vtts_while_the_others_follow_the_sink() -> No
     )
     assert value(metrics, "fanout_sink_rows_committed_total", table="a.x") == 7
     assert value(metrics, "fanout_sink_partition_lag", topic="t", partition="0") == 2
+    assert value(metrics, "fanout_sink_commit_interval_seconds") == 30
     assert value(metrics, "fanout_sink_table_vtts_timestamp_seconds", table="a.x") is None
 
     metrics.round_done(
@@ -43,6 +44,8 @@ def test_a_failing_table_keeps_its_vtts_while_the_others_follow_the_sink() -> No
         [PartitionPosition("t", 0, 5, 5)],
     )
     metrics.round_done(round_of(2_000_000, TableCommit("a.z", "failed", error="boom")), [])
+    metrics.round_done(round_of(2_000_000, TableCommit("a.gone", "table-missing")), [])
+    assert value(metrics, "fanout_sink_commit_failures_total", table="a.gone") == 1, "files not appended"
     assert value(metrics, "fanout_sink_table_vtts_timestamp_seconds", table="a.x") == 2000, "nothing due"
     assert value(metrics, "fanout_sink_table_vtts_timestamp_seconds", table="a.y") == 2000
     assert value(metrics, "fanout_sink_table_vtts_timestamp_seconds", table="a.z") == 1000, "it failed"
@@ -58,7 +61,7 @@ def test_a_failing_table_keeps_its_vtts_while_the_others_follow_the_sink() -> No
 
 
 def test_batches_count_records_and_dead_letters_per_source_topic() -> None:
-    metrics = SinkMetrics("s")
+    metrics = SinkMetrics("s", 30.0)
     metrics.batch_done(
         1.5,
         [
@@ -82,12 +85,12 @@ def test_a_taken_port_stops_the_start_naming_the_key() -> None:
         with pytest.raises(
             PreflightError, match=r"metrics\.port: cannot serve metrics on 127\.0\.0\.1:"
         ) as err:
-            SinkMetrics("s").serve(MetricsSettings(port=port))
+            SinkMetrics("s", 30.0).serve(MetricsSettings(port=port))
     assert "fix:" in str(err.value)
 
 
 def test_a_mirror_that_fails_never_stops_an_update() -> None:
-    metrics = SinkMetrics("s")
+    metrics = SinkMetrics("s", 30.0)
 
     def broken() -> None:
         raise RuntimeError("JVM gone")

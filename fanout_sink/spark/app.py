@@ -51,7 +51,11 @@ class SinkApp:
     def __init__(self, config: SinkConfig, options: RunOptions | None = None) -> None:
         self.config = config
         self.options = options or RunOptions()
-        self.metrics = SinkMetrics(config.name) if config.metrics is not None else None
+        self.metrics = (
+            SinkMetrics(config.name, config.control.commit_interval.total_seconds())
+            if config.metrics is not None
+            else None
+        )
         self.batches = BatchRunner(config, self.options.batch_retries, self._coordinator_error, self.metrics)
         self._stop_requested = threading.Event()
         self._query_started = threading.Event()
