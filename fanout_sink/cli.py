@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fanout_sink import jars
@@ -19,18 +20,33 @@ def _stack(args: argparse.Namespace) -> int:
     from fanout_sink.devtools.stack import daemon
 
     work_dir = Path(args.dir) if args.dir else daemon.default_dir()
+    if args.action == "serve":
+        from fanout_sink.devtools.stack.service import serve
+
+        return serve(daemon.SERVICES[args.name].build(work_dir, args.port, args.host), args.name)
     if args.action == "up":
         state, started = daemon.up(work_dir, args.port)
+        extras = daemon.up_extras(work_dir, args.with_)
         if args.json:
-            print(
-                json.dumps(
-                    {"bootstrap.servers": state.bootstrap_servers, "started": started, "pid": state.pid}
-                )
-            )
+            report = {"bootstrap.servers": state.bootstrap_servers, "started": started, "pid": state.pid}
+            for name, extra, extra_started in extras:
+                settings = daemon.SERVICES[name].client_settings(extra)
+                report[name] = {"started": extra_started, "pid": extra.pid, **settings}
+            print(json.dumps(report))
         else:
             verb = "started" if started else "already running"
             print(f"Kafka broker {verb} (pid {state.pid}, log {state.log_file})", file=sys.stderr)
             print(f"bootstrap.servers={state.bootstrap_servers}")
+            for name, extra, extra_started in extras:
+                verb = "started" if extra_started else "already running"
+                print(
+                    f"{daemon.SERVICES[name].title} {verb} (pid {extra.pid}, log {extra.log_file})",
+                    file=sys.stderr,
+                )
+                settings = daemon.SERVICES[name].client_settings(extra)
+                print(f"{name}: " + "  ".join(f"{key}={value}" for key, value in settings.items()))
+            if extras:
+                print(f"credentials: `fanout-sink stack status --json --dir {work_dir}`", file=sys.stderr)
         return 0
     if args.action == "down":
         stopped = daemon.down(work_dir)
@@ -60,6 +76,19 @@ def _key_value(item: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"--conf takes KEY=VALUE, got {item!r}")
     return key.strip(), value
+
+
+def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of names out of ``allowed``."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}: choose from {','.join(allowed)}")
+        return names
+
+    return parse
 
 
 def _log_to_stderr() -> None:
@@ -119,11 +148,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fanout-sink", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    stack = commands.add_parser("stack", help="the local Kafka broker for development and tests")
-    stack.add_argument("action", choices=["up", "down", "status"])
-    stack.add_argument("--dir", help="state folder (default: ~/.cache/fanout-sink/stack)")
-    stack.add_argument("--port", type=int, help="broker port (default: 9092 when free, else any free port)")
-    stack.add_argument("--json", action="store_true", help="machine-readable output")
+    from fanout_sink.devtools.stack.daemon import EXTRAS, SERVICES
+
+    stack = commands.add_parser("stack", help="the local Kafka broker (and storage servers) for development")
+    stack_actions = stack.add_subparsers(dest="action", required=True)
+    for action, text in (("up", "start in the background"), ("down", "stop"), ("status", "report")):
+        sub = stack_actions.add_parser(action, help=f"{text} the stack's servers")
+        sub.add_argument("--dir", help="state folder (default: ~/.cache/fanout-sink/stack)")
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        if action == "up":
+            sub.add_argument("--port", type=int, help="broker port (default: 9092 when free, else any)")
+            sub.add_argument(
+                "--with", dest="with_", type=_names(EXTRAS), default=[],
+                help=f"also start these, comma-separated: {','.join(EXTRAS)}",
+            )  # fmt: skip
+    serve = stack_actions.add_parser("serve", help="run one server in the foreground (SIGTERM stops it)")
+    serve.add_argument("name", choices=list(SERVICES))
+    serve.add_argument("--dir", help="state folder (default: ~/.cache/fanout-sink/stack)")
+    serve.add_argument(
+        "--port", type=int, help="port to listen on (default: the last one, else any free one)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in containers)")
     stack.set_defaults(func=_stack)
 
     demo = commands.add_parser("demo", help="end to end on the embedded defaults, then show the tables")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 from confluent_kafka.admin import AdminClient
+
+from fanout_sink.devtools.stack.broker import pid_alive
+from fanout_sink.devtools.stack.object_store import ObjectStoreState
+from fanout_sink.devtools.stack.service import http_status
 
 pytestmark = pytest.mark.kafka
 
@@ -16,7 +22,7 @@ CLI = [sys.executable, "-m", "fanout_sink.cli"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_stack_up_status_down_round_trip(tmp_path: Path) -> None:
@@ -49,3 +55,57 @@ def test_status_of_a_stack_never_started(tmp_path: Path) -> None:
     result = _cli("stack", "status", "--dir", str(tmp_path / "nothing"))
     assert result.returncode == 1
     assert "fanout-sink stack up" in result.stdout
+
+
+@pytest.mark.stores
+def test_stack_up_with_stores_status_and_down(tmp_path: Path) -> None:
+    stack_dir = str(tmp_path / "stack")
+    try:
+        up = _cli("stack", "up", "--dir", stack_dir, "--with", "s3,postgres", "--json")
+        assert up.returncode == 0, up.stderr
+        started = json.loads(up.stdout)
+        assert started["s3"]["started"] is True and started["postgres"]["started"] is True
+        assert "***" in started["postgres"]["uri"], "the password is not printed"
+
+        report = json.loads(_cli("stack", "status", "--dir", stack_dir, "--json").stdout)
+        s3, pg = report["services"]["s3"], report["services"]["postgres"]
+        assert s3["running"] and pg["running"]
+        store = ObjectStoreState(**{k: s3[k] for k in ObjectStoreState.__dataclass_fields__})
+        assert store.create_bucket("from-status") == "s3://from-status"
+        engine = sqlalchemy.create_engine(
+            f"postgresql+psycopg2://{pg['user']}:{pg['password']}@127.0.0.1:{pg['port']}/{pg['database']}"
+        )
+        with engine.connect() as connection:
+            assert connection.execute(sqlalchemy.text("select 1")).scalar() == 1
+        engine.dispose()
+
+        again = _cli("stack", "up", "--dir", stack_dir, "--with", "s3")
+        assert again.returncode == 0 and "S3 object store (S3Proxy) already running" in again.stderr
+    finally:
+        down = _cli("stack", "down", "--dir", stack_dir)
+    assert down.returncode == 0, down.stderr
+    after = json.loads(_cli("stack", "status", "--dir", stack_dir, "--json").stdout)
+    assert not after["services"]["s3"]["running"] and not after["services"]["postgres"]["running"]
+
+
+@pytest.mark.stores
+def test_stack_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> None:
+    serving = subprocess.Popen(
+        [*CLI, "stack", "serve", "s3", "--dir", str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert serving.stdout is not None
+        line = json.loads(serving.stdout.readline())
+        assert line["serving"] == "s3" and http_status(f"http://127.0.0.1:{line['port']}/") == 403
+        serving.send_signal(signal.SIGTERM)
+        assert serving.wait(timeout=60) == 0
+        assert not pid_alive(line["pid"]), "stopping the command stops the server"
+    finally:
+        serving.kill()
+
+
+@pytest.mark.stores
+def test_stack_serve_rest_without_a_store_says_how_to_give_it_one(tmp_path: Path) -> None:
+    result = _cli("stack", "serve", "rest", "--dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "needs an S3 store" in result.stderr and "FANOUT_SINK_S3_ENDPOINT" in result.stderr

@@ -1,12 +1,17 @@
-"""The broker as a long-lived local service for people: ``fanout-sink stack up | down | status``.
+"""The stack as long-lived local services for people: ``fanout-sink stack up | down | status | serve``.
 
-State lives in one folder (default ``<cache>/stack``), so ``up`` twice reuses the running broker
-and ``down`` finds it from any shell.
+State lives in one folder (default ``<cache>/stack``): the broker's at its top, every other server's
+in a sub-folder named after it. So ``up`` twice reuses what runs, ``down`` finds it from any shell,
+and ``serve <name>`` runs one server in the foreground (docker/ runs exactly that).
+
+``SERVICES`` is the registry: a server joins ``up --with``, ``serve``, ``down`` and ``status`` with
+one entry.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +21,74 @@ from fanout_sink.devtools.stack.broker import (
     KafkaBroker,
     is_running,
     load_state,
+    pid_alive,
     port_is_free,
     stop_pid,
 )
+from fanout_sink.devtools.stack.object_store import ObjectStore, S3Access
+from fanout_sink.devtools.stack.postgres import PostgresServer
+from fanout_sink.devtools.stack.rest_catalog import RestCatalog
+from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, Startable
+from fanout_sink.errors import StackError
 
 DEFAULT_PORT = 9092
+WAREHOUSE_BUCKET = "warehouse"
+"""The bucket the stack's REST catalog keeps its tables in."""
 
 
 def default_dir() -> Path:
     return jars.cache_dir() / "stack"
+
+
+@dataclass(frozen=True)
+class Service:
+    """One server of the stack: how to build it for a stack folder, a port and a listen address, and
+    what a client needs from its state (``client_settings``, shown by ``up`` and ``status``)."""
+
+    title: str
+    build: Callable[[Path, int | None, str], Startable]
+    client_settings: Callable[[Any], dict[str, str]]
+
+
+def _s3_access(stack_dir: Path) -> S3Access:
+    """The store the REST catalog writes to: the stack's own S3Proxy, else ``FANOUT_SINK_S3_*``."""
+    state = ObjectStore(stack_dir / "s3").running()
+    if state is not None:
+        return state.access
+    access = S3Access.from_env()
+    if access is None:
+        raise StackError(
+            "the REST catalog needs an S3 store and none runs in this stack folder",
+            "start one first (`fanout-sink stack up --with s3,rest`), or set FANOUT_SINK_S3_ENDPOINT, "
+            "FANOUT_SINK_S3_ACCESS_KEY_ID and FANOUT_SINK_S3_SECRET_ACCESS_KEY",
+        )
+    return access
+
+
+SERVICES: Mapping[str, Service] = {
+    "broker": Service(
+        "Kafka broker",
+        lambda d, port, host: KafkaBroker(d, port=port),
+        lambda s: {"bootstrap.servers": s.bootstrap_servers},
+    ),
+    "s3": Service(
+        "S3 object store (S3Proxy)",
+        lambda d, port, host: ObjectStore(d / "s3", port, host),
+        lambda s: {"s3.endpoint": s.endpoint, "s3.region": s.region},
+    ),
+    "rest": Service(
+        "Iceberg REST catalog (Nessie)",
+        lambda d, port, host: RestCatalog(d / "rest", _s3_access(d), WAREHOUSE_BUCKET, port, host),
+        lambda s: {"type": "rest", "uri": s.uri},
+    ),
+    "postgres": Service(
+        "PostgreSQL",
+        lambda d, port, host: PostgresServer(d / "postgres", port, host),
+        lambda s: {"type": "sql", "uri": s.sqlalchemy_uri.replace(f":{s.password}@", ":***@")},
+    ),
+}
+"""Every server, in start order (the REST catalog needs the store)."""
+EXTRAS = tuple(name for name in SERVICES if name != "broker")
 
 
 def up(work_dir: Path, port: int | None = None) -> tuple[BrokerState, bool]:
@@ -37,19 +101,65 @@ def up(work_dir: Path, port: int | None = None) -> tuple[BrokerState, bool]:
     return KafkaBroker(work_dir, port=port).start(), True
 
 
+def up_extras(work_dir: Path, names: Iterable[str]) -> list[tuple[str, Any, bool]]:
+    """Start the named servers beside the broker (in registry order), reusing running ones:
+    (name, state, started by this call) for each."""
+    wanted = set(names)
+    results = []
+    for name in EXTRAS:
+        if name not in wanted:
+            continue
+        server = SERVICES[name].build(work_dir, None, LOCALHOST)
+        assert isinstance(server, LocalServer)
+        running = server.running()
+        if running is not None:
+            results.append((name, running, False))
+        else:
+            results.append((name, server.start(timeout_s=300), True))
+    return results
+
+
 def down(work_dir: Path) -> BrokerState | None:
-    """Stop the broker if it runs; its data stays for the next ``up``."""
+    """Stop every server of the stack that runs (extras first, the store last but one); the broker's
+    state, if any. Data stays for the next ``up``."""
+    for name in reversed(EXTRAS):
+        server = _local(work_dir, name)
+        saved = server.load_state()
+        if saved is not None and pid_alive(saved.pid):
+            server.state = saved
+            server.stop()
     state = load_state(work_dir)
     if state is not None:
         stop_pid(state.pid)
     return state
 
 
+def _local(work_dir: Path, name: str) -> LocalServer[Any]:
+    """A handle on an extra server's folder, to read its state or stop it (never started from here)."""
+    folder = work_dir / name
+    if name == "rest":
+        return RestCatalog(folder, S3Access("", "", ""), WAREHOUSE_BUCKET)
+    server = SERVICES[name].build(work_dir, None, LOCALHOST)
+    assert isinstance(server, LocalServer)
+    return server
+
+
 def status(work_dir: Path) -> dict[str, Any]:
+    """The broker's report at the top (as before), the others under ``services`` by name, each with
+    ``running`` and the full state (credentials included: this is how scripts pick them up)."""
     state = load_state(work_dir)
     running = state is not None and is_running(state)
     report: dict[str, Any] = {"running": running, "dir": str(work_dir)}
     if state is not None:
         report.update(asdict(state))
         report["bootstrap.servers"] = state.bootstrap_servers
+    services = {}
+    for name in EXTRAS:
+        server = _local(work_dir, name)
+        saved = server.load_state()
+        if saved is not None:
+            live = server.running() is not None
+            services[name] = {"running": live, **asdict(saved), **SERVICES[name].client_settings(saved)}
+    if services:
+        report["services"] = services
     return report

@@ -21,23 +21,28 @@ S3PROXY = jars.JarSet("s3proxy", "fanout_sink.devtools.stack")
 REGION = "us-east-1"
 ACCESS_KEY_ENV = "FANOUT_SINK_S3_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "FANOUT_SINK_S3_SECRET_ACCESS_KEY"
+ENDPOINT_ENV = "FANOUT_SINK_S3_ENDPOINT"
+REGION_ENV = "FANOUT_SINK_S3_REGION"
 
 
 @dataclass(frozen=True)
-class ObjectStoreState:
-    """Where the store listens and the one key pair it accepts (the secret is not shown in reprs)."""
+class S3Access:
+    """How a client reaches an S3 store: this stack's S3Proxy or one elsewhere (docker's ``s3``
+    service, a real bucket), from ``FANOUT_SINK_S3_*`` variables (``from_env``)."""
 
-    pid: int
-    port: int
-    log_file: str
-    data_dir: str
+    endpoint: str
     access_key_id: str
     secret_access_key: str = field(repr=False)
     region: str = REGION
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    @classmethod
+    def from_env(cls) -> S3Access | None:
+        """``FANOUT_SINK_S3_ENDPOINT`` with the key pair variables, or None when one is unset."""
+        endpoint = os.environ.get(ENDPOINT_ENV)
+        access, secret = os.environ.get(ACCESS_KEY_ENV), os.environ.get(SECRET_KEY_ENV)
+        if not (endpoint and access and secret):
+            return None
+        return cls(endpoint, access, secret, os.environ.get(REGION_ENV, REGION))
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """PyIceberg FileIO properties that reach this store (path-style addressing)."""
@@ -68,6 +73,36 @@ class ObjectStoreState:
         return f"s3://{bucket}"
 
 
+@dataclass(frozen=True)
+class ObjectStoreState:
+    """Where the store listens and the one key pair it accepts (the secret is not shown in reprs)."""
+
+    pid: int
+    port: int
+    log_file: str
+    data_dir: str
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    region: str = REGION
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def access(self) -> S3Access:
+        return S3Access(self.endpoint, self.access_key_id, self.secret_access_key, self.region)
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        return self.access.pyiceberg_properties()
+
+    def filesystem(self) -> Any:
+        return self.access.filesystem()
+
+    def create_bucket(self, bucket: str) -> str:
+        return self.access.create_bucket(bucket)
+
+
 class ObjectStore(LocalServer[ObjectStoreState]):
     """S3Proxy with the ``filesystem-nio2`` backend: bucket ``b``, key ``k`` is file ``data/b/k``, so
     objects survive a kill and a restart of the store."""
@@ -85,7 +120,7 @@ class ObjectStore(LocalServer[ObjectStoreState]):
         config = self.work_dir / "s3proxy.properties"
         config.touch(mode=0o600)
         config.write_text(
-            f"s3proxy.endpoint=http://127.0.0.1:{port}\n"
+            f"s3proxy.endpoint=http://{self.host}:{port}\n"
             "s3proxy.authorization=aws-v2-or-v4\n"
             f"s3proxy.identity={access_key}\n"
             f"s3proxy.credential={secret_key}\n"

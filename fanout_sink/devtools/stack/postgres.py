@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from fanout_sink.devtools.stack.service import LocalServer, pick_port
+from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, pick_port
 from fanout_sink.errors import StackError
 
 DATABASE = "iceberg"
@@ -86,9 +86,11 @@ class PostgresServer(LocalServer[PostgresState]):
         password = password or os.environ.get(PASSWORD_ENV) or secrets.token_urlsafe(18)
         if not (data_dir / "PG_VERSION").exists():
             self._initdb(programs, data_dir, password)
+        if self.host != LOCALHOST:
+            _allow_remote_logins(data_dir)
         pid = self._spawn(
             [*_as_server_user(), str(programs / "postgres"), "-D", str(data_dir), "-p", str(port),
-             "-h", "127.0.0.1", "-k", str(data_dir)]
+             "-h", self.host, "-k", str(data_dir)]
         )  # fmt: skip
         return PostgresState(
             pid=pid, port=port, log_file=str(self.log_file), data_dir=str(data_dir), user=USER,
@@ -158,6 +160,15 @@ class PostgresServer(LocalServer[PostgresState]):
                 "read createdb's error below",
                 result.stderr,
             )
+
+
+def _allow_remote_logins(data_dir: Path) -> None:
+    """Password logins from any address (a container's neighbours), besides initdb's 127.0.0.1 only."""
+    hba = data_dir / "pg_hba.conf"
+    line = "host all all all scram-sha-256\n"
+    if line not in hba.read_text():
+        with hba.open("a") as conf:
+            conf.write(line)
 
 
 def _as_server_user() -> list[str]:

@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fanout_sink import jars
-from fanout_sink.devtools.stack.object_store import ObjectStoreState
-from fanout_sink.devtools.stack.service import LocalServer, http_status, java, pick_port, single_jar
+from fanout_sink.devtools.stack.object_store import S3Access
+from fanout_sink.devtools.stack.service import (
+    LOCALHOST,
+    LocalServer,
+    http_status,
+    java,
+    pick_port,
+    single_jar,
+)
 
 NESSIE = jars.JarSet("nessie", "fanout_sink.devtools.stack")
 """Nessie's Quarkus runner jar (``poms/nessie.xml``)."""
@@ -42,14 +49,16 @@ class RestCatalogState:
 
 class RestCatalog(LocalServer[RestCatalogState]):
     """Nessie on ROCKSDB: namespaces, tables and their commits survive a kill and a restart. Tables
-    go to ``s3://<bucket>/<namespace>/<table>_<uuid>`` on ``store``."""
+    go to ``s3://<bucket>/<namespace>/<table>_<uuid>`` on ``store`` (``ObjectStoreState.access``)."""
 
     kind = "rest"
     title = "Nessie REST catalog"
     state_type = RestCatalogState
 
-    def __init__(self, work_dir: Path, store: ObjectStoreState, bucket: str, port: int | None = None) -> None:
-        super().__init__(work_dir, port)
+    def __init__(
+        self, work_dir: Path, store: S3Access, bucket: str, port: int | None = None, host: str = LOCALHOST
+    ) -> None:
+        super().__init__(work_dir, port, host)
         self.store = store
         self.bucket = bucket
 
@@ -78,9 +87,9 @@ class RestCatalog(LocalServer[RestCatalogState]):
             "fanout-sink.s3.name": self.store.access_key_id,
             "fanout-sink.s3.secret": self.store.secret_access_key,
             f"{s3}.request-signing-enabled": "false",
-            "quarkus.http.host": "127.0.0.1",
+            "quarkus.http.host": self.host,
             "quarkus.http.port": str(port),
-            "quarkus.management.host": "127.0.0.1",
+            "quarkus.management.host": self.host,
             "quarkus.management.port": str(management),
             "quarkus.http.access-log.enabled": "false",
             "quarkus.otel.sdk.disabled": "true",

@@ -30,6 +30,8 @@ from fanout_sink.devtools.stack.broker import free_port, log_tail, port_is_free,
 from fanout_sink.errors import StackError
 from fanout_sink.processes import pid_alive
 
+LOCALHOST = "127.0.0.1"
+
 
 class ServerState(Protocol):
     """The fields every server's frozen state dataclass has."""
@@ -126,9 +128,11 @@ class LocalServer(Generic[S]):
     stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
     """What asks the server to shut down cleanly."""
 
-    def __init__(self, work_dir: Path, port: int | None = None) -> None:
+    def __init__(self, work_dir: Path, port: int | None = None, host: str = LOCALHOST) -> None:
+        """``host`` is the address to listen on: 127.0.0.1 but in containers (``0.0.0.0``)."""
         self.work_dir = work_dir.resolve()
         self.requested_port = port
+        self.host = host
         self.state: S | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -242,22 +246,31 @@ class LocalServer(Generic[S]):
                 self._process.wait(timeout=30)
         self._process = None
 
-    def serve(self, timeout_s: float = 300.0) -> int:
-        """Run in the foreground until the server exits or this process gets SIGTERM/SIGINT, which stop
-        it cleanly (what a container's main process must do); the server's exit code."""
-        stopping = threading.Event()
 
-        def on_signal(signum: int, _frame: object) -> None:
-            stopping.set()
+class Startable(Protocol):
+    """A stack server as ``serve`` drives it: the broker and every ``LocalServer``."""
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, on_signal)
-        state = self.start(timeout_s)
-        # Credentials stay in the state file: a container's output ends up in shared logs.
-        summary = {"kind": self.kind, "pid": state.pid, "port": state.port, "state": str(self.state_file)}
-        print(json.dumps(summary), flush=True)
-        while not stopping.wait(0.5):
-            if self._process is not None and self._process.poll() is not None:
-                return int(self._process.returncode)
-        self.stop()
-        return 0
+    def start(self, timeout_s: float = ...) -> Any: ...
+
+    def stop(self, timeout_s: float = ...) -> None: ...
+
+
+def serve(server: Startable, name: str, timeout_s: float = 300.0) -> int:
+    """Run ``server`` in the foreground until it exits (1) or this process gets SIGTERM/SIGINT, which
+    stop it cleanly (0): what a container's main process must do, for ``fanout-sink stack serve``."""
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    state = server.start(timeout_s)
+    # Credentials stay in the state file: a container's output ends up in shared logs.
+    print(json.dumps({"serving": name, "pid": state.pid, "port": state.port}), flush=True)
+    while not stopping.wait(0.5):
+        if not pid_alive(state.pid):
+            server.stop()
+            return 1
+    server.stop()
+    return 0
