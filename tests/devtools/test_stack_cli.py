@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy
 from confluent_kafka.admin import AdminClient
 
-from fanout_sink.devtools.stack.broker import pid_alive
 from fanout_sink.devtools.stack.object_store import ObjectStoreState
 from fanout_sink.devtools.stack.service import http_status
+from fanout_sink.processes import pid_alive
 
 pytestmark = pytest.mark.kafka
 

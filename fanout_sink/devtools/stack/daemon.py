@@ -21,7 +21,6 @@ from fanout_sink.devtools.stack.broker import (
     KafkaBroker,
     is_running,
     load_state,
-    pid_alive,
     port_is_free,
     stop_pid,
 )
@@ -30,6 +29,7 @@ from fanout_sink.devtools.stack.postgres import PostgresServer
 from fanout_sink.devtools.stack.rest_catalog import RestCatalog
 from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, Startable
 from fanout_sink.errors import StackError
+from fanout_sink.processes import pid_alive
 
 DEFAULT_PORT = 9092
 WAREHOUSE_BUCKET = "warehouse"
