@@ -32,12 +32,15 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
 
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[Callable[..., KafkaBroker]]:
-    """Private brokers for tests that restart or kill them, or need a SASL listener
-    (``broker_factory(sasl_user=SaslUser(...))``); all are stopped at the end of the test."""
+    """Private brokers for tests that restart or kill them, or need a SASL or TLS listener
+    (``broker_factory(sasl_user=SaslUser(...), tls=True)``); all are stopped at the end of the test."""
     started: list[KafkaBroker] = []
 
-    def make(sasl_user: SaslUser | None = None) -> KafkaBroker:
-        broker = KafkaBroker(tmp_path / f"kafka-{len(started)}", sasl_user=sasl_user)
+    def make(
+        sasl_user: SaslUser | None = None, tls: bool = False, key_password: str | None = None
+    ) -> KafkaBroker:
+        folder = tmp_path / f"kafka-{len(started)}"
+        broker = KafkaBroker(folder, sasl_user=sasl_user, tls=tls, key_password=key_password)
         broker.start()
         started.append(broker)
         return broker

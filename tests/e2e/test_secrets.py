@@ -1,8 +1,10 @@
-"""Secrets from the config never reach an output: the app runs through SASL with marker secrets, then
-every output it made is searched for them.
+"""Secrets from the config never reach an output: the app runs through SASL over TLS with marker
+secrets, then every output it made is searched for them.
 
-The SASL password is the broker's real one (rows landing prove it was used); the catalog's
-object-store keys and the registry credentials are markers the local warehouse ignores.
+The SASL password and the client key's password are the broker's real ones (rows landing prove they
+were used); the client key itself, which the sink decrypts for Spark's Java client, is searched for
+by a line of its decrypted form; the catalog's object-store keys and the registry credentials are
+markers the local warehouse ignores.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import yaml
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from cryptography.hazmat.primitives import serialization
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.cli import main
@@ -125,8 +128,15 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         "adls.account-key": _marker("adls"),
     }
     registry_auth = f"registry:{_marker('registry')}"
-    markers = [password, *catalog_secrets.values(), registry_auth.partition(":")[2]]
-    broker = broker_factory(sasl_user=SaslUser("sink", password))
+    key_password = _marker("keypass")
+    markers = [password, key_password, *catalog_secrets.values(), registry_auth.partition(":")[2]]
+    broker = broker_factory(sasl_user=SaslUser("sink", password), tls=True, key_password=key_password)
+    tls = broker.tls_files
+    key = serialization.load_pem_private_key(tls.client_key.read_bytes(), key_password.encode())
+    decrypted = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).splitlines()
+    markers.append(decrypted[len(decrypted) // 2].decode())  # base64: no "-" to split the marker at
     name = f"sink-{uuid.uuid4().hex[:6]}"
     topics = {"source": f"src-{name}", "control": f"{name}-control", "dlq": f"{name}-dlq"}
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})  # the PLAINTEXT listener
@@ -144,11 +154,13 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
     app_dir = tmp_path / "app"  # everything the app writes; the broker's own files live beside it
     (app_dir / "events").mkdir(parents=True)
     kafka = {
-        "bootstrap.servers": broker.sasl_bootstrap_servers,
-        "security.protocol": "SASL_PLAINTEXT",
+        "bootstrap.servers": broker.sasl_ssl_bootstrap_servers,
+        "security.protocol": "SASL_SSL",
         "sasl.mechanism": "PLAIN",
         "sasl.username": "sink",
         "sasl.password": "${KAFKA_PASSWORD}",
+        **tls.client_properties(),
+        "ssl.key.password": "${KAFKA_KEY_PASSWORD}",
     }
     config = _sink_yaml(app_dir, name, kafka, topics, catalog_secrets, registry_auth)
     command = [
@@ -158,13 +170,18 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         "--conf", f"spark.local.dir={app_dir / 'spark-local'}",
         "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={_log4j_info(tmp_path)}",
     ]  # fmt: skip
-    env = {"KAFKA_PASSWORD": password, "FANOUT_SINK_SPARK_LOG_LEVEL": "INFO"}
+    env = {
+        "KAFKA_PASSWORD": password,
+        "KAFKA_KEY_PASSWORD": key_password,
+        "FANOUT_SINK_SPARK_LOG_LEVEL": "INFO",
+    }
     run = subprocess.run(
         command, capture_output=True, text=True, timeout=300, check=False, env=child_env(env)
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert "final commit round" in run.stderr
     assert "sasl.jaas.config = [hidden]" in run.stderr, "Spark logged at INFO, the Kafka client's config too"
+    assert "ssl.keystore.key = [hidden]" in run.stderr, "the Java client got the client key"
 
     leaks: dict[str, list[str]] = {}
     for label, text in (("app stdout", run.stdout), ("app stderr", run.stderr)):
@@ -172,6 +189,7 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
 
     # The rows landed: the app really authenticated with the password.
     monkeypatch.setenv("KAFKA_PASSWORD", password)
+    monkeypatch.setenv("KAFKA_KEY_PASSWORD", key_password)
     settings = CatalogSettings.model_validate(yaml.safe_load(config.read_text())["catalog"])
     catalog = load_catalog(settings)
     table = catalog.load_table("shop.orders")
@@ -193,7 +211,7 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         assert main(args) == 0
         out, err = capfd.readouterr()
         assert "shop.orders: commit" in out or '"shop.orders"' in out, out
-        assert "lag 0" in out or '"lag": 0' in out, "status read the sink group through SASL"
+        assert "lag 0" in out or '"lag": 0' in out, "status read the sink group through SASL_SSL"
         leaks[" ".join(args[::2])] = _found(out + err, markers)
 
     # A run that fails inside a batch: Spark's error, with its query description and plan, names no secret.

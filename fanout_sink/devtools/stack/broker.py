@@ -185,11 +185,13 @@ class KafkaBroker:
         sasl_user: SaslUser | None = None,
         properties: Mapping[str, str] | None = None,
         tls: bool = False,
+        key_password: str | None = None,
     ) -> None:
         """``sasl_user`` adds a SASL_PLAINTEXT client listener (PLAIN and SCRAM-SHA-256) that accepts
         that user only; the PLAINTEXT listener stays for the controller, the broker itself and tools.
         ``tls`` adds an SSL listener that requires a certificate of the broker's private CA and, with
-        ``sasl_user``, a SASL_SSL listener; the CA and certificates are made in ``work_dir/tls``.
+        ``sasl_user``, a SASL_SSL listener; the CA and certificates are made in ``work_dir/tls``, the
+        client key encrypted with ``key_password`` (random if None).
         ``properties`` are server properties set last, over the defaults: a chaos run compresses a
         month of retention with ``offsets.retention.minutes`` and friends."""
         self.work_dir = work_dir.resolve()
@@ -198,6 +200,7 @@ class KafkaBroker:
         self._requested_controller_port = controller_port
         self.sasl_user = sasl_user
         self.tls = tls
+        self._key_password = key_password
         self._process: subprocess.Popen[bytes] | None = None
         self.state: BrokerState | None = None
 
@@ -307,7 +310,7 @@ class KafkaBroker:
                 if listener in extra:
                     props.update(_sasl_properties(self.sasl_user, listener))
         if self.tls:
-            props.update(_tls_properties(make_tls_files(self.tls_dir)))
+            props.update(_tls_properties(make_tls_files(self.tls_dir, key_password=self._key_password)))
         props.update(self.properties)
         path = self.work_dir / "server.properties"
         path.write_text("".join(f"{k}={_escape_property(v)}\n" for k, v in props.items()))

@@ -109,9 +109,12 @@ def _pem(key: rsa.RSAPrivateKey, password: str | None = None) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
 
 
-def make_tls_files(folder: Path, ca_name: str = "fanout-sink test CA") -> TlsFiles:
+def make_tls_files(
+    folder: Path, ca_name: str = "fanout-sink test CA", key_password: str | None = None
+) -> TlsFiles:
     """Create a new CA and certificates in ``folder``, or reuse the ones there (a restarted broker
-    keeps its certificates, so that clients configured for it still connect)."""
+    keeps its certificates, so that clients configured for it still connect). The client key's
+    password is ``key_password`` or a random one (a secrets test gives a marker it searches for)."""
     files = TlsFiles(folder)
     if files.exist():
         return files
@@ -132,7 +135,7 @@ def make_tls_files(folder: Path, ca_name: str = "fanout-sink test CA") -> TlsFil
         "fanout-sink client", client_key, ca, ca_key,
         [(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)],
     )  # fmt: skip
-    password = secrets.token_urlsafe(16)
+    password = key_password or secrets.token_urlsafe(16)
     pem = serialization.Encoding.PEM
     (folder / "client.key.password").write_text(password)
     files.client_key.write_bytes(_pem(client_key, password))
