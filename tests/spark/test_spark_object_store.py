@@ -66,7 +66,10 @@ def sqlite_s3_catalog_settings(
     )
 
 
-@pytest.mark.parametrize("catalog_fixture", ["sqlite_s3_catalog_settings"])
+@pytest.mark.parametrize(
+    "catalog_fixture",
+    ["rest_s3_catalog_settings", "postgres_s3_catalog_settings", "sqlite_s3_catalog_settings"],
+)
 def test_spark_and_pyiceberg_share_tables_on_s3(catalog_fixture: str, request: pytest.FixtureRequest) -> None:
     settings: CatalogSettings = request.getfixturevalue(catalog_fixture)
     catalog = load_catalog(settings)
