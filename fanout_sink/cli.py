@@ -130,6 +130,13 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pack(args: argparse.Namespace) -> int:
+    from fanout_sink.spark import shipping
+
+    print(shipping.build(Path(args.output) if args.output else None))
+    return 0
+
+
 def _jar_sets() -> dict[str, JarSet]:
     from fanout_sink.devtools.stack.broker import KAFKA_BROKER
     from fanout_sink.spark.session import SPARK_CONNECTORS
@@ -197,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", required=True, help="the sink's YAML file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_status)
+
+    pack = commands.add_parser(
+        "pack", help="build the Python environment a cluster's executors run (cached; prints its path)"
+    )
+    pack.add_argument("--output", help="also copy the pack here (for spark-submit --archives)")
+    pack.set_defaults(func=_pack)
 
     jars_cmd = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")
     jars_cmd.add_argument(

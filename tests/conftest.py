@@ -18,6 +18,7 @@ from fanout_sink.devtools.topics import read_to_end
 
 pytest_plugins = [
     "support.stores_fixtures",
+    "support.cluster_fixtures",
 ]
 
 

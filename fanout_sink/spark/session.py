@@ -14,6 +14,7 @@ from typing import Any
 from fanout_sink import jars
 from fanout_sink.catalog import CatalogSettings, is_s3_location, spark_catalog_conf, spark_storage_conf
 from fanout_sink.config import SECRET_KEY_PATTERN
+from fanout_sink.spark import shipping
 from fanout_sink.spark.jvm import DriverJvm, driver_java_options
 
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -88,11 +89,17 @@ def build_spark_session(
         # PySpark picks the Python of its workers from this variable (not from spark.pyspark.python);
         # without it they run a bare `python3` that lacks the sink's packages.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    cluster: dict[str, str] = {}
+    if resolved_master is not None and not resolved_master.startswith("local"):
+        # Executors run the packed environment's Python (see :mod:`.shipping`); PySpark takes the
+        # workers' Python from this variable, as for a local master.
+        cluster = shipping.cluster_conf(resolved_master)
+        os.environ["PYSPARK_PYTHON"] = shipping.EXECUTOR_PYTHON
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit the JVM exists already (PYSPARK_GATEWAY_PORT is set) and owns the master.
     if resolved_master is not None:
         builder = builder.master(resolved_master)
-    conf = spark_conf(catalog, extra_conf, checkpoint)
+    conf = spark_conf(catalog, {**cluster, **(extra_conf or {})}, checkpoint)
     for key, value in conf.items():
         builder = builder.config(key, value)
     launching = "PYSPARK_GATEWAY_PORT" not in os.environ

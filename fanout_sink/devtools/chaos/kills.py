@@ -47,6 +47,8 @@ import signal
 import time
 from pathlib import Path
 
+from fanout_sink.devtools.stack.spark_cluster import children, cmdline, descendants
+
 CRASHES = ("driver", "python-worker", "broker", "catalog-commit", "coordinator")
 MONTH = (
     "offset-expiry",
@@ -81,35 +83,7 @@ def arm(arm_dir: Path, kind: str) -> Path:
     return path
 
 
-def _children(pid: int) -> list[int]:
-    """Every thread's children: a JVM forks its Python workers from threads other than its main one."""
-    found: list[int] = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found.extend(int(child) for child in children.read_text().split())
-        except OSError:
-            continue
-    return found
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in _children(todo.pop()):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _cpu_ticks(pid: int) -> int:
+def cpu_ticks(pid: int) -> int:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
@@ -119,9 +93,9 @@ def _cpu_ticks(pid: int) -> int:
 
 def python_workers(app_pid: int) -> list[int]:
     """PySpark's forked Python workers under the app (children of a ``pyspark.daemon``)."""
-    daemons = [p for p in _descendants(app_pid) if "pyspark.daemon" in _cmdline(p)]
-    forked = [c for d in daemons for c in _children(d) if "pyspark" in _cmdline(c)]
-    return forked or [p for p in _descendants(app_pid) if "pyspark.worker" in _cmdline(p)]
+    daemons = [p for p in descendants(app_pid) if "pyspark.daemon" in cmdline(p)]
+    forked = [c for d in daemons for c in children(d) if "pyspark" in cmdline(c)]
+    return forked or [p for p in descendants(app_pid) if "pyspark.worker" in cmdline(p)]
 
 
 def kill_busy_python_worker(app_pid: int, timeout_s: float = 60.0) -> int | None:
@@ -129,9 +103,9 @@ def kill_busy_python_worker(app_pid: int, timeout_s: float = 60.0) -> int | None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         workers = python_workers(app_pid)
-        before = {pid: _cpu_ticks(pid) for pid in workers}
+        before = {pid: cpu_ticks(pid) for pid in workers}
         time.sleep(0.2)
-        busy = [pid for pid in workers if _cpu_ticks(pid) > before[pid]]
+        busy = [pid for pid in workers if cpu_ticks(pid) > before[pid]]
         if busy:
             try:
                 os.kill(busy[0], signal.SIGKILL)

@@ -1,0 +1,27 @@
+"""A Spark standalone cluster (master + 2 workers, each its own JVM) and the executors' packed
+environment, built and started once per pytest session; tests that kill a worker restart it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fanout_sink.devtools.stack.spark_cluster import SparkCluster
+from fanout_sink.spark import shipping
+
+
+@pytest.fixture(scope="session")
+def executor_pack() -> Path:
+    """The pack of this source tree (built on first use, then cached across sessions)."""
+    return shipping.build()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory, executor_pack: Path) -> Iterator[SparkCluster]:
+    """2 workers x 1 core: two executors, so that losing one leaves the app a place to retry."""
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1, memory="1536m")
+    cluster.start()
+    yield cluster
+    cluster.kill()
