@@ -75,8 +75,13 @@ def executor_requirements() -> list[str]:
 
 
 def _source_files(root: Path) -> list[Path]:
+    """What the wheel is built from. Links are followed: ``protocol/event_schemas`` links to the
+    repository's ``schemas/events``, and a copy of the link alone would dangle."""
     package = sorted(
-        p for p in (root / "fanout_sink").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        Path(folder, name)
+        for folder, folders, names in os.walk(root / "fanout_sink", followlinks=True)
+        if "__pycache__" not in Path(folder).parts
+        for name in names
     )
     return [root / name for name in _PROJECT_FILES if (root / name).is_file()] + package
 

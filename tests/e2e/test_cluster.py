@@ -97,10 +97,12 @@ def run_on_cluster(
                "--trigger-interval", "2s", "--conf", "spark.executor.memory=1g"]  # fmt: skip
     app = AppProcess(command, work_dir / "app.log", child_env({"PYTHONPATH": str(ROOT)}))
     during = Traffic(bootstrap, topics, DURING, seed=2, rate=RATE)
+    producing = False
     try:
         app.start()
         assert app.wait_working(300, batch=True), app.log_tail()
         during.start()
+        producing = True
         executor, python_commands = _kill_executor_mid_batch(cluster)
         # The executors import the shipped environment, not the driver's venv or this checkout.
         assert python_commands and all(c.startswith(EXECUTOR_PYTHON) for c in python_commands), (
@@ -114,7 +116,8 @@ def run_on_cluster(
         _wait_drained(bootstrap, name, topics, app, 300)
         assert app.stop(180) == 0, app.log_tail()
     finally:
-        during.stop()
+        if producing:
+            during.stop()
         if app.running():
             app.kill_group()
         cluster.revive()  # the next test gets the whole cluster

@@ -75,4 +75,10 @@ def test_the_pack_holds_the_project_and_its_dependencies_but_not_pyspark(executo
     assert {"fanout_sink", "pyarrow", "pyiceberg", "confluent_kafka"} <= set(site)
     assert "pyspark" not in site and "py4j" not in site
     assert "bin/python" in names
-    assert "fanout_sink/spark/shipping.py" in {n.split("site-packages/", 1)[-1] for n in names}
+    packed = {n.split("site-packages/", 1)[-1] for n in names}
+    assert "fanout_sink/spark/shipping.py" in packed
+    # Package data, including what a link in the checkout points at (event_schemas -> schemas/events).
+    assert {
+        "fanout_sink/protocol/event_schemas/Envelope.avsc",
+        "fanout_sink/spark/poms/spark-connectors.xml",
+    } <= packed

@@ -58,7 +58,9 @@ def daemon_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """
     home = spark_home()
     env = {k: v for k, v in (base or dict(os.environ)).items() if k != "PYTHONPATH"}
-    env.update(SPARK_HOME=str(home), SPARK_SCALA_VERSION=_scala_version(home))
+    # Everything of the dev stack listens on loopback: without this, Spark binds its services and the
+    # executors' block managers to the host's first non-loopback address.
+    env.update(SPARK_HOME=str(home), SPARK_SCALA_VERSION=_scala_version(home), SPARK_LOCAL_IP="127.0.0.1")
     return env
 
 
@@ -135,11 +137,13 @@ class SparkCluster:
             raise StackError("the Spark cluster is not started", "call start() first")
         return self.state.master_url
 
-    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, command: list[str], log_name: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with (self.work_dir / log_name).open("ab") as log:
             return subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.work_dir, env=daemon_env(),
+                start_new_session=True, cwd=self.work_dir, env={**daemon_env(), **(env or {})},
             )  # fmt: skip
 
     def _worker_dir(self, index: int) -> Path:
@@ -170,7 +174,9 @@ class SparkCluster:
         folder = self._worker_dir(index)
         folder.mkdir(parents=True, exist_ok=True)
         command = worker_command(self.state.master_url, folder, self.cores, self.memory, free_port())
-        self._workers[index] = self._spawn(command, f"worker-{index}.log")
+        # The executors' scratch space (shuffle, spills, fetched files) stays in the worker's folder.
+        local = {"SPARK_LOCAL_DIRS": str(folder / "local")}
+        self._workers[index] = self._spawn(command, f"worker-{index}.log", local)
         pids = tuple(p.pid if p is not None else 0 for p in self._workers)
         self.state = SparkClusterState(
             self.state.master_pid, self.state.port, self.state.webui_port, pids, self.state.work_dir
