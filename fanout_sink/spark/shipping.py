@@ -32,10 +32,11 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+import tomllib
+
 from fanout_sink import jars
 from fanout_sink.errors import StackError
 
-DISTRIBUTION = "fanout-sink"
 ENVIRONMENT = "environment"
 """The folder an executor unpacks the pack into (the ``#environment`` of ``spark.archives``)."""
 EXECUTOR_PYTHON = f"./{ENVIRONMENT}/bin/python"
@@ -57,20 +58,23 @@ def project_root() -> Path:
     return root
 
 
-def executor_requirements() -> list[str]:
-    """The project's runtime requirements without PySpark, each pinned to the version installed here."""
+def executor_requirements(root: Path | None = None) -> list[str]:
+    """The runtime requirements of the packed source tree's pyproject, without PySpark; each one the
+    driver has installed is pinned to that version, so that both sides run the same pyarrow."""
+    with ((root or project_root()) / "pyproject.toml").open("rb") as handle:
+        declared: list[str] = tomllib.load(handle)["project"]["dependencies"]
     pinned = []
-    for requirement in importlib.metadata.requires(DISTRIBUTION) or []:
+    for requirement in declared:
         spec, _, marker = requirement.partition(";")
-        if "extra" in marker:
-            continue
         match = _NAME.match(spec)
         if match is None or match[1].lower() in _LEFT_OUT:
             continue
         name, extras = match[1], match[2] or ""
-        pinned.append(
-            f"{name}{extras}=={importlib.metadata.version(name)}" + (f";{marker}" if marker else "")
-        )
+        try:
+            pin = f"{name}{extras}=={importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            pin = spec.strip()  # new in the pyproject, not installed here yet: its declared range
+        pinned.append(pin + (f";{marker}" if marker else ""))
     return pinned
 
 
