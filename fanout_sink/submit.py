@@ -1,7 +1,18 @@
 """Entry point for ``spark-submit``: the same app as ``fanout-sink run``, with the master from submit.
 
-entry=$(python -c 'import fanout_sink.submit as m; print(m.__file__)')
-spark-submit --jars "$(fanout-sink jars --comma)" "$entry" --config sink.yaml
+On a cluster the executors need the project and its Python dependencies: ``fanout-sink pack`` builds
+them as one archive (see :mod:`fanout_sink.spark.shipping`), handed over with ``--archives`` the way
+PySpark documents it. In client mode the driver runs this machine's Python, so say which:
+
+    fanout-sink pack --output fanout-sink-env.tar.gz
+    entry=$(python -c 'import fanout_sink.submit as m; print(m.__file__)')
+    spark-submit --master spark://host:7077 \
+      --archives fanout-sink-env.tar.gz#environment \
+      --conf spark.pyspark.python=./environment/bin/python \
+      --conf spark.pyspark.driver.python="$(command -v python)" \
+      --jars "$(fanout-sink jars --comma)" "$entry" --config sink.yaml
+
+(``fanout-sink run --master spark://host:7077`` does all of this by itself, from the cached pack.)
 """
 
 from __future__ import annotations

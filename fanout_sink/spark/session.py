@@ -82,7 +82,9 @@ def build_spark_session(
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
-    resolved_master = master or ("local[*]" if "PYSPARK_GATEWAY_PORT" not in os.environ else None)
+    # Under spark-submit the JVM exists already (PYSPARK_GATEWAY_PORT is set) and owns the master: the
+    # config's spark.master (local[*] by default) must not override the submit command's --master.
+    resolved_master = None if "PYSPARK_GATEWAY_PORT" in os.environ else (master or "local[*]")
     if resolved_master is not None and resolved_master.startswith("local"):
         # A local run talks to itself only: keep Spark's driver and block manager on loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -96,7 +98,6 @@ def build_spark_session(
         cluster = shipping.cluster_conf(resolved_master)
         os.environ["PYSPARK_PYTHON"] = shipping.EXECUTOR_PYTHON
     builder = SparkSession.builder.appName(app_name)
-    # Under spark-submit the JVM exists already (PYSPARK_GATEWAY_PORT is set) and owns the master.
     if resolved_master is not None:
         builder = builder.master(resolved_master)
     conf = spark_conf(catalog, {**cluster, **(extra_conf or {})}, checkpoint)

@@ -5,25 +5,26 @@ through PyIceberg and through Spark SQL: nothing lost, nothing twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
+from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.chaos import kills, scenario
 from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
 from fanout_sink.devtools.chaos.traffic import Traffic
 from fanout_sink.devtools.chaos.verify import verify
-from fanout_sink.devtools.stack.spark_cluster import SparkCluster, cmdline
+from fanout_sink.devtools.stack.spark_cluster import SparkCluster, cmdline, master_status
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol.channel import sink_group
 from fanout_sink.spark.shipping import EXECUTOR_PYTHON
@@ -61,11 +62,16 @@ def _wait_drained(bootstrap: str, sink: str, topics: list[str], app: AppProcess,
     raise AssertionError(f"the sink group did not reach the topics' ends in {timeout_s:.0f}s: {positions}")
 
 
-def _spark_ids(spark: Any, settings: CatalogSettings, table: str) -> Counter[str]:
-    for key, value in spark_catalog_conf(settings).items():
-        spark.conf.set(key, value)
-    rows = spark.sql(f"SELECT id FROM {settings.name}.{table}").collect()
-    return Counter(row.id for row in rows)
+def _spark_sql_ids(settings: CatalogSettings, tables: list[str]) -> dict[str, Counter[str]]:
+    """Each table's ids through Spark SQL, in a local session of its own (see spark_sql_ids.py)."""
+    script = ROOT / "tests" / "support" / "spark_sql_ids.py"
+    payload = json.dumps({"catalog": settings.model_dump(mode="json"), "tables": tables})
+    result = subprocess.run(
+        [sys.executable, str(script), payload], capture_output=True, text=True, timeout=300,
+        env=child_env({"PYTHONPATH": str(ROOT)}), check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {table: Counter(ids) for table, ids in json.loads(result.stdout.splitlines()[-1]).items()}
 
 
 def _task_failures(log_text: str) -> int:
@@ -78,7 +84,6 @@ def run_on_cluster(
     make_topic: Callable[..., str],
     settings: CatalogSettings,
     work_dir: Path,
-    spark: Any,
     checkpoint: str | None = None,
 ) -> None:
     started = time.monotonic()
@@ -125,15 +130,13 @@ def run_on_cluster(
     verdict = verify(bootstrap, topics, f"{name}-dlq", name, load_catalog(settings))
     assert verdict.ok, "\n".join(verdict.problems)
     catalog = load_catalog(settings)
+    tables = sorted(".".join(i) for ns in scenario.NAMESPACES for i in catalog.list_tables(ns))
+    through_spark = _spark_sql_ids(settings, tables)
     rows = {}
-    for table in sorted(
-        {t for ns in scenario.NAMESPACES for t in (".".join(i) for i in catalog.list_tables(ns))}
-    ):
-        pyiceberg_ids = Counter(
-            catalog.load_table(table).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
-        )
-        assert _spark_ids(spark, settings, table) == pyiceberg_ids, table
-        rows[table] = sum(pyiceberg_ids.values())
+    for table in tables:
+        ids = catalog.load_table(table).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
+        assert through_spark[table] == Counter(ids), table
+        rows[table] = len(ids)
     log_text = app.log_file.read_text(errors="replace")
     print(
         f"\ncluster e2e [{settings.type}]: records={verdict.records} rows={verdict.rows} per table={rows} "
@@ -146,7 +149,6 @@ def run_on_cluster(
 
 @pytest.mark.cluster
 @pytest.mark.kafka
-@pytest.mark.spark
 @pytest.mark.timeout(900)
 def test_the_app_on_a_cluster_keeps_exact_ids_through_an_executor_and_a_worker_kill(
     spark_cluster: SparkCluster,
@@ -154,6 +156,60 @@ def test_the_app_on_a_cluster_keeps_exact_ids_through_an_executor_and_a_worker_k
     make_topic: Callable[..., str],
     catalog_settings: CatalogSettings,
     tmp_path: Path,
-    spark: Any,
 ) -> None:
-    run_on_cluster(spark_cluster, bootstrap_servers, make_topic, catalog_settings, tmp_path, spark)
+    run_on_cluster(spark_cluster, bootstrap_servers, make_topic, catalog_settings, tmp_path)
+
+
+@pytest.mark.cluster
+@pytest.mark.kafka
+@pytest.mark.timeout(900)
+def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster(
+    spark_cluster: SparkCluster,
+    executor_pack: Path,
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    catalog_settings: CatalogSettings,
+    tmp_path: Path,
+) -> None:
+    """The command of ``fanout_sink/submit.py``'s docstring, as an operator types it (available-now)."""
+    name = f"submit{uuid.uuid4().hex[:6]}"
+    topics = [make_topic(f"{name}-a", partitions=2)]
+    path = tmp_path / "sink.yaml"
+    path.write_text(
+        yaml.safe_dump(scenario.sink_config(name, bootstrap_servers, topics, catalog_settings, tmp_path))
+    )
+    traffic = Traffic(bootstrap_servers, topics, 600, seed=3, rate=1e5)
+    traffic.start()
+    traffic.finish(120)
+    env = child_env({"PYTHONPATH": str(ROOT), "SPARK_LOCAL_IP": "127.0.0.1"})
+    jars = subprocess.run(
+        [sys.executable, "-m", "fanout_sink.cli", "jars", "--comma"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.strip()
+    entry = str(ROOT / "fanout_sink" / "submit.py")
+    command = [
+        str(Path(sys.executable).parent / "spark-submit"), "--master", spark_cluster.master_url,
+        "--archives", f"{executor_pack}#environment",
+        "--conf", "spark.pyspark.python=./environment/bin/python",
+        "--conf", f"spark.pyspark.driver.python={sys.executable}",
+        "--conf", "spark.executor.memory=1g",
+        "--jars", jars, entry, "--config", str(path), "--available-now",
+    ]  # fmt: skip
+    app = AppProcess(command, tmp_path / "submit.log", env)
+    app.start()
+    try:
+        assert app.wait_exit(600) == 0, app.log_tail()
+    finally:
+        if app.running():
+            app.kill_group()
+
+    assert spark_cluster.state is not None
+    status = master_status(spark_cluster.state.webui_port)
+    ran = [app["name"] for app in status["activeapps"] + status["completedapps"]]
+    assert name in ran, f"the app did not run on the cluster (the config's local master won?): {ran}"
+    verdict = verify(bootstrap_servers, topics, f"{name}-dlq", name, load_catalog(catalog_settings))
+    assert verdict.ok, "\n".join(verdict.problems)
+    assert verdict.rows > 0
