@@ -63,15 +63,18 @@ def _wait_drained(bootstrap: str, sink: str, topics: list[str], app: AppProcess,
 
 
 def _spark_sql_ids(settings: CatalogSettings, tables: list[str]) -> dict[str, Counter[str]]:
-    """Each table's ids through Spark SQL, in a local session of its own (see spark_sql_ids.py)."""
-    script = ROOT / "tests" / "support" / "spark_sql_ids.py"
-    payload = json.dumps({"catalog": settings.model_dump(mode="json"), "tables": tables})
+    """Each table's ids through Spark SQL, in a session of its own with the catalog's jars
+    (``support/spark_s3_child.py``: the suite's shared session lacks the object-store jars)."""
+    script = ROOT / "tests" / "support" / "spark_s3_child.py"
+    sql = [f"SELECT id FROM {settings.name}.{table}" for table in tables]
+    payload = json.dumps({"catalog": settings.model_dump_json(), "sql": sql})
     result = subprocess.run(
         [sys.executable, str(script), payload], capture_output=True, text=True, timeout=300,
         env=child_env({"PYTHONPATH": str(ROOT)}), check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return {table: Counter(ids) for table, ids in json.loads(result.stdout.splitlines()[-1]).items()}
+    answer = json.loads(result.stdout.strip().splitlines()[-1])["sql"]
+    return {table: Counter(row[0] for row in rows) for table, rows in zip(tables, answer, strict=True)}
 
 
 def _task_failures(log_text: str) -> int:

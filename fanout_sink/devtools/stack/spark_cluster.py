@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from fanout_sink import jars
-from fanout_sink.devtools.stack.broker import free_port, log_tail, pid_alive, stop_pid
+from fanout_sink.devtools.stack.broker import free_port, log_tail, stop_pid
 from fanout_sink.errors import StackError
+from fanout_sink.processes import pid_alive
 
 _STATE_FILE = "spark-cluster.json"
 _EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
