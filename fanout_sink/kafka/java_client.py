@@ -69,6 +69,12 @@ name with another meaning: Java's ``ssl.keystore.location`` is JKS by default, i
 would make it decrypt the already decrypted key)."""
 _SAME_NAME_OTHER_VALUES = frozenset({"ssl.cipher.suites"})
 """Java knows the name but not librdkafka's values (OpenSSL cipher names, not IANA ones)."""
+_INLINE = {
+    "ssl.ca.location": "ssl.ca.pem",
+    "ssl.certificate.location": "ssl.certificate.pem",
+    "ssl.key.location": "ssl.key.pem",
+}
+"""librdkafka's TLS file keys and their inline PEM equivalents."""
 _CA_PROBE = "probe"  # librdkafka: the system's CA store; Java's default truststore is its equivalent
 _JAVA_KEY_TYPES = (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, dsa.DSAPrivateKey)
 _TO_PEM = "openssl x509 -inform der -in cert.der -out cert.pem"
@@ -179,6 +185,24 @@ def java_tls_properties(kafka: Mapping[str, str]) -> dict[str, str]:
             )
         properties["ssl.endpoint.identification.algorithm"] = "" if algorithm.lower() == "none" else "https"
     return properties
+
+
+def inline_tls_files(kafka: Mapping[str, str]) -> dict[str, str]:
+    """``kafka`` with the CA, certificate and key files replaced by their PEM text (``ssl.*.pem``,
+    the key still encrypted with ``ssl.key.password``), read here on the driver: Spark tasks run
+    librdkafka on executors, which may be other hosts where these paths do not exist.
+
+    ``ssl.ca.location: probe`` (the host's CA store) stays, as does a PKCS#12 ``ssl.keystore.location``
+    (librdkafka has no inline form of it). Raises :class:`PropertyError` for a file it cannot read.
+    """
+    inlined = dict(kafka)
+    for location, pem in _INLINE.items():
+        if location in kafka and kafka[location] != _CA_PROBE and pem not in kafka:
+            data = _contents(kafka, location)
+            assert data is not None, "the key is set"
+            inlined[pem] = data.decode("ascii", errors="replace")
+            del inlined[location]
+    return inlined
 
 
 def _pem(certificates: list[x509.Certificate]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import FanoutSinkError, RecordError
+from fanout_sink.kafka.java_client import inline_tls_files
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.spark import planning
 from fanout_sink.spark.task import SliceReport, config_key, run_task
@@ -66,7 +67,8 @@ class BatchRunner:
         coordinator_error: Callable[[], BaseException | None],
         metrics: SinkMetrics | None = None,
     ) -> None:
-        self.config = config
+        # The tasks' copy: their librdkafka clients may run on hosts without the driver's TLS files.
+        self.config = config.model_copy(update={"kafka": inline_tls_files(config.kafka)})
         self.checkpoint = config.checkpoint_location
         self.retries = retries
         self.lock = threading.Lock()

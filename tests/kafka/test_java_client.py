@@ -17,6 +17,7 @@ from fanout_sink.devtools.stack.certificates import TlsFiles, make_tls_files
 from fanout_sink.errors import ConfigError
 from fanout_sink.kafka.java_client import (
     PropertyError,
+    inline_tls_files,
     java_tls_properties,
     sasl_jaas_config,
     spark_kafka_options,
@@ -266,3 +267,18 @@ def test_option_values_with_key_material_or_passwords_are_redacted(tls: TlsFiles
     assert secret == {"kafka.ssl.keystore.key", "kafka.sasl.jaas.config"}
     assert all(is_secret_key(name) for name in secret)
     assert not is_secret_key("kafka.ssl.truststore.certificates"), "certificates are public"
+
+
+def test_tls_files_are_inlined_for_librdkafka_on_executors(tls: TlsFiles) -> None:
+    """Tasks get PEM text instead of paths (which other hosts may lack); the key stays encrypted."""
+    kafka = {"security.protocol": "SSL", **tls.client_properties()}
+    inlined = inline_tls_files(kafka)
+    assert inlined == {
+        "security.protocol": "SSL",
+        "ssl.ca.pem": tls.ca.read_text(),
+        "ssl.certificate.pem": tls.client_cert.read_text(),
+        "ssl.key.pem": tls.client_key.read_text(),
+        "ssl.key.password": tls.client_key_password,
+    }
+    assert java_tls_properties(inlined) == java_tls_properties(kafka)
+    assert inline_tls_files({"ssl.ca.location": "probe"}) == {"ssl.ca.location": "probe"}
