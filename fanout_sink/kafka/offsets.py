@@ -7,13 +7,19 @@ shows them as lag. One implementation keeps the three agreeing.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 
 # Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    OffsetSpec,
+    ResourceType,
+)
 
 from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, retry_transient
 
@@ -84,22 +90,27 @@ def source_positions(
     kafka_conf: KafkaConf, group: str, topics: list[str], timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[PartitionPosition]:
     """Committed (by ``group``, not waiting for open transactions) and last stable offset of every
-    partition of ``topics``."""
-    conf = client_conf(kafka_conf)
-    consumer = Consumer({**conf, "group.id": group, "isolation.level": "read_committed"})
-    try:
-        metadata = consumer.list_topics(timeout=timeout_s).topics
-        partitions = [(t, p) for t in topics if t in metadata for p in sorted(metadata[t].partitions)]
-        ends = {
-            (t, p): int(
-                consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout_s, cached=False)[1]
-            )
-            for t, p in partitions
-        }
-    finally:
-        consumer.close()
+    partition of ``topics``.
+
+    Every commit round calls this (and the lag metric comes from it), so the ends are one batched
+    ``ListOffsets`` per partition leader, not one request per partition.
+    """
+    admin = AdminClient(client_conf(kafka_conf))
+    metadata = admin.list_topics(timeout=timeout_s).topics
+    partitions = [(t, p) for t in topics if t in metadata for p in sorted(metadata[t].partitions)]
     if not partitions:
         return []
+    asked = admin.list_offsets(
+        {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions},  # type: ignore[no-untyped-call]
+        isolation_level=IsolationLevel.READ_COMMITTED,
+        request_timeout=timeout_s,
+    )
+    try:
+        ends = {
+            (tp.topic, tp.partition): int(future.result(timeout_s).offset) for tp, future in asked.items()
+        }
+    except concurrent.futures.TimeoutError as exc:  # not the builtin TimeoutError before Python 3.11
+        raise TimeoutError(f"no last stable offsets of {topics} within {timeout_s:.0f} s") from exc
     reader = GroupOffsets(kafka_conf, group, stable=False)
     try:
         committed = reader.committed(partitions, timeout_s)
