@@ -19,6 +19,7 @@ from fanout_sink.devtools.topics import read_to_end
 pytest_plugins = [
     "support.stores_fixtures",
     "support.cluster_fixtures",
+    "support.expiry_fixtures",
 ]
 
 

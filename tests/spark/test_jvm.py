@@ -8,9 +8,11 @@ process, written at JVM exit); the only substitution is the archive's folder (a 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,43 +37,68 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _session_in_child(archive: Path) -> str:
+@pytest.fixture
+def start_session_in_child() -> Iterator[Callable[[Path], subprocess.Popen[str]]]:
+    """Starts children (see ``_start_session_in_child``); those still running at the end are killed
+    with their JVMs."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(archive: Path) -> subprocess.Popen[str]:
+        started.append(_start_session_in_child(archive))
+        return started[-1]
+
+    yield start
+    for child in started:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def _start_session_in_child(archive: Path) -> subprocess.Popen[str]:
     """Runs in the archive's folder: a JVM that crashes on a damaged archive leaves its hs_err log there."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     env.pop("FANOUT_SINK_CDS", None)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
-    result = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(archive)],
         cwd=archive.parent,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
-        timeout=300,
-        check=False,
+        start_new_session=True,  # its group holds the JVM too: a failed test kills both
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "SUM 45" in result.stdout
-    return next(line for line in result.stdout.splitlines() if line.startswith("JVM-ARGS"))
+
+
+def _jvm_args(child: subprocess.Popen[str]) -> str:
+    """The child's JVM options, once its session ran a job and it exited cleanly."""
+    stdout, stderr = child.communicate(timeout=300)
+    assert child.returncode == 0, stderr[-3000:]
+    assert "SUM 45" in stdout
+    return next(line for line in stdout.splitlines() if line.startswith("JVM-ARGS"))
 
 
 def test_the_archive_is_published_after_a_clean_exit_mapped_next_time_and_a_damaged_one_is_dropped(
-    tmp_path: Path,
+    tmp_path: Path, start_session_in_child: Callable[[Path], subprocess.Popen[str]]
 ) -> None:
     archive = tmp_path / "driver.jsa"
 
-    first = _session_in_child(archive)
+    first = _jvm_args(start_session_in_child(archive))
     assert "-XX:ArchiveClassesAtExit=" in first and jvm.LIGHT_JIT in first
     assert archive.stat().st_size > 1_000_000, "the dump was not published"
     assert not list(tmp_path.glob("*.dump")), "the dump file stayed behind"
 
-    second = _session_in_child(archive)
-    assert f"-XX:SharedArchiveFile={archive}" in second
-
     # A truncated archive crashes a JVM that maps it (SIGBUS); the session starts again without it.
-    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
-    third = _session_in_child(archive)
+    # It is a copy in a folder of its own, so that mapping the complete archive runs at the same time.
+    damaged = tmp_path / "damaged" / archive.name
+    damaged.parent.mkdir()
+    damaged.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    mapping, crashing = start_session_in_child(archive), start_session_in_child(damaged)
+    second, third = _jvm_args(mapping), _jvm_args(crashing)
+
+    assert f"-XX:SharedArchiveFile={archive}" in second
     assert "SharedArchiveFile" not in third
-    assert not archive.exists(), "the damaged archive is offered again"
+    assert not damaged.exists(), "the damaged archive is offered again"
 
 
 def test_dumps_of_killed_jvms_are_removed_and_live_ones_kept(
