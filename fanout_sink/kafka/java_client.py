@@ -6,7 +6,7 @@ the section as it is. Spark's Kafka source is the Java client, which differs in 
 - credentials: librdkafka has ``sasl.username``/``sasl.password``; Java has one ``sasl.jaas.config``
   naming a login module with the user and password inside, quoted;
 - names: librdkafka's ``sasl.mechanisms`` is Java's ``sasl.mechanism``, and many librdkafka keys
-  (``debug``, ``ssl.ca.location``, ...) do not exist in Java, which logs a warning per unknown key;
+  (``debug``, ``statistics.interval.ms``, ...) do not exist in Java, which logs a warning per unknown key;
 - Spark refuses a few consumer keys outright (it manages offsets and deserialisation itself);
 - TLS material: librdkafka (OpenSSL) takes a CA file, a certificate file and a key file in any form
   OpenSSL reads, or a PKCS#12 keystore; Java takes PEM stores, and its PEM reader knows only
@@ -77,7 +77,6 @@ _INLINE = {
 """librdkafka's TLS file keys and their inline PEM equivalents."""
 _CA_PROBE = "probe"  # librdkafka: the system's CA store; Java's default truststore is its equivalent
 _JAVA_KEY_TYPES = (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, dsa.DSAPrivateKey)
-_TO_PEM = "openssl x509 -inform der -in cert.der -out cert.pem"
 
 
 class PropertyError(ValueError):
@@ -162,6 +161,13 @@ def java_tls_properties(kafka: Mapping[str, str]) -> dict[str, str]:
     Reads the files the keys name; raises :class:`PropertyError` naming the key of a file that is
     missing, unreadable or not what the key says, and of a key that cannot be decrypted.
     """
+    if kafka.get("enable.ssl.certificate.verification", "true").lower() == "false":
+        raise PropertyError(
+            "enable.ssl.certificate.verification",
+            "turns off the broker certificate check, which Spark's Java Kafka client cannot turn off "
+            "(it would fail the TLS handshake that librdkafka passes)",
+            "remove it and give the CA that signed the broker's certificate in ssl.ca.location",
+        )
     properties: dict[str, str] = {}
     authorities = _certificates(kafka, "ssl.ca.location") + _certificates(kafka, "ssl.ca.pem")
     if authorities:
@@ -242,7 +248,8 @@ def _certificates(kafka: Mapping[str, str], key: str) -> list[x509.Certificate]:
         raise PropertyError(
             key,
             "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-            f"give PEM certificates; convert a DER one with `{_TO_PEM}`",
+            "give PEM certificates; convert a DER one with "
+            "`openssl x509 -inform der -in cert.der -out cert.pem`",
         ) from None
 
 

@@ -218,6 +218,7 @@ def _ed25519(tmp_path: Path) -> Path:
         (lambda t, p: {"ssl.certificate.location": None}, "ssl.key.location", "needs both"),
         (lambda t, p: {"ssl.keystore.location": str(_garbage(p))}, "ssl.keystore.location", "PKCS#12"),
         (lambda t, p: {"ssl.endpoint.identification.algorithm": "ldaps"}, "ssl.endpoint", "https and none"),
+        (lambda t, p: {"enable.ssl.certificate.verification": "false"}, "enable.ssl", "cannot turn off"),
     ],
 )  # fmt: skip
 def test_unusable_tls_settings_name_the_key_not_the_secret(
