@@ -137,15 +137,23 @@ def _pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jar_sets() -> dict[str, JarSet]:
-    from fanout_sink.devtools.stack.broker import KAFKA_BROKER
-    from fanout_sink.spark.session import SPARK_CONNECTORS
+JAR_SETS = ("spark-connectors", "spark-object-store", "kafka-broker", "s3proxy", "nessie")
+"""The names ``fanout-sink jars --set`` takes; spelled out so that parsing a command imports no catalog."""
 
-    return {jar_set.name: jar_set for jar_set in (SPARK_CONNECTORS, KAFKA_BROKER)}
+
+def jar_sets() -> dict[str, JarSet]:
+    """Every jar set the product and the stack's servers run on (an image fetches them at build)."""
+    from fanout_sink.devtools.stack.broker import KAFKA_BROKER
+    from fanout_sink.devtools.stack.object_store import S3PROXY
+    from fanout_sink.devtools.stack.rest_catalog import NESSIE
+    from fanout_sink.spark.session import SPARK_CONNECTORS, SPARK_OBJECT_STORE
+
+    sets = (SPARK_CONNECTORS, SPARK_OBJECT_STORE, KAFKA_BROKER, S3PROXY, NESSIE)
+    return {jar_set.name: jar_set for jar_set in sets}
 
 
 def _jars(args: argparse.Namespace) -> int:
-    sets = _jar_sets()
+    sets = jar_sets()
     paths = [str(path) for name in args.set for path in jars.jars(sets[name])]
     print(",".join(paths) if args.comma else "\n".join(paths))
     return 0
@@ -212,9 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.set_defaults(func=_pack)
 
     jars_cmd = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")
-    jars_cmd.add_argument(
-        "--set", nargs="+", choices=["spark-connectors", "kafka-broker"], default=["spark-connectors"]
-    )
+    jars_cmd.add_argument("--set", nargs="+", choices=JAR_SETS, default=["spark-connectors"])
     jars_cmd.add_argument(
         "--comma", action="store_true", help="one comma-separated line, as spark-submit --jars takes"
     )

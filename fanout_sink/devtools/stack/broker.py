@@ -186,6 +186,7 @@ class KafkaBroker:
         properties: Mapping[str, str] | None = None,
         tls: bool = False,
         key_password: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         """``sasl_user`` adds a SASL_PLAINTEXT client listener (PLAIN and SCRAM-SHA-256) that accepts
         that user only; the PLAINTEXT listener stays for the controller, the broker itself and tools.
@@ -193,7 +194,9 @@ class KafkaBroker:
         ``sasl_user``, a SASL_SSL listener; the CA and certificates are made in ``work_dir/tls``, the
         client key encrypted with ``key_password`` (random if None).
         ``properties`` are server properties set last, over the defaults: a chaos run compresses a
-        month of retention with ``offsets.retention.minutes`` and friends."""
+        month of retention with ``offsets.retention.minutes`` and friends.
+        ``host`` is the name the client listeners bind to and advertise: loopback, but in a container
+        the service's name (``kafka``), which other containers resolve; the controller stays on loopback."""
         self.work_dir = work_dir.resolve()
         self.properties = dict(properties or {})
         self._requested_port = port
@@ -201,6 +204,7 @@ class KafkaBroker:
         self.sasl_user = sasl_user
         self.tls = tls
         self._key_password = key_password
+        self.host = host
         self._process: subprocess.Popen[bytes] | None = None
         self.state: BrokerState | None = None
 
@@ -284,9 +288,12 @@ class KafkaBroker:
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{cport}",
-            "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items()),
+            "listeners": ",".join(
+                f"{name}://{'127.0.0.1' if name == 'CONTROLLER' else self.host}:{p}"
+                for name, p in listeners.items()
+            ),
             "advertised.listeners": ",".join(
-                f"{name}://127.0.0.1:{p}" for name, p in listeners.items() if name != "CONTROLLER"
+                f"{name}://{self.host}:{p}" for name, p in listeners.items() if name != "CONTROLLER"
             ),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",

@@ -68,7 +68,7 @@ def _s3_access(stack_dir: Path) -> S3Access:
 SERVICES: Mapping[str, Service] = {
     "broker": Service(
         "Kafka broker",
-        lambda d, port, host: KafkaBroker(d, port=port),
+        lambda d, port, host: KafkaBroker(d, port=port, host=host),
         lambda s: {"bootstrap.servers": s.bootstrap_servers},
     ),
     "s3": Service(
