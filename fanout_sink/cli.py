@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fanout_sink import jars
 from fanout_sink.errors import FanoutSinkError, StackError
@@ -28,11 +29,15 @@ def _stack(args: argparse.Namespace) -> int:
         state, started = daemon.up(work_dir, args.port)
         extras = daemon.up_extras(work_dir, args.with_)
         if args.json:
-            report = {"bootstrap.servers": state.bootstrap_servers, "started": started, "pid": state.pid}
+            answer: dict[str, Any] = {
+                "bootstrap.servers": state.bootstrap_servers,
+                "started": started,
+                "pid": state.pid,
+            }
             for name, extra, extra_started in extras:
                 settings = daemon.SERVICES[name].client_settings(extra)
-                report[name] = {"started": extra_started, "pid": extra.pid, **settings}
-            print(json.dumps(report))
+                answer[name] = {"started": extra_started, "pid": extra.pid, **settings}
+            print(json.dumps(answer))
         else:
             verb = "started" if started else "already running"
             print(f"Kafka broker {verb} (pid {state.pid}, log {state.log_file})", file=sys.stderr)
@@ -55,10 +60,15 @@ def _stack(args: argparse.Namespace) -> int:
     report = daemon.status(work_dir)
     if args.json:
         print(json.dumps(report))
-    elif report["running"]:
+        return 0 if report["running"] else 1
+    if report["running"]:
         print(f"running  bootstrap.servers={report['bootstrap.servers']}  pid={report['pid']}")
     else:
         print(f"not running (state folder {work_dir}); start it with `fanout-sink stack up`")
+    for name, service in report.get("services", {}).items():
+        settings = daemon.SERVICES[name].client_settings(daemon.saved_state(work_dir, name))
+        shown = "  ".join(f"{key}={value}" for key, value in settings.items())
+        print(f"{name}: {'running' if service['running'] else 'stopped'}  {shown}  pid={service['pid']}")
     return 0 if report["running"] else 1
 
 

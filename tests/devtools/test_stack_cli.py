@@ -79,6 +79,8 @@ def test_stack_up_with_stores_status_and_down(tmp_path: Path) -> None:
             assert connection.execute(sqlalchemy.text("select 1")).scalar() == 1
         engine.dispose()
 
+        text = _cli("stack", "status", "--dir", stack_dir).stdout
+        assert f"s3: running  s3.endpoint={store.endpoint}" in text and ":***@" in text
         again = _cli("stack", "up", "--dir", stack_dir, "--with", "s3")
         assert again.returncode == 0 and "S3 object store (S3Proxy) already running" in again.stderr
     finally:

@@ -144,6 +144,11 @@ def _local(work_dir: Path, name: str) -> LocalServer[Any]:
     return server
 
 
+def saved_state(work_dir: Path, name: str) -> Any:
+    """The last state an extra server of this stack saved (None if it never started)."""
+    return _local(work_dir, name).load_state()
+
+
 def status(work_dir: Path) -> dict[str, Any]:
     """The broker's report at the top (as before), the others under ``services`` by name, each with
     ``running`` and the full state (credentials included: this is how scripts pick them up)."""

@@ -53,7 +53,31 @@ class PostgresState:
 
 
 def bin_dir() -> Path:
-    """The newest installed PostgreSQL's programs (Debian keeps them off PATH, one folder per version)."""
+    """The newest installed PostgreSQL's programs (Debian keeps them off PATH, one folder per version);
+    as root on Debian, the package is installed when missing, as the broker's jars are fetched."""
+    found = _installed_bin_dir()
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        result = subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
+            capture_output=True, text=True, timeout=900, check=False,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )  # fmt: skip
+        found = _installed_bin_dir()
+        if found is None:
+            raise StackError(
+                "PostgreSQL is not installed and `apt-get install -y postgresql` failed",
+                "run `apt-get update && apt-get install -y postgresql` and read its error",
+                "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:]),
+            )
+    if found is None:
+        raise StackError(
+            "PostgreSQL's server programs (initdb, postgres) were not found",
+            "install them (Debian: `apt-get install -y postgresql`) and retry",
+        )
+    return found
+
+
+def _installed_bin_dir() -> Path | None:
     found = sorted(
         (Path(path).parent for path in glob.glob("/usr/lib/postgresql/*/bin/initdb")),
         key=lambda path: int(path.parent.name) if path.parent.name.isdigit() else 0,
@@ -61,12 +85,7 @@ def bin_dir() -> Path:
     if found:
         return found[-1]
     initdb = shutil.which("initdb")
-    if initdb is not None:
-        return Path(initdb).parent
-    raise StackError(
-        "PostgreSQL's server programs (initdb, postgres) were not found",
-        "install them (Debian: `apt-get install -y postgresql`) and retry",
-    )
+    return Path(initdb).parent if initdb is not None else None
 
 
 class PostgresServer(LocalServer[PostgresState]):
