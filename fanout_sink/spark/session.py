@@ -25,13 +25,19 @@ SPARK_CONNECTORS = jars.JarSet("spark-connectors", "fanout_sink.spark")
 
 SPARK_OBJECT_STORE = jars.JarSet("spark-object-store", "fanout_sink.spark")
 """The AWS SDK for Iceberg's S3FileIO and Hadoop's s3a (``poms/spark-object-store.xml``, 65 MB):
-added only when the catalog or the checkpoint is on S3, so the embedded default does not fetch it."""
+added only when the catalog or the checkpoint is on S3, so the embedded default does not fetch it.
+A REST or Glue catalog counts as S3: the server, not the client, knows where tables live (a REST
+server may vend the store's credentials), and Iceberg Java's default FileIO there resolves
+``s3://`` locations to S3FileIO."""
+
+_REMOTE_CATALOGS = {"rest", "glue"}
 
 
 def connector_jars(catalog: CatalogSettings | None, checkpoint: str | None = None) -> list[str]:
     """The jars Spark needs for this catalog and checkpoint location (fetched when missing)."""
     sets = [SPARK_CONNECTORS]
-    if (catalog is not None and spark_storage_conf(catalog)) or is_s3_location(checkpoint):
+    on_s3 = catalog is not None and (catalog.type in _REMOTE_CATALOGS or bool(spark_storage_conf(catalog)))
+    if on_s3 or is_s3_location(checkpoint):
         sets.append(SPARK_OBJECT_STORE)
     return [str(path) for jar_set in sets for path in jars.jars(jar_set)]
 

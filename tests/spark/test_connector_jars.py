@@ -63,4 +63,6 @@ def test_object_store_jars_only_when_s3_is_used(tmp_path: Path) -> None:
     assert not any(bundle in jar for jar in connector_jars(local, str(tmp_path / "ck")))
     assert any(bundle in jar for jar in connector_jars(local, "s3a://b/ck"))
     assert any(bundle in jar for jar in connector_jars(on_s3))
+    vended = CatalogSettings(name="c", type="rest", uri="http://r", warehouse="wh")  # no s3.* keys here
+    assert any(bundle in jar for jar in connector_jars(vended))
     assert any("postgresql-" in jar for jar in connector_jars(local))
