@@ -135,6 +135,8 @@ class LocalServer(Generic[S]):
         self.host = host
         self.state: S | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self.exit_code: int | None = None
+        """How the process this object started last exited (set by stop and kill)."""
 
     @property
     def log_file(self) -> Path:
@@ -241,9 +243,12 @@ class LocalServer(Generic[S]):
         self._reap()
 
     def _reap(self) -> None:
+        """Wait for a process this object started; its exit code goes to ``exit_code`` (negative: the
+        signal that killed it), None when it is not our child or has not exited."""
+        self.exit_code = None
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout=30)
+                self.exit_code = self._process.wait(timeout=30)
         self._process = None
 
 
