@@ -137,4 +137,4 @@ def test_postgres_refuses_a_second_start_keeps_data_across_a_kill_and_wants_the_
         with pytest.raises(Exception, match="password authentication failed"):
             load_catalog(wrong).list_namespaces()
     finally:
-        server.stop()
+        server.discard()

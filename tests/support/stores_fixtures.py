@@ -73,7 +73,7 @@ def postgres_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postg
     try:
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 @pytest.fixture(scope="session")

@@ -116,6 +116,16 @@ class PostgresServer(LocalServer[PostgresState]):
             password=password,
         )  # fmt: skip
 
+    def discard(self) -> None:
+        """Stop the server and delete its cluster: as root the data lives outside the work dir (see
+        ``_data_dir``), where deleting the work dir does not reach it."""
+        self.stop()
+        local = self.work_dir / "pgdata"
+        data = local.resolve()
+        if local.is_symlink():
+            local.unlink()
+        shutil.rmtree(data, ignore_errors=True)
+
     def _data_dir(self) -> Path:
         local = self.work_dir / "pgdata"
         if os.geteuid() != 0:
