@@ -301,15 +301,21 @@ class TableManager:
             # that as an integrity error): fine when it exists now.
             if not self.catalog.namespace_exists(namespace):
                 raise
-        txn = self.catalog.create_table_transaction(name, schema=schema, properties=dict(settings.properties))
+        properties = dict(settings.properties)
         if settings.partition_by:
+            txn = self.catalog.create_table_transaction(name, schema=schema, properties=properties)
             with txn.update_spec() as spec:
                 for part in settings.partition_by:
                     transform = (
                         part.transform if part.argument is None else f"{part.transform}[{part.argument}]"
                     )
                     spec.add_field(part.column, transform)
-        txn.commit_transaction()
+            txn.commit_transaction()
+        else:
+            # One create request, no transaction: a create transaction commits an AddSchema update,
+            # which PyIceberg 0.12 sends without last-column-id and a Nessie REST catalog refuses
+            # (HTTP 400 "Cannot build AddSchema ... [lastColumnId]").
+            self.catalog.create_table(name, schema=schema, properties=properties)
         log.info("created table %s", name)
         return self.catalog.load_table(name)
 

@@ -119,7 +119,7 @@ def run_on_cluster(
         assert app.wait_working(180, batch=True), app.log_tail()
         worker = cluster.kill_worker(1)
         assert app.wait_working(180, batch=True), app.log_tail()
-        cluster.restart_worker(1)
+        cluster.revive()
         during.finish(300)
         _wait_drained(bootstrap, name, topics, app, 300)
         assert app.stop(180) == 0, app.log_tail()
@@ -142,7 +142,8 @@ def run_on_cluster(
         rows[table] = len(ids)
     log_text = app.log_file.read_text(errors="replace")
     print(
-        f"\ncluster e2e [{settings.type}]: records={verdict.records} rows={verdict.rows} per table={rows} "
+        f"\ncluster e2e [{settings.type}, checkpoint {config['spark']['checkpoint-location']}]: "
+        f"records={verdict.records} rows={verdict.rows} per table={rows} "
         f"dead-lettered={verdict.dead_lettered} kills: executor pid {executor} mid-batch, "
         f"worker pid {worker} "
         f"(restarted) lost tasks seen={_task_failures(log_text)} batches={app.batches} "
@@ -151,16 +152,35 @@ def run_on_cluster(
 
 
 @pytest.mark.cluster
+@pytest.mark.stores
 @pytest.mark.kafka
 @pytest.mark.timeout(900)
-def test_the_app_on_a_cluster_keeps_exact_ids_through_an_executor_and_a_worker_kill(
+def test_on_the_rest_catalog_and_s3_with_an_s3a_checkpoint_no_id_is_lost_or_doubled_through_kills(
     spark_cluster: SparkCluster,
     bootstrap_servers: str,
     make_topic: Callable[..., str],
-    catalog_settings: CatalogSettings,
+    rest_s3_catalog_settings: CatalogSettings,
+    s3_prefix: str,
     tmp_path: Path,
 ) -> None:
-    run_on_cluster(spark_cluster, bootstrap_servers, make_topic, catalog_settings, tmp_path)
+    checkpoint = s3_prefix.replace("s3://", "s3a://", 1) + "/checkpoints"
+    run_on_cluster(
+        spark_cluster, bootstrap_servers, make_topic, rest_s3_catalog_settings, tmp_path, checkpoint
+    )
+
+
+@pytest.mark.cluster
+@pytest.mark.stores
+@pytest.mark.kafka
+@pytest.mark.timeout(900)
+def test_on_the_postgresql_catalog_and_s3_no_id_is_lost_or_doubled_through_kills(
+    spark_cluster: SparkCluster,
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    postgres_s3_catalog_settings: CatalogSettings,
+    tmp_path: Path,
+) -> None:
+    run_on_cluster(spark_cluster, bootstrap_servers, make_topic, postgres_s3_catalog_settings, tmp_path)
 
 
 @pytest.mark.cluster
@@ -209,8 +229,7 @@ def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster(
         if app.running():
             app.kill_group()
 
-    assert spark_cluster.state is not None
-    status = master_status(spark_cluster.state.webui_port)
+    status = master_status(spark_cluster.master_state.webui_port)
     ran = [app["name"] for app in status["activeapps"] + status["completedapps"]]
     assert name in ran, f"the app did not run on the cluster (the config's local master won?): {ran}"
     verdict = verify(bootstrap_servers, topics, f"{name}-dlq", name, load_catalog(catalog_settings))

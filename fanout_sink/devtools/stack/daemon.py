@@ -28,6 +28,7 @@ from fanout_sink.devtools.stack.object_store import ObjectStore, S3Access
 from fanout_sink.devtools.stack.postgres import PostgresServer
 from fanout_sink.devtools.stack.rest_catalog import RestCatalog
 from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, Startable
+from fanout_sink.devtools.stack.spark_cluster import SparkMaster, SparkWorker, master_url_for
 from fanout_sink.errors import StackError
 from fanout_sink.processes import pid_alive
 
@@ -86,8 +87,18 @@ SERVICES: Mapping[str, Service] = {
         lambda d, port, host: PostgresServer(d / "postgres", port, host),
         lambda s: {"type": "sql", "uri": s.sqlalchemy_uri.replace(f":{s.password}@", ":***@")},
     ),
+    "spark-master": Service(
+        "Spark standalone master",
+        lambda d, port, host: SparkMaster(d / "spark-master", port, host),
+        lambda s: {"spark.master": s.master_url},
+    ),
+    "spark-worker": Service(
+        "Spark standalone worker",
+        lambda d, port, host: SparkWorker(d / "spark-worker", master_url_for(d), port, host),
+        lambda s: {"spark.master": s.master_url},
+    ),
 }
-"""Every server, in start order (the REST catalog needs the store)."""
+"""Every server, in start order (the REST catalog needs the store, a Spark worker its master)."""
 EXTRAS = tuple(name for name in SERVICES if name != "broker")
 
 
@@ -139,6 +150,8 @@ def _local(work_dir: Path, name: str) -> LocalServer[Any]:
     folder = work_dir / name
     if name == "rest":
         return RestCatalog(folder, S3Access("", "", ""), WAREHOUSE_BUCKET)
+    if name == "spark-worker":
+        return SparkWorker(folder, master_url="")
     server = SERVICES[name].build(work_dir, None, LOCALHOST)
     assert isinstance(server, LocalServer)
     return server

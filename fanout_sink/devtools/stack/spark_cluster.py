@@ -4,9 +4,13 @@ The pip ``pyspark`` package is a full Spark distribution (``jars/``, ``python/li
 master and workers run straight from it, as ``java -cp "$SPARK_HOME/jars/*" ...deploy.master.Master``
 and ``...deploy.worker.Worker``: no download, and the cluster runs exactly the Spark the driver links.
 Executors are then real remote processes (``CoarseGrainedExecutorBackend`` JVMs forked by a worker),
-which is what the cluster tests kill. Readiness is the master's JSON page listing ALIVE workers.
+which is what the cluster tests kill. The master is ready when its JSON page answers, a worker when
+the master lists it ALIVE.
 
-Two settings a distribution's ``spark-class`` script would export are given to the workers here:
+The master and a worker are stack servers like the others (``fanout-sink stack serve spark-master``,
+``... spark-worker``, which docker/ runs); :class:`SparkCluster` is a master and N workers for tests.
+
+Two settings a distribution's ``spark-class`` script would export are given to the JVMs here:
 ``SPARK_HOME`` (an executor's classpath and ``pyspark.zip`` are found through it) and
 ``SPARK_SCALA_VERSION`` (without it, the launcher that builds an executor's command looks for a source
 build and fails with "Cannot find any build directories").
@@ -18,23 +22,21 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fanout_sink import jars
-from fanout_sink.devtools.stack.broker import free_port, log_tail, stop_pid
+from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, java, pick_port
 from fanout_sink.errors import StackError
-from fanout_sink.processes import pid_alive
 
-_STATE_FILE = "spark-cluster.json"
 _EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 _DAEMON_HEAP = "256m"
+MASTER_ENV = "FANOUT_SINK_SPARK_MASTER"
+"""The master a ``spark-worker`` joins when no master runs in its stack folder (docker: another container)."""
 
 
 def spark_home() -> Path:
@@ -51,66 +53,22 @@ def _scala_version(home: Path) -> str:
     raise StackError(f"no scala-library jar in {home / 'jars'}", "reinstall pyspark (`pip install pyspark`)")
 
 
-def daemon_env(base: dict[str, str] | None = None) -> dict[str, str]:
+def daemon_env(host: str = LOCALHOST) -> dict[str, str]:
     """The environment of a master or worker JVM (and so of the executors a worker starts).
 
     ``PYTHONPATH`` is dropped: an executor must import the packed environment's ``fanout_sink``, not
-    a checkout that happens to be on the machine that started the worker.
+    a checkout that happens to be on the machine that started the worker. ``SPARK_LOCAL_IP`` keeps
+    Spark's services (an executor's block manager too) on the stack's address instead of the host's
+    first non-loopback one.
     """
     home = spark_home()
-    env = {k: v for k, v in (base or dict(os.environ)).items() if k != "PYTHONPATH"}
-    # Everything of the dev stack listens on loopback: without this, Spark binds its services and the
-    # executors' block managers to the host's first non-loopback address.
-    env.update(SPARK_HOME=str(home), SPARK_SCALA_VERSION=_scala_version(home), SPARK_LOCAL_IP="127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(SPARK_HOME=str(home), SPARK_SCALA_VERSION=_scala_version(home), SPARK_LOCAL_IP=host)
     return env
 
 
-def master_command(port: int, webui_port: int) -> list[str]:
-    """The master in the foreground (what ``fanout-sink stack serve spark-master`` and docker/ run)."""
-    return [
-        *_jvm(),
-        _MASTER_CLASS,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--webui-port",
-        str(webui_port),
-    ]
-
-
-def worker_command(master_url: str, work_dir: Path, cores: int, memory: str, webui_port: int) -> list[str]:
-    """One worker in the foreground; ``work_dir`` holds its executors' folders and logs."""
-    return [
-        *_jvm(), _WORKER_CLASS, "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-        "--work-dir", str(work_dir), "--webui-port", str(webui_port), master_url,
-    ]  # fmt: skip
-
-
 def _jvm() -> list[str]:
-    java = jars.require_tool(
-        "java", "install a JDK 17 (Debian: `apt-get install -y openjdk-17-jdk-headless`)"
-    )
-    return [java, f"-Xmx{_DAEMON_HEAP}", "-cp", str(spark_home() / "jars" / "*")]
-
-
-@dataclass(frozen=True)
-class SparkClusterState:
-    """What a started cluster leaves on disk: where the master listens and which JVMs make it up."""
-
-    master_pid: int
-    port: int
-    webui_port: int
-    worker_pids: tuple[int, ...]
-    work_dir: str
-
-    @property
-    def master_url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
-
-    @property
-    def webui_url(self) -> str:
-        return f"http://127.0.0.1:{self.webui_port}"
+    return [java(), f"-Xmx{_DAEMON_HEAP}", "-cp", str(spark_home() / "jars" / "*")]
 
 
 def master_status(webui_port: int, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -120,183 +78,219 @@ def master_status(webui_port: int, timeout_s: float = 5.0) -> dict[str, Any]:
     return status
 
 
-class SparkCluster:
-    """A master and ``workers`` workers under ``work_dir`` (logs, state, each worker's executor folders)."""
+def alive_workers(webui_port: int) -> list[str]:
+    """``host:port`` of every worker the master lists ALIVE (none when the master does not answer)."""
+    try:
+        workers = master_status(webui_port, timeout_s=2).get("workers", [])
+    except (OSError, ValueError):
+        return []
+    return [f"{w['host']}:{w['port']}" for w in workers if w.get("state") == "ALIVE"]
 
-    def __init__(self, work_dir: Path, workers: int = 2, cores: int = 1, memory: str = "1536m") -> None:
-        self.work_dir = work_dir.resolve()
-        self.workers = workers
-        self.cores = cores
-        self.memory = memory
-        self._master: subprocess.Popen[bytes] | None = None
-        self._workers: list[subprocess.Popen[bytes] | None] = [None] * workers
-        self.state: SparkClusterState | None = None
+
+@dataclass(frozen=True)
+class SparkMasterState:
+    pid: int
+    port: int
+    webui_port: int
+    log_file: str
 
     @property
     def master_url(self) -> str:
-        if self.state is None:
-            raise StackError("the Spark cluster is not started", "call start() first")
-        return self.state.master_url
+        return f"spark://127.0.0.1:{self.port}"
 
-    def _spawn(
-        self, command: list[str], log_name: str, env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        with (self.work_dir / log_name).open("ab") as log:
-            return subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.work_dir, env={**daemon_env(), **(env or {})},
-            )  # fmt: skip
 
-    def _worker_dir(self, index: int) -> Path:
-        return self.work_dir / f"worker-{index}"
+class SparkMaster(LocalServer[SparkMasterState]):
+    """The standalone master: ``port`` for workers and drivers, a web UI port for its JSON status."""
 
-    def start(self, timeout_s: float = 120.0) -> SparkClusterState:
-        """Start the master, then the workers; return once every worker is ALIVE at the master."""
-        existing = load_state(self.work_dir)
-        if existing is not None and pid_alive(existing.master_pid):
-            raise StackError(
-                f"a Spark master from {self.work_dir} is already running (pid {existing.master_pid}, "
-                f"{existing.master_url})",
-                "use it, or stop it first (kill the pids in spark-cluster.json)",
-            )
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        webui_port = free_port()
-        self._master = self._spawn(master_command(port, webui_port), "master.log")
-        self.state = SparkClusterState(self._master.pid, port, webui_port, (), str(self.work_dir))
-        self._wait(lambda status: True, timeout_s, "the Spark master did not answer", "master.log")
-        for index in range(self.workers):
-            self._start_worker(index)
-        self._wait_workers(timeout_s)
-        return self.state
+    kind = "spark-master"
+    title = "Spark master"
+    state_type = SparkMasterState
 
-    def _start_worker(self, index: int) -> None:
-        assert self.state is not None
-        folder = self._worker_dir(index)
-        folder.mkdir(parents=True, exist_ok=True)
-        command = worker_command(self.state.master_url, folder, self.cores, self.memory, free_port())
-        # The executors' scratch space (shuffle, spills, fetched files) stays in the worker's folder.
-        local = {"SPARK_LOCAL_DIRS": str(folder / "local")}
-        self._workers[index] = self._spawn(command, f"worker-{index}.log", local)
-        pids = tuple(p.pid if p is not None else 0 for p in self._workers)
-        self.state = SparkClusterState(
-            self.state.master_pid, self.state.port, self.state.webui_port, pids, self.state.work_dir
-        )
-        (self.work_dir / _STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2) + "\n")
+    def _launch(self, previous: SparkMasterState | None) -> SparkMasterState:
+        port = pick_port(self.requested_port, previous.port if previous else None)
+        webui = pick_port(None, previous.webui_port if previous else None, taken=(port,))
+        command = [
+            *_jvm(),
+            _MASTER_CLASS,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--webui-port",
+            str(webui),
+        ]
+        pid = self._spawn(command, daemon_env(self.host))
+        return SparkMasterState(pid, port, webui, str(self.log_file))
 
-    def alive_workers(self) -> int:
-        assert self.state is not None
+    def _ready(self, state: SparkMasterState) -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            return master_status(state.webui_port, timeout_s=2).get("status") == "ALIVE"
+        return False
+
+
+@dataclass(frozen=True)
+class SparkWorkerState:
+    pid: int
+    port: int
+    webui_port: int
+    master_url: str
+    log_file: str
+
+
+class SparkWorker(LocalServer[SparkWorkerState]):
+    """One worker of ``master_url`` with ``cores`` and ``memory`` to offer; its executors' folders and
+    scratch space live in its work dir."""
+
+    kind = "spark-worker"
+    title = "Spark worker"
+    state_type = SparkWorkerState
+    _REGISTERED = b"Successfully registered with master"
+
+    def __init__(
+        self,
+        work_dir: Path,
+        master_url: str,
+        port: int | None = None,
+        host: str = LOCALHOST,
+        cores: int = 1,
+        memory: str = "1536m",
+    ) -> None:
+        super().__init__(work_dir, port, host)
+        self.master_url = master_url
+        self.cores = cores
+        self.memory = memory
+        self._log_offset = 0
+
+    def _launch(self, previous: SparkWorkerState | None) -> SparkWorkerState:
+        port = pick_port(self.requested_port, previous.port if previous else None)
+        webui = pick_port(None, previous.webui_port if previous else None, taken=(port,))
+        command = [
+            *_jvm(), _WORKER_CLASS, "--host", self.host, "--port", str(port), "--webui-port", str(webui),
+            "--cores", str(self.cores), "--memory", self.memory,
+            "--work-dir", str(self.work_dir / "executors"), self.master_url,
+        ]  # fmt: skip
+        env = {**daemon_env(self.host), "SPARK_LOCAL_DIRS": str(self.work_dir / "local")}
+        self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        pid = self._spawn(command, env)
+        return SparkWorkerState(pid, port, webui, self.master_url, str(self.log_file))
+
+    def _ready(self, state: SparkWorkerState) -> bool:
+        """Registered with its master in this start (the log of earlier starts does not count)."""
         try:
-            status = master_status(self.state.webui_port)
+            with open(state.log_file, "rb") as log:
+                log.seek(self._log_offset)
+                return self._REGISTERED in log.read()
         except OSError:
-            return 0
-        return sum(1 for worker in status.get("workers", []) if worker.get("state") == "ALIVE")
+            return False
 
-    def _wait_workers(self, timeout_s: float) -> None:
-        wanted = sum(1 for p in self._workers if p is not None)
-        self._wait(
-            lambda status: sum(1 for w in status.get("workers", []) if w.get("state") == "ALIVE") >= wanted,
-            timeout_s,
-            f"not all {wanted} Spark worker(s) registered with the master as ALIVE",
-            "worker-0.log",
-        )
-
-    def _wait(self, ready: Any, timeout_s: float, what: str, log_name: str) -> None:
-        assert self.state is not None and self._master is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._master.poll() is not None:
-                log_name = "master.log"
-                break
-            dead = [i for i, p in enumerate(self._workers) if p is not None and p.poll() is not None]
-            if dead:
-                log_name = f"worker-{dead[0]}.log"
-                break
-            with contextlib.suppress(OSError, ValueError):
-                if ready(master_status(self.state.webui_port, timeout_s=2)):
-                    return
-            time.sleep(0.3)
-        log = self.work_dir / log_name
-        self.kill()
-        raise StackError(
-            f"{what} within {timeout_s:.0f}s (or a JVM exited)",
-            "read the log below for the Java error; the machine may be short of memory",
-            f"last lines of {log}:\n{log_tail(log)}",
-        )
-
-    def kill_worker(self, index: int) -> int:
-        """SIGKILL a worker JVM, as a lost machine; its executors die with it (they watch the worker)."""
-        process = self._workers[index]
-        assert process is not None, f"worker {index} is not running"
-        executors = self.executor_pids(index)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)
-        process.wait(30)
-        for pid in executors:  # an orphaned executor exits on its own; do not leave it to chance
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self._workers[index] = None
-        return process.pid
-
-    def restart_worker(self, index: int, timeout_s: float = 120.0) -> None:
-        """Start worker ``index`` again (after :meth:`kill_worker`) and wait until it is ALIVE."""
-        assert self._workers[index] is None, f"worker {index} still runs"
-        self._start_worker(index)
-        self._wait_workers(timeout_s)
-
-    def revive(self, timeout_s: float = 120.0) -> None:
-        """Start every worker that is not running (killed, or died) and wait until all are ALIVE."""
-        for index, process in enumerate(self._workers):
-            if process is None or process.poll() is not None:
-                self._workers[index] = None
-                self._start_worker(index)
-        self._wait_workers(timeout_s)
-
-    def executor_pids(self, index: int | None = None) -> list[int]:
-        """The executor JVMs (``CoarseGrainedExecutorBackend``) of one worker, or of all."""
-        indexes = range(self.workers) if index is None else [index]
-        found: list[int] = []
-        for i in indexes:
-            process = self._workers[i]
-            if process is None:
-                continue
-            found.extend(p for p in children(process.pid) if _EXECUTOR_CLASS in cmdline(p))
-        return found
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM every JVM (workers first, they take their executors along), SIGKILL the stragglers."""
-        for index, process in enumerate(self._workers):
-            if process is not None:
-                executors = self.executor_pids(index)
-                stop_pid(process.pid, timeout_s)
-                process.wait(5)
-                for pid in executors:
-                    stop_pid(pid, 5)
-                self._workers[index] = None
-        if self._master is not None:
-            stop_pid(self._master.pid, timeout_s)
-            self._master.wait(5)
-            self._master = None
+    def executor_pids(self) -> list[int]:
+        """The executor JVMs (``CoarseGrainedExecutorBackend``) this worker forked."""
+        if self.state is None:
+            return []
+        return [pid for pid in children(self.state.pid) if _EXECUTOR_CLASS in cmdline(pid)]
 
     def kill(self) -> None:
-        """SIGKILL everything this object started."""
-        for index, process in enumerate(self._workers):
-            if process is not None:
-                self.kill_worker(index)
-        if self._master is not None:
+        """SIGKILL, as a lost machine; its executors go too (an orphan would exit on its own, later)."""
+        executors = self.executor_pids()
+        super().kill()
+        for pid in executors:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._master.pid, signal.SIGKILL)
-            self._master.wait(30)
-            self._master = None
+                os.kill(pid, signal.SIGKILL)
 
 
-def load_state(work_dir: Path) -> SparkClusterState | None:
-    try:
-        raw = json.loads((work_dir / _STATE_FILE).read_text())
-        raw["worker_pids"] = tuple(raw["worker_pids"])
-        return SparkClusterState(**raw)
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+def master_url_for(stack_dir: Path) -> str:
+    """The master a worker of this stack folder joins: the folder's running master, else ``$MASTER_ENV``."""
+    state = SparkMaster(stack_dir / "spark-master").running()
+    if state is not None:
+        return state.master_url
+    url = os.environ.get(MASTER_ENV)
+    if not url:
+        raise StackError(
+            "a Spark worker needs a master and none runs in this stack folder",
+            f"start one first (`fanout-sink stack up --with spark-master,spark-worker`), or set {MASTER_ENV}"
+            "=spark://host:7077",
+        )
+    return url
+
+
+class SparkCluster:
+    """A master and ``workers`` workers under ``work_dir`` (each in its own folder), for tests."""
+
+    def __init__(self, work_dir: Path, workers: int = 2, cores: int = 1, memory: str = "1536m") -> None:
+        self.work_dir = work_dir.resolve()
+        self.master = SparkMaster(self.work_dir / "master")
+        self._shape = (cores, memory)
+        self.workers: list[SparkWorker] = []
+        self._count = workers
+
+    @property
+    def master_state(self) -> SparkMasterState:
+        if self.master.state is None:
+            raise StackError("the Spark cluster is not started", "call start() first")
+        return self.master.state
+
+    @property
+    def master_url(self) -> str:
+        return self.master_state.master_url
+
+    def start(self, timeout_s: float = 120.0) -> SparkMasterState:
+        """The master, then every worker; returns once the master lists them all ALIVE."""
+        state = self.master.start(timeout_s)
+        cores, memory = self._shape
+        self.workers = [
+            SparkWorker(self.work_dir / f"worker-{i}", state.master_url, cores=cores, memory=memory)
+            for i in range(self._count)
+        ]
+        for worker in self.workers:
+            worker.start(timeout_s)
+        self._wait_alive(timeout_s)
+        return state
+
+    def alive_workers(self) -> int:
+        return len(alive_workers(self.master_state.webui_port))
+
+    def _wait_alive(self, timeout_s: float) -> None:
+        wanted = sum(1 for w in self.workers if w.state is not None)
+        deadline = time.monotonic() + timeout_s
+        while self.alive_workers() != wanted:
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"the Spark master lists {self.alive_workers()} ALIVE workers, not {wanted}, "
+                    f"after {timeout_s:.0f}s",
+                    f"read the master's log {self.master.log_file}",
+                )
+            time.sleep(0.3)
+
+    def kill_worker(self, index: int) -> int:
+        """SIGKILL worker ``index`` and its executors, as a lost machine; the worker's pid."""
+        worker = self.workers[index]
+        assert worker.state is not None, f"worker {index} is not running"
+        pid = worker.state.pid
+        worker.kill()
+        worker.state = None
+        self._wait_alive(60)  # the master drops it once the connection closes
+        return pid
+
+    def revive(self, timeout_s: float = 120.0) -> None:
+        """Start every worker that does not run (killed, or died) again, in its folder and on its port."""
+        for worker in self.workers:
+            if worker.running() is None:
+                worker.state = None
+                worker.start(timeout_s)
+        self._wait_alive(timeout_s)
+
+    def executor_pids(self) -> list[int]:
+        return [pid for worker in self.workers for pid in worker.executor_pids()]
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.master.stop()
+
+    def kill(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+        self.master.kill()
 
 
 def children(pid: int) -> list[int]:
