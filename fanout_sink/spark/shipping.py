@@ -158,6 +158,15 @@ def _pip(env: Path) -> list[str]:
     return [str(env / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
 
 
+def _prune(keep: Path, newest: int = 3) -> None:
+    """Every source change makes a pack of about 200 MB: keep the ``newest`` few (other checkouts
+    sharing the cache may still run theirs), delete the rest."""
+    packs = sorted(_packs_dir().glob("fanout-sink-env-*.tar.gz"), key=lambda p: p.stat().st_mtime)
+    for old in packs[:-newest]:
+        if old != keep:
+            old.unlink(missing_ok=True)
+
+
 def build(output: Path | None = None) -> Path:
     """The pack of the current source tree: from the cache when built before, else built now.
 
@@ -177,6 +186,7 @@ def build(output: Path | None = None) -> Path:
                 partial = work / "pack.tar.gz"
                 venv_pack.pack(prefix=str(env), output=str(partial), compress_level=1, verbose=False)
                 os.replace(partial, packed)  # atomic: a reader never sees a half-written pack
+            _prune(keep=packed)
     if output is not None and output.resolve() != packed:
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(packed, output)

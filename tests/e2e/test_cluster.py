@@ -35,15 +35,19 @@ RATE = 250.0  # records/s while it runs: about 30 s of traffic, across both kill
 
 
 def _kill_executor_mid_batch(cluster: SparkCluster, timeout_s: float = 120.0) -> tuple[int, list[str]]:
-    """SIGKILL an executor JVM while one of its Python workers burns CPU (a task mid-slice); its pid
-    and the command lines of its Python workers."""
+    """SIGKILL an executor JVM while one of its Python workers keeps burning CPU (a task mid-slice,
+    not the tail of the last one: busy in 3 samples in a row); its pid and its Python workers'
+    command lines."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for executor in cluster.executor_pids():
             workers = kills.python_workers(executor)
-            before = {pid: kills.cpu_ticks(pid) for pid in workers}
-            time.sleep(0.2)
-            if any(kills.cpu_ticks(pid) > ticks for pid, ticks in before.items()):
+            busy = 0
+            for _ in range(3):
+                before = {pid: kills.cpu_ticks(pid) for pid in workers}
+                time.sleep(0.2)
+                busy += any(kills.cpu_ticks(pid) > ticks for pid, ticks in before.items())
+            if busy == 3:
                 commands = [cmdline(pid) for pid in workers]
                 os.kill(executor, signal.SIGKILL)
                 return executor, commands
@@ -77,8 +81,8 @@ def _spark_sql_ids(settings: CatalogSettings, tables: list[str]) -> dict[str, Co
     return {table: Counter(row[0] for row in rows) for table, rows in zip(tables, answer, strict=True)}
 
 
-def _task_failures(log_text: str) -> int:
-    return sum(1 for line in log_text.splitlines() if "Lost task" in line)
+def _count(log_text: str, marker: str) -> int:
+    return sum(1 for line in log_text.splitlines() if marker in line)
 
 
 def run_on_cluster(
@@ -146,7 +150,8 @@ def run_on_cluster(
         f"records={verdict.records} rows={verdict.rows} per table={rows} "
         f"dead-lettered={verdict.dead_lettered} kills: executor pid {executor} mid-batch, "
         f"worker pid {worker} "
-        f"(restarted) lost tasks seen={_task_failures(log_text)} batches={app.batches} "
+        f"(restarted) lost executors={_count(log_text, 'Lost executor')} "
+        f"lost tasks={_count(log_text, 'Lost task')} batches={app.batches} "
         f"seconds={time.monotonic() - started:.0f}"
     )
 
