@@ -1,21 +1,33 @@
 """No Docker engine runs here, so the image and compose definitions are checked statically: every
-command they run parses with the real CLI, every file they copy exists, and the Kafka service is
-configured for transactions on one node."""
+command they run parses with the real CLI, every file they copy exists, every jar set they fetch is
+one the project defines, the images are pinned, and the servers' names, ports and environment agree
+with what the sink's YAML (docker/sink.yaml, loaded with the real config loader) expects."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from fanout_sink import cli
 from fanout_sink.cli import build_parser
+from fanout_sink.config import SinkConfig, load_config
+from fanout_sink.devtools import demo
+from fanout_sink.devtools.stack import object_store, spark_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
+SERVERS = {"kafka": "broker", "s3": "s3", "rest": "rest", "spark-master": "spark-master"}
+"""The compose services that run one server each, by the ``stack serve`` name they run."""
+WORKERS = ("spark-worker-1", "spark-worker-2")
+PINNED_TAG = re.compile(r"^[\w./-]+:\d+(\.\d+)+[\w.-]*(@sha256:[0-9a-f]{64})?$")
 
 
 def _dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
@@ -47,10 +59,37 @@ def _compose() -> dict[str, Any]:
     return data
 
 
+def _services() -> dict[str, dict[str, Any]]:
+    services = _compose()["services"]
+    assert isinstance(services, dict)
+    return services
+
+
+def _args(service: str) -> argparse.Namespace:
+    """The service's command as the real CLI parses it."""
+    return build_parser().parse_args(_services()[service]["command"])
+
+
+def _sink_config(monkeypatch: pytest.MonkeyPatch) -> SinkConfig:
+    """docker/sink.yaml loaded with the sink service's environment, as its container loads it."""
+    for key, value in _services()["sink"]["environment"].items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv("FANOUT_SINK_DEMO_DIR", _args("sink").dir)  # what `demo --dir` exports
+    return load_config(DOCKER / "sink.yaml")
+
+
+def _fanout_calls(instructions: list[tuple[str, str]]) -> list[list[str]]:
+    """The ``fanout-sink`` commands the image's RUN lines call, without the program name."""
+    runs = [arguments for kind, arguments in instructions if kind == "RUN"]
+    calls = [part.strip() for line in runs for part in line.split("&&")]
+    return [shlex.split(call)[1:] for call in calls if call.startswith("fanout-sink ")]
+
+
 def test_dockerfile_copies_existing_files_and_runs_real_cli_commands() -> None:
     instructions = _dockerfile_instructions(DOCKER / "Dockerfile")
     kinds = [kind for kind, _ in instructions]
     assert kinds[0] == "FROM" and "ENTRYPOINT" in kinds and "CMD" in kinds
+    assert PINNED_TAG.match(instructions[0][1]), f"base image not pinned to a version: {instructions[0][1]}"
     for kind, arguments in instructions:
         if kind == "COPY":
             *sources, _destination = shlex.split(arguments)
@@ -59,46 +98,106 @@ def test_dockerfile_copies_existing_files_and_runs_real_cli_commands() -> None:
     entrypoint = _exec_form(dict(instructions)["ENTRYPOINT"])
     assert entrypoint == ["fanout-sink"], "the image's entry point is the project's console script"
     build_parser().parse_args(_exec_form(dict(instructions)["CMD"]))
-    run_lines = [arguments for kind, arguments in instructions if kind == "RUN"]
-    fanout_calls = [part.strip() for line in run_lines for part in line.split("&&") if "fanout-sink " in part]
-    for call in fanout_calls:
-        build_parser().parse_args(shlex.split(call)[1:])
-    assert fanout_calls, "the image fetches the connector jars at build time"
+    calls = _fanout_calls(instructions)
+    for call in calls:
+        build_parser().parse_args(call)
+    assert ["pack"] in calls, "the executors' pack is built into the image, not at the sink's start"
+    # `fanout-sink pack` packs the source tree the running fanout_sink was imported from.
+    install = next(
+        arguments for kind, arguments in instructions if kind == "RUN" and "pip install" in arguments
+    )
+    assert " -e ." in install, "an editable install keeps pyproject.toml next to the imported package"
 
 
-def test_compose_builds_the_app_and_configures_kafka_for_transactions_on_one_node() -> None:
+def test_the_image_fetches_every_jar_set_its_servers_and_the_sink_need() -> None:
+    fetched = [
+        name
+        for call in _fanout_calls(_dockerfile_instructions(DOCKER / "Dockerfile"))
+        if call[0] == "jars"
+        for name in build_parser().parse_args(call).set
+    ]
+    known = cli.jar_sets()
+    assert set(cli.JAR_SETS) == set(known), "the --set choices and the jar sets disagree"
+    assert set(fetched) == set(known), "every jar set is in the image: no container downloads at start"
+    for name in fetched:
+        assert (ROOT / known[name].pom_path).is_file(), f"jar set {name}: no pom at {known[name].pom_path}"
+
+
+def test_every_compose_service_runs_the_image_with_a_real_command() -> None:
     compose = _compose()
-    services = compose["services"]
-    assert set(services) == {"kafka", "app"}
-
-    app = services["app"]
-    context = (DOCKER / app["build"]["context"]).resolve()
-    assert (context / app["build"]["dockerfile"]).is_file()
-    build_parser().parse_args(app["command"])
-    assert app["depends_on"]["kafka"]["condition"] == "service_healthy"
-    for volume in app.get("volumes", []):
-        name = volume.split(":", 1)[0]
-        assert name in compose.get("volumes", {}) or (DOCKER / name).exists(), f"volume {name} is undefined"
-    bootstrap = app["command"][app["command"].index("--bootstrap-servers") + 1]
-    assert bootstrap == "kafka:9092"
-
-    env = {key: str(value) for key, value in services["kafka"]["environment"].items()}
-    assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
-    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
-    voters = env["KAFKA_CONTROLLER_QUORUM_VOTERS"]
-    assert voters.startswith(f"{env['KAFKA_NODE_ID']}@kafka:"), "the quorum voter is this node"
-    assert voters.rsplit(":", 1)[1] in env["KAFKA_LISTENERS"]
-    for key in (
-        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
-        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
-        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
-    ):
-        assert env[key] == "1", f"{key} must be 1 on a one-node cluster or transactions hang"
-    assert services["kafka"]["healthcheck"]["test"][0] == "CMD-SHELL"
+    assert set(compose) <= {"name", "services", "volumes", "networks"} | {
+        k for k in compose if k.startswith("x-")
+    }
+    services = _services()
+    assert set(services) == {*SERVERS, *WORKERS, "sink"}
+    images = {service["image"] for service in services.values()}
+    assert len(images) == 1, f"one image for every service, built from the project: {images}"
+    for name, service in services.items():
+        context = (DOCKER / service["build"]["context"]).resolve()
+        assert context == ROOT and (context / service["build"]["dockerfile"]).is_file(), name
+        build_parser().parse_args(service["command"])
+        for dependency in service.get("depends_on", {}):
+            assert dependency in services, f"{name} depends on {dependency}, which is not a service"
+        for volume in service.get("volumes", []):
+            assert volume.split(":", 1)[0] in compose.get("volumes", {}), f"{name}: volume {volume} undefined"
 
 
-@pytest.mark.parametrize("section", ["services", "volumes"])
-def test_compose_has_no_unknown_top_level_keys(section: str) -> None:
-    compose = _compose()
-    assert set(compose) <= {"name", "services", "volumes", "networks"}
-    assert isinstance(compose[section], dict)
+@pytest.mark.parametrize("service", [*SERVERS, *WORKERS])
+def test_each_server_runs_with_the_tests_command_on_its_service_name(service: str) -> None:
+    """`fanout-sink stack serve <name>`, the command the tests' servers run, listening where the other
+    containers look: its service name (or every address), on the port its healthcheck probes."""
+    args = _args(service)
+    assert (args.command, args.action) == ("stack", "serve")
+    assert args.name == SERVERS.get(service, "spark-worker")
+    assert args.host in {service, "0.0.0.0"}, "other containers reach it by its service name"
+    check = _services()[service].get("healthcheck")
+    if check is not None:
+        assert f"('{service}', {args.port})" in " ".join(check["test"]), "the healthcheck probes its port"
+    for published in _services()[service].get("ports", []):
+        assert published == f"{args.port}:{args.port}"
+
+
+def test_the_sink_yaml_loads_and_names_the_compose_services(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _sink_config(monkeypatch)
+    sink = _args("sink")
+    assert sink.command == "demo" and Path(sink.config) == Path("docker/sink.yaml")
+    assert (ROOT / sink.config).is_file()
+    assert sink.bootstrap_servers == f"kafka:{_args('kafka').port}" == config.kafka["bootstrap.servers"]
+    assert set(config.source.topics) == set(demo.TOPICS), "the demo produces to the topics the sink reads"
+
+    rest = urlsplit(config.catalog.uri or "")
+    assert (config.catalog.type, rest.hostname, rest.port) == ("rest", "rest", _args("rest").port)
+    assert rest.path == "/iceberg", "Nessie serves Iceberg REST under /iceberg"
+    catalog = config.catalog.model_extra or {}
+    endpoint = urlsplit(catalog["s3.endpoint"])
+    assert (endpoint.hostname, endpoint.port) == ("s3", _args("s3").port)
+
+    master = urlsplit(config.spark.master or "")
+    assert (master.scheme, master.hostname, master.port) == (
+        "spark",
+        "spark-master",
+        _args("spark-master").port,
+    )
+    for worker in WORKERS:
+        assert _services()[worker]["environment"][spark_cluster.MASTER_ENV] == config.spark.master
+
+
+def test_the_store_the_catalog_and_the_sink_share_one_key_pair() -> None:
+    """S3Proxy takes its key pair from the environment; the REST catalog and the sink sign with it."""
+    services = _services()
+    names = {object_store.ENDPOINT_ENV, object_store.ACCESS_KEY_ENV, object_store.SECRET_KEY_ENV}
+    keys = [
+        {k: v for k, v in services[name]["environment"].items() if k in names}
+        for name in ("s3", "rest", "sink")
+    ]
+    assert keys[0] == keys[1] == keys[2] and set(keys[0]) == names
+    endpoint = urlsplit(keys[0][object_store.ENDPOINT_ENV])
+    assert (endpoint.hostname, endpoint.port) == ("s3", _args("s3").port)
+
+
+def test_the_image_and_the_sink_service_run_the_same_example() -> None:
+    """The image's default command is the compose sink's: a real run, never "config not found"."""
+    cmd = _exec_form(dict(_dockerfile_instructions(DOCKER / "Dockerfile"))["CMD"])
+    assert cmd == _services()["sink"]["command"]
+    copied = [shlex.split(a)[-1] for k, a in _dockerfile_instructions(DOCKER / "Dockerfile") if k == "COPY"]
+    assert "./docker/sink.yaml" in copied, "the image holds the YAML its default command runs"
