@@ -71,9 +71,9 @@ def _jvm() -> list[str]:
     return [java(), f"-Xmx{_DAEMON_HEAP}", "-cp", str(spark_home() / "jars" / "*")]
 
 
-def master_status(webui_port: int, timeout_s: float = 5.0) -> dict[str, Any]:
+def master_status(webui_port: int, timeout_s: float = 5.0, host: str = LOCALHOST) -> dict[str, Any]:
     """The master's own JSON view (workers with their state, applications, cores)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{webui_port}/json/", timeout=timeout_s) as response:
+    with urllib.request.urlopen(f"http://{host}:{webui_port}/json/", timeout=timeout_s) as response:
         status: dict[str, Any] = json.loads(response.read())
     return status
 
@@ -124,7 +124,10 @@ class SparkMaster(LocalServer[SparkMasterState]):
 
     def _ready(self, state: SparkMasterState) -> bool:
         with contextlib.suppress(OSError, ValueError):
-            return master_status(state.webui_port, timeout_s=2).get("status") == "ALIVE"
+            # Spark binds its web UI where SPARK_LOCAL_IP says: the master's host (in a container its
+            # service name), every address for 0.0.0.0.
+            host = LOCALHOST if self.host == "0.0.0.0" else self.host
+            return master_status(state.webui_port, timeout_s=2, host=host).get("status") == "ALIVE"
         return False
 
 
