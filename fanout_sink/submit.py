@@ -12,7 +12,9 @@ PySpark documents it. In client mode the driver runs this machine's Python, so s
       --conf spark.pyspark.driver.python="$(command -v python)" \
       --jars "$(fanout-sink jars --comma)" "$entry" --config sink.yaml
 
-(``fanout-sink run --master spark://host:7077`` does all of this by itself, from the cached pack.)
+A catalog or checkpoint on S3 also needs the object-store jars: ``fanout-sink jars --comma --set
+spark-connectors spark-object-store``. (``fanout-sink run --master spark://host:7077`` does all of
+this by itself, from the cached pack.)
 """
 
 from __future__ import annotations
