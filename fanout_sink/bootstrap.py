@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"
 _STAMP = VENV / ".fanout-sink-installed"
-_MIN_PYTHON = (3, 10)
+_MIN_PYTHON = (3, 11)
 
 
 def _say(message: str) -> None:

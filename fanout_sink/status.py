@@ -142,7 +142,7 @@ def collect_status(
 def _time(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="seconds")
 
 
 def render_text(status: SinkStatus) -> str:

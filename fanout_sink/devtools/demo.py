@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -97,7 +97,7 @@ def _dead_letters(bootstrap: str, topic: str) -> list[DeadLetter]:
 
 
 def _when(ms: int | None) -> str:
-    return "unknown" if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat()
+    return "unknown" if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
 
 
 def show(config: SinkConfig, bootstrap: str) -> None:

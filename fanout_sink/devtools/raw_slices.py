@@ -4,14 +4,14 @@ benchmarks and the tests: what Spark's Kafka source hands a task, without Spark.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 
 from fanout_sink.transform.records import RAW_RECORD_SCHEMA
 
-_EPOCH = datetime(2024, 5, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(2024, 5, 1, tzinfo=UTC)
 
 
 def make_raw_slice(
@@ -53,7 +53,7 @@ def from_messages(messages: Iterable[Any]) -> pa.Table:
         rows["topic"].append(message.topic())
         rows["partition"].append(message.partition())
         rows["offset"].append(message.offset())
-        rows["timestamp"].append(datetime.fromtimestamp(millis / 1000, tz=timezone.utc))
+        rows["timestamp"].append(datetime.fromtimestamp(millis / 1000, tz=UTC))
         rows["timestampType"].append(kind)
         headers = message.headers() or []
         rows["headers"].append([{"key": k, "value": v} for k, v in headers])

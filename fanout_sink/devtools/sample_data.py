@@ -9,7 +9,7 @@ import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 _COUNTRIES = ["DE", "FR", "NL", "PL", "SE", "ES", "IT", "US", "GB", "JP"]
 _SKUS = [f"SKU-{n:05d}" for n in range(1, 400)]
@@ -27,7 +27,7 @@ class SampleEvent:
 
 def _iso(ms: int) -> str:
     seconds, millis = divmod(ms, 1000)
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{millis:03d}Z"
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{millis:03d}Z"
 
 
 def shop_events(count: int, seed: int = 7, start: int = 0) -> Iterator[SampleEvent]:

@@ -28,11 +28,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-
-import tomllib
 
 from fanout_sink import jars
 from fanout_sink.errors import StackError

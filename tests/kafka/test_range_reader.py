@@ -102,7 +102,7 @@ def test_a_range_whose_start_was_deleted_fails_naming_the_loss(
 
 
 def _utc(millis: int) -> dt.datetime:
-    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=millis)
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=millis)
 
 
 def test_keys_headers_and_timestamps_round_trip_across_partitions(

@@ -27,7 +27,7 @@ SPEC = PartitionSpec(
 
 
 def _rows() -> pa.Table:
-    day = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    day = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     return pa.Table.from_pylist(
         [
             {"id": i, "kind": ["a", "b", None][i % 3], "ts": day + dt.timedelta(hours=7 * i), "score": i / 2}

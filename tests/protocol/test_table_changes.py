@@ -82,7 +82,7 @@ def test_floor_survives_expiry_of_the_sinks_snapshots(
     table = catalog.load_table(f"{NAMESPACE}.a")
     table.append(pa.Table.from_pylist([{"id": -1, "topic": "other"}], ARROW_SCHEMA))  # another writer
     table = catalog.load_table(f"{NAMESPACE}.a")
-    table.maintenance.expire_snapshots().older_than(dt.datetime.now(dt.timezone.utc)).commit()
+    table.maintenance.expire_snapshots().older_than(dt.datetime.now(dt.UTC)).commit()
     table = catalog.load_table(f"{NAMESPACE}.a")
     assert len(table.snapshots()) == 1, "only the other writer's snapshot is left"
 

@@ -3,6 +3,7 @@ environment, built and started once per pytest session; tests that kill a worker
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,3 +26,8 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory, executor_pack: Path)
     cluster.start()
     yield cluster
     cluster.kill()
+    # Every executor unpacks the ~500 MB environment into its own app folder, again after each kill:
+    # gigabytes per session that pytest would keep for three sessions.
+    for unpacked in sorted(cluster.work_dir.rglob(shipping.ENVIRONMENT), reverse=True):
+        if unpacked.is_dir() and not unpacked.is_symlink():
+            shutil.rmtree(unpacked, ignore_errors=True)

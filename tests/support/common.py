@@ -162,7 +162,7 @@ def read_slice(bootstrap: str, topic: str, partition: int, start: int, end: int)
                         "topic": topic,
                         "partition": partition,
                         "offset": msg.offset(),
-                        "timestamp": dt.datetime.fromtimestamp(msg.timestamp()[1] / 1000, tz=dt.timezone.utc),
+                        "timestamp": dt.datetime.fromtimestamp(msg.timestamp()[1] / 1000, tz=dt.UTC),
                         "timestampType": msg.timestamp()[0],
                         "headers": [{"key": k, "value": v} for k, v in (msg.headers() or [])],
                     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -29,8 +29,6 @@ from pyiceberg.types import (
 )
 
 from fanout_sink.transform.convert import Matching, convert
-
-UTC = timezone.utc
 
 
 def _one(iceberg_type: Any, values: list[Any], required: bool = False) -> tuple[list[Any], list[Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ def _order(i: int) -> dict[str, Any]:
         "id": i,
         "customer": f"c{i}" if i % 2 else None,
         "amount": Decimal("12.34"),
-        "ts": datetime(2024, 5, 1, tzinfo=timezone.utc),
+        "ts": datetime(2024, 5, 1, tzinfo=UTC),
         "tags": ["a", "b"],
         "attrs": {"x": i},
     }

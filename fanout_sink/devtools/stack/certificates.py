@@ -85,7 +85,7 @@ def _certificate(
     issuer_key: rsa.RSAPrivateKey,
     extensions: list[tuple[x509.ExtensionType, bool]],
 ) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(subject))
