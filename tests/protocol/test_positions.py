@@ -28,7 +28,7 @@ from support.common import (
     sink_group_offset,
     write_checkpoint_batch,
 )
-from support.expiry_fixtures import Expired, deliver, new_topic, sink_config
+from support.expiry_fixtures import Expired, deliver, idle_log, new_topic, sink_config
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos import maintenance
@@ -167,7 +167,9 @@ def test_idle_partition_offset_survives_retention_while_the_coordinator_runs(exp
     s = expired.idle
 
     assert sink_group_offset(s.bootstrap, s.sink, s.topic, 0, stable=False) == 3
-    assert expired.idle_coordinator.error is None
+    child = expired.idle_coordinator
+    output = "" if child.poll() is None else idle_log(s).read_text()[-3000:]
+    assert child.returncode is None, f"the coordinator exited {child.returncode}: {output}"
 
 
 def test_positions_survive_expiry_and_retention_together_through_the_last_round(expired: Expired) -> None:

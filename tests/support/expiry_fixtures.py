@@ -14,7 +14,10 @@ the test named in its docstring, the tests do the rest.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -134,7 +137,7 @@ class Expired:
     replayed: Situation
     replay_worker: SliceWorker
     idle: Situation
-    idle_coordinator: Coordinator
+    idle_coordinator: subprocess.Popen[bytes]
 
 
 def _situation(bootstrap: str, prefix: str, folder: Path) -> Situation:
@@ -178,25 +181,45 @@ def _arrange_recovered(s: Situation) -> None:
     write_checkpoint_batch(s.checkpoint, 0, {s.topic: {0: 6}})
 
 
-def _arrange_idle(s: Situation, cleanup: contextlib.ExitStack) -> Coordinator:
-    """Deliver [0, 3), commit a canary group at 3, start a coordinator that refreshes every 10 s."""
+def _stop_child(child: subprocess.Popen[bytes]) -> None:
+    child.terminate()
+    try:
+        child.wait(60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _arrange_idle(s: Situation, cleanup: contextlib.ExitStack) -> subprocess.Popen[bytes]:
+    """Deliver [0, 3), commit a canary group at 3, start a coordinator that refreshes every 10 s. It
+    runs for the whole session, so it runs in a child process: in this one, other tests' fault
+    callbacks (``faults.register``, process-wide) would fire in its thread too."""
     produce_json(s.bootstrap, s.topic, 0, [{"id": i, "table": "a"} for i in range(3)])
     with contextlib.closing(s.worker()) as worker:
         s.deliver(worker, 3)
     _commit(Consumer({**s.config.kafka, "group.id": canary_group(s.sink)}), s.topic, {0: 3})
-    coordinator = Coordinator(
-        s.sink,
-        s.config.kafka,
-        s.config.control_topic,
-        s.catalog,
-        source_topics=[s.topic],
-        commit_interval_s=1.0,
-        offsets_refresh_interval_s=10.0,
-    )
-    coordinator.start()
-    cleanup.callback(coordinator.close)
-    cleanup.callback(coordinator.stop, commit_now=False)
-    return coordinator
+    config = {
+        "bootstrap": s.bootstrap,
+        "sink": s.sink,
+        "control": s.config.control_topic,
+        "topics": [s.topic],
+        "catalog": s.config.catalog.model_dump(),
+        "serve": {"commit_interval_s": 1.0, "offsets_refresh_interval_s": 10.0},
+    }
+    idle_log(s).parent.mkdir(parents=True, exist_ok=True)
+    with idle_log(s).open("wb") as log:
+        child = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("run_coordinator.py")), json.dumps(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    cleanup.callback(_stop_child, child)
+    return child
+
+
+def idle_log(s: Situation) -> Path:
+    """Where the idle scenario's coordinator process writes its output."""
+    return s.checkpoint.parent / "idle-coordinator.log"
 
 
 def _arrange_last_round(s: Situation) -> None:

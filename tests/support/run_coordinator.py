@@ -1,21 +1,41 @@
 """Child process: open the sink's coordinator and run one commit round, tables one at a time.
 
-Usage: python run_coordinator.py '<json: bootstrap, sink, control, topics, catalog>'. Tests set
-FANOUT_SINK_FAULTS to kill it between two tables' commits.
+Usage: python run_coordinator.py '<json: bootstrap, sink, control, topics, catalog[, serve]>'. Tests set
+FANOUT_SINK_FAULTS to kill it between two tables' commits. With ``serve`` (``commit_interval_s``,
+``offsets_refresh_interval_s``) it runs the coordinator's thread until SIGTERM instead, and exits 1 as
+soon as the coordinator fails: a long-running coordinator in its own process is out of reach of the
+in-process fault callbacks other tests register meanwhile.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 
 from common import catalog_from
 
 from fanout_sink.protocol.coordinator import Coordinator
 
 
+def serve(coordinator: Coordinator) -> int:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    coordinator.start()
+    while not stop.wait(0.5) and coordinator.error is None:
+        pass
+    if coordinator.error is not None:
+        print(f"coordinator failed: {coordinator.error!r}", file=sys.stderr, flush=True)
+        return 1
+    coordinator.stop(commit_now=False)
+    coordinator.close()
+    return 0
+
+
 def main() -> int:
     cfg = json.loads(sys.argv[1])
+    intervals = cfg.get("serve", {})
     coordinator = Coordinator(
         cfg["sink"],
         {"bootstrap.servers": cfg["bootstrap"]},
@@ -23,7 +43,10 @@ def main() -> int:
         catalog_from(cfg["catalog"]),
         source_topics=list(cfg["topics"]),
         max_parallel_commits=1,
+        **intervals,
     )
+    if intervals:
+        return serve(coordinator)
     coordinator.open()
     result = coordinator.commit_round()
     print(json.dumps({t: o.outcome for t, o in result.tables.items()}))
