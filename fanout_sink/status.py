@@ -62,24 +62,17 @@ class SinkStatus:
 
 def table_states(catalog: Catalog, sink: str) -> list[TableStatus]:
     """Every table of the catalog that holds at least one commit of ``sink``."""
-    found = []
-    for namespace in catalog.list_namespaces():
-        for identifier in catalog.list_tables(namespace):
-            table = catalog.load_table(identifier)
-            state = table_state.read_state(table, sink)
-            if state.commit_id is None:
-                continue
-            found.append(
-                TableStatus(
-                    table=".".join(identifier),
-                    commit_id=state.commit_id,
-                    snapshot_id=state.snapshot_id,
-                    vtts_ms=state.vtts_ms,
-                    control_offsets=state.control_offsets,
-                    committed_at_ms=state.timestamp_ms,
-                )
-            )
-    return sorted(found, key=lambda t: t.table)
+    return [
+        TableStatus(
+            table=found.identifier,
+            commit_id=found.state.commit_id,
+            snapshot_id=found.state.snapshot_id,
+            vtts_ms=found.state.vtts_ms,
+            control_offsets=found.state.control_offsets,
+            committed_at_ms=found.state.timestamp_ms,
+        )
+        for found in table_state.sink_tables(catalog, sink)
+    ]
 
 
 def pending_tables(

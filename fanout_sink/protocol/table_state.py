@@ -25,10 +25,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 PREFIX = "fanout-sink"
+MAINTENANCE_LAST_RUN_MS = f"{PREFIX}.maintenance.last-run-ms"
+"""Table property: when ``fanout-sink maintain`` last finished on the table (epoch ms). Not namespaced
+by sink: maintenance acts on the table, whichever sink runs it."""
 
 
 def key(sink: str, name: str) -> str:
@@ -107,3 +111,25 @@ def read_state(table: Table, sink: str) -> TableState:
     ):
         return in_ancestry or TableState()
     return in_properties
+
+
+@dataclass(frozen=True)
+class SinkTable:
+    """A table holding at least one commit of a sink, with that sink's state as read on listing."""
+
+    identifier: str
+    table: Table
+    state: TableState
+
+
+def sink_tables(catalog: Catalog, sink: str) -> list[SinkTable]:
+    """Every table of ``catalog`` that holds a commit of ``sink`` (in its ancestry or its properties),
+    sorted by identifier: what ``status`` shows and what ``maintain`` keeps healthy."""
+    found = []
+    for namespace in catalog.list_namespaces():
+        for identifier in catalog.list_tables(namespace):
+            table = catalog.load_table(identifier)
+            state = read_state(table, sink)
+            if state.commit_id is not None:
+                found.append(SinkTable(".".join(identifier), table, state))
+    return sorted(found, key=lambda t: t.identifier)

@@ -26,3 +26,12 @@ def test_two_sinks_share_a_table_and_other_writers_are_walked_past(catalog: Any)
     assert (x.commit_id, x.control_offsets, x.vtts_ms) == ("cx", {0: 10}, 1000)
     assert (y.commit_id, y.next_control_offset(), y.vtts_ms) == ("cy", 4, None)
     assert len({x.snapshot_id, y.snapshot_id, table.current_snapshot().snapshot_id}) == 3
+
+
+def test_sink_tables_lists_only_the_tables_a_sink_committed_to(catalog: Any) -> None:
+    create_tables(catalog, ["a", "b", "c"])
+    _append(catalog.load_table("sink.b"), 1, table_state.summary_properties("x", {0: 3}, "c1", None))
+    _append(catalog.load_table("sink.a"), 2, table_state.summary_properties("x", {0: 5}, "c2", None))
+    _append(catalog.load_table("sink.c"), 3, table_state.summary_properties("y", {0: 1}, "c3", None))
+    found = table_state.sink_tables(catalog, "x")
+    assert [(t.identifier, t.state.commit_id) for t in found] == [("sink.a", "c2"), ("sink.b", "c1")]
