@@ -109,15 +109,21 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len(_SQLITE_PREFIX) :]).resolve()
 
 
-def load_catalog(settings: CatalogSettings) -> Any:
-    """A PyIceberg catalog; the SQLite file's folder is created so a first run needs no set-up."""
+def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
+    """A PyIceberg catalog; the SQLite file's folder is created so a first run needs no set-up.
+
+    ``create=False`` (``fanout-sink validate``) creates nothing: no folder, and a SQL catalog does not
+    create its own tables when they are missing.
+    """
     from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
 
-    if settings.type == "sql" and settings.uri and (path := sqlite_path(settings.uri)) is not None:
+    if create and settings.type == "sql" and settings.uri and (path := sqlite_path(settings.uri)) is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    if settings.warehouse and settings.warehouse.startswith("file://"):
+    if create and settings.warehouse and settings.warehouse.startswith("file://"):
         Path(settings.warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
     properties = settings.properties()
+    if not create and settings.type == "sql":
+        properties["init_catalog_tables"] = "false"
     if is_local_warehouse(settings.warehouse) and PY_IO_IMPL not in properties:
         # Files a Kafka transaction or a catalog commit names must be on disk first: fsync them.
         properties[PY_IO_IMPL] = DURABLE_FILE_IO

@@ -140,6 +140,21 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from fanout_sink.validate import validate
+
+    report = validate(Path(args.config))
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        out, err = report.lines()
+        for line in err:
+            print(line, file=sys.stderr)
+        for line in out:
+            print(line)
+    return 0 if report.ok else 2
+
+
 def _pack(args: argparse.Namespace) -> int:
     from fanout_sink.spark import shipping
 
@@ -169,8 +184,48 @@ def _jars(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = (
+    "Exactly-once fan-out of Kafka topics into many Apache Iceberg tables, on Spark. "
+    "Check a config with 'fanout-sink validate --config sink.yaml', start it with "
+    "'fanout-sink run --config sink.yaml', watch it with 'fanout-sink status --config sink.yaml'."
+)
+"""The top-level help: plain text (the module docstring is reST, for developers)."""
+
+
+def version_text() -> str:
+    """This package's version and those of the engines it runs on (``fanout-sink --version``)."""
+    from importlib import metadata
+
+    import confluent_kafka
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"fanout-sink {version('fanout-sink')}\n"
+        f"PySpark {version('pyspark')}, PyIceberg {version('pyiceberg')}, confluent-kafka "
+        f"{version('confluent-kafka')} (librdkafka {confluent_kafka.libversion()[0]}), "
+        f"Python {sys.version.split()[0]}"
+    )
+
+
+class _Version(argparse.Action):
+    """``--version``, computed only when asked (argparse's own would at every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fanout-sink", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fanout-sink", description=DESCRIPTION)
+    parser.add_argument("--version", action=_Version, help="show the versions of fanout-sink and its engines")
     commands = parser.add_subparsers(dest="command", required=True)
 
     from fanout_sink.devtools.stack.daemon import EXTRAS, SERVICES
@@ -202,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bootstrap-servers", help="use this Kafka cluster instead of the local stack")
     demo.add_argument("--config", help="the sink YAML to run (default: routing/shop-demo.yaml)")
     demo.set_defaults(func=_demo)
+
+    check = commands.add_parser(
+        "validate",
+        help="check a config as run would before starting (and tables against routes); creates nothing",
+    )
+    check.add_argument("--config", required=True, help="the sink's YAML file")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(func=_validate)
 
     run = commands.add_parser("run", help="run the sink as a Spark Structured Streaming application")
     run.add_argument("--config", required=True, help="the sink's YAML file")

@@ -5,13 +5,17 @@ hundreds of librdkafka lines and a traceback after 30 s, a wrong SASL password a
 failure", a missing source topic only after the control topic was created, a catalog without a URI
 after Spark started, with PyIceberg's advice to pass a ``--uri`` flag the CLI does not have. Each
 check here is quick, creates nothing (topic creation is only validated by the broker), names the
-YAML key involved and raises :class:`PreflightError` (one cause line, one fix line).
+YAML key involved and reports a :class:`Finding`: a problem (one cause line, one fix line), a warning,
+or what it found fine. A broker that cannot be reached or refuses us raises :class:`PreflightError`
+at once: every later Kafka check would only repeat it.
 
 The librdkafka client used here has an ``error_cb`` and a ``logger`` of its own, so nothing it
 says reaches the terminal raw; its errors are turned into the cause line instead.
 
-:data:`CHECKS` is the ordered list of named checks, so a dry-run command can run them one by one and
-report each; :func:`run` runs them all and stops at the first failure.
+:data:`CHECKS` is the ordered list of named checks. :func:`run` (before ``fanout-sink run``) stops at
+the first problem and logs warnings; ``fanout-sink validate`` (:mod:`fanout_sink.validate`) runs
+every check with ``dry_run`` and reports every finding. With ``dry_run`` nothing at all is created:
+no catalog file or catalog tables, no folder (``run`` creates those when it starts).
 """
 
 from __future__ import annotations
@@ -20,16 +24,17 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata  # admin re-exports it, untyped
 from confluent_kafka.cimpl import NewTopic
 
-from fanout_sink.catalog import load_catalog
+from fanout_sink.catalog import load_catalog, sqlite_path
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.client import client_conf
@@ -53,15 +58,36 @@ def _quiet_logger() -> logging.Logger:
     return logger
 
 
-class Preflight:
-    """The state the checks share: the config, one quiet admin client, the cluster's metadata."""
+@dataclass(frozen=True)
+class Finding:
+    """One result of a check. ``problem``: the sink would not start (``text`` is the cause line,
+    naming the YAML key, ``fix`` what to change); ``warning``: it starts, but probably not as meant;
+    ``ok``: what was checked and found fine (``validate``'s summary)."""
 
-    def __init__(self, config: SinkConfig, broker_timeout_s: float = BROKER_TIMEOUT_S) -> None:
+    level: Literal["problem", "warning", "ok"]
+    text: str
+    fix: str = ""
+
+    @classmethod
+    def of(cls, error: PreflightError) -> Finding:
+        return cls("problem", error.cause, error.fix)
+
+
+class Preflight:
+    """The state the checks share: the config, one quiet admin client, the cluster's metadata, the
+    catalog once it answered (``None``: not loaded, or with ``dry_run`` not created yet)."""
+
+    def __init__(
+        self, config: SinkConfig, broker_timeout_s: float = BROKER_TIMEOUT_S, dry_run: bool = False
+    ) -> None:
         self.config = config
         self.broker_timeout_s = broker_timeout_s
+        self.dry_run = dry_run
         self.errors: list[KafkaError] = []
+        self.catalog: Any = None
         self._admin: AdminClient | None = None
         self._metadata: ClusterMetadata | None = None
+        self._broker_error: PreflightError | None = None
 
     @property
     def servers(self) -> str:
@@ -87,6 +113,8 @@ class Preflight:
         """The cluster's topics; raises as soon as the broker is known unreachable or refuses us."""
         if self._metadata is not None:
             return self._metadata
+        if self._broker_error is not None:  # known: asking again would only wait as long again
+            raise self._broker_error
         admin = self.admin()
         deadline = time.monotonic() + self.broker_timeout_s
         while True:
@@ -96,9 +124,10 @@ class Preflight:
             except KafkaException:
                 admin.poll(0)  # serves error_cb
             if any(e.code() in _GIVE_UP for e in self.errors) or time.monotonic() >= deadline:
-                raise self._broker_error()
+                self._broker_error = self._broker_failure()
+                raise self._broker_error
 
-    def _broker_error(self) -> PreflightError:
+    def _broker_failure(self) -> PreflightError:
         kafka = self.config.kafka
         auth = next((e for e in self.errors if e.code() == KafkaError._AUTHENTICATION), None)
         if auth is not None:
@@ -139,35 +168,43 @@ def _reason(error: KafkaError) -> str:
     return text.split(" (after ", 1)[0]
 
 
-def check_broker(pre: Preflight) -> None:
+def check_broker(pre: Preflight) -> Iterator[Finding]:
     """The broker answers, and accepts the credentials."""
-    pre.metadata()
+    brokers = len(pre.metadata().brokers)
+    yield Finding("ok", f"Kafka at {pre.servers} answers ({brokers} broker{'s' if brokers != 1 else ''})")
 
 
-def check_source_topics(pre: Preflight) -> None:
+def check_source_topics(pre: Preflight) -> Iterator[Finding]:
     """Every topic in ``source.topics`` exists; a ``source.pattern`` matching nothing is only a warning."""
     topics = pre.metadata().topics
     source = pre.config.source
     if source.pattern is not None:
         # Spark subscribes with Java's Matcher.matches(): the whole name must match.
-        if not any(re.fullmatch(source.pattern, name) for name in topics):
-            log.warning(
-                "source.pattern %r matches no topic on %s yet; the sink starts and waits for one",
-                source.pattern,
-                pre.servers,
+        matched = sorted(name for name in topics if re.fullmatch(source.pattern, name))
+        if not matched:
+            yield Finding(
+                "warning",
+                f"source.pattern {source.pattern!r} matches no topic on {pre.servers} yet; the sink starts "
+                "and waits for one",
+                "create a topic the pattern matches (Java regex, whole name), or correct source.pattern",
             )
+        else:
+            yield Finding("ok", f"source.pattern {source.pattern!r} matches {', '.join(matched)}")
         return
     missing = [t for t in source.topics if t not in topics or topics[t].error is not None]
     if missing:
         names = ", ".join(repr(t) for t in missing)
-        raise PreflightError(
+        yield Finding(
+            "problem",
             f"source.topics: {names} {'does' if len(missing) == 1 else 'do'} not exist on {_SERVERS}="
             f"{pre.servers} (or the sink may not describe {'it' if len(missing) == 1 else 'them'})",
             "create the topic(s), correct source.topics, or grant the sink DESCRIBE and READ on them",
         )
+    else:
+        yield Finding("ok", f"source.topics exist: {', '.join(source.topics)}")
 
 
-def check_sink_topics(pre: Preflight) -> None:
+def check_sink_topics(pre: Preflight) -> Iterator[Finding]:
     """The control and dead-letter topics exist in a usable shape, or the broker would let the sink
     create them (``validate_only``: nothing is created here)."""
     topics = pre.metadata().topics
@@ -179,11 +216,14 @@ def check_sink_topics(pre: Preflight) -> None:
         existing = topics.get(topic)
         if existing is not None and existing.error is None:
             if partitions and len(existing.partitions) != partitions:
-                raise PreflightError(
+                yield Finding(
+                    "problem",
                     f"{key}: topic {topic!r} has {len(existing.partitions)} partitions; the control topic "
                     "needs exactly 1 so that control offsets are one total order",
                     f"point {key} at a new name (the sink creates it), or recreate it with 1 partition",
                 )
+            else:
+                yield Finding("ok", f"{key} {topic!r} exists")
             continue
         future = pre.admin().create_topics(
             [
@@ -201,12 +241,16 @@ def check_sink_topics(pre: Preflight) -> None:
             future.result(timeout=pre.broker_timeout_s)
         except KafkaException as exc:
             if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                yield Finding("ok", f"{key} {topic!r} exists")
                 continue
-            raise PreflightError(
+            yield Finding(
+                "problem",
                 f"{key}: the sink could not create topic {topic!r}: {exc.args[0].str()}",
                 f"create {topic!r} by hand (1 partition), grant the sink CREATE on the cluster, or "
                 f"change {settings.section}.replication-factor",
-            ) from None
+            )
+            continue
+        yield Finding("ok", f"{key} {topic!r} does not exist yet; the broker lets the sink create it")
 
 
 def _local_warehouse(warehouse: str) -> Path | None:
@@ -217,44 +261,66 @@ def _local_warehouse(warehouse: str) -> Path | None:
     return None
 
 
-def check_warehouse(pre: Preflight) -> None:
-    """A local warehouse folder can be written: a probe file is created and deleted."""
+def check_warehouse(pre: Preflight) -> Iterator[Finding]:
+    """A local warehouse folder can be written: a probe file is created and deleted in it, or in its
+    nearest existing parent when the folder is not there yet (the sink creates it; this check does not)."""
     warehouse = pre.config.catalog.warehouse
     path = _local_warehouse(warehouse) if warehouse else None
     if path is None:
-        return  # object stores are checked by the first write; a probe there costs a request and money
-    probe = path / f".fanout-sink-preflight-{uuid.uuid4().hex[:8]}"
+        # Object stores are checked by the first write; a probe there costs a request and money.
+        yield Finding("ok", f"catalog.warehouse {warehouse or '(the catalog decides)'}: not probed")
+        return
+    folder = path.absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".fanout-sink-preflight-{uuid.uuid4().hex[:8]}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            raise NotADirectoryError(20, f"{folder} is a file, not a folder")
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise PreflightError(
+        yield Finding(
+            "problem",
             f"catalog.warehouse: cannot write to {path}: {exc.strerror or exc}",
             "point catalog.warehouse at a folder the sink may write, or fix that folder's permissions",
-        ) from None
+        )
+        return
+    yield Finding("ok", f"catalog.warehouse {path} is writable")
 
 
-def check_catalog(pre: Preflight) -> None:
-    """The catalog answers: its namespaces can be listed."""
+def check_catalog(pre: Preflight) -> Iterator[Finding]:
+    """The catalog answers: its namespaces can be listed. With ``dry_run``, a SQLite catalog file that
+    does not exist yet is not created (``run`` creates it), nor are a SQL catalog's own tables."""
     settings = pre.config.catalog
     if settings.uri is None and settings.type in {"sql", "rest", "hive"}:
-        raise PreflightError(
+        yield Finding(
+            "problem",
             f"catalog.uri is not set: the {settings.type} catalog {settings.name!r} needs one",
             "set catalog.uri, e.g. sqlite:////var/lib/fanout-sink/catalog.db for the embedded SQL catalog",
         )
+        return
+    sqlite = sqlite_path(settings.uri) if settings.type == "sql" and settings.uri else None
+    if pre.dry_run and sqlite is not None and not sqlite.exists():
+        yield Finding("ok", f"catalog {settings.name!r}: {sqlite} does not exist yet; the sink creates it")
+        return
     try:
-        load_catalog(settings).list_namespaces()
+        catalog = load_catalog(settings, create=not pre.dry_run)
+        catalog.list_namespaces()
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise PreflightError(
+        yield Finding(
+            "problem",
             f"catalog {settings.name!r} (catalog.type={settings.type}, catalog.uri) is not reachable: "
             f"{type(exc).__name__}: {first}",
             "check catalog.uri and the catalog's credentials in the catalog: section",
-        ) from None
+        )
+        return
+    pre.catalog = catalog
+    yield Finding("ok", f"catalog {settings.name!r} (catalog.type={settings.type}) answers")
 
 
-Check = Callable[[Preflight], None]
+Check = Callable[[Preflight], Iterator[Finding]]
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("broker", check_broker),
     ("source topics", check_source_topics),
@@ -265,9 +331,13 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 
 
 def run(config: SinkConfig, broker_timeout_s: float = BROKER_TIMEOUT_S) -> None:
-    """Every check in order; the first failure raises :class:`PreflightError`."""
+    """Every check in order; the first problem raises :class:`PreflightError`, warnings are logged."""
     pre = Preflight(config, broker_timeout_s)
     for name, check in CHECKS:
-        check(pre)
+        for finding in check(pre):
+            if finding.level == "problem":
+                raise PreflightError(finding.text, finding.fix)
+            if finding.level == "warning":
+                log.warning("%s", finding.text)
         log.debug("pre-flight check %s: ok", name)
     log.info("pre-flight checks passed (%s)", ", ".join(name for name, _ in CHECKS))

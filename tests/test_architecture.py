@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("transform",),
     ("protocol",),
-    ("spark", "status", "preflight", "metrics"),
+    ("spark", "status", "preflight", "metrics", "validate"),
     ("devtools",),
     # The composition root: the one command offers product and developer tooling alike, and
     # spark-submit's entry is that command's ``run``.

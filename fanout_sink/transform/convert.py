@@ -545,3 +545,49 @@ def convert(rows: pa.Table, schema: pa.Schema, matching: Matching | None = None)
         positions = positions[keep]
     failures = sorted((pos, column, reason) for pos, (column, reason) in bad.rows.items())
     return Converted(table, positions, failures)
+
+
+# --------------------------------------------------------------------------------------------
+# Types rather than values (``fanout-sink validate``)
+
+
+def _placeholder(dtype: pa.DataType) -> pa.Array:
+    """One value standing for every value of ``dtype``: text is null (the converter parses text into
+    every type, so only real text can fail), a list holds one element, the rest are zero or empty."""
+    if _is_string(dtype):
+        return pa.nulls(1, dtype)
+    if pa.types.is_struct(dtype):
+        return pa.StructArray.from_arrays([_placeholder(f.type) for f in dtype], fields=list(dtype))
+    if pa.types.is_list(dtype):
+        return pa.ListArray.from_arrays(
+            pa.array([0, 1], pa.int32()), _placeholder(dtype.value_type), type=dtype
+        )
+    return _zero(dtype, 1)
+
+
+def placeholder_rows(schema: pa.Schema) -> pa.Table:
+    """One row standing for any record of ``schema``: what a projection or :func:`convert` makes of
+    it depends on the types only, so a check can ask them about a route before any record exists."""
+    return pa.Table.from_arrays([_placeholder(f.type) for f in schema], schema=schema)
+
+
+def _optional(dtype: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(dtype):
+        return pa.struct([pa.field(f.name, _optional(f.type)) for f in dtype])
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return pa.list_(pa.field(dtype.value_field.name, _optional(dtype.value_type)))
+    if pa.types.is_map(dtype):
+        return pa.map_(dtype.key_type, pa.field(dtype.item_field.name, _optional(dtype.item_type)))
+    return dtype
+
+
+def type_mismatches(rows: pa.Table, schema: pa.Schema, matching: Matching | None = None) -> list[str]:
+    """Paths of ``schema``'s columns that no value of their source column's type in ``rows``
+    (:func:`placeholder_rows`) can become: :func:`convert` itself is asked, with every column made
+    optional so that a missing value is not a failure here. Column by column: a row keeps only its
+    first failure."""
+    found: list[str] = []
+    for target in schema:
+        relaxed = pa.schema([pa.field(target.name, _optional(target.type))])
+        found += [column for _, column, _ in convert(rows, relaxed, matching).failures]
+    return found
