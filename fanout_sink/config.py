@@ -281,6 +281,8 @@ class ConversionSettings(_Section):
         default_factory=dict, examples=[{"customer_id": ["customerId", "cust_id"]}]
     )
     case_insensitive: bool = Field(default=False, examples=[True])
+    infer_timestamps: bool = Field(default=True, examples=[False])
+    """Inferred schemas offer ISO-8601 strings and epoch-ms time fields as timestamps (inference.py)."""
 
     @field_validator("name_mapping", mode="before")
     @classmethod

@@ -84,6 +84,13 @@ class Decoded:
             self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
         return self._python_cache
 
+    def carries(self, path: tuple[str, ...]) -> bool:
+        """Whether any record holds the field at ``path`` (through nested objects and lists of
+        them), even as null. ``records`` cannot tell: a batch parsed in one call gives every record
+        every field of the batch. Reads the records as Python objects, so it is asked only when a
+        table's schema is inferred (:mod:`fanout_sink.transform.inference`)."""
+        return any(_holds(record, path) for record in self.python())
+
     def subset(self, positions: np.ndarray, key: str | None = None) -> Decoded:
         """The records at ``positions`` with every field; its ``rows`` and ``failures`` index this
         Decoded's records (a record fails here only if parsing it with its group found what the
@@ -108,6 +115,14 @@ class Decoded:
                 rows = rows.set_column(rows.column_names.index(name), name, rebuilt.column(name))
         chosen = positions.tolist()
         return Decoded(rows, positions, lossy=lossy, _python=lambda: [self.python()[p] for p in chosen])
+
+
+def _holds(value: Any, path: tuple[str, ...]) -> bool:
+    if not path:
+        return True
+    if isinstance(value, list):
+        return any(_holds(item, path) for item in value)
+    return isinstance(value, dict) and path[0] in value and _holds(value[path[0]], path[1:])
 
 
 class Decoder(Protocol):

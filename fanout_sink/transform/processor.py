@@ -175,7 +175,9 @@ class RoutingProcessor:
             return
         is_dynamic = name not in self.config.tables
         try:
-            table = self.tables.ensure(name, settings, sample=rows)
+            # A projection names the table's fields; without one, the records' own fields do.
+            carried = sub.decoded.carries if settings.select is None else None
+            table = self.tables.ensure(name, settings, sample=rows, carried=carried)
         except TableError as exc:
             if not is_dynamic:
                 raise

@@ -2,13 +2,13 @@
 
 A :class:`TableManager` keeps a per-process cache of loaded tables. ``ensure`` loads a table or
 (when ``auto-create`` is on) creates it: from the Avro schema file named by the table's ``schema``
-key, or else from the Arrow schema of the first rows routed to it (every column optional; a
-string column used by a ``year/month/day/hour`` partition transform becomes ``timestamptz`` when its
-values parse as timestamps). The partition spec (``partition-by``) and ``properties`` are applied
-in the same transaction as the create.
+key, or else from the first rows routed to it, by the rules of :mod:`.inference` (only fields the
+table's own records carry, every column optional, time fields as timestamps). The partition spec
+(``partition-by``) and ``properties`` are applied in the same transaction as the create.
 
 ``evolve`` compares incoming rows with the table schema and, as the table's ``evolution`` settings
-allow, adds columns (top-level, and fields of struct columns; not yet inside lists or maps),
+allow, adds columns (top-level, and fields of struct columns; not yet inside lists or maps; typed
+by the same rules, and only once a row has a value for them),
 widens ``int`` to ``long`` and ``float`` to ``double`` when values do not fit, and makes a
 required column optional when rows lack it. On a commit conflict it
 reloads the table and recomputes the change against the new schema, so several workers evolving
@@ -22,7 +22,6 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,71 +39,10 @@ from pyiceberg.types import DoubleType, LongType
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config import SinkConfig, TableSettings
 from fanout_sink.errors import FanoutSinkError, TableError
-from fanout_sink.transform.convert import Matching, to_timestamps
+from fanout_sink.transform.convert import Matching
+from fanout_sink.transform.inference import Carried, Inference
 
 log = logging.getLogger(__name__)
-
-_TIME_TRANSFORMS = {"year", "month", "day", "hour"}
-
-
-def normalise_type(dtype: pa.DataType) -> pa.DataType:
-    """An Arrow type PyIceberg can map to an Iceberg type (nulls become strings, and so on)."""
-    if pa.types.is_null(dtype):
-        return pa.string()
-    if pa.types.is_dictionary(dtype):
-        return normalise_type(dtype.value_type)
-    if pa.types.is_timestamp(dtype):
-        return pa.timestamp("us", tz="UTC" if dtype.tz is not None else None)
-    if pa.types.is_unsigned_integer(dtype):
-        return pa.int64() if dtype.bit_width >= 32 else pa.int32()
-    if pa.types.is_integer(dtype) and dtype.bit_width < 32:
-        return pa.int32()
-    if pa.types.is_float16(dtype):
-        return pa.float32()
-    if pa.types.is_struct(dtype):
-        if dtype.num_fields == 0:
-            return pa.string()
-        return pa.struct([normalise_field(f) for f in dtype])
-    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
-        return pa.list_(normalise_field(dtype.value_field))
-    if pa.types.is_map(dtype):
-        return pa.map_(normalise_type(dtype.key_type), normalise_field(dtype.item_field))
-    if pa.types.is_time32(dtype):
-        return pa.time64("us")
-    return dtype
-
-
-def normalise_field(f: pa.Field, optional: bool = False) -> pa.Field:
-    return pa.field(f.name, normalise_type(f.type), nullable=True if optional else f.nullable)
-
-
-def infer_schema(rows: pa.Table, partition_by: list[Any], skip_null_columns: bool = False) -> pa.Schema:
-    """An Arrow schema for a new table from its first rows; every column optional.
-
-    A column that is null in every row has no type to learn: it becomes a string column, or, with
-    ``skip_null_columns`` (when the table may add columns later), it is left out until a value
-    arrives and schema evolution adds it with its real type.
-    """
-    time_columns = {p.column for p in partition_by if p.transform in _TIME_TRANSFORMS}
-    fields = []
-    partition_columns = {p.column for p in partition_by}
-    for f in rows.schema:
-        if (
-            skip_null_columns
-            and f.name not in partition_columns
-            and rows.column(f.name).null_count == rows.num_rows
-            and rows.num_columns > 1
-        ):
-            continue
-        dtype = normalise_type(f.type)
-        if f.name in time_columns and pa.types.is_string(dtype):
-            try:
-                to_timestamps(rows.column(f.name).combine_chunks(), pa.timestamp("us", tz="UTC"))
-                dtype = pa.timestamp("us", tz="UTC")
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                pass
-        fields.append(pa.field(f.name, dtype, nullable=True))
-    return pa.schema(fields)
 
 
 @dataclass
@@ -143,6 +81,7 @@ def _diff(
     rows: pa.Table | pa.Array,
     settings: TableSettings,
     matching: Matching,
+    inference: Inference,
     prefix: tuple[str, ...] = (),
 ) -> _Changes:
     changes = _Changes()
@@ -172,7 +111,7 @@ def _diff(
         column = get(source)
         dtype = column.type
         if pa.types.is_struct(tf.type) and pa.types.is_struct(dtype):
-            nested = _diff(tf.type, column, settings, matching, path)
+            nested = _diff(tf.type, column, settings, matching, inference, path)
             changes.widen += nested.widen
             changes.optional += nested.optional
             if nested.adds:
@@ -191,10 +130,11 @@ def _diff(
                 m.lower() == name.lower() for m in matched if matching.case_insensitive
             ):
                 continue
-            column = get(name)
-            if pa.types.is_null(column.type):
-                continue  # nothing to learn a type from yet
-            changes.adds.append(normalise_field(pa.field(name, column.type), optional=True))
+            # Null in every row: nothing to learn a type from yet, or (rows parsed with the whole
+            # batch) a field only other tables' records carry. It is added when a value comes.
+            added = inference.column(name, get(name))
+            if added is not None:
+                changes.adds.append(added)
     return changes
 
 
@@ -253,8 +193,18 @@ class TableManager:
             self._cache[name] = (table, time.monotonic())
         return table
 
-    def ensure(self, name: str, settings: TableSettings, sample: pa.Table | None = None) -> Table:
-        """The table, loaded or (when allowed) created; raises :class:`TableError` otherwise."""
+    def ensure(
+        self,
+        name: str,
+        settings: TableSettings,
+        sample: pa.Table | None = None,
+        carried: Carried | None = None,
+    ) -> Table:
+        """The table, loaded or (when allowed) created; raises :class:`TableError` otherwise.
+
+        Without a ``schema`` file the table's schema is inferred from ``sample``, the first rows
+        routed to it; ``carried`` tells which fields its records hold (:mod:`.inference`).
+        """
         table = self.cached(name)
         if table is not None:
             return table
@@ -269,7 +219,7 @@ class TableManager:
         if schema is None:
             if sample is None:
                 raise TableError(f"table {name} has no schema file and no rows to infer a schema from")
-            schema = infer_schema(sample, settings.partition_by, settings.evolution.add_columns)
+            schema = Inference.for_table(settings, carried).schema(sample)
         try:
             table = self._create(name, settings, schema)
         except TableAlreadyExistsError:
@@ -329,11 +279,12 @@ class TableManager:
         except ImportError:  # pragma: no cover - other catalogs
             pass
         matching = Matching.of(settings.conversion)
+        inference = Inference(skip_null_columns=True, timestamps=settings.conversion.infer_timestamps)
         evolution = settings.evolution
         if not (evolution.add_columns or evolution.widen_types or evolution.make_optional):
             return table
         for attempt in range(self.retries):
-            changes = _diff(table.schema().as_arrow(), rows, settings, matching)
+            changes = _diff(table.schema().as_arrow(), rows, settings, matching, inference)
             if not changes:
                 return table
             try:

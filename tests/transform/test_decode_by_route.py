@@ -114,14 +114,14 @@ def test_demo_orders_topic_lands_in_each_tables_types(
         dict(zip(orders.column("id").to_pylist(), orders.column("amount").to_pylist(), strict=True))
         == expected
     )
-    # payments (schema inferred from the first rows): numbers stay numbers
+    # payments (schema inferred from the first rows): numbers stay numbers, epoch-ms ts a timestamp
     assert payments.schema.field("amount").type == pa.float64()
-    assert payments.schema.field("ts").type == pa.int64()
+    assert payments.schema.field("ts").type == pa.timestamp("us", tz="UTC")
     expected_payments = {r["id"]: (r["amount"], r["ts"]) for r in sent if r["type"] == "payment"}
     got = zip(
         payments.column("id").to_pylist(),
         payments.column("amount").to_pylist(),
-        payments.column("ts").to_pylist(),
+        (us // 1000 for us in payments.column("ts").cast(pa.int64()).to_pylist()),
         strict=True,
     )
     assert {i: (a, t) for i, a, t in got} == expected_payments
