@@ -165,7 +165,9 @@ class SourceSettings(_Section):
 
     topics: list[str] = Field(default_factory=list, examples=[["orders", "payments"]])
     pattern: str | None = Field(default=None, examples=["^shop\\..*"])
-    format: Literal["json", "avro", "confluent-avro"] = Field(default="json", examples=["json"])
+    format: Literal["json", "avro", "confluent-avro", "confluent-protobuf", "confluent-json-schema"] = Field(
+        default="json", examples=["json"]
+    )
     schema_file: str | None = Field(default=None, validation_alias="schema", examples=["schemas/order.avsc"])
     schema_registry: dict[str, str] = Field(default_factory=dict, examples=[{"url": "http://127.0.0.1:8081"}])
     tombstones: Literal["skip", "dead-letter"] = Field(default="skip", examples=["skip"])
@@ -191,9 +193,9 @@ class SourceSettings(_Section):
                 raise ValueError(f"pattern is not a regular expression ({exc}); e.g. '^shop\\..*'") from None
         if self.format == "avro" and not self.schema_file:
             raise ValueError("format avro needs schema: <file.avsc>; e.g. schema: schemas/order.avsc")
-        if self.format == "confluent-avro" and "url" not in self.schema_registry:
+        if self.format.startswith("confluent-") and "url" not in self.schema_registry:
             raise ValueError(
-                "format confluent-avro needs schema-registry.url; e.g. schema-registry: {url: http://127.0.0.1:8081}"
+                f"format {self.format} needs schema-registry.url; e.g. schema-registry: {{url: http://127.0.0.1:8081}}"
             )
         return self
 

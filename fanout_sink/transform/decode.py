@@ -1,6 +1,6 @@
 """Kafka value bytes -> Arrow, a whole batch at a time.
 
-Three formats (``source.format``):
+Five formats (``source.format``):
 
 * ``json``: one JSON object per value. The batch is newline-joined in Arrow and parsed by
   ``pyarrow.json.read_json`` in one call. Strings stay strings (Arrow's timestamp inference is
@@ -23,6 +23,9 @@ Three formats (``source.format``):
 * ``avro``: schemaless Avro with the writer schema from an ``.avsc`` file (``source.schema``).
 * ``confluent-avro``: Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
   body); schemas are fetched once per id with confluent-kafka's ``SchemaRegistryClient``.
+* ``confluent-protobuf`` and ``confluent-json-schema``: the registry's Protobuf and JSON Schema
+  wire formats, read by confluent-kafka's deserializers (:mod:`~fanout_sink.transform.registry_formats`)
+  with the writer schema and its references.
 
 Every decoder returns a :class:`Decoded`: the records as an Arrow table, the index of each
 record's row in the input, and the failures (input index, reason) that become dead letters.
@@ -34,7 +37,7 @@ import io
 import json
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -46,6 +49,12 @@ import pyarrow.json as pa_json
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import ConfigError, SchemaError
+from fanout_sink.transform.registry_formats import (
+    JsonSchemaReader,
+    ProtobufReader,
+    UndecodableValue,
+    registry_reader,
+)
 
 FieldPaths = frozenset[tuple[str, ...]]
 """Record field paths (``("customer", "tier")`` for ``customer.tier``) that routing reads."""
@@ -798,14 +807,93 @@ class ConfluentAvroDecoder:
             parts.append(_avro_table(objs, arrow_schema))
             rows.extend(indices[i] for i in good)
             objects.extend(objs)
-        failures.sort()
-        if not parts:
-            return Decoded(pa.table({}), np.zeros(0, dtype=np.int64), failures)
-        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
-        order = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")
-        table = table.take(pa.array(order))
-        ordered = [objects[i] for i in order]
-        return Decoded(table, np.asarray(rows, dtype=np.int64)[order], failures, _python_cache=ordered)
+        return _in_input_order(parts, rows, objects, failures)
+
+
+def _in_input_order(
+    parts: list[pa.Table],
+    rows: list[int],
+    objects: list[dict[str, Any]] | None,
+    failures: list[tuple[int, str]],
+    lossy: frozenset[str] = frozenset(),
+) -> Decoded:
+    """One :class:`Decoded` from tables decoded per writer schema: ``rows`` are the input indices of
+    the parts' rows (in part order), ``objects`` their records (None: made from the table when
+    asked for); rows are put back in input order."""
+    failures.sort()
+    if not parts:
+        return Decoded(pa.table({}), np.zeros(0, dtype=np.int64), failures)
+    if len(parts) == 1:
+        table = parts[0]
+    else:
+        # A column one writer schema lacks is null in its rows: required columns become optional
+        # (left required, the concatenated table would hold nulls its schema says cannot be).
+        shared = set.intersection(*(set(p.column_names) for p in parts))
+        table = pa.concat_tables([_optional(p, shared) for p in parts], promote_options="permissive")
+    order = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")
+    table = table.take(pa.array(order))
+    ordered = None if objects is None else [objects[i] for i in order]
+    positions = np.asarray(rows, dtype=np.int64)[order]
+    return Decoded(table, positions, failures, lossy=lossy, _python_cache=ordered)
+
+
+def _optional(table: pa.Table, shared: set[str]) -> pa.Table:
+    """``table`` with its columns outside ``shared`` nullable."""
+    if shared.issuperset(table.column_names):
+        return table
+    fields = [f if f.name in shared else f.with_nullable(True) for f in table.schema]
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
+
+
+class RegistryDecoder:
+    """Schema Registry Protobuf or JSON Schema values, read by confluent-kafka's deserializers
+    (:mod:`fanout_sink.transform.registry_formats`), one Arrow table per writer schema.
+
+    A reader's Arrow schema (Protobuf: from the descriptor) types the columns; without one (JSON
+    Schema) they are built from the records as for ``format: json``, JSON text where a field's
+    values do not share a type.
+    """
+
+    def __init__(self, reader: ProtobufReader | JsonSchemaReader) -> None:
+        self.reader = reader
+
+    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
+        """``fields`` is not needed: every value is decoded with its writer schema."""
+        if len(values) == 0:
+            return _empty()
+        failures: list[tuple[int, str]] = []
+        groups: dict[Hashable, tuple[list[int], list[dict[str, Any]]]] = {}
+        for index, value in enumerate(values.to_pylist()):
+            if value is None:
+                failures.append((index, "value is null"))
+                continue
+            try:
+                key, record = self.reader.read(value)
+            except UndecodableValue as exc:
+                failures.append((index, str(exc)))
+                continue
+            indices, records = groups.setdefault(key, ([], []))
+            indices.append(index)
+            records.append(record)
+        parts: list[pa.Table] = []
+        rows: list[int] = []
+        objects: list[dict[str, Any]] | None = []
+        lossy: frozenset[str] = frozenset()
+        for key, (indices, records) in groups.items():
+            schema = self.reader.arrow_schema(key)
+            if schema is None:
+                table, more = arrow_from_python(records)
+                lossy |= more
+            else:
+                # Records hold timestamps as epoch microseconds and maps as pairs (what Arrow
+                # takes fastest): routing's Python view is made from the table instead.
+                table = pa.Table.from_pylist(records, schema=schema)
+                objects = None
+            parts.append(table)
+            rows.extend(indices)
+            if objects is not None:
+                objects.extend(records)
+        return _in_input_order(parts, rows, objects, failures, lossy)
 
 
 def build_decoder(config: SinkConfig) -> Decoder:
@@ -820,4 +908,6 @@ def build_decoder(config: SinkConfig) -> Decoder:
             return AvroDecoder(load_avro_schema(path))
         except SchemaError as exc:
             raise ConfigError(config.name, "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
-    return ConfluentAvroDecoder(source.schema_registry)
+    if source.format == "confluent-avro":
+        return ConfluentAvroDecoder(source.schema_registry)
+    return RegistryDecoder(registry_reader(source.format, source.schema_registry))

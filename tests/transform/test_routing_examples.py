@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from support.registry import Registry, compile_protos, message_class
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config import SinkConfig, load_config
-from fanout_sink.devtools.raw_slices import make_raw_slice
+from fanout_sink.devtools.raw_slices import from_messages, make_raw_slice
+from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "routing"
+SOURCES = EXAMPLES.parent / "schemas" / "sources"
 
 
 def _load(name: str, catalog_settings: CatalogSettings) -> SinkConfig:
@@ -28,6 +38,7 @@ def _values(*records: Any) -> list[bytes | None]:
 
 def test_every_example_is_tested() -> None:
     tested = {"static-multi-table.yaml", "filter-projection.yaml", "dynamic.yaml", "dead-letter.yaml"}
+    tested |= {"protobuf.yaml", "json-schema.yaml"}
     tested.add("shop-demo.yaml")  # run end to end by tests/e2e/test_demo.py
     assert {p.name for p in EXAMPLES.glob("*.yaml")} == tested
 
@@ -158,6 +169,138 @@ def test_dead_letter(catalog_settings: CatalogSettings, catalog: Any) -> None:
     assert deadletter.header(letters["104"], deadletter.COLUMN) == "ts"
     assert "required column 'ts'" in (deadletter.header(letters["104"], deadletter.REASON) or "")
     assert deadletter.header(letters["105"], deadletter.STAGE) == "tombstone"
+    assert process.last_stats.reconciles()
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
+    """The Schema Registry stand-in, named by the examples' ``${SCHEMA_REGISTRY_URL}``."""
+    served = Registry()
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", served.url)
+    yield served
+    served.close()
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes]) -> list[Any]:
+    """``values`` through the real broker: the messages a consumer of ``topic`` reads."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for value in values:
+        producer.produce(topic, value=value)
+    assert producer.flush(30) == 0
+    return from_messages(read_to_end(bootstrap, [topic]))
+
+
+@pytest.mark.kafka
+def test_protobuf(
+    catalog_settings: CatalogSettings,
+    catalog: Any,
+    registry: Registry,
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+) -> None:
+    """Values written by confluent-kafka's ProtobufSerializer with classes protoc made from
+    schemas/sources: the sink reads them with the registered schema and its reference."""
+    pool = compile_protos(SOURCES, "shop/order.proto")
+    order_class, refund_class = message_class(pool, "shop.Order"), message_class(pool, "shop.Refund")
+    client = SchemaRegistryClient({"url": registry.url})
+    topic = make_topic("shop-orders-pb")
+    context = SerializationContext(topic, MessageField.VALUE)
+    orders = ProtobufSerializer(order_class, client, {"use.deprecated.format": False})
+    refunds = ProtobufSerializer(refund_class, client, {"use.deprecated.format": False})
+
+    order: Any = order_class(id=1, status=order_class.SHIPPED, signature=b"\x00\xff")
+    order.customer.id, order.customer.tier = "c1", "gold"
+    order.lines.add(sku="A-1", quantity=2)
+    order.total.currency, order.total.units = "EUR", 12
+    order.ts.FromMilliseconds(1714557600123)
+    order.coupon.value = "SPRING"
+    order.labels["channel"] = "web"
+    plain: Any = order_class(id=2)  # every field left at its default
+    plain.ts.FromMilliseconds(1714557600000)
+    refund: Any = refund_class(order_id=1, reason="late")
+    refund.amount.currency, refund.amount.units = "EUR", 5
+    values = [orders(order, context), refunds(refund, context), orders(plain, context), b"\x00not protobuf"]
+    raw = _produce(bootstrap_servers, topic, values)
+
+    process = build_processor(_load("protobuf.yaml", catalog_settings), catalog)
+    out = process(raw)
+    rows = out.tables["analytics.pb_orders"].rows.to_pylist()
+    assert rows[0] == {
+        "id": 1,
+        "customer": "c1",
+        "tier": "gold",
+        "status": "SHIPPED",
+        "currency": "EUR",
+        "units": 12,
+        "lines": [{"sku": "A-1", "quantity": 2}],
+        "coupon": "SPRING",
+        "labels": [("channel", "web")],
+        "signature": b"\x00\xff",
+        "ts": datetime(2024, 5, 1, 10, 0, 0, 123000, tzinfo=UTC),
+    }
+    assert rows[1]["id"] == 2 and rows[1]["status"] == "STATUS_UNSPECIFIED"
+    assert rows[1]["customer"] is None and rows[1]["coupon"] is None and rows[1]["lines"] == []
+    assert out.tables["analytics.pb_refunds"].rows.to_pylist() == [
+        {"order_id": 1, "currency": "EUR", "units": 5, "reason": "late", "ts": None}
+    ]
+    schema = catalog.load_table("analytics.pb_orders").schema()
+    assert str(schema.find_field("ts").field_type) == "timestamptz"
+    assert str(schema.find_field("signature").field_type) == "binary"
+    # The reference was fetched from the registry: the sink has only the writer schema's id.
+    assert any(r.startswith("/subjects/shop%2Fcommon.proto/versions/1") for r in registry.requests)
+    [letter] = out.dead_letters
+    assert deadletter.header(letter, deadletter.STAGE) == "decode"
+    assert deadletter.header(letter, deadletter.SOURCE_OFFSET) == "3"
+    assert "not Confluent wire format" in (deadletter.header(letter, deadletter.REASON) or "")
+    assert process.last_stats.reconciles()
+
+
+@pytest.mark.kafka
+def test_json_schema(
+    catalog_settings: CatalogSettings,
+    catalog: Any,
+    registry: Registry,
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+) -> None:
+    """Values written by confluent-kafka's JSONSerializer with a schema that references another
+    subject; a value that fails validation against its writer schema is dead-lettered."""
+    client = SchemaRegistryClient({"url": registry.url})
+    client.register_schema("shop.Money", Schema((SOURCES / "shop/money.schema.json").read_text(), "JSON"))
+    reference = SchemaReference("money.schema.json", "shop.Money", 1)
+    payment = Schema((SOURCES / "shop/payment.schema.json").read_text(), "JSON", [reference])
+    topic = make_topic("shop-payments")
+    context = SerializationContext(topic, MessageField.VALUE)
+    serialize = JSONSerializer(payment, client)
+    first = {
+        "id": 1,
+        "order_id": 7,
+        "method": "card",
+        "amount": {"currency": "EUR", "value": 12.5},
+        "ts": "2024-05-01T10:00:00+02:00",
+    }
+    second = {
+        **first,
+        "id": 2,
+        "method": "voucher",
+        "amount": {"currency": "EUR", "value": 3},
+        "note": "gift",
+    }
+    invalid = serialize(first, context).replace(b'"card"', b'"cash"')  # not in the schema's enum
+    raw = _produce(bootstrap_servers, topic, [serialize(first, context), invalid, serialize(second, context)])
+
+    process = build_processor(_load("json-schema.yaml", catalog_settings), catalog)
+    out = process(raw)
+    rows = out.tables["analytics.payments"].rows.to_pylist()
+    assert [(r["id"], r["method"], str(r["amount"]), r["note"]) for r in rows] == [
+        (1, "card", "12.50", None),
+        (2, "voucher", "3.00", "gift"),
+    ]
+    assert rows[0]["ts"] == datetime(2024, 5, 1, 8, 0, tzinfo=UTC)
+    [letter] = out.dead_letters
+    assert deadletter.header(letter, deadletter.SOURCE_OFFSET) == "1"
+    assert deadletter.header(letter, deadletter.STAGE) == "decode"
+    assert "'cash' is not one of" in (deadletter.header(letter, deadletter.REASON) or "")
     assert process.last_stats.reconciles()
 
 

@@ -1,0 +1,369 @@
+"""Schema Registry Protobuf and JSON Schema values -> records, with confluent-kafka's deserializers.
+
+``source.format: confluent-protobuf`` and ``confluent-json-schema`` are the Confluent wire format
+(magic byte, schema id; for Protobuf the message index path too) that the registry's serializers
+write. The values are read by confluent-kafka's own ``ProtobufDeserializer`` and
+``JSONDeserializer`` machinery, never by hand: the wire header, the writer schema looked up by id,
+its **references** (imports of other registered subjects) resolved, JSON Schema validation.
+
+``ProtobufDeserializer`` can only parse into the generated class it is given, and the sink knows no
+producer's classes: :class:`_WriterProtobufDeserializer` reuses the deserializer's own steps (wire
+header, writer schema, descriptor pool with the references, message index path) and parses into a
+class made from the writer's descriptor. ``JSONDeserializer`` needs no class: with no reader schema
+it validates against the writer schema and returns the object.
+
+A reader returns, per value, a key (the writer schema, and for Protobuf the message type) and a
+record (a dict of Python values); :meth:`ProtobufReader.arrow_schema` gives each key's Arrow schema
+(from the descriptor, so every batch of one message type has the same columns). JSON Schema records
+have no Arrow schema here: their columns are built as the ``json`` format's are.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+from confluent_kafka.schema_registry.serde import SchemaId
+from google.protobuf import empty_pb2, json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
+
+from fanout_sink.errors import SchemaError
+
+
+class UndecodableValue(Exception):
+    """A value that is not a record of the writer schema; the message is the dead letter's reason."""
+
+
+_NO_SUBJECT: dict[str, Any] = {"subject.name.strategy": lambda ctx, record_name: None}
+"""Deserializer config: read with the writer schema only (no subject lookup, no latest version)."""
+
+_NOT_WIRE = "not Confluent wire format (magic byte, schema id); is source.format right?"
+
+
+class _RegistrySchemas:
+    """Writer schemas by id, checked for their type and made usable once (references fetched).
+
+    Registry outages raise :class:`SchemaError` (the sink stops and retries rather than
+    dead-lettering good records); an unknown id or an unusable schema is the reason every value
+    naming it is dead-lettered, remembered per id.
+    """
+
+    def __init__(self, client: SchemaRegistryClient, schema_type: str, prepare: Callable[[Any], Any]) -> None:
+        self._client = client
+        self._type = schema_type
+        self._prepare = prepare
+        self._ready: dict[int, str | None] = {}
+        self._lock = threading.Lock()
+
+    def problem(self, schema_id: int) -> str | None:
+        """Why values with ``schema_id`` cannot be read, or None when they can."""
+        with self._lock:
+            if schema_id in self._ready:
+                return self._ready[schema_id]
+        fmt = "serialized" if self._type == "PROTOBUF" else None
+        try:
+            schema = self._client.get_schema(schema_id, fmt=fmt)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 404:
+                raise SchemaError(f"Schema Registry lookup of schema id {schema_id} failed: {exc}") from exc
+            problem: str | None = (
+                f"unknown schema id {schema_id} in the Schema Registry; "
+                "check source.schema-registry.url points at the producer's registry"
+            )
+        else:
+            problem = self._usable(schema_id, schema)
+        with self._lock:
+            self._ready[schema_id] = problem
+        return problem
+
+    def _usable(self, schema_id: int, schema: Any) -> str | None:
+        kind = schema.schema_type or "AVRO"
+        if kind != self._type:
+            return f"schema id {schema_id} is {kind}, not {self._type}; is source.format right?"
+        try:
+            self._prepare(schema)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 404:
+                raise SchemaError(
+                    f"Schema Registry lookup of schema id {schema_id}'s references failed: {exc}"
+                ) from exc
+            return f"schema id {schema_id} references a schema the registry does not have: {exc}"
+        except Exception as exc:  # a registered schema the libraries cannot build: many types
+            return f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}"
+        return None
+
+
+def _wire_header(value: bytes, schema_type: str) -> tuple[int, SchemaId, io.BytesIO]:
+    """The wire header read by confluent-kafka's parser: (schema id, the parsed header with its
+    message indexes, the payload after it)."""
+    schema_id = SchemaId(schema_type)
+    try:
+        payload = schema_id.from_bytes(io.BytesIO(value))
+    except Exception:  # short value, bad magic byte, bad message index varint
+        raise UndecodableValue(_NOT_WIRE) from None
+    if schema_id.id is None:
+        raise UndecodableValue(f"{_NOT_WIRE} (a schema GUID header is not supported)")
+    return int(schema_id.id), schema_id, payload
+
+
+# --------------------------------------------------------------------------------------------
+# Protobuf
+
+
+class _WriterProtobufDeserializer(ProtobufDeserializer):  # type: ignore[misc]
+    """``ProtobufDeserializer`` parsing into a class made from the writer's descriptor.
+
+    The base class parses every value into its ``message_type`` (a generated class); here the
+    placeholder ``Empty`` is never used to parse. :meth:`message` takes the base class's own
+    steps: wire header with message indexes, writer schema by id, descriptor pool with the
+    references resolved (``_get_parsed_schema``), message by index path (``_get_message_desc``).
+    """
+
+    def __init__(self, client: SchemaRegistryClient) -> None:
+        super().__init__(empty_pb2.Empty, dict(_NO_SUBJECT), client)
+
+    def prepare(self, schema: Any) -> None:
+        """Build the writer schema's descriptor pool (fetching its references) once."""
+        self._get_parsed_schema(schema)
+
+    def message(self, schema_id: SchemaId, payload: io.BytesIO) -> Message:
+        writer = self._get_writer_schema(schema_id, None, fmt="serialized")
+        fd_proto, pool = self._get_parsed_schema(writer)
+        indexes = schema_id.message_indexes or [0]
+        desc = self._get_message_desc(pool, pool.FindFileByName(fd_proto.name), indexes)
+        message = GetMessageClass(desc)()
+        message.ParseFromString(payload.read())
+        return message
+
+
+_INT64_MAX = 2**63 - 1
+_TIMESTAMP = "google.protobuf.Timestamp"
+_WRAPPERS = {
+    f"google.protobuf.{name}"
+    for name in (
+        "DoubleValue",
+        "FloatValue",
+        "Int64Value",
+        "UInt64Value",
+        "Int32Value",
+        "UInt32Value",
+        "BoolValue",
+        "StringValue",
+        "BytesValue",
+    )
+}
+_AS_JSON = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
+"""Free-form (recursive) types: a column of JSON text."""
+
+F = FieldDescriptor
+_SCALARS: dict[int, pa.DataType] = {
+    F.TYPE_DOUBLE: pa.float64(),
+    F.TYPE_FLOAT: pa.float32(),
+    F.TYPE_INT64: pa.int64(),
+    F.TYPE_SINT64: pa.int64(),
+    F.TYPE_SFIXED64: pa.int64(),
+    F.TYPE_UINT64: pa.int64(),  # Iceberg has no unsigned types; a value beyond int64 is dead-lettered
+    F.TYPE_FIXED64: pa.int64(),
+    F.TYPE_INT32: pa.int32(),
+    F.TYPE_SINT32: pa.int32(),
+    F.TYPE_SFIXED32: pa.int32(),
+    F.TYPE_UINT32: pa.int64(),
+    F.TYPE_FIXED32: pa.int64(),
+    F.TYPE_BOOL: pa.bool_(),
+    F.TYPE_STRING: pa.string(),
+    F.TYPE_BYTES: pa.binary(),
+    F.TYPE_ENUM: pa.string(),
+}
+
+Convert = Callable[[Any], Any]
+"""One protobuf value (a field's singular value, or a message) -> its Python record value."""
+
+
+def _json_text(message: Message) -> str:
+    return json.dumps(json_format.MessageToDict(message), separators=(",", ":"))
+
+
+class _Shapes:
+    """Arrow types and value converters of message types, made once per descriptor.
+
+    A message type that contains itself (a tree) cannot be an Arrow struct: below its first level
+    it is kept as JSON text, as are ``Struct``/``Value``/``ListValue``.
+    """
+
+    def __init__(self) -> None:
+        self._types: dict[tuple[Descriptor, frozenset[str]], tuple[pa.DataType, Convert]] = {}
+
+    def message(self, desc: Descriptor, outer: frozenset[str] = frozenset()) -> tuple[pa.DataType, Convert]:
+        """The Arrow type of ``desc`` and the converter of its messages (``outer``: enclosing types)."""
+        key = (desc, outer)
+        found = self._types.get(key)
+        if found is not None:
+            return found
+        name = desc.full_name
+        shape: tuple[pa.DataType, Convert]
+        if name == _TIMESTAMP:
+            shape = pa.timestamp("us", tz="UTC"), lambda m: m.seconds * 1_000_000 + m.nanos // 1000
+        elif name in _WRAPPERS:
+            shape = self.field(desc.fields_by_name["value"], outer)[0], lambda m: m.value
+        elif name in _AS_JSON or name in outer:
+            shape = pa.string(), _json_text
+        else:
+            inner = outer | {name}
+            fields: list[pa.Field] = []
+            converters: list[tuple[str, Callable[[Message], Any]]] = []
+            for field in desc.fields:
+                dtype, convert = self.field(field, inner)
+                fields.append(pa.field(field.name, dtype, nullable=_nullable(field)))
+                converters.append((field.name, convert))
+
+            def record(message: Message) -> dict[str, Any]:
+                return {name: convert(message) for name, convert in converters}
+
+            shape = pa.struct(fields), record
+        self._types[key] = shape
+        return shape
+
+    def field(
+        self, field: FieldDescriptor, outer: frozenset[str]
+    ) -> tuple[pa.DataType, Callable[[Message], Any]]:
+        """The Arrow type of ``field`` and a function reading it from its message."""
+        name = field.name
+        if field.type == F.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            key_type, key_of = self._singular(field.message_type.fields_by_name["key"], outer)
+            item_type, item_of = self._singular(field.message_type.fields_by_name["value"], outer)
+
+            def entries(message: Message) -> list[tuple[Any, Any]]:
+                return [(key_of(k), item_of(v)) for k, v in getattr(message, name).items()]
+
+            return pa.map_(key_type, item_type), entries
+        dtype, convert = self._singular(field, outer)
+        if field.is_repeated:
+            return pa.list_(dtype), lambda m: [convert(v) for v in getattr(m, name)]
+        if field.has_presence:
+            return dtype, lambda m: convert(getattr(m, name)) if m.HasField(name) else None
+        return dtype, lambda m: convert(getattr(m, name))
+
+    def _singular(self, field: FieldDescriptor, outer: frozenset[str]) -> tuple[pa.DataType, Convert]:
+        if field.type in (F.TYPE_MESSAGE, F.TYPE_GROUP):
+            return self.message(field.message_type, outer)
+        if field.type == F.TYPE_ENUM:
+            names = {v.number: v.name for v in field.enum_type.values}
+            return pa.string(), lambda number: names.get(number, str(number))
+        if field.type in (F.TYPE_UINT64, F.TYPE_FIXED64):
+            return pa.int64(), _fits_int64(field.full_name)
+        return _SCALARS[field.type], _same
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _fits_int64(field: str) -> Convert:
+    def check(value: int) -> int:
+        if value > _INT64_MAX:
+            raise UndecodableValue(f"{field} = {value} does not fit a 64-bit signed integer column")
+        return value
+
+    return check
+
+
+def _nullable(field: FieldDescriptor) -> bool:
+    """Null only where protobuf tracks presence (messages, ``optional``, oneof members, wrappers):
+    a proto3 scalar without ``optional`` always has a value (its default when not sent)."""
+    if field.is_repeated:
+        return False
+    return bool(field.has_presence)
+
+
+class ProtobufReader:
+    """Confluent wire-format Protobuf values -> records, one key per (schema id, message type)."""
+
+    def __init__(self, registry_conf: dict[str, str]) -> None:
+        client = SchemaRegistryClient(dict(registry_conf))
+        self._deserializer = _WriterProtobufDeserializer(client)
+        self._schemas = _RegistrySchemas(client, "PROTOBUF", self._deserializer.prepare)
+        self._shapes = _Shapes()
+
+    def read(self, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+        schema_id, header, payload = _wire_header(value, "PROTOBUF")
+        problem = self._schemas.problem(schema_id)
+        if problem is not None:
+            raise UndecodableValue(problem)
+        try:
+            message = self._deserializer.message(header, payload)
+        except Exception as exc:  # DecodeError, bad message index, invalid UTF-8 in a string: many types
+            raise UndecodableValue(
+                f"invalid Protobuf for schema id {schema_id}: {type(exc).__name__}: {exc}"
+            ) from None
+        desc = message.DESCRIPTOR
+        record: dict[str, Any] = self._shapes.message(desc)[1](message)
+        return desc, record
+
+    def arrow_schema(self, key: Hashable) -> pa.Schema | None:
+        assert isinstance(key, Descriptor)
+        dtype = self._shapes.message(key)[0]
+        return pa.schema(list(dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# JSON Schema
+
+
+class _WriterJsonDeserializer(JSONDeserializer):  # type: ignore[misc]
+    """``JSONDeserializer`` with no reader schema (it validates against the writer schema), whose
+    writer schema and references can be fetched ahead of the values (:meth:`prepare`)."""
+
+    def __init__(self, client: SchemaRegistryClient) -> None:
+        super().__init__(None, schema_registry_client=client, conf=dict(_NO_SUBJECT))
+
+    def prepare(self, schema: Any) -> None:
+        self._get_parsed_schema(schema)
+
+
+class JsonSchemaReader:
+    """Confluent wire-format JSON Schema values -> records, validated against the writer schema."""
+
+    def __init__(self, registry_conf: dict[str, str]) -> None:
+        client = SchemaRegistryClient(dict(registry_conf))
+        self._deserializer = _WriterJsonDeserializer(client)
+        self._schemas = _RegistrySchemas(client, "JSON", self._deserializer.prepare)
+
+    def read(self, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+        schema_id = _wire_header(value, "JSON")[0]
+        problem = self._schemas.problem(schema_id)
+        if problem is not None:
+            raise UndecodableValue(problem)
+        try:
+            record = self._deserializer(value, None)
+        except Exception as exc:  # invalid JSON, fails validation: SerializationError, ValueError, ...
+            raise UndecodableValue(
+                f"invalid JSON Schema value for schema id {schema_id}: {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(record, dict):
+            raise UndecodableValue(
+                f"value for schema id {schema_id} is a JSON {type(record).__name__}, not an object"
+            )
+        return schema_id, record
+
+    def arrow_schema(self, key: Hashable) -> pa.Schema | None:
+        """None: the columns are built from the records, as for ``format: json``."""
+        return None
+
+
+def registry_reader(source_format: str, registry_conf: dict[str, str]) -> ProtobufReader | JsonSchemaReader:
+    """The reader of a ``source.format`` that the registry's Protobuf or JSON Schema serializers wrote."""
+    if source_format == "confluent-protobuf":
+        return ProtobufReader(registry_conf)
+    if source_format == "confluent-json-schema":
+        return JsonSchemaReader(registry_conf)
+    raise ValueError(f"no Schema Registry reader for format {source_format!r}")
