@@ -57,7 +57,7 @@ def bootstrap_servers(kafka_broker: KafkaBroker) -> str:
     return kafka_broker.bootstrap_servers
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_topic(bootstrap_servers: str) -> Callable[..., str]:
     """Creates a uniquely named topic on the shared broker and returns its name."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})

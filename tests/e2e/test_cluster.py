@@ -178,28 +178,19 @@ def test_on_the_rest_catalog_and_s3_with_an_s3a_checkpoint_no_id_is_lost_or_doub
 @pytest.mark.stores
 @pytest.mark.kafka
 @pytest.mark.timeout(900)
-def test_on_the_postgresql_catalog_and_s3_no_id_is_lost_or_doubled_through_kills(
+def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster_with_postgresql_and_s3(
     spark_cluster: SparkCluster,
+    executor_pack: Path,
     bootstrap_servers: str,
     make_topic: Callable[..., str],
     postgres_s3_catalog_settings: CatalogSettings,
     tmp_path: Path,
 ) -> None:
-    run_on_cluster(spark_cluster, bootstrap_servers, make_topic, postgres_s3_catalog_settings, tmp_path)
-
-
-@pytest.mark.cluster
-@pytest.mark.kafka
-@pytest.mark.timeout(900)
-def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster(
-    spark_cluster: SparkCluster,
-    executor_pack: Path,
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
-    catalog_settings: CatalogSettings,
-    tmp_path: Path,
-) -> None:
-    """The command of ``fanout_sink/submit.py``'s docstring, as an operator types it (available-now)."""
+    """The command of ``fanout_sink/submit.py``'s docstring, as an operator types it (available-now),
+    with the S3 line's object-store jars, on the PostgreSQL catalog with an S3 warehouse. (The kills
+    run once, in the REST variant above: what they test does not depend on the catalog's server, and
+    each kill run costs minutes.)"""
+    catalog_settings = postgres_s3_catalog_settings
     name = f"submit{uuid.uuid4().hex[:6]}"
     topics = [make_topic(f"{name}-a", partitions=2)]
     path = tmp_path / "sink.yaml"
@@ -210,8 +201,9 @@ def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster(
     traffic.start()
     traffic.finish(120)
     env = child_env({"PYTHONPATH": str(ROOT), "SPARK_LOCAL_IP": "127.0.0.1"})
+    jar_sets = ["spark-connectors", "spark-object-store"]
     jars = subprocess.run(
-        [sys.executable, "-m", "fanout_sink.cli", "jars", "--comma"],
+        [sys.executable, "-m", "fanout_sink.cli", "jars", "--comma", "--set", *jar_sets],
         capture_output=True,
         text=True,
         check=True,

@@ -2,8 +2,11 @@
 
 A process holds one SparkContext, and the suite's shared session is started without the object-store
 jars, so the S3 tests drive Spark here. Input: one JSON argument ``{"catalog": <CatalogSettings as
-JSON>, "sql": [statements], "stream": {...}}``; output: one JSON line on stdout with the rows of
-every statement (``sql``) and what the sink's planner read from the checkpoint (``stream``).
+JSON>, "more_catalogs": [...], "sql": [statements], "stream": {...}}``; output: one JSON line on
+stdout with the rows of every statement (``sql``) and what the sink's planner read from the checkpoint
+(``stream``). The session is built for ``catalog``; each of ``more_catalogs`` is added with the Spark
+properties the sink derives for it (Spark reads ``spark.sql.catalog.*`` when a name is first used),
+so one JVM start serves several catalogs.
 
 ``stream`` = ``{"bootstrap": ..., "topic": ..., "checkpoint": "s3a://..."}`` runs Spark's Kafka
 source to its end (trigger availableNow) with a no-op sink and the checkpoint on the object store,
@@ -16,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from fanout_sink.catalog import CatalogSettings
+from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
 from fanout_sink.spark import planning
 from fanout_sink.spark.session import build_spark_session
 
@@ -56,6 +59,9 @@ def main() -> None:
     checkpoint = spec.get("stream", {}).get("checkpoint")
     spark = build_spark_session(catalog, master="local[1]", app_name="s3-child", checkpoint=checkpoint)
     try:
+        for more in spec.get("more_catalogs", []):
+            for key, value in spark_catalog_conf(CatalogSettings.model_validate_json(more)).items():
+                spark.conf.set(key, value)
         out: dict[str, Any] = {"sql": [_rows(spark, statement) for statement in spec.get("sql", [])]}
         if "stream" in spec:
             out["stream"] = _stream(spark, spec["stream"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -41,10 +42,15 @@ def object_store(object_store_process: ObjectStore) -> ObjectStoreState:
     return object_store_process.state
 
 
+def fresh_s3_prefix() -> str:
+    """A new ``s3://`` folder in the shared bucket."""
+    return f"s3://{WAREHOUSE_BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
 @pytest.fixture
 def s3_prefix(object_store: ObjectStoreState) -> str:
     """A fresh ``s3://`` folder for one test."""
-    return f"s3://{WAREHOUSE_BUCKET}/{uuid.uuid4().hex[:12]}"
+    return fresh_s3_prefix()
 
 
 @pytest.fixture(scope="session")
@@ -87,24 +93,39 @@ def _unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
+def rest_s3_settings(rest: RestCatalogState, store: ObjectStoreState) -> CatalogSettings:
+    """Iceberg REST (Nessie) with the S3 store's keys: PyIceberg writes the data files itself."""
+    return CatalogSettings.model_validate(
+        {"name": _unique_name("rest"), "type": "rest", "uri": rest.uri, **store.pyiceberg_properties()}
+    )
+
+
+def postgres_s3_settings(postgres: PostgresState, store: ObjectStoreState) -> CatalogSettings:
+    """PyIceberg's SQL catalog on PostgreSQL, its warehouse a fresh prefix of the S3 store. The catalog
+    name is unique, and the SQL catalog keys every row by it: nobody sees another's tables."""
+    return CatalogSettings.model_validate(
+        {"name": _unique_name("pg"), "type": "sql", "uri": postgres.sqlalchemy_uri,
+         "warehouse": fresh_s3_prefix(), **store.pyiceberg_properties()}
+    )  # fmt: skip
+
+
+def sqlite_s3_settings(store: ObjectStoreState, folder: Path) -> CatalogSettings:
+    """The embedded SQL catalog (its file in ``folder``) with its warehouse on the object store."""
+    return CatalogSettings.model_validate(
+        {"name": _unique_name("lake"), "type": "sql", "uri": f"sqlite:///{folder / 'catalog.db'}",
+         "warehouse": fresh_s3_prefix(), **store.pyiceberg_properties()}
+    )  # fmt: skip
+
+
 @pytest.fixture
 def rest_s3_catalog_settings(
     rest_catalog_server: RestCatalogState, object_store: ObjectStoreState
 ) -> CatalogSettings:
-    """Iceberg REST (Nessie) with the S3 store's keys: PyIceberg writes the data files itself."""
-    return CatalogSettings.model_validate(
-        {"name": _unique_name("rest"), "type": "rest", "uri": rest_catalog_server.uri,
-         **object_store.pyiceberg_properties()}
-    )  # fmt: skip
+    return rest_s3_settings(rest_catalog_server, object_store)
 
 
 @pytest.fixture
 def postgres_s3_catalog_settings(
-    postgres_server: PostgresState, object_store: ObjectStoreState, s3_prefix: str
+    postgres_server: PostgresState, object_store: ObjectStoreState
 ) -> CatalogSettings:
-    """PyIceberg's SQL catalog on PostgreSQL, its warehouse a fresh prefix of the S3 store. The catalog
-    name is unique, and the SQL catalog keys every row by it: no test sees another's tables."""
-    return CatalogSettings.model_validate(
-        {"name": _unique_name("pg"), "type": "sql", "uri": postgres_server.sqlalchemy_uri,
-         "warehouse": s3_prefix, **object_store.pyiceberg_properties()}
-    )  # fmt: skip
+    return postgres_s3_settings(postgres_server, object_store)
