@@ -1,14 +1,19 @@
-"""Whether a process id still names a running process: the one check every pid file and dump name needs.
+"""Processes: whether a pid still runs, and running a set-up command that must succeed.
 
-Lowest layer and stdlib only, because both the product (the driver JVM's archive dumps, named by the
-dumping process's pid) and the developer stack (its servers' state files) ask it.
+Lowest layer, because both the product (the driver JVM's archive dumps, named by the dumping
+process's pid; the executors' pack built with pip) and the developer stack (its servers' state files,
+initdb) need them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+
+from fanout_sink.errors import StackError
 
 
 def pid_alive(pid: int) -> bool:
@@ -24,3 +29,14 @@ def pid_alive(pid: int) -> bool:
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
             return False
     return True
+
+
+def run_or_raise(
+    command: Sequence[str], cause: str, fix: str, timeout_s: float, tail_lines: int = 20
+) -> None:
+    """Run a set-up step; on a non-zero exit, a ``StackError`` with ``cause``, ``fix`` and the end of its
+    output, because a set-up failure is only fixable by someone who sees what the tool said."""
+    result = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-tail_lines:])
+        raise StackError(f"{cause} (exit code {result.returncode})", fix, tail)

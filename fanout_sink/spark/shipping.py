@@ -25,7 +25,6 @@ import importlib.metadata
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import tomllib
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from fanout_sink import jars
 from fanout_sink.errors import StackError
+from fanout_sink.processes import run_or_raise
 
 ENVIRONMENT = "environment"
 """The folder an executor unpacks the pack into (the ``#environment`` of ``spark.archives``)."""
@@ -105,14 +105,12 @@ def cached_pack_path() -> Path:
 
 
 def _run(command: list[str], what: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S, check=False)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-20:])
-        raise StackError(
-            f"{what} failed (exit code {result.returncode})",
-            "read pip's error below; PyPI must be reachable (or pip's cache hold the wheels)",
-            tail,
-        )
+    run_or_raise(
+        command,
+        f"{what} failed",
+        "read pip's error below; PyPI must be reachable (or pip's cache hold the wheels)",
+        _INSTALL_TIMEOUT_S,
+    )
 
 
 def _copy_project(root: Path, into: Path) -> None:

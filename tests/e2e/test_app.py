@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.common import embedded_catalog_settings
 from support.sink_app import SinkRun
 
 from fanout_sink.catalog import CatalogSettings
@@ -155,11 +155,7 @@ def test_checkpoint_ahead_of_the_sink_group_is_moved_aside(
 
 def _settings(folder: Path) -> CatalogSettings:
     folder.mkdir(parents=True, exist_ok=True)
-    return CatalogSettings(
-        name=f"lake_{uuid.uuid4().hex[:8]}",
-        uri=f"sqlite:///{folder / 'catalog.db'}",
-        warehouse=f"file://{folder / 'warehouse'}",
-    )
+    return embedded_catalog_settings(folder)
 
 
 def test_spark_submit_runs_the_same_app(sink_run: SinkRun) -> None:

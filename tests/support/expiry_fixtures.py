@@ -42,7 +42,7 @@ from support.common import (
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import SinkConfig, parse_config
 from fanout_sink.devtools.chaos import kills
-from fanout_sink.devtools.stack.broker import KafkaBroker
+from fanout_sink.devtools.stack.broker import KafkaBroker, stop_pid
 from fanout_sink.kafka.client import retry_transient
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import channel
@@ -181,15 +181,6 @@ def _arrange_recovered(s: Situation) -> None:
     write_checkpoint_batch(s.checkpoint, 0, {s.topic: {0: 6}})
 
 
-def _stop_child(child: subprocess.Popen[bytes]) -> None:
-    child.terminate()
-    try:
-        child.wait(60)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
-
-
 def _arrange_idle(s: Situation, cleanup: contextlib.ExitStack) -> subprocess.Popen[bytes]:
     """Deliver [0, 3), commit a canary group at 3, start a coordinator that refreshes every 10 s. It
     runs for the whole session, so it runs in a child process: in this one, other tests' fault
@@ -213,7 +204,8 @@ def _arrange_idle(s: Situation, cleanup: contextlib.ExitStack) -> subprocess.Pop
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    cleanup.callback(_stop_child, child)
+    cleanup.callback(child.wait)  # runs last: callbacks run in reverse
+    cleanup.callback(stop_pid, child.pid, 60.0)
     return child
 
 

@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, pick_port
 from fanout_sink.errors import StackError
+from fanout_sink.processes import run_or_raise
 
 DATABASE = "iceberg"
 USER = "fanout"
@@ -149,21 +150,16 @@ class PostgresServer(LocalServer[PostgresState]):
         try:
             # Passwords over TCP (scram), trust on the socket inside the data folder: only its owner
             # can reach that, and it is how the database is created below.
-            result = subprocess.run(
+            run_or_raise(
                 [*_as_server_user(), str(programs / "initdb"), "-D", str(data_dir), "-U", USER,
                  f"--pwfile={pwfile}", "--auth-host=scram-sha-256", "--auth-local=trust",
                  "-E", "UTF8", "--locale=C.UTF-8"],
-                capture_output=True, text=True, timeout=300, check=False,
+                f"initdb could not create a PostgreSQL cluster in {data_dir}",
+                "read initdb's output below; an unusable half-made folder can be deleted",
+                timeout_s=300, tail_lines=15,
             )  # fmt: skip
         finally:
             pwfile.unlink(missing_ok=True)
-        if result.returncode != 0:
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-            raise StackError(
-                f"initdb could not create a PostgreSQL cluster in {data_dir}",
-                "read initdb's output below; an unusable half-made folder can be deleted",
-                tail,
-            )
 
     def _ready(self, state: PostgresState) -> bool:
         result = subprocess.run(
