@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.common._httpx_compat import httpx as http
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
@@ -54,8 +55,10 @@ class _RegistrySchemas:
     """Writer schemas by id, checked for their type and made usable once (references fetched).
 
     Registry outages raise :class:`SchemaError` (the sink stops and retries rather than
-    dead-lettering good records); an unknown id or an unusable schema is the reason every value
-    naming it is dead-lettered, remembered per id.
+    dead-lettering good records): the client raises ``SchemaRegistryError`` for an HTTP error answer
+    and its HTTP library's ``HTTPError`` (httpx or httpx2, whichever confluent-kafka picked) when
+    there is no answer. An unknown id or an unusable schema is the reason every value naming it is
+    dead-lettered, remembered per id.
     """
 
     def __init__(self, client: SchemaRegistryClient, schema_type: str, prepare: Callable[[Any], Any]) -> None:
@@ -73,9 +76,8 @@ class _RegistrySchemas:
         fmt = "serialized" if self._type == "PROTOBUF" else None
         try:
             schema = self._client.get_schema(schema_id, fmt=fmt)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code != 404:
-                raise SchemaError(f"Schema Registry lookup of schema id {schema_id} failed: {exc}") from exc
+        except (SchemaRegistryError, http.HTTPError) as exc:
+            _missing(exc, f"schema id {schema_id}")
             problem: str | None = (
                 f"unknown schema id {schema_id} in the Schema Registry; "
                 "check source.schema-registry.url points at the producer's registry"
@@ -87,20 +89,29 @@ class _RegistrySchemas:
         return problem
 
     def _usable(self, schema_id: int, schema: Any) -> str | None:
-        kind = schema.schema_type or "AVRO"
+        kind = str(schema.schema_type or "AVRO")
         if kind != self._type:
             return f"schema id {schema_id} is {kind}, not {self._type}; is source.format right?"
         try:
             self._prepare(schema)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code != 404:
-                raise SchemaError(
-                    f"Schema Registry lookup of schema id {schema_id}'s references failed: {exc}"
-                ) from exc
+        except (SchemaRegistryError, http.HTTPError) as exc:
+            _missing(exc, f"the references of schema id {schema_id}")
             return f"schema id {schema_id} references a schema the registry does not have: {exc}"
         except Exception as exc:  # a registered schema the libraries cannot build: many types
             return f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}"
         return None
+
+
+def _missing(exc: Exception, what: str) -> None:
+    """Returns when the registry answered 404 (the schema is not there); raises
+    :class:`SchemaError` when it could not answer (down, refused the credentials)."""
+    if isinstance(exc, SchemaRegistryError) and exc.http_status_code == 404:
+        return
+    raise SchemaError(
+        f"Schema Registry lookup of {what} failed: {type(exc).__name__}: {exc}  "
+        "fix: check source.schema-registry.url and its credentials, and that the registry is up; "
+        "the batch is retried when the sink restarts"
+    ) from exc
 
 
 def _wire_header(value: bytes, schema_type: str) -> tuple[int, SchemaId, io.BytesIO]:

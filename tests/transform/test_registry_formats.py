@@ -1,0 +1,169 @@
+"""Schema Registry Protobuf and JSON Schema values through RegistryDecoder: the column types a
+descriptor gives, message index paths, and each way a value or its schema can be unusable."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from support.registry import Registry, compile_protos, message_class, wire
+
+from fanout_sink.errors import SchemaError
+from fanout_sink.transform.decode import Decoded, RegistryDecoder
+from fanout_sink.transform.registry_formats import JsonSchemaReader, ProtobufReader
+
+PROTO = """
+syntax = "proto3";
+package t;
+import "google/protobuf/struct.proto";
+import "google/protobuf/wrappers.proto";
+
+message Node {
+  string name = 1;
+  repeated Node children = 2;
+}
+
+message Wide {
+  message Inner {
+    message Deeper { sint32 x = 1; }
+  }
+  uint64 big = 1;
+  google.protobuf.Int64Value maybe = 2;
+  google.protobuf.Struct extra = 3;
+  Node tree = 4;
+  oneof choice {
+    string text = 5;
+    int32 number = 6;
+  }
+  map<int32, Node> nodes = 7;
+}
+"""
+CONTEXT = SerializationContext("t", MessageField.VALUE)
+
+
+@pytest.fixture
+def registry() -> Iterator[Registry]:
+    served = Registry({1: {"type": "record", "name": "A", "fields": [{"name": "id", "type": "long"}]}})
+    yield served
+    served.close()
+
+
+@pytest.fixture
+def classes(tmp_path: Path) -> dict[str, Any]:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "wide.proto").write_text(PROTO)
+    pool = compile_protos(tmp_path, "t/wide.proto")
+    return {name: message_class(pool, f"t.{name}") for name in ("Wide", "Wide.Inner.Deeper", "Node")}
+
+
+def _serializer(registry: Registry, cls: Any) -> Any:
+    client = SchemaRegistryClient({"url": registry.url})
+    return lambda message: ProtobufSerializer(cls, client, {"use.deprecated.format": False})(message, CONTEXT)
+
+
+def _decode(reader: ProtobufReader | JsonSchemaReader, values: list[bytes | None]) -> Decoded:
+    return RegistryDecoder(reader)(pa.array(values, pa.binary()))
+
+
+def test_protobuf_columns_follow_the_descriptor(registry: Registry, classes: dict[str, Any]) -> None:
+    wide = classes["Wide"]
+    message = wide(big=2**63 - 1, text="hi")
+    message.maybe.value = -5
+    message.extra.update({"k": [1, "two"]})
+    message.tree.name = "root"
+    message.tree.children.add(name="leaf").children.add(name="deep")
+    message.nodes[3].name = "three"
+    decoded = _decode(
+        ProtobufReader({"url": registry.url}),
+        [_serializer(registry, wide)(message), _serializer(registry, wide)(wide())],
+    )
+    assert decoded.failures == []
+    schema = decoded.records.schema
+    assert schema.field("big").type == pa.int64() and not schema.field("big").nullable
+    assert schema.field("maybe").type == pa.int64() and schema.field("maybe").nullable  # a wrapper
+    assert schema.field("extra").type == pa.string()  # Struct: JSON text
+    # Node contains Node: below its first level a tree is JSON text, not an endless struct.
+    assert schema.field("tree").type == pa.struct(
+        [
+            pa.field("name", pa.string(), nullable=False),
+            pa.field("children", pa.list_(pa.string()), nullable=False),
+        ]
+    )
+    assert schema.field("text").nullable and schema.field("number").nullable  # oneof members
+    assert schema.field("nodes").type.key_type == pa.int32()
+    first, empty = decoded.records.to_pylist()
+    assert first["big"] == 2**63 - 1 and first["maybe"] == -5 and first["text"] == "hi"
+    assert first["number"] is None
+    assert json.loads(first["extra"]) == {"k": [1, "two"]}
+    assert first["tree"]["name"] == "root"
+    assert json.loads(first["tree"]["children"][0]) == {"name": "leaf", "children": [{"name": "deep"}]}
+    assert first["nodes"] == [(3, {"name": "three", "children": []})]
+    assert empty["big"] == 0 and empty["maybe"] is None and empty["tree"] is None and empty["text"] is None
+
+
+def test_protobuf_message_index_paths(registry: Registry, classes: dict[str, Any]) -> None:
+    """Two message types of one file in one batch: Wide (index path [1]) and Wide.Inner.Deeper
+    ([1, 0, 0]); a column one type lacks is null, so optional, in the other's rows."""
+    wide, deeper = classes["Wide"], classes["Wide.Inner.Deeper"]
+    values = [_serializer(registry, deeper)(deeper(x=-7)), _serializer(registry, wide)(wide(big=3))]
+    decoded = _decode(ProtobufReader({"url": registry.url}), values)
+    assert decoded.failures == []
+    assert decoded.records.schema.field("x").type == pa.int32()
+    assert decoded.records.select(["x", "big"]).to_pylist() == [{"x": -7, "big": None}, {"x": None, "big": 3}]
+    assert all(f.nullable for f in decoded.records.schema)
+    decoded.records.validate(full=True)
+
+
+def test_protobuf_values_that_cannot_be_read(registry: Registry, classes: dict[str, Any]) -> None:
+    wide = classes["Wide"]
+    good = _serializer(registry, wide)(wide(number=1))
+    values = [
+        good,
+        _serializer(registry, wide)(wide(big=2**63)),
+        good[:-1] + b"\xff",  # the last field's value cut short
+        wire(1, b"\x00"),  # an Avro schema's id
+        wire(99, b"\x00"),
+        b"{}",
+        None,
+    ]
+    decoded = _decode(ProtobufReader({"url": registry.url}), values)
+    assert decoded.rows.tolist() == [0]
+    reasons = dict(decoded.failures)
+    assert reasons[1] == "t.Wide.big = 9223372036854775808 does not fit a 64-bit signed integer column"
+    assert reasons[2].startswith("invalid Protobuf for schema id ")
+    assert reasons[3] == "schema id 1 is AVRO, not PROTOBUF; is source.format right?"
+    assert reasons[4].startswith("unknown schema id 99 in the Schema Registry")
+    assert reasons[5].startswith("not Confluent wire format")
+    assert reasons[6] == "value is null"
+
+
+def test_an_unreachable_registry_stops_instead_of_dead_lettering(classes: dict[str, Any]) -> None:
+    served = Registry()
+    value = _serializer(served, classes["Wide"])(classes["Wide"]())
+    served.close()
+    with pytest.raises(SchemaError, match=r"Schema Registry lookup of schema id 1 failed: .*  fix: "):
+        _decode(ProtobufReader({"url": served.url}), [value])
+
+
+def test_json_schema_values_that_cannot_be_read(registry: Registry) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    serialize = JSONSerializer(json.dumps({"type": "array", "items": {"type": "integer"}}), client)
+    array = serialize([1, 2], CONTEXT)
+    schema_id = int.from_bytes(array[1:5], "big")
+    decoded = _decode(
+        JsonSchemaReader({"url": registry.url}),
+        [array, array[:5] + b"{not json", wire(1, b"{}")],
+    )
+    assert decoded.rows.tolist() == []
+    reasons = dict(decoded.failures)
+    assert reasons[0] == f"value for schema id {schema_id} is a JSON list, not an object"
+    assert reasons[1].startswith(f"invalid JSON Schema value for schema id {schema_id}: ")
+    assert reasons[2] == "schema id 1 is AVRO, not JSON; is source.format right?"
