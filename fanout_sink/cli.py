@@ -281,7 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_run)
 
-    status = commands.add_parser("status", help="per table: last commit, VTTS; per source partition: lag")
+    status = commands.add_parser(
+        "status",
+        help="per table: last commit, VTTS, files, snapshots, last maintenance; per source partition: lag",
+    )
     status.add_argument("--config", required=True, help="the sink's YAML file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_status)

@@ -3,22 +3,32 @@
 Everything shown is read from the sources of truth, never from a process's memory, so status works
 while the sink is down: table state from snapshot summaries (walking back to this sink's latest
 commit), source progress from the sink-managed group against each partition's last stable offset.
+A table's size and health come from its metadata only (the current snapshot's totals, the snapshot
+log, the maintenance property), so status stays cheap however many files a table has. With
+``source.pattern``, the topics are the ones the pattern matches on the broker now, as Spark would
+subscribe. ``--json`` is a stable interface, documented field by field in ``docs/status.md``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 from confluent_kafka import KafkaException
+
+# Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import load_config
-from fanout_sink.kafka.client import KafkaConf
+from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, pattern_topics
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state
@@ -31,8 +41,16 @@ class TableStatus:
     commit_id: str | None
     snapshot_id: int | None
     vtts_ms: int | None
+    vtts_age_s: float | None
+    """Seconds from the VTTS to the moment status ran: how far behind the table's data may be."""
     control_offsets: dict[int, int]
     committed_at_ms: int | None
+    data_files: int
+    data_bytes: int
+    average_file_bytes: int | None
+    snapshots: int
+    last_maintenance_ms: int | None
+    """When ``fanout-sink maintain`` last finished on the table; ``None``: never."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,10 @@ class PendingTable:
 class SinkStatus:
     sink: str
     control_topic: str
+    collected_at_ms: int
+    source_pattern: str | None
+    source_topics: list[str]
+    """``source.topics``, or the topics ``source.pattern`` matches now."""
     tables: list[TableStatus] = field(default_factory=list)
     partitions: list[PartitionPosition] = field(default_factory=list)
     pending: list[PendingTable] = field(default_factory=list)
@@ -60,19 +82,67 @@ class SinkStatus:
         return data
 
 
-def table_states(catalog: Catalog, sink: str) -> list[TableStatus]:
+def table_states(catalog: Catalog, sink: str, now_ms: int) -> list[TableStatus]:
     """Every table of the catalog that holds at least one commit of ``sink``."""
-    return [
-        TableStatus(
-            table=found.identifier,
-            commit_id=found.state.commit_id,
-            snapshot_id=found.state.snapshot_id,
-            vtts_ms=found.state.vtts_ms,
-            control_offsets=found.state.control_offsets,
-            committed_at_ms=found.state.timestamp_ms,
+    found = []
+    for listed in table_state.sink_tables(catalog, sink):
+        stats = data_file_stats(listed.table)
+        last_run = listed.table.metadata.properties.get(table_state.MAINTENANCE_LAST_RUN_MS)
+        vtts = listed.state.vtts_ms
+        found.append(
+            TableStatus(
+                table=listed.identifier,
+                commit_id=listed.state.commit_id,
+                snapshot_id=listed.state.snapshot_id,
+                vtts_ms=vtts,
+                vtts_age_s=None if vtts is None else max(0.0, (now_ms - vtts) / 1000),
+                control_offsets=listed.state.control_offsets,
+                committed_at_ms=listed.state.timestamp_ms,
+                data_files=stats.files,
+                data_bytes=stats.bytes,
+                average_file_bytes=stats.average_bytes,
+                snapshots=len(listed.table.metadata.snapshots),
+                last_maintenance_ms=int(last_run) if last_run is not None else None,
+            )
         )
-        for found in table_state.sink_tables(catalog, sink)
+    return found
+
+
+@dataclass(frozen=True)
+class DataFileStats:
+    """The data files of a table's current snapshot: how many, their bytes, their rows."""
+
+    files: int
+    bytes: int
+    records: int
+
+    @property
+    def average_bytes(self) -> int | None:
+        return self.bytes // self.files if self.files else None
+
+
+def data_file_stats(table: Table) -> DataFileStats:
+    """From the current snapshot's summary (``total-data-files``, ``total-files-size``,
+    ``total-records``), which every Iceberg writer keeps: reading it costs nothing, while listing the
+    files means reading every manifest, hundreds per table before compaction. A summary without
+    the totals (a writer that omits them) falls back to that listing.
+    """
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return DataFileStats(0, 0, 0)
+    summary = snapshot.summary
+    totals = [
+        summary.get(k) if summary else None for k in ("total-data-files", "total-files-size", "total-records")
     ]
+    if all(value is not None for value in totals):
+        files, size, records = (int(value) for value in totals if value is not None)
+        return DataFileStats(files, size, records)
+    listed = table.inspect.data_files(snapshot.snapshot_id)
+    return DataFileStats(
+        listed.num_rows,
+        int(pc.sum(listed["file_size_in_bytes"]).as_py() or 0),
+        int(pc.sum(listed["record_count"]).as_py() or 0),
+    )
 
 
 def pending_tables(
@@ -115,19 +185,33 @@ def pending_tables(
     ]
 
 
+def subscribed_topics(kafka_conf: KafkaConf, topics: list[str], pattern: str | None) -> list[str]:
+    """``source.topics`` as configured, or what ``source.pattern`` matches on the broker now."""
+    if pattern is None:
+        return list(topics)
+    names = AdminClient(client_conf(kafka_conf)).list_topics(timeout=DEFAULT_TIMEOUT_S).topics
+    return pattern_topics(pattern, names)
+
+
 def collect_status(
     sink: str,
     kafka_conf: KafkaConf,
     control_topic: str,
     catalog_settings: CatalogSettings,
     source_topics: list[str],
+    source_pattern: str | None = None,
 ) -> SinkStatus:
     catalog = load_catalog(catalog_settings)
+    now_ms = int(time.time() * 1000)
+    topics = subscribed_topics(kafka_conf, source_topics, source_pattern)
     return SinkStatus(
         sink=sink,
         control_topic=control_topic,
-        tables=table_states(catalog, sink),
-        partitions=source_positions(kafka_conf, sink_group(sink), source_topics),
+        collected_at_ms=now_ms,
+        source_pattern=source_pattern,
+        source_topics=topics,
+        tables=table_states(catalog, sink, now_ms),
+        partitions=source_positions(kafka_conf, sink_group(sink), topics),
         pending=pending_tables(catalog, sink, kafka_conf, control_topic),
     )
 
@@ -138,16 +222,37 @@ def _time(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="seconds")
 
 
+def _scaled(value: float, units: tuple[tuple[str, float], ...], smallest: str) -> str:
+    """``value`` in the largest of ``units`` it reaches, one decimal; else whole ``smallest`` units."""
+    for unit, scale in units:
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} {smallest}"
+
+
+def _size(num_bytes: int | None) -> str:
+    return "-" if num_bytes is None else _scaled(num_bytes, (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)), "B")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return f" ({_scaled(seconds, (('d', 86400), ('h', 3600), ('min', 60)), 's')} ago)"
+
+
 def render_text(status: SinkStatus) -> str:
     lines = [f"sink {status.sink} (control topic {status.control_topic})", "", "tables:"]
     if not status.tables:
         lines.append("  (no table holds a commit of this sink yet)")
     for t in status.tables:
         offsets = json.dumps({str(p): o for p, o in t.control_offsets.items()})
-        lines.append(
+        maintained = "never" if t.last_maintenance_ms is None else _time(t.last_maintenance_ms)
+        lines += [
             f"  {t.table}: commit {t.commit_id} snapshot {t.snapshot_id} at {_time(t.committed_at_ms)} "
-            f"vtts {_time(t.vtts_ms)} control-offsets {offsets}"
-        )
+            f"vtts {_time(t.vtts_ms)}{_age(t.vtts_age_s)} control-offsets {offsets}",
+            f"    {t.data_files} data files, average {_size(t.average_file_bytes)}, {t.snapshots} snapshots, "
+            f"last maintenance {maintained}",
+        ]
     if status.pending:
         lines += ["", "pending (announced on the control topic, not in the table yet):"]
     for pending in status.pending:
@@ -156,6 +261,9 @@ def render_text(status: SinkStatus) -> str:
             f"{pending.oldest_control_offset} written {_time(pending.oldest_written_ms)}"
         )
     lines += ["", "source partitions:"]
+    if status.source_pattern is not None:
+        matched = ", ".join(status.source_topics) or "no topic"
+        lines.append(f"  pattern {status.source_pattern} matches {matched} now")
     if not status.partitions:
         lines.append("  (no source topic found)")
     for p in status.partitions:
@@ -172,6 +280,11 @@ def run(config_path: Path, as_json: bool) -> str:
     """
     config = load_config(config_path)
     status = collect_status(
-        config.name, dict(config.kafka), config.control_topic, config.catalog, config.source.topics
+        config.name,
+        dict(config.kafka),
+        config.control_topic,
+        config.catalog,
+        config.source.topics,
+        config.source.pattern,
     )
     return json.dumps(status.to_json(), indent=2) if as_json else render_text(status)

@@ -1,8 +1,11 @@
-"""``fanout-sink status`` reads tables' summaries and the sink group, on the real broker and catalog."""
+"""``fanout-sink status`` reads tables' summaries and the sink group, on the real broker and catalog;
+its ``--json`` keys are exactly the ones ``docs/status.md`` documents."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -10,14 +13,49 @@ from typing import Any
 
 import pytest
 import yaml
-from support.common import create_tables, make_processor, produce_json, run_batch
+from confluent_kafka.admin import AdminClient, NewTopic
+from support.common import create_tables, make_processor, produce_json, run_batch, run_planned_batch
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.cli import main
+from fanout_sink.protocol import table_state
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
 pytestmark = pytest.mark.kafka
+DOC = Path(__file__).resolve().parents[1] / "docs" / "status.md"
+
+
+def documented_keys() -> dict[str, set[str]]:
+    """The keys each section of docs/status.md lists: ``top``, ``tables``, ``pending``, ``partitions``."""
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in DOC.read_text().splitlines():
+        heading = re.match(r"## (?:Top level|`(\w+)\[\]`)$", line)
+        if heading:
+            current = heading.group(1) or "top"
+            sections[current] = set()
+        elif line.startswith("## "):
+            current = None
+        elif current is not None and (row := re.match(r"\| `(\w+)` \|", line)):
+            sections[current].add(row.group(1))
+    return sections
+
+
+def write_config(path: Path, sink: str, conf: dict[str, str], source: dict[str, Any], settings: Any) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": sink,
+                "kafka": conf,
+                "source": {**source, "format": "json"},
+                "control": {"topic": f"{sink}-control", "commit-interval": "30s"},
+                "catalog": settings.model_dump(),
+                "tables": {"sink.a": {"when": "table == 'a'"}},  # ignored by status
+            }
+        )
+    )
+    return path
 
 
 def test_status_shows_table_commits_and_source_lag(
@@ -42,29 +80,80 @@ def test_status_shows_table_commits_and_source_lag(
     result = coordinator.commit_round()
     coordinator.close()
     produce_json(bootstrap_servers, topic, 1, [{"id": 99, "table": "b"}])  # not delivered yet: lag 1
+    produce_json(bootstrap_servers, topic, 0, [{"id": 98, "table": "a"}])  # delivered, not committed
+    pending_worker = SliceWorker(sink, conf, f"{sink}-control")
+    run_planned_batch(pending_worker, bootstrap_servers, {(topic, 0): (4, 5)}, make_processor(catalog))
+    pending_worker.close()
+    maintained_ms = int(time.time() * 1000) - 60_000
+    with catalog.load_table("sink.b").transaction() as txn:
+        txn.set_properties({table_state.MAINTENANCE_LAST_RUN_MS: str(maintained_ms)})
 
-    config = tmp_path / "sink.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": sink,
-                "kafka": conf,
-                "source": {"topics": [topic], "format": "json"},
-                "control": {"topic": f"{sink}-control", "commit-interval": "30s"},
-                "catalog": catalog_settings.model_dump(),
-                "tables": {"sink.a": {"when": "table == 'a'"}},  # ignored by status
-            }
-        )
-    )
+    config = write_config(tmp_path / "sink.yaml", sink, conf, {"topics": [topic]}, catalog_settings)
     assert main(["status", "--config", str(config), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
+    assert (status["source_pattern"], status["source_topics"]) == (None, [topic])
     assert [t["table"] for t in status["tables"]] == ["sink.a", "sink.b"]
     assert {t["commit_id"] for t in status["tables"]} == {result.commit_id}
     assert all(t["vtts_ms"] == result.vtts_ms and t["snapshot_id"] for t in status["tables"])
     assert status["tables"][0]["control_offsets"] == {"0": result.round_end}
+    for table in status["tables"]:
+        expected_age = (status["collected_at_ms"] - result.vtts_ms) / 1000
+        assert table["vtts_age_s"] == pytest.approx(expected_age) and table["vtts_age_s"] >= 0
+        # One slice wrote one file per table; the pending file of sink.a is not counted.
+        assert (table["data_files"], table["snapshots"]) == (1, 1)
+        assert table["data_bytes"] > 0 and table["average_file_bytes"] == table["data_bytes"]
+    assert [t["last_maintenance_ms"] for t in status["tables"]] == [None, maintained_ms]
+    assert [(p["table"], p["file_events"]) for p in status["pending"]] == [("sink.a", 1)]
     lags = {(p["topic"], p["partition"]): (p["committed"], p["end"], p["lag"]) for p in status["partitions"]}
-    assert lags == {(topic, 0): (4, 4, 0), (topic, 1): (3, 4, 1)}
+    assert lags == {(topic, 0): (5, 5, 0), (topic, 1): (3, 4, 1)}
+
+    documented = documented_keys()
+    assert set(status) == documented["top"]
+    for section in ("tables", "pending", "partitions"):
+        assert status[section] and all(set(item) == documented[section] for item in status[section]), section
 
     assert main(["status", "--config", str(config)]) == 0
     text = capsys.readouterr().out
     assert f"sink.a: commit {result.commit_id}" in text and f"{topic}[1]: committed 3 end 4 lag 1" in text
+    assert "1 data files, average" in text and "last maintenance never" in text
+    assert "s ago)" in text and "sink.a: 1 file event(s)" in text
+
+
+def test_status_of_a_pattern_source_shows_the_topics_it_matches_now(
+    bootstrap_servers: str,
+    catalog_settings: CatalogSettings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sink = f"sp{uuid.uuid4().hex[:6]}"
+    prefix = f"pat{uuid.uuid4().hex[:6]}"
+    topics = {f"{prefix}.a": 2, f"{prefix}.b": 1, f"{prefix}.ab": 1, f"x{prefix}.a": 1}
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    for future in admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()]).values():
+        future.result(timeout=30)
+    produce_json(bootstrap_servers, f"{prefix}.a", 0, [{"id": 1, "table": "a"}, {"id": 2, "table": "a"}])
+    produce_json(bootstrap_servers, f"{prefix}.b", 0, [{"id": 3, "table": "a"}])
+    produce_json(bootstrap_servers, f"{prefix}.ab", 0, [{"id": 4, "table": "a"}])
+    # Spark's subscribePattern matches whole names: .ab and x<prefix>.a are not subscribed.
+    pattern = prefix + r"\.[ab]"
+    source = {"pattern": pattern}
+    config = write_config(
+        tmp_path / "sink.yaml", sink, {"bootstrap.servers": bootstrap_servers}, source, catalog_settings
+    )
+
+    assert main(["status", "--config", str(config), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["source_pattern"] == pattern
+    assert status["source_topics"] == [f"{prefix}.a", f"{prefix}.b"]
+    lags = {(p["topic"], p["partition"]): (p["committed"], p["end"], p["lag"]) for p in status["partitions"]}
+    assert lags == {
+        (f"{prefix}.a", 0): (None, 2, 2),
+        (f"{prefix}.a", 1): (None, 0, 0),
+        (f"{prefix}.b", 0): (None, 1, 1),
+    }
+    assert status["tables"] == [] and status["pending"] == []
+
+    assert main(["status", "--config", str(config)]) == 0
+    text = capsys.readouterr().out
+    assert f"pattern {pattern} matches {prefix}.a, {prefix}.b now" in text
+    assert f"{prefix}.a[0]: committed - end 2 lag 2" in text and f"{prefix}.ab[" not in text

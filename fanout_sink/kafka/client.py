@@ -9,8 +9,9 @@ waiting out, and how the sink's own topics come into existence.
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -59,6 +60,17 @@ def retry_transient(call: Callable[[], _T], timeout_s: float = DEFAULT_TIMEOUT_S
             if not transient or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def pattern_topics(pattern: str, names: Iterable[str]) -> list[str]:
+    """The topics among ``names`` that ``source.pattern`` subscribes to, sorted.
+
+    Spark's ``subscribePattern`` hands the pattern to the Java consumer, which keeps a topic when
+    ``Matcher.matches()``: the whole name must match (``re.fullmatch``, not ``re.match``), and leaves
+    internal topics (``__consumer_offsets``, ``__transaction_state``) out.
+    """
+    rx = re.compile(pattern)
+    return sorted(name for name in names if rx.fullmatch(name) and not name.startswith("__"))
 
 
 def client_conf(kafka_conf: KafkaConf) -> dict[str, Any]:

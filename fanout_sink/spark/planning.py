@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import FanoutSinkError
-from fanout_sink.kafka.client import client_conf
+from fanout_sink.kafka.client import client_conf, pattern_topics
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.protocol.channel import sink_group
 from fanout_sink.protocol.positions import recover_positions, restore_positions
@@ -247,8 +246,7 @@ def source_partitions(config: SinkConfig) -> dict[str, int]:
     metadata = admin.list_topics(timeout=30)
     wanted = list(config.source.topics)
     if config.source.pattern:
-        rx = re.compile(config.source.pattern)
-        wanted += [t for t in metadata.topics if rx.fullmatch(t) and not t.startswith("__")]
+        wanted += pattern_topics(config.source.pattern, metadata.topics)
     missing = [t for t in wanted if t not in metadata.topics]
     if missing:
         raise FanoutSinkError(

@@ -1,0 +1,211 @@
+"""A simulated hour of 10 s commits into 10 tables, then table maintenance: what it changes.
+
+    python -m fanout_sink.devtools.bench.maintenance                     # 360 rounds, 10 tables
+    python -m fanout_sink.devtools.bench.maintenance --rounds 30 --tables 2 --out /tmp/m
+
+The hour is streamed by the real worker and coordinator (:mod:`.hour_ingest`) into a fresh SQLite
+catalog on the local broker (``fanout-sink stack``, started when down, or ``--bootstrap-servers``).
+Then every table is measured (:mod:`.table_health`: data files, snapshots, manifests, metadata
+bytes, and the median time of a full count and a filtered query through PyIceberg and Spark SQL).
+Results go to ``<out>/maintenance.md`` and ``<out>/maintenance.json``, with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import shutil
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
+from fanout_sink.devtools.bench.hour_ingest import (
+    HourIngest,
+    HourPlan,
+    IngestResult,
+    create_tables,
+    create_topic,
+    sink_config,
+)
+from fanout_sink.devtools.bench.table_health import FILTER_MINUTES, SCANS, TableHealth, measure
+from fanout_sink.devtools.stack import daemon
+
+
+@dataclass
+class BenchResult:
+    plan: HourPlan
+    ingest: IngestResult
+    before: list[TableHealth] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": vars(self.plan),
+            "ingest": self.ingest.to_json(),
+            "before": [t.to_json() for t in self.before],
+        }
+
+
+def catalog_settings(folder: Path) -> CatalogSettings:
+    """A fresh embedded catalog under a name of its own (Spark caches catalogs by name)."""
+    return CatalogSettings(
+        name=f"maint_{uuid.uuid4().hex[:8]}",
+        type="sql",
+        uri=f"sqlite:///{folder / 'catalog.db'}",
+        warehouse=f"file://{folder / 'warehouse'}",
+    )
+
+
+def measure_all(
+    catalog: Any, plan: HourPlan, ingest: IngestResult, spark: Any, spark_catalog: str, repeat: int
+) -> list[TableHealth]:
+    since = dt.datetime.fromtimestamp(ingest.end_ms / 1000 - FILTER_MINUTES * 60, tz=dt.UTC)
+    return [measure(catalog, table, since, repeat, spark, spark_catalog) for table in plan.table_names()]
+
+
+def run(
+    plan: HourPlan, bootstrap: str, settings: CatalogSettings, spark: Any, repeat: int = 3, parallel: int = 2
+) -> BenchResult:
+    """Stream the hour, then measure every table. ``spark`` gets the catalog registered by name."""
+    for key, value in spark_catalog_conf(settings).items():
+        spark.conf.set(key, value)
+    catalog = load_catalog(settings)
+    name = f"maintbench-{uuid.uuid4().hex[:6]}"
+    topic = f"{name}-events"
+    config = sink_config(name, bootstrap, topic, settings, plan)
+    create_topic(bootstrap, topic, plan.partitions)
+    create_tables(catalog, plan)
+    try:
+        ingest = HourIngest(config, catalog, plan, parallel=parallel).run()
+        result = BenchResult(plan, ingest)
+        result.before = measure_all(catalog, plan, ingest, spark, settings.name, repeat)
+    finally:
+        # This run's topics only: dropped so repeated runs do not fill the broker's disk.
+        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic, config.control_topic])
+    return result
+
+
+def _total(tables: list[TableHealth]) -> dict[str, float]:
+    files = sum(t.data_files for t in tables)
+    data_bytes = sum(t.data_bytes for t in tables)
+    out: dict[str, float] = {
+        "rows": sum(t.rows for t in tables),
+        "data files": files,
+        "average data file KB": data_bytes / files / 1024 if files else 0.0,
+        "snapshots": sum(t.snapshots for t in tables),
+        "manifests (current snapshot)": sum(t.manifests for t in tables),
+        "metadata files": sum(t.metadata_files for t in tables),
+        "metadata MB": sum(t.metadata_bytes for t in tables) / 1e6,
+    }
+    for scan in SCANS:
+        times = [t.scan_s[scan] for t in tables if scan in t.scan_s]
+        if times:
+            out[f"{scan.replace('_', ' ')} s (all tables)"] = sum(times)
+    return out
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() or abs(value) >= 100 else f"{value:,.3f}"
+
+
+def markdown(result: BenchResult, command: str) -> str:
+    plan, ingest = result.plan, result.ingest
+    lines = [
+        "# Table maintenance benchmark: a simulated hour of commits",
+        "",
+        f"`{command}`",
+        "",
+        f"{plan.rounds} commit rounds of {plan.interval_s:g} s (a simulated {plan.simulated_s / 3600:g} h) "
+        f"into {plan.tables} tables (hourly partitions), {plan.partitions} source partitions, {plan.records} "
+        f"records per partition per round: {ingest.records:,} records.",
+        "",
+        f"Ingest: {ingest.records_per_s:,.0f} records/s over the sink's own {ingest.sink_s:,.1f} s (slices "
+        f"{ingest.slice_s:,.1f} s, commit rounds {ingest.commit_s:,.1f} s; producing excluded). Median "
+        f"commit round: {ingest.commit_median_s(first=True):.3f} s in the first 10 rounds, "
+        f"{ingest.commit_median_s(first=False):.3f} s in the last 10.",
+        "",
+        "## Totals",
+        "",
+        "| measure | before |",
+        "|---|---:|",
+        *[f"| {k} | {_number(v)} |" for k, v in _total(result.before).items()],
+        "",
+        "## Per table",
+        "",
+        "| table | data files | avg file KB | snapshots | manifests | metadata MB | "
+        + " | ".join(f"{s.replace('_', ' ')} ms" for s in SCANS)
+        + " |",
+        "|---" + "|---:" * (5 + len(SCANS)) + "|",
+    ]
+    for t in result.before:
+        average = t.data_bytes / t.data_files / 1024 if t.data_files else 0.0
+        scans = " | ".join(f"{t.scan_s[s] * 1000:,.0f}" if s in t.scan_s else "-" for s in SCANS)
+        lines.append(
+            f"| {t.table} | {t.data_files} | {average:.1f} | {t.snapshots} | {t.manifests} | "
+            f"{t.metadata_bytes / 1e6:.2f} | {scans} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    defaults = HourPlan()
+    parser.add_argument("--rounds", type=int, default=defaults.rounds, help="commit rounds (default 360)")
+    parser.add_argument("--tables", type=int, default=defaults.tables, help="tables (default 10)")
+    parser.add_argument("--partitions", type=int, default=defaults.partitions, help="source partitions")
+    parser.add_argument(
+        "--records", type=int, default=defaults.records, help="records per partition per round (default 200)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=defaults.interval_s, help="simulated seconds per round"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="runs per timed query; the median is kept")
+    parser.add_argument("--cores", type=int, default=2, help="local[N] for Spark, parallel slices")
+    parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"), help="maintenance.md and .json")
+    parser.add_argument("--work-dir", type=Path, help="catalog and warehouse (default: a temporary folder)")
+    return parser
+
+
+def main(argv: list[str] | None = None, spark: Any = None) -> int:
+    """``spark``: a session to use (tests share theirs); default a ``local[--cores]`` one."""
+    args = _parser().parse_args(argv)
+    plan = HourPlan(args.rounds, args.tables, args.partitions, args.records, args.interval)
+    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
+    command = "python -m fanout_sink.devtools.bench.maintenance " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="maintenance-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    settings = catalog_settings(work)
+    own_session = spark is None
+    if own_session:
+        from fanout_sink.spark.session import build_spark_session
+
+        spark = build_spark_session(settings, master=f"local[{args.cores}]", app_name="maintenance-bench")
+    try:
+        result = run(plan, bootstrap, settings, spark, args.repeat, args.cores)
+    finally:
+        if own_session:
+            spark.stop()
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = markdown(result, command)
+    (args.out / "maintenance.md").write_text(text)
+    (args.out / "maintenance.json").write_text(json.dumps({**result.to_json(), "command": command}, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
