@@ -23,16 +23,19 @@ from __future__ import annotations
 import io
 import json
 import threading
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.common._httpx_compat import httpx as http
-from confluent_kafka.schema_registry.error import SchemaRegistryError
-from confluent_kafka.schema_registry.json_schema import JSONDeserializer
-from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
-from confluent_kafka.schema_registry.serde import SchemaId
+
+with warnings.catch_warnings(record=True):  # authlib (the registry client's) warns about httpx on stderr
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.common._httpx_compat import httpx as http
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+    from confluent_kafka.schema_registry.serde import SchemaId
 from google.protobuf import empty_pb2, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
