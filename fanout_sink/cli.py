@@ -155,6 +155,27 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if report.ok else 2
 
 
+def _maintain(args: argparse.Namespace) -> int:
+    from fanout_sink.config import load_config
+    from fanout_sink.spark.maintenance import maintain, render_text
+    from fanout_sink.spark.session import build_spark_session
+
+    _log_to_stderr()
+    config = load_config(args.config)
+    spark = build_spark_session(
+        config.catalog,
+        master=args.master or config.spark.master,
+        app_name=f"{config.name}-maintenance",
+        extra_conf=dict(_key_value(item) for item in args.conf),
+    )
+    try:
+        results = maintain(spark, config, args.table or None, args.dry_run)
+    finally:
+        spark.stop()
+    print(render_text(results))
+    return 0 if all(result.ok for result in results) else 1
+
+
 def _pack(args: argparse.Namespace) -> int:
     from fanout_sink.spark import shipping
 
@@ -288,6 +309,20 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", required=True, help="the sink's YAML file")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_status)
+
+    maintain = commands.add_parser(
+        "maintain", help="compact, rewrite manifests, expire snapshots, remove orphans of the sink's tables"
+    )
+    maintain.add_argument("--config", required=True, help="the sink's YAML file")
+    maintain.add_argument("--table", action="append", default=[], help="only this table, repeatable")
+    maintain.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
+    maintain.add_argument(
+        "--master", help="Spark master (default: spark.master in the config, else local[*])"
+    )
+    maintain.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
+    )
+    maintain.set_defaults(func=_maintain)
 
     pack = commands.add_parser(
         "pack", help="build the Python environment a cluster's executors run (cached; prints its path)"

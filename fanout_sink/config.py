@@ -294,6 +294,60 @@ class ConversionSettings(_Section):
         return value
 
 
+_SORT_TERM = re.compile(r"^\s*[A-Za-z_][\w.]*(\s+(asc|desc))?(\s+nulls\s+(first|last))?\s*$", re.IGNORECASE)
+
+
+class MaintenanceSettings(_Section):
+    """``maintenance:`` (defaults for every table of the sink) and ``tables.<t>.maintenance:``
+    (overrides of the same keys): compaction, manifest rewrite, snapshot expiry and orphan cleanup.
+
+    Key names are Iceberg's where Iceberg has one. ``interval`` set: ``run`` also maintains the tables
+    on that schedule; unset: only ``fanout-sink maintain`` does. ``target-file-size-bytes`` unset: the
+    table's ``write.target-file-size-bytes`` (else Iceberg's 512 MB); ``max-snapshot-age`` and
+    ``min-snapshots-to-keep`` unset: the table's ``history.expire.max-snapshot-age-ms`` and
+    ``history.expire.min-snapshots-to-keep`` (else 5 days and 1, Iceberg's defaults).
+    """
+
+    interval: Duration | None = Field(default=None, examples=["1h"])
+    target_file_size_bytes: int | None = Field(default=None, ge=1, examples=[134217728])
+    min_input_files: int = Field(default=5, ge=1, examples=[5])
+    sort_order: str | None = Field(default=None, examples=["ts, id DESC NULLS LAST"])
+    rewrite_manifests_min_count: int = Field(default=100, ge=1, examples=[100])
+    max_snapshot_age: Duration | None = Field(default=None, examples=["5d"])
+    min_snapshots_to_keep: int | None = Field(default=None, ge=1, examples=[1])
+    orphan_older_than: Duration = Field(default=timedelta(days=3), examples=["3d"])
+
+    @field_validator("interval", "orphan_older_than")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError(f"must be positive, not {value.total_seconds():g}s; e.g. 1h")
+        return value
+
+    @field_validator("max_snapshot_age")
+    @classmethod
+    def _not_negative(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value < timedelta(0):
+            raise ValueError(f"must not be negative, not {value.total_seconds():g}s; e.g. 5d")
+        return value
+
+    @field_validator("sort_order")
+    @classmethod
+    def _sort_order(cls, value: str | None) -> str | None:
+        if value is not None and not all(_SORT_TERM.match(term) for term in value.split(",")):
+            raise ValueError(
+                f"not a sort order {value!r}; write columns with optional ASC|DESC and NULLS FIRST|LAST, "
+                'e.g. "ts, id DESC NULLS LAST"'
+            )
+        return value
+
+    def overridden_by(self, other: MaintenanceSettings | None) -> MaintenanceSettings:
+        """These settings with the keys ``other`` sets explicitly (a table's own section) replaced."""
+        if other is None:
+            return self
+        return self.model_copy(update={name: getattr(other, name) for name in other.model_fields_set})
+
+
 class TableSettings(_Section):
     """One entry of ``tables:``, keyed ``<namespace>.<table>``."""
 
@@ -307,6 +361,7 @@ class TableSettings(_Section):
     auto_create: bool = Field(default=True, examples=[True])
     evolution: Evolution = Field(default_factory=EvolutionSettings, examples=[{"add-columns": True}])
     conversion: ConversionSettings = Field(default_factory=ConversionSettings)
+    maintenance: MaintenanceSettings | None = Field(default=None, examples=[{"min-input-files": 10}])
 
     @field_validator("when")
     @classmethod
@@ -449,6 +504,9 @@ class SinkConfig(_Section):
     errors: ErrorSettings = Field(default_factory=ErrorSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     metrics: MetricsSettings | None = Field(default=None, examples=[{"port": 9464}])
+    maintenance: MaintenanceSettings = Field(
+        default_factory=MaintenanceSettings, examples=[{"interval": "1h"}]
+    )
     base_dir: Path = Field(default=Path("."), exclude=True)
     """Folder of the YAML file; relative schema paths resolve against it."""
 
@@ -530,6 +588,11 @@ class SinkConfig(_Section):
         if "://" in base:
             return f"{base.rstrip('/')}/{self.name}"
         return str(Path(base) / self.name)
+
+    def maintenance_for(self, table: str) -> MaintenanceSettings:
+        """``maintenance:`` with ``tables.<table>.maintenance:`` over it (dynamic tables: the top level)."""
+        declared = self.tables.get(table)
+        return self.maintenance.overridden_by(declared.maintenance if declared is not None else None)
 
     def resolve(self, path: str) -> Path:
         """A path from the config, relative to the YAML file's folder."""

@@ -110,6 +110,14 @@ def test_partition_transforms(text: str, expected: PartitionField) -> None:
         (_base(tables={"analytics.orders": {"partition-by": ["bucket(id)"]}}), "bucket[16](id)"),
         (_base(dynamic={"table": "topic", "allow": "(["}), "not a regular expression"),
         (_base(spark={"max-offsets-per-trigger": 0}), "spark.max-offsets-per-trigger"),
+        (_base(maintenance={"interval": "soon"}), "maintenance.interval: not a duration"),
+        (_base(maintenance={"min-input-files": 0}), "maintenance.min-input-files"),
+        (_base(maintenance={"orphan-older-than": 0}), "maintenance.orphan-older-than: must be positive"),
+        (_base(maintenance={"sort-order": "ts DOWN"}), 'e.g. "ts, id DESC NULLS LAST"'),
+        (
+            _base(tables={"analytics.orders": {"maintenance": {"max-snapshot-ag": "1d"}}}),
+            'tables."analytics.orders".maintenance.max-snapshot-ag: unknown key',
+        ),
     ],
 )
 def test_bad_configs_fail_with_path_and_fix(data: dict[str, Any], fragment: str) -> None:
@@ -244,3 +252,32 @@ def test_sink_topics_settings() -> None:
     assert config.dead_letter is not None and config.dead_letter.topic_settings().replication_factor == 3
     message = _error(_base(control={"replication-factor": 1, "min-insync-replicas": 2}))
     assert "control: min-insync-replicas 2 is more than replication-factor 1" in message
+
+
+def test_maintenance_defaults_and_per_table_overrides() -> None:
+    config = parse_config(
+        _base(
+            maintenance={"interval": "10m", "min-input-files": 3, "max-snapshot-age": "1d"},
+            tables={
+                "analytics.orders": {"maintenance": {"min-input-files": 8, "sort-order": "ts, id DESC"}},
+                "analytics.payments": {},
+            },
+        )
+    )
+    orders = config.maintenance_for("analytics.orders")
+    assert (orders.min_input_files, orders.sort_order, orders.interval) == (
+        8,
+        "ts, id DESC",
+        timedelta(minutes=10),
+    )
+    assert orders.max_snapshot_age == timedelta(days=1)
+    payments, dynamic = config.maintenance_for("analytics.payments"), config.maintenance_for("raw.x")
+    assert payments == dynamic == config.maintenance
+    assert (payments.min_input_files, payments.sort_order) == (3, None)
+    default = parse_config(_base()).maintenance
+    assert default.interval is None and default.orphan_older_than == timedelta(days=3)
+    assert (default.min_input_files, default.min_snapshots_to_keep, default.rewrite_manifests_min_count) == (
+        5,
+        None,
+        100,
+    )

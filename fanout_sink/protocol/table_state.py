@@ -26,8 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
 
 PREFIX = "fanout-sink"
 MAINTENANCE_LAST_RUN_MS = f"{PREFIX}.maintenance.last-run-ms"
@@ -88,29 +91,79 @@ def _state_from(
     )
 
 
+def _ancestry_state(table: Table, sink: str) -> TableState | None:
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        if snapshot.summary is None:
+            continue
+        found = _state_from(
+            snapshot.summary, sink, snapshot_id=snapshot.snapshot_id, timestamp_ms=snapshot.timestamp_ms
+        )
+        if found is not None:
+            return found
+    return None
+
+
+def _further(a: TableState, b: TableState) -> bool:
+    """Whether ``a`` is further than ``b`` (by the highest control offset)."""
+    return max(a.control_offsets.values(), default=0) > max(b.control_offsets.values(), default=0)
+
+
 def read_state(table: Table, sink: str) -> TableState:
     """This sink's state: the latest of its snapshot in the current ancestry and the table properties.
 
     The ancestry is preferred (it names the snapshot); the properties win when they are further,
     which is the case once the sink's snapshots were expired.
     """
-    in_ancestry: TableState | None = None
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        if snapshot.summary is None:
-            continue
-        in_ancestry = _state_from(
-            snapshot.summary, sink, snapshot_id=snapshot.snapshot_id, timestamp_ms=snapshot.timestamp_ms
-        )
-        if in_ancestry is not None:
-            break
+    in_ancestry = _ancestry_state(table, sink)
     in_properties = _state_from(table.metadata.properties, sink)
-    if in_properties is None or (
-        in_ancestry is not None
-        and max(in_properties.control_offsets.values(), default=0)
-        <= max(in_ancestry.control_offsets.values(), default=0)
-    ):
+    if in_properties is None or (in_ancestry is not None and not _further(in_properties, in_ancestry)):
         return in_ancestry or TableState()
     return in_properties
+
+
+def properties_behind(table: Table, sink: str) -> dict[str, str]:
+    """The properties to set so that the table properties carry this sink's state as far as the
+    snapshot ancestry does; empty when they do already.
+
+    Tables committed before the sink set the properties hold the floor only in snapshot summaries,
+    which snapshot expiry removes: maintenance writes these before it expires anything.
+    """
+    in_ancestry = _ancestry_state(table, sink)
+    in_properties = _state_from(table.metadata.properties, sink)
+    if in_ancestry is None or in_ancestry.commit_id is None:
+        return {}
+    if in_properties is not None and not _further(in_ancestry, in_properties):
+        return {}
+    return summary_properties(sink, in_ancestry.control_offsets, in_ancestry.commit_id, in_ancestry.vtts_ms)
+
+
+def persist_state(catalog: Catalog, identifier: str, sink: str, attempts: int = 5) -> dict[str, str]:
+    """Set :func:`properties_behind` as table properties (nothing when none are behind); the
+    properties written.
+
+    The commit requires the current snapshot it read the ancestry at, so it can never set an older
+    floor over a newer one the sink committed meanwhile: a conflict reloads and decides again.
+    """
+    for attempt in range(1, attempts + 1):
+        table = catalog.load_table(identifier)
+        behind = properties_behind(table, sink)
+        if not behind:
+            return {}
+        snapshot = table.current_snapshot()
+        requirements = (
+            AssertTableUUID(uuid=table.metadata.table_uuid),
+            AssertRefSnapshotId.model_validate(
+                {"ref": MAIN_BRANCH, "snapshot-id": snapshot.snapshot_id if snapshot else None}
+            ),
+        )
+        try:
+            catalog.commit_table(table, requirements, (SetPropertiesUpdate(updates=behind),))
+        except CommitFailedException:
+            if attempt == attempts:
+                raise
+            continue
+        return behind
+    return {}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from fanout_sink.kafka.client import ensure_topic
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.spark import planning, progress
+from fanout_sink.spark import maintenance, planning, progress
 from fanout_sink.spark.batch import BatchRunner
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
@@ -133,15 +133,21 @@ class SinkApp:
                 self._stop_coordinator()
                 raise
             self._coordinator = coordinator.result()
+        interval = maintenance.schedule_interval(self.config)
+        schedule = maintenance.MaintenanceSchedule(spark, self.config, interval) if interval else None
         try:
             if starting is None:
                 starting = planning.plan_start(self.config, partitions, spark)
+            if schedule is not None:
+                schedule.start()
             self._run_query(spark, starting)
         except Exception:
             if self.record_error is not None:  # the operator needs the record, not Spark's traces
                 raise self.record_error from None
             raise
         finally:
+            if schedule is not None:  # before the final round: that commit runs alone
+                schedule.stop()
             self._stop_coordinator()
         return 0
 

@@ -46,6 +46,11 @@ def test_every_example_is_tested() -> None:
 def test_static_multi_table(catalog_settings: CatalogSettings, catalog: Any) -> None:
     config = _load("static-multi-table.yaml", catalog_settings)
     assert config.kafka["bootstrap.servers"] == "127.0.0.1:9092"  # ${KAFKA_BOOTSTRAP:-...} default
+    orders, payments = (
+        config.maintenance_for("analytics.orders"),
+        config.maintenance_for("analytics.payments"),
+    )
+    assert (orders.sort_order, orders.min_input_files, payments.sort_order) == ("ts, id", 5, None)
     process = build_processor(config, catalog)
     out = process(
         make_raw_slice(

@@ -1,0 +1,520 @@
+"""Table maintenance next to the running sink: compaction, manifest rewrite, snapshot expiry, orphans.
+
+``maintain`` keeps every table this sink commits to healthy (or the ones named). Each step runs only
+where it pays, decided from PyIceberg metadata before Spark is asked to do anything:
+
+- compaction (Iceberg's ``rewrite_data_files``, bin-pack or sorted by ``sort-order``) when some
+  partition holds at least ``min-input-files`` files below 75% of the target size (Iceberg's own
+  ``min-file-size-bytes`` default, so the procedure picks the same files);
+- ``rewrite_manifests`` when the current snapshot has at least ``rewrite-manifests-min-count`` manifests;
+- ``expire_snapshots`` when snapshots older than the age exist beyond the kept count. The sink's floor
+  (``table_state``) must outlive its snapshots, so table properties that do not carry it as far as
+  the ancestry are written first;
+- orphan cleanup by :mod:`fanout_sink.protocol.orphans` (without Spark), which also protects files a
+  committed control event still waits to have appended.
+
+Why Spark for the first three: Iceberg Java's actions rewrite in parallel, and their commits retry on
+conflict (``commit.retry.num-retries``) and validate against concurrent appends, so they are safe next
+to the coordinator, whose appends re-check the floor and retry themselves. A bin-pack rewrite never
+conflicts with an append. Each step that fails is recorded and logged; the others still run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from fanout_sink.catalog import load_catalog
+from fanout_sink.config import MaintenanceSettings, SinkConfig
+from fanout_sink.errors import TableError
+from fanout_sink.protocol import orphans, table_state
+
+log = logging.getLogger("fanout_sink.maintenance")
+
+ICEBERG_TARGET_FILE_SIZE = 512 * 1024 * 1024
+"""Iceberg's ``write.target-file-size-bytes`` default."""
+ICEBERG_MAX_SNAPSHOT_AGE = timedelta(days=5)
+"""Iceberg's ``history.expire.max-snapshot-age-ms`` default."""
+SMALL_FILE_RATIO = 0.75
+"""Below this share of the target a file is worth rewriting (Iceberg's ``min-file-size-bytes`` default)."""
+SHORT_ORPHAN_AGE = timedelta(hours=1)
+
+StepName = Literal["compact", "manifests", "expire", "orphans", "last-run"]
+StepAction = Literal["ran", "skipped", "failed", "dry-run"]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A table's size as its current metadata tells it."""
+
+    data_files: int
+    bytes: int
+    snapshots: int
+    manifests: int
+
+
+@dataclass(frozen=True)
+class Step:
+    name: StepName
+    action: StepAction
+    detail: str
+    """Why it was skipped, what it did (the procedure's counts), or the error."""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TableMaintenance:
+    """What one maintenance run did to one table."""
+
+    table: str
+    before: Figures
+    after: Figures
+    steps: tuple[Step, ...]
+    orphans_removed: tuple[str, ...] = ()
+    """Paths removed (in a dry run: that would be removed)."""
+    duration_s: float = 0.0
+    floor_written: dict[str, str] = field(default_factory=dict)
+    """The sink state written as table properties before expiry (tables committed before the sink
+    set them)."""
+
+    @property
+    def ok(self) -> bool:
+        return all(step.action != "failed" for step in self.steps)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return {step.name: step.detail for step in self.steps if step.action == "skipped"}
+
+
+def figures(table: Table) -> Figures:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return Figures(0, 0, len(table.metadata.snapshots), 0)
+    summary = snapshot.summary
+    return Figures(
+        data_files=int(summary.get("total-data-files", 0)) if summary is not None else 0,
+        bytes=int(summary.get("total-files-size", 0)) if summary is not None else 0,
+        snapshots=len(table.metadata.snapshots),
+        manifests=len(snapshot.manifests(table.io)),
+    )
+
+
+def target_file_size(table: Table, settings: MaintenanceSettings) -> int:
+    if settings.target_file_size_bytes is not None:
+        return settings.target_file_size_bytes
+    return int(table.metadata.properties.get("write.target-file-size-bytes", ICEBERG_TARGET_FILE_SIZE))
+
+
+def max_snapshot_age(table: Table, settings: MaintenanceSettings) -> timedelta:
+    if settings.max_snapshot_age is not None:
+        return settings.max_snapshot_age
+    ms = table.metadata.properties.get("history.expire.max-snapshot-age-ms")
+    return timedelta(milliseconds=int(ms)) if ms is not None else ICEBERG_MAX_SNAPSHOT_AGE
+
+
+def min_snapshots_to_keep(table: Table, settings: MaintenanceSettings) -> int:
+    if settings.min_snapshots_to_keep is not None:
+        return settings.min_snapshots_to_keep
+    return int(table.metadata.properties.get("history.expire.min-snapshots-to-keep", 1))
+
+
+def compaction_candidates(table: Table, target: int, min_input_files: int) -> int:
+    """The largest number of small files (below 75% of ``target``) in one partition of one spec."""
+    if table.current_snapshot() is None:
+        return 0
+    files = table.inspect.data_files()
+    small = files.filter(pc.less(files["file_size_in_bytes"], int(target * SMALL_FILE_RATIO)))
+    if small.num_rows < min_input_files:
+        return int(small.num_rows)
+    flat = small.select(["spec_id", "partition"]).flatten()
+    keys = [name for name in flat.column_names if name.startswith("partition.")] + ["spec_id"]
+    counts = flat.group_by(keys).aggregate([("spec_id", "count")])
+    return int(pc.max(counts["spec_id_count"]).as_py())
+
+
+def expirable_snapshots(table: Table, older_than_ms: int, keep: int) -> int:
+    """How many snapshots ``expire_snapshots(older_than, retain_last=keep)`` would remove."""
+    metadata = table.metadata
+    kept = {ref.snapshot_id for ref in metadata.refs.values()}
+    ancestor_id: int | None = metadata.current_snapshot_id
+    for _ in range(keep):
+        if ancestor_id is None:
+            break
+        kept.add(ancestor_id)
+        ancestor = metadata.snapshot_by_id(ancestor_id)
+        ancestor_id = ancestor.parent_snapshot_id if ancestor is not None else None
+    return sum(1 for s in metadata.snapshots if s.timestamp_ms < older_than_ms and s.snapshot_id not in kept)
+
+
+def _quote(identifier: str) -> str:
+    return ".".join(f"`{part}`" for part in identifier.split("."))
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _row(spark: Any, sql: str) -> dict[str, Any]:
+    rows = spark.sql(sql).collect()
+    return rows[0].asDict() if rows else {}
+
+
+def _counts(row: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in row.items())
+
+
+class _TableRun:
+    """One table's steps, with their timings, in one maintenance run."""
+
+    def __init__(self, spark: Any, catalog: Catalog, catalog_name: str, sink: str, identifier: str) -> None:
+        self.spark = spark
+        self.catalog = catalog
+        self.sink = sink
+        self.identifier = identifier
+        self.qualified = f"`{catalog_name}`.{_quote(identifier)}"
+        self.procedures = f"`{catalog_name}`.system"
+        # Catalog-qualified: a bare `ns.table` makes Iceberg try `ns` as a catalog first (a WARNING
+        # with a stack trace per call).
+        self.argument = _sql_string(f"{catalog_name}.{identifier}")
+        self.steps: list[Step] = []
+        self.floor_written: dict[str, str] = {}
+
+    def record(self, name: StepName, action: StepAction, detail: str, started: float) -> None:
+        step = Step(name, action, detail, time.monotonic() - started)
+        self.steps.append(step)
+        level = logging.WARNING if action == "failed" else logging.INFO
+        log.log(
+            level, "maintenance %s %s: %s %s (%.1fs)", self.identifier, name, action, detail, step.duration_s
+        )
+
+    def refresh(self) -> Table:
+        # Spark's catalog caches tables: the sink committed since, so see its latest metadata.
+        self.spark.sql(f"REFRESH TABLE {self.qualified}")
+        return self.catalog.load_table(self.identifier)
+
+    def compact(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+        started = time.monotonic()
+        table = self.catalog.load_table(self.identifier)
+        target = target_file_size(table, settings)
+        found = compaction_candidates(table, target, settings.min_input_files)
+        if found < settings.min_input_files:
+            self.record(
+                "compact",
+                "skipped",
+                f"at most {found} small file(s) in a partition, "
+                f"below min-input-files {settings.min_input_files}",
+                started,
+            )
+            return
+        if dry_run:
+            self.record(
+                "compact", "dry-run", f"{found} small files in one partition (target {target} bytes)", started
+            )
+            return
+        self.refresh()
+        options = {
+            "target-file-size-bytes": str(target),
+            "min-input-files": str(settings.min_input_files),
+            "partial-progress.enabled": "true",
+        }
+        option_map = ", ".join(f"{_sql_string(k)}, {_sql_string(v)}" for k, v in options.items())
+        sort = ""
+        if settings.sort_order is not None:
+            sort = f", strategy => 'sort', sort_order => {_sql_string(settings.sort_order)}"
+        row = _row(
+            self.spark,
+            f"CALL {self.procedures}.rewrite_data_files(table => {self.argument}{sort}, "
+            f"options => map({option_map}))",
+        )
+        self.record("compact", "ran", _counts(row), started)
+
+    def rewrite_manifests(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+        started = time.monotonic()
+        table = self.catalog.load_table(self.identifier)
+        snapshot = table.current_snapshot()
+        count = len(snapshot.manifests(table.io)) if snapshot is not None else 0
+        if count < settings.rewrite_manifests_min_count:
+            self.record(
+                "manifests",
+                "skipped",
+                f"{count} manifest(s), "
+                f"below rewrite-manifests-min-count {settings.rewrite_manifests_min_count}",
+                started,
+            )
+            return
+        if dry_run:
+            self.record("manifests", "dry-run", f"{count} manifests", started)
+            return
+        self.refresh()
+        row = _row(self.spark, f"CALL {self.procedures}.rewrite_manifests(table => {self.argument})")
+        self.record("manifests", "ran", _counts(row), started)
+
+    def expire(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+        started = time.monotonic()
+        table = self.catalog.load_table(self.identifier)
+        age, keep = max_snapshot_age(table, settings), min_snapshots_to_keep(table, settings)
+        older_than_ms = int(time.time() * 1000 - age.total_seconds() * 1000)
+        count = expirable_snapshots(table, older_than_ms, keep)
+        if count == 0:
+            self.record(
+                "expire",
+                "skipped",
+                f"no snapshot older than {age} beyond the last {keep} of {len(table.metadata.snapshots)}",
+                started,
+            )
+            return
+        if dry_run:
+            self.record("expire", "dry-run", f"{count} snapshot(s) older than {age}", started)
+            return
+        # The floor must survive: its snapshots are about to go.
+        self.floor_written = table_state.persist_state(self.catalog, self.identifier, self.sink)
+        if self.floor_written:
+            log.info(
+                "maintenance %s: wrote the sink's state as table properties before expiry: %s",
+                self.identifier,
+                self.floor_written,
+            )
+        self.refresh()
+        older_than = dt.datetime.fromtimestamp(older_than_ms / 1000, tz=dt.UTC)
+        row = _row(
+            self.spark,
+            f"CALL {self.procedures}.expire_snapshots(table => {self.argument}, "
+            f"older_than => TIMESTAMP {_sql_string(older_than.strftime('%Y-%m-%d %H:%M:%S.%f+00:00'))}, "
+            f"retain_last => {keep})",
+        )
+        self.record("expire", "ran", _counts(row), started)
+
+    def guarded(self, name: StepName, action: Any, *args: Any) -> None:
+        started = time.monotonic()
+        try:
+            action(*args)
+        except Exception as exc:  # a failed step is reported; the next steps and tables still run
+            self.record(
+                name,
+                "failed",
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                started,
+            )
+
+    def mark_done(self) -> None:
+        now_ms = int(time.time() * 1000)
+        # Spark's property commit retries on conflict with the sink (Iceberg Java's PropertiesUpdate).
+        self.spark.sql(
+            f"ALTER TABLE {self.qualified} SET TBLPROPERTIES "
+            f"({_sql_string(table_state.MAINTENANCE_LAST_RUN_MS)} = {_sql_string(str(now_ms))})"
+        )
+
+
+def select_tables(catalog: Catalog, sink: str, tables: Sequence[str] | None) -> list[str]:
+    """The tables to maintain: the sink's tables, or the named ones (each must be a sink table)."""
+    found = [t.identifier for t in table_state.sink_tables(catalog, sink)]
+    if tables is None:
+        return found
+    unknown = [t for t in tables if t not in found]
+    if unknown:
+        raise TableError(
+            f"table(s) {', '.join(unknown)} hold no commit of sink {sink!r}; maintain works on the sink's "
+            f"own tables ({', '.join(found) or 'none yet'})\n"
+            "  fix: name one of those with --table, or omit --table"
+        )
+    return list(dict.fromkeys(tables))
+
+
+def maintain(
+    spark: Any, config: SinkConfig, tables: Sequence[str] | None = None, dry_run: bool = False
+) -> list[TableMaintenance]:
+    """Maintain the sink's tables (or ``tables``): per table compaction, manifest rewrite and expiry,
+    then orphan cleanup of all of them, then the ``last-run-ms`` property. ``dry_run`` decides and
+    reports without changing anything (the orphans listed are those that would be removed)."""
+    catalog = load_catalog(config.catalog)
+    identifiers = select_tables(catalog, config.name, tables)
+    runs: dict[str, _TableRun] = {}
+    before: dict[str, Figures] = {}
+    started: dict[str, float] = {}
+    for identifier in identifiers:
+        started[identifier] = time.monotonic()
+        settings = config.maintenance_for(identifier)
+        run = runs[identifier] = _TableRun(spark, catalog, config.catalog.name, config.name, identifier)
+        before[identifier] = figures(catalog.load_table(identifier))
+        run.guarded("compact", run.compact, settings, dry_run)
+        run.guarded("manifests", run.rewrite_manifests, settings, dry_run)
+        run.guarded("expire", run.expire, settings, dry_run)
+    ages = {identifier: config.maintenance_for(identifier).orphan_older_than for identifier in identifiers}
+    for identifier, age in ages.items():
+        if age < SHORT_ORPHAN_AGE:
+            log.warning(
+                "maintenance %s: orphan-older-than %s is under 1 h: a worker's data files are unannounced "
+                "until its transaction commits, so a slice that takes longer than that loses its files; "
+                "fix: keep orphan-older-than at hours or days outside tests",
+                identifier,
+                age,
+            )
+    orphan_start = time.monotonic()
+    try:
+        cleaned = orphans.clean_tables(
+            catalog,
+            ages,
+            lambda: orphans.pending_files(config.name, config.kafka, config.control_topic),
+            dry_run,
+        )
+        failure = None
+    except Exception as exc:  # the control topic could not be read: nothing is removed
+        cleaned, failure = {}, f"{type(exc).__name__}: {exc}"
+    results = []
+    for identifier, run in runs.items():
+        result = cleaned.get(identifier)
+        action: StepAction
+        if failure is not None or result is None or result.error is not None:
+            detail = failure or (result.error if result is not None else "not run") or ""
+            action = "failed"
+        else:
+            verb = "would remove" if dry_run else "removed"
+            detail = (
+                f"{verb} {len(result.removed)} of {result.listed} files, kept {result.kept_pending} pending "
+                f"and {result.kept_fresh} younger than {ages[identifier]}"
+                + (f", {len(result.failed)} failed to delete" if result.failed else "")
+            )
+            action = "dry-run" if dry_run else "ran"
+        run.record("orphans", action, detail, orphan_start)
+        if not dry_run:
+            run.guarded("last-run", run.mark_done)
+        after = figures(catalog.load_table(identifier))
+        outcome = TableMaintenance(
+            table=identifier,
+            before=before[identifier],
+            after=after,
+            steps=tuple(run.steps),
+            orphans_removed=result.removed if result is not None else (),
+            duration_s=time.monotonic() - started[identifier],
+            floor_written=run.floor_written,
+        )
+        log.info(
+            "maintenance %s done in %.1fs: data files %d -> %d, bytes %d -> %d, snapshots %d -> %d, "
+            "manifests %d -> %d, orphans %s %d%s",
+            identifier,
+            outcome.duration_s,
+            outcome.before.data_files,
+            after.data_files,
+            outcome.before.bytes,
+            after.bytes,
+            outcome.before.snapshots,
+            after.snapshots,
+            outcome.before.manifests,
+            after.manifests,
+            "to remove" if dry_run else "removed",
+            len(outcome.orphans_removed),
+            "" if outcome.ok else " (some steps failed)",
+        )
+        results.append(outcome)
+    return results
+
+
+def render_text(results: Sequence[TableMaintenance]) -> str:
+    """The short per-table summary ``fanout-sink maintain`` prints."""
+    if not results:
+        return "no table holds a commit of this sink yet: nothing to maintain"
+    lines = []
+    for r in results:
+        lines.append(
+            f"{r.table}: data files {r.before.data_files} -> {r.after.data_files}, "
+            f"bytes {r.before.bytes} -> {r.after.bytes}, "
+            f"snapshots {r.before.snapshots} -> {r.after.snapshots}, "
+            f"manifests {r.before.manifests} -> {r.after.manifests}, orphans {len(r.orphans_removed)}, "
+            f"{r.duration_s:.1f}s"
+        )
+        lines += [f"  {step.name}: {step.action} {step.detail}" for step in r.steps]
+    return "\n".join(lines)
+
+
+def schedule_interval(config: SinkConfig) -> timedelta | None:
+    """How often the app looks for tables due for maintenance: the shortest ``interval`` configured
+    (top level or any table's); None when none is, and ``run`` then never maintains."""
+    intervals = [config.maintenance.interval] + [
+        settings.maintenance.interval
+        for settings in config.tables.values()
+        if settings.maintenance is not None
+    ]
+    found = [interval for interval in intervals if interval is not None]
+    return min(found) if found else None
+
+
+def due_tables(catalog: Catalog, config: SinkConfig, now_ms: int) -> list[str]:
+    """The sink's tables whose own ``interval`` has passed since their last maintenance."""
+    due = []
+    for found in table_state.sink_tables(catalog, config.name):
+        interval = config.maintenance_for(found.identifier).interval
+        if interval is None:
+            continue
+        last = found.table.metadata.properties.get(table_state.MAINTENANCE_LAST_RUN_MS)
+        if last is None or now_ms - int(last) >= interval.total_seconds() * 1000:
+            due.append(found.identifier)
+    return due
+
+
+class MaintenanceSchedule:
+    """``maintenance.interval`` inside ``run``: a daemon thread that maintains the due tables with the
+    app's own Spark session, one run at a time.
+
+    A failing run is one ERROR line and is tried again at the next interval: maintenance must never
+    stop the sink. ``stop()`` cancels a run in progress (its Spark jobs, through the thread's job
+    group) and waits for the thread, so that the app's final commit round runs alone.
+    """
+
+    JOB_GROUP = "fanout-sink-maintenance"
+
+    def __init__(self, spark: Any, config: SinkConfig, interval: timedelta) -> None:
+        self.spark = spark
+        self.config = config
+        self.interval = interval
+        self.runs = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fanout-sink-maintenance", daemon=True)
+
+    def start(self) -> None:
+        log.info("maintenance scheduled every %s", self.interval)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        self.spark.sparkContext.setJobGroup(self.JOB_GROUP, "scheduled table maintenance", True)
+        catalog = load_catalog(self.config.catalog)
+        while not self._stopping.wait(self.interval.total_seconds()):
+            try:
+                due = due_tables(catalog, self.config, int(time.time() * 1000))
+                if due:
+                    results = maintain(self.spark, self.config, due)
+                    self.runs += 1
+                    failed = [f"{r.table} {s.name}" for r in results for s in r.steps if s.action == "failed"]
+                    if failed:
+                        log.error(
+                            "scheduled maintenance: steps failed (%s), retried in %s; fix: see the WARNING "
+                            "lines above for each cause",
+                            ", ".join(failed),
+                            self.interval,
+                        )
+            except Exception as exc:
+                if self._stopping.is_set():
+                    return
+                log.error(
+                    "scheduled maintenance failed: %s: %s; retried in %s; fix: check that the catalog and "
+                    "the control topic are reachable, or run `fanout-sink maintain` for the cause",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                    self.interval,
+                )
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._stopping.set()
+        if not self._thread.is_alive():
+            return
+        self.spark.sparkContext.cancelJobGroup(self.JOB_GROUP)
+        self._thread.join(timeout_s)

@@ -1,0 +1,103 @@
+"""Orphan cleanup next to the sink, on the real broker and catalog (no Spark): the files of an aborted
+worker attempt go, a file that a committed control event still waits to have appended stays whatever
+its age, and so does a fresh one."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.common import create_tables, make_processor, produce_json, run_batch, table_ids
+
+from fanout_sink import faults
+from fanout_sink.protocol import orphans
+from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.worker import SliceWorker
+
+pytestmark = pytest.mark.kafka
+
+
+def _data_files(catalog: Any) -> set[Path]:
+    folder = Path(catalog.load_table("sink.a").location().removeprefix("file://")) / "data"
+    return {p for p in folder.rglob("*") if p.is_file()}
+
+
+def _age(paths: set[Path], seconds: float) -> None:
+    then = time.time() - seconds
+    for path in paths:
+        os.utime(path, (then, then))
+
+
+@pytest.mark.parametrize(
+    ("spelled", "normal"),
+    [
+        ("file:/w/t/a.parquet", "/w/t/a.parquet"),
+        ("file:///w/t/a.parquet", "/w/t/a.parquet"),
+        ("/w/t/a.parquet", "/w/t/a.parquet"),
+        ("s3a://bucket/t/a.parquet", "s3://bucket/t/a.parquet"),
+        ("S3://bucket/t/a.parquet", "s3://bucket/t/a.parquet"),
+    ],
+)
+def test_paths_are_compared_in_one_spelling(spelled: str, normal: str) -> None:
+    assert orphans.normalise(spelled) == normal
+
+
+def test_aborted_attempts_go_pending_and_fresh_files_stay(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    sink = f"s{uuid.uuid4().hex[:6]}"
+    conf = {"bootstrap.servers": bootstrap_servers}
+    control = f"{sink}-control"
+    topic = make_topic("src")
+    create_tables(catalog, "a")
+    coordinator = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    coordinator.open()
+
+    def deliver(fail: bool = False) -> None:
+        worker = SliceWorker(sink, conf, control)
+        try:
+            if not fail:
+                run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
+                return
+
+            def crash(**_: Any) -> None:
+                raise RuntimeError("simulated: the attempt dies after writing its files")
+
+            with faults.register("worker.after-write-files", crash), pytest.raises(RuntimeError):
+                run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
+        finally:
+            worker.close()
+
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(10)])
+    deliver()
+    coordinator.commit_round()  # committed files: reachable
+    committed = _data_files(catalog)
+    produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(10, 20)])
+    deliver(fail=True)  # an aborted attempt: files, no committed event
+    aborted = _data_files(catalog) - committed
+    deliver()  # the retry delivers the same records: files announced, not appended yet
+    pending = _data_files(catalog) - committed - aborted
+    assert aborted and pending
+    _age(committed | aborted | pending, 3 * 3600)
+    fresh = next(iter(aborted)).with_name("fresh.parquet")
+    fresh.write_bytes(b"written a moment ago")
+
+    results = orphans.clean_tables(
+        catalog, {"sink.a": timedelta(hours=1)}, lambda: orphans.pending_files(sink, conf, control)
+    )
+    result = results["sink.a"]
+    assert result.error is None
+    assert {Path(orphans.normalise(p)) for p in result.removed} == aborted
+    assert result.kept_pending == len(pending) and result.kept_fresh == 1
+    assert all(p.exists() for p in committed | pending | {fresh}) and not any(p.exists() for p in aborted)
+    assert sorted(table_ids(catalog, "a")) == list(range(10))
+
+    coordinator.commit_round()  # the pending files land: nothing was lost
+    coordinator.close()
+    assert sorted(table_ids(catalog, "a")) == list(range(20))
