@@ -145,17 +145,21 @@ class _WriterProtobufDeserializer(ProtobufDeserializer):  # type: ignore[misc]
 
     def __init__(self, client: SchemaRegistryClient) -> None:
         super().__init__(empty_pb2.Empty, dict(_NO_SUBJECT), client)
+        self._classes: dict[tuple[int, tuple[int, ...]], type[Message]] = {}
 
     def prepare(self, schema: Any) -> None:
         """Build the writer schema's descriptor pool (fetching its references) once."""
         self._get_parsed_schema(schema)
 
-    def message(self, schema_id: SchemaId, payload: io.BytesIO) -> Message:
-        writer = self._get_writer_schema(schema_id, None, fmt="serialized")
-        fd_proto, pool = self._get_parsed_schema(writer)
-        indexes = schema_id.message_indexes or [0]
-        desc = self._get_message_desc(pool, pool.FindFileByName(fd_proto.name), indexes)
-        message = GetMessageClass(desc)()
+    def message(self, schema_id: int, header: SchemaId, payload: io.BytesIO) -> Message:
+        key = (schema_id, tuple(header.message_indexes or [0]))
+        cls = self._classes.get(key)
+        if cls is None:  # once per message type: finding it copies the whole file descriptor
+            writer = self._get_writer_schema(header, None, fmt="serialized")
+            fd_proto, pool = self._get_parsed_schema(writer)
+            desc = self._get_message_desc(pool, pool.FindFileByName(fd_proto.name), list(key[1]))
+            cls = self._classes[key] = GetMessageClass(desc)
+        message = cls()
         message.ParseFromString(payload.read())
         return message
 
@@ -314,7 +318,7 @@ class ProtobufReader:
         if problem is not None:
             raise UndecodableValue(problem)
         try:
-            message = self._deserializer.message(header, payload)
+            message = self._deserializer.message(schema_id, header, payload)
         except Exception as exc:  # DecodeError, bad message index, invalid UTF-8 in a string: many types
             raise UndecodableValue(
                 f"invalid Protobuf for schema id {schema_id}: {type(exc).__name__}: {exc}"
