@@ -156,12 +156,15 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _maintain(args: argparse.Namespace) -> int:
+    from fanout_sink.catalog import load_catalog
     from fanout_sink.config import load_config
-    from fanout_sink.spark.maintenance import maintain, render_text
+    from fanout_sink.spark.maintenance import maintain, render_text, select_tables
     from fanout_sink.spark.session import build_spark_session
 
     _log_to_stderr()
     config = load_config(args.config)
+    # A --table that is not the sink's fails here, before a Spark session starts.
+    tables = select_tables(load_catalog(config.catalog), config.name, args.table or None)
     spark = build_spark_session(
         config.catalog,
         master=args.master or config.spark.master,
@@ -169,7 +172,7 @@ def _maintain(args: argparse.Namespace) -> int:
         extra_conf=dict(_key_value(item) for item in args.conf),
     )
     try:
-        results = maintain(spark, config, args.table or None, args.dry_run)
+        results = maintain(spark, config, tables, args.dry_run)
     finally:
         spark.stop()
     print(render_text(results))

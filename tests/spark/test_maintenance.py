@@ -1,25 +1,33 @@
 """``maintain`` on real tables through the shared Spark session: each step runs only where it pays,
-the sink's floor survives the expiry of its snapshots, and a dry run changes nothing."""
+the sink's floor survives the expiry of its snapshots, and a dry run changes nothing. Without Spark:
+what counts as paying for compaction, which tables are due, the schedule inside ``run`` surviving a
+failing run, and ``fanout-sink maintain`` refusing a table that is not the sink's."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.common import ARROW_SCHEMA, create_tables
+import yaml
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.transforms import IdentityTransform
+from support.common import ARROW_SCHEMA, TABLE_SCHEMA, create_tables
 
+from fanout_sink import cli
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import parse_config
+from fanout_sink.config import SinkConfig, parse_config
 from fanout_sink.protocol import table_state
+from fanout_sink.spark import maintenance
 from fanout_sink.spark.maintenance import maintain
-
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
 def _append(table: Any, ident: int, props: dict[str, str]) -> None:
@@ -34,6 +42,8 @@ def _stray(table: Any, name: str, age_s: float) -> Path:
     return path
 
 
+@pytest.mark.spark
+@pytest.mark.kafka
 def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
     spark: Any,
     spark_catalog: str,
@@ -101,3 +111,107 @@ def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
     assert steps["expire"].action == "skipped"
     assert results["sink.quiet"].after.snapshots == 4  # the manifest rewrite is a snapshot
     assert "fanout-sink.maintenance.last-run-ms" not in catalog.load_table("sink.other").metadata.properties
+
+
+def _config(catalog_settings: CatalogSettings, **maintenance_keys: Any) -> SinkConfig:
+    return parse_config(
+        {
+            "name": "s",
+            "source": {"topics": ["t"]},
+            "catalog": catalog_settings.model_dump(),
+            "maintenance": maintenance_keys,
+            "tables": {"sink.slow": {"maintenance": {"interval": "1h"}}},
+        }
+    )
+
+
+def test_compaction_pays_only_for_enough_small_files_in_one_partition(catalog: Any) -> None:
+    catalog.create_namespace_if_not_exists("sink")
+    spec = PartitionSpec(
+        PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="topic")
+    )
+    table = catalog.create_table("sink.parts", schema=TABLE_SCHEMA, partition_spec=spec)
+    for i, topic in enumerate(["a", "a", "b", "a", "b"]):
+        table.append(pa.Table.from_pylist([{"id": i, "topic": topic}], ARROW_SCHEMA))
+    table = catalog.load_table("sink.parts")
+    assert maintenance.compaction_candidates(table, target=1 << 20, min_input_files=3) == 3  # a: 3, b: 2
+    assert maintenance.compaction_candidates(table, target=100, min_input_files=3) == 0  # none is small
+
+
+def test_tables_are_due_by_their_own_interval_since_their_last_run(
+    catalog: Any, catalog_settings: CatalogSettings
+) -> None:
+    create_tables(catalog, ["fast", "slow", "done"])
+    for name in ["fast", "slow", "done"]:
+        _append(catalog.load_table(f"sink.{name}"), 1, table_state.summary_properties("s", {0: 1}, "c", None))
+    now_ms = int(time.time() * 1000)
+    for name, last in [("slow", now_ms - 60_000), ("done", now_ms - 1_000)]:
+        with catalog.load_table(f"sink.{name}").transaction() as txn:
+            txn.set_properties({table_state.MAINTENANCE_LAST_RUN_MS: str(last)})
+    config = _config(catalog_settings, interval="30s")
+    assert maintenance.schedule_interval(config) == timedelta(seconds=30)
+    assert maintenance.due_tables(catalog, config, now_ms) == ["sink.fast"]  # slow: 1 h; done: 1 s ago
+    assert maintenance.schedule_interval(_config(catalog_settings)) == timedelta(hours=1)
+
+
+class _StubContext:
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    def setJobGroup(self, group: str, description: str, interrupt: bool) -> None:  # Spark's name
+        pass
+
+    def cancelJobGroup(self, group: str) -> None:  # Spark's name
+        self.cancelled.append(group)
+
+
+class _StubSpark:
+    def __init__(self) -> None:
+        self.sparkContext = _StubContext()
+
+
+def test_a_failing_scheduled_run_is_logged_and_retried_and_stop_cancels(
+    catalog_settings: CatalogSettings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+    second = threading.Event()
+
+    def flaky(spark: Any, config: SinkConfig, tables: Any = None, dry_run: bool = False) -> list[Any]:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise RuntimeError("catalog unreachable")
+        second.set()
+        return []
+
+    monkeypatch.setattr(maintenance, "maintain", flaky)
+    monkeypatch.setattr(maintenance, "due_tables", lambda *_: ["sink.t"])
+    spark = _StubSpark()
+    schedule = maintenance.MaintenanceSchedule(spark, _config(catalog_settings), timedelta(milliseconds=50))
+    with caplog.at_level(logging.ERROR, logger="fanout_sink.maintenance"):
+        schedule.start()
+        assert second.wait(30)
+        schedule.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "RuntimeError: catalog unreachable" in errors[0] and "fix:" in errors[0]
+    assert schedule.runs >= 1 and spark.sparkContext.cancelled == [maintenance.MaintenanceSchedule.JOB_GROUP]
+
+
+def test_maintain_refuses_a_table_that_is_not_the_sinks_before_starting_spark(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    create_tables(catalog, ["mine", "theirs"])
+    _append(catalog.load_table("sink.mine"), 1, table_state.summary_properties("s", {0: 1}, "c", None))
+    config = tmp_path / "sink.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "source": {"topics": ["t"]},
+                "tables": {"sink.mine": {}},
+                "catalog": catalog_settings.model_dump(),
+            }
+        )
+    )
+    assert cli.main(["maintain", "--config", str(config), "--table", "sink.theirs"]) == 2
+    err = capsys.readouterr().err
+    assert "sink.theirs hold no commit of sink 's'" in err and "(sink.mine)" in err and "fix:" in err
