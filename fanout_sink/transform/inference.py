@@ -7,7 +7,9 @@ in every one of the table's rows says nothing by itself; the table's own records
 * it is left out when the table's records do not carry it (``carried``: asked only here, when a
   schema is inferred, because it reads the records as Python objects), or when the table may add
   columns later (``skip_null_columns``: evolution adds it with its real type once a value comes);
-* otherwise (the records carry it, always null, and the table cannot add it later) it is a string.
+* otherwise (the records carry it, always null, and the table cannot add it later) it is kept
+  with the type the decoder gave it: the writer schema's for Avro and Protobuf, for JSON a string
+  unless other records of the batch had values for it.
 
 Inferred timestamps (:func:`timestamp_type`), a rule meant never to surprise:
 
@@ -166,7 +168,8 @@ class Inference:
         if array.null_count == len(array):
             if self.skip_null_columns or (self.carried is not None and not self.carried(path)):
                 return None
-            return pa.field(name, pa.string())  # the table's rows give it no type
+            # A writer schema's type (Avro, Protobuf); JSON's null type becomes a string.
+            return pa.field(name, normalise_type(array.type))
         dtype = array.type
         if pa.types.is_struct(dtype):
             valid = array.filter(array.is_valid()) if array.null_count else array

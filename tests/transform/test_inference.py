@@ -244,3 +244,15 @@ def test_conversion_infer_timestamps_false_opts_out(catalog_settings: CatalogSet
     process(_slice([{**_PAYMENT, "ts": 1_767_225_600_000, "at": "2026-01-01T00:00:00Z"}]))
     assert _columns(catalog, "shop.payments")["ts"] == "long"
     assert _columns(catalog, "shop.payments")["at"] == "string"
+
+
+def test_a_carried_null_column_keeps_the_type_its_decoder_gave() -> None:
+    """Avro and Protobuf records carry every schema field: an always-null one keeps its declared
+    type; a JSON null (Arrow's null type) becomes a string; an uncarried one is left out."""
+    rows = pa.table(
+        {"id": [1, 2], "score": pa.nulls(2, pa.int64()), "note": pa.nulls(2), "other": pa.nulls(2)}
+    )
+    schema = Inference(carried=lambda path: path != ("other",)).schema(rows)
+    assert schema.names == ["id", "score", "note"]
+    assert schema.field("score").type == pa.int64() and schema.field("note").type == pa.string()
+    assert Inference(skip_null_columns=True).schema(rows).names == ["id"]
