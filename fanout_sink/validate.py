@@ -24,7 +24,6 @@ Nothing is created (no topic, catalog file or table, no folder) and no Spark sta
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -164,8 +163,20 @@ def _check_table(
     key = f'tables."{name}"'
     table = None
     if catalog is not None:
-        with contextlib.suppress(NoSuchTableError):
+        try:
             table = catalog.load_table(name)
+        except NoSuchTableError:
+            pass
+        except Exception as exc:  # the catalog's own errors (HTTP, SQL, metadata files)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return [
+                Finding(
+                    "problem",
+                    f"{key}: table {name} cannot be loaded from catalog {config.catalog.name!r}: "
+                    f"{type(exc).__name__}: {first}",
+                    "check the sink's rights on the table in the catalog, and that its metadata files exist",
+                )
+            ]
     findings: list[Finding] = []
     if table is None:
         if not settings.auto_create:

@@ -1,0 +1,82 @@
+"""``validate``'s table checks on their own (no broker): JSON routes are checked by column names,
+evolution settings that let ``run`` cope are not problems, an unloadable table is a problem with its
+cause, and the dynamic name template is tried on each source topic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config import parse_config
+from fanout_sink.preflight import Finding
+from fanout_sink.validate import check_tables
+
+
+def _check(catalog: Any, settings: CatalogSettings, tmp_path: Path, **sections: Any) -> list[Finding]:
+    sections.setdefault("source", {"topics": ["orders"]})
+    config = parse_config(
+        {"name": "v", "catalog": settings.model_dump(exclude_none=True), **sections}, base_dir=tmp_path
+    )
+    return check_tables(config, catalog)
+
+
+def _problems(findings: list[Finding]) -> list[str]:
+    return [f.text for f in findings if f.level == "problem"]
+
+
+def test_a_json_select_is_checked_by_name_and_evolution_settings_count(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    catalog.create_namespace("a")
+    catalog.create_table(
+        "a.t",
+        Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "note", StringType())),
+    )
+    strict = {"select": "{ident: id, note: note}"}
+    problems = _problems(_check(catalog, catalog_settings, tmp_path, tables={"a.t": strict}))
+    assert problems == [
+        "tables.\"a.t\".select: gives column 'ident', which table a.t lacks, and "
+        'tables."a.t".evolution.add-columns is false: those values would be dropped',
+        "tables.\"a.t\": required column 'id' of table a.t never filled by the route: every record would "
+        "fail conversion",
+    ]
+    lenient = {**strict, "evolution": {"add-columns": True, "make-optional": True}}
+    findings = _check(catalog, catalog_settings, tmp_path, tables={"a.t": lenient})
+    assert _problems(findings) == []
+    assert any("route's 2 column(s) fit table a.t (0 with a known type)" in f.text for f in findings)
+
+
+def test_a_table_that_cannot_be_loaded_is_a_problem(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    catalog.create_namespace("a")
+    table = catalog.create_table("a.t", Schema(NestedField(1, "id", LongType())))
+    Path(table.metadata_location.removeprefix("file://")).unlink()
+    problems = _problems(_check(catalog, catalog_settings, tmp_path, tables={"a.t": {}}))
+    assert len(problems) == 1 and "table a.t cannot be loaded from catalog" in problems[0], problems
+
+
+def test_the_dynamic_name_is_tried_on_each_source_topic(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    findings = _check(
+        catalog,
+        catalog_settings,
+        tmp_path,
+        source={"topics": ["keep", "Drop.Me"]},
+        dynamic={"table": "join('.', ['raw', topic])", "allow": "^raw\\.keep$"},
+    )
+    assert [(f.level, f.text) for f in findings] == [
+        ("ok", "dynamic.table names records of topic 'keep' raw.keep"),
+        (
+            "warning",
+            "dynamic.table: records of topic 'Drop.Me' get no table: dynamic table name 'raw.Drop.Me' is 2 "
+            "namespaces deep; dynamic.max-namespace-depth is 1",
+        ),
+    ]
+    by_field = _check(catalog, catalog_settings, tmp_path, dynamic={"table": "join('.', ['raw', kind])"})
+    assert [f.level for f in by_field] == ["ok"] and "reads record fields" in by_field[0].text
