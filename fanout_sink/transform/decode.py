@@ -849,9 +849,9 @@ class RegistryDecoder:
     """Schema Registry Protobuf or JSON Schema values, read by confluent-kafka's deserializers
     (:mod:`fanout_sink.transform.registry_formats`), one Arrow table per writer schema.
 
-    A reader's Arrow schema (Protobuf: from the descriptor) types the columns; without one (JSON
-    Schema) they are built from the records as for ``format: json``, JSON text where a field's
-    values do not share a type.
+    A reader's Arrow schema (Protobuf: from the descriptor; JSON Schema: when the schema fixes the
+    columns) types them; without one they are built from the records as for ``format: json``,
+    JSON text where a field's values do not share a type.
     """
 
     def __init__(self, reader: ProtobufReader | JsonSchemaReader) -> None:
@@ -881,14 +881,19 @@ class RegistryDecoder:
         lossy: frozenset[str] = frozenset()
         for key, (indices, records) in groups.items():
             schema = self.reader.arrow_schema(key)
-            if schema is None:
+            table = None
+            if schema is not None:
+                try:
+                    table = pa.Table.from_pylist(records, schema=schema)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                    pass  # a JSON integer beyond int64: the values type the columns
+                else:
+                    # Records may hold timestamps as epoch microseconds and maps as pairs (what
+                    # Arrow takes fastest): routing's Python view is made from the table instead.
+                    objects = None
+            if table is None:
                 table, more = arrow_from_python(records)
                 lossy |= more
-            else:
-                # Records hold timestamps as epoch microseconds and maps as pairs (what Arrow
-                # takes fastest): routing's Python view is made from the table instead.
-                table = pa.Table.from_pylist(records, schema=schema)
-                objects = None
             parts.append(table)
             rows.extend(indices)
             if objects is not None:

@@ -13,9 +13,10 @@ class made from the writer's descriptor. ``JSONDeserializer`` needs no class: wi
 it validates against the writer schema and returns the object.
 
 A reader returns, per value, a key (the writer schema, and for Protobuf the message type) and a
-record (a dict of Python values); :meth:`ProtobufReader.arrow_schema` gives each key's Arrow schema
-(from the descriptor, so every batch of one message type has the same columns). JSON Schema records
-have no Arrow schema here: their columns are built as the ``json`` format's are.
+record (a dict of Python values), and ``arrow_schema(key)`` the columns the writer schema fixes, so
+every batch of one writer schema has the same columns: for Protobuf from the descriptor, for JSON
+Schema when the schema fixes them (:func:`json_schema_to_arrow`); otherwise the values type the
+columns, as for ``format: json``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pyarrow as pa
 with warnings.catch_warnings(record=True):  # authlib (the registry client's) warns about httpx on stderr
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.common._httpx_compat import httpx as http
+    from confluent_kafka.schema_registry.common.json_schema import DEFAULT_SPEC
     from confluent_kafka.schema_registry.error import SchemaRegistryError
     from confluent_kafka.schema_registry.json_schema import JSONDeserializer
     from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
@@ -40,6 +42,7 @@ from google.protobuf import empty_pb2, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
+from referencing import Resource
 
 from fanout_sink.errors import SchemaError
 
@@ -64,7 +67,9 @@ class _RegistrySchemas:
     dead-lettered, remembered per id.
     """
 
-    def __init__(self, client: SchemaRegistryClient, schema_type: str, prepare: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, client: SchemaRegistryClient, schema_type: str, prepare: Callable[[int, Any], None]
+    ) -> None:
         self._client = client
         self._type = schema_type
         self._prepare = prepare
@@ -96,7 +101,7 @@ class _RegistrySchemas:
         if kind != self._type:
             return f"schema id {schema_id} is {kind}, not {self._type}; is source.format right?"
         try:
-            self._prepare(schema)
+            self._prepare(schema_id, schema)
         except (SchemaRegistryError, http.HTTPError) as exc:
             _missing(exc, f"the references of schema id {schema_id}")
             return f"schema id {schema_id} references a schema the registry does not have: {exc}"
@@ -147,7 +152,7 @@ class _WriterProtobufDeserializer(ProtobufDeserializer):  # type: ignore[misc]
         super().__init__(empty_pb2.Empty, dict(_NO_SUBJECT), client)
         self._classes: dict[tuple[int, tuple[int, ...]], type[Message]] = {}
 
-    def prepare(self, schema: Any) -> None:
+    def prepare(self, schema_id: int, schema: Any) -> None:
         """Build the writer schema's descriptor pool (fetching its references) once."""
         self._get_parsed_schema(schema)
 
@@ -343,9 +348,68 @@ class _WriterJsonDeserializer(JSONDeserializer):  # type: ignore[misc]
 
     def __init__(self, client: SchemaRegistryClient) -> None:
         super().__init__(None, schema_registry_client=client, conf=dict(_NO_SUBJECT))
+        self.arrow_schemas: dict[int, pa.Schema | None] = {}
 
-    def prepare(self, schema: Any) -> None:
-        self._get_parsed_schema(schema)
+    def prepare(self, schema_id: int, schema: Any) -> None:
+        parsed, references = self._get_parsed_schema(schema)
+        if references is not None:  # None only for a schema given to the constructor, never here
+            root = Resource.from_contents(parsed, default_specification=DEFAULT_SPEC)
+            self.arrow_schemas[schema_id] = json_schema_to_arrow(parsed, references.resolver_with_root(root))
+
+
+_JSON_SCALARS = {"integer": pa.int64(), "number": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}
+_MAX_DEPTH = 32
+
+
+def json_schema_to_arrow(schema: Any, resolver: Any) -> pa.Schema | None:
+    """The columns a JSON Schema fixes, or None when its values must type the columns.
+
+    Fixed only for a closed object (``additionalProperties: false``, so no field is dropped) whose
+    properties all have one plain type: ``integer`` (long), ``number`` (double, even for whole
+    values), ``string`` (``format`` aside: timestamps are converted per table column), ``boolean``,
+    closed objects (structs), ``array`` of one ``items`` schema, a ``[T, "null"]`` type list, and
+    ``$ref`` to any of these (in the schema or a reference). Anything else (``oneOf`` of different
+    types, open objects, ``allOf``) and the values type the columns, as for ``format: json``.
+    """
+    dtype = _json_type(schema, resolver, 0)
+    if dtype is None or not pa.types.is_struct(dtype):
+        return None
+    return pa.schema(list(dtype))
+
+
+def _json_type(schema: Any, resolver: Any, depth: int) -> pa.DataType | None:
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return None
+    if "$ref" in schema:
+        try:
+            resolved = resolver.lookup(schema["$ref"])
+        except Exception:  # an unresolvable reference: the validator reports it per value
+            return None
+        return _json_type(resolved.contents, resolved.resolver, depth + 1)
+    if any(k in schema for k in ("allOf", "anyOf", "oneOf", "not", "if")):
+        return None
+    kinds = schema.get("type")
+    if isinstance(kinds, list):
+        plain = [k for k in kinds if k != "null"]
+        if len(plain) != 1:
+            return None
+        kinds = plain[0]
+    if kinds in _JSON_SCALARS:
+        return _JSON_SCALARS[kinds]
+    if kinds == "array" and isinstance(schema.get("items"), dict):
+        item = _json_type(schema["items"], resolver, depth + 1)
+        return None if item is None else pa.list_(item)
+    if kinds == "object" and schema.get("additionalProperties") is False:
+        if schema.get("patternProperties"):
+            return None
+        fields = []
+        for name, sub in (schema.get("properties") or {}).items():
+            dtype = _json_type(sub, resolver, depth + 1)
+            if dtype is None:
+                return None
+            fields.append(pa.field(name, dtype))
+        return pa.struct(fields) if fields else None
+    return None
 
 
 class JsonSchemaReader:
@@ -368,14 +432,15 @@ class JsonSchemaReader:
                 f"invalid JSON Schema value for schema id {schema_id}: {type(exc).__name__}: {exc}"
             ) from None
         if not isinstance(record, dict):
-            raise UndecodableValue(
-                f"value for schema id {schema_id} is a JSON {type(record).__name__}, not an object"
-            )
+            kind = type(record).__name__
+            raise UndecodableValue(f"value for schema id {schema_id} is a JSON {kind}, not an object")
         return schema_id, record
 
     def arrow_schema(self, key: Hashable) -> pa.Schema | None:
-        """None: the columns are built from the records, as for ``format: json``."""
-        return None
+        """The writer schema's columns when it fixes them (:func:`json_schema_to_arrow`); None:
+        the columns are built from the values, as for ``format: json``."""
+        assert isinstance(key, int)
+        return self._deserializer.arrow_schemas.get(key)
 
 
 def registry_reader(source_format: str, registry_conf: dict[str, str]) -> ProtobufReader | JsonSchemaReader:

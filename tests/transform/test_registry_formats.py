@@ -10,15 +10,18 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+import referencing
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from referencing import Resource
+from referencing.jsonschema import DRAFT7
 from support.registry import Registry, compile_protos, message_class, wire
 
 from fanout_sink.errors import SchemaError
 from fanout_sink.transform.decode import Decoded, RegistryDecoder
-from fanout_sink.transform.registry_formats import JsonSchemaReader, ProtobufReader
+from fanout_sink.transform.registry_formats import JsonSchemaReader, ProtobufReader, json_schema_to_arrow
 
 PROTO = """
 syntax = "proto3";
@@ -167,3 +170,58 @@ def test_json_schema_values_that_cannot_be_read(registry: Registry) -> None:
     assert reasons[0] == f"value for schema id {schema_id} is a JSON list, not an object"
     assert reasons[1].startswith(f"invalid JSON Schema value for schema id {schema_id}: ")
     assert reasons[2] == "schema id 1 is AVRO, not JSON; is source.format right?"
+
+
+def test_json_schema_types_the_columns_when_it_fixes_them(registry: Registry) -> None:
+    """A closed schema (with a reference) fixes the columns: a number is a double even when every
+    value in the batch is whole; an open schema's values type them, as for format json."""
+    sources = Path(__file__).resolve().parents[2] / "schemas" / "sources" / "shop"
+    client = SchemaRegistryClient({"url": registry.url})
+    client.register_schema("shop.Money", Schema((sources / "money.schema.json").read_text(), "JSON"))
+    reference = SchemaReference("money.schema.json", "shop.Money", 1)
+    closed = Schema((sources / "payment.schema.json").read_text(), "JSON", [reference])
+    payment = {"id": 1, "order_id": 2, "method": "card", "amount": {"currency": "EUR", "value": 3}, "ts": "x"}
+    opened = {"type": "object", "properties": {"id": {"type": "integer"}, "value": {"type": "number"}}}
+    values = [
+        JSONSerializer(closed, client)(payment, CONTEXT),
+        JSONSerializer(json.dumps(opened), client)({"id": 1, "value": 3, "extra": True}, CONTEXT),
+    ]
+    reader = JsonSchemaReader({"url": registry.url})
+    fixed = _decode(reader, values[:1]).records
+    assert fixed.schema.field("amount").type == pa.struct(
+        [("currency", pa.string()), ("value", pa.float64())]
+    )
+    assert fixed.schema.field("note").type == pa.string()  # ["string", "null"]; absent here
+    assert fixed.to_pylist()[0]["amount"] == {"currency": "EUR", "value": 3.0}
+    huge = _decode(reader, [JSONSerializer(closed, client)({**payment, "id": 2**70}, CONTEXT)])
+    assert huge.failures == [] and huge.lossy == {"id"}  # beyond int64: the values type the columns
+    assert huge.records.column("id").to_pylist() == [str(2**70)]
+    inferred = _decode(reader, values[1:]).records
+    assert inferred.to_pylist() == [{"id": 1, "value": 3, "extra": True}]
+    assert inferred.schema.field("value").type == pa.int64()
+
+
+def test_json_schema_to_arrow() -> None:
+    def arrow(schema: dict[str, Any]) -> pa.Schema | None:
+        root = Resource.from_contents(schema, default_specification=DRAFT7)
+        return json_schema_to_arrow(schema, referencing.Registry().resolver_with_root(root))
+
+    closed = {
+        "type": "object",
+        "additionalProperties": False,
+        "definitions": {"tag": {"type": "string"}},
+        "properties": {
+            "n": {"type": ["integer", "null"]},
+            "tags": {"type": "array", "items": {"$ref": "#/definitions/tag"}},
+        },
+    }
+    assert arrow(closed) == pa.schema([("n", pa.int64()), ("tags", pa.list_(pa.string()))])
+    for open_part in (
+        {"type": ["integer", "string"]},
+        {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+        {"type": "object", "properties": {"a": {"type": "string"}}},  # open: extra fields kept
+        {"type": "array", "items": [{"type": "string"}]},  # a tuple
+        {"$ref": "#/definitions/missing"},
+    ):
+        assert arrow({**closed, "properties": {"x": open_part}}) is None, open_part
+    assert arrow({"type": "array", "items": {"type": "string"}}) is None  # not an object
