@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
-import logging
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fanout_sink import jars
+from fanout_sink import jars, logs
 from fanout_sink.errors import FanoutSinkError, StackError
 from fanout_sink.jars import JarSet
+
+if TYPE_CHECKING:
+    from fanout_sink.config import SinkConfig
 
 
 def _stack(args: argparse.Namespace) -> int:
@@ -101,28 +103,28 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
-def _log_to_stderr() -> None:
-    """The sink's own log on stderr at INFO, on a handler of its own: it shows whether or not something
-    configured the root logger first, and py4j's INFO chatter stays out."""
-    logger = logging.getLogger("fanout_sink")
-    logger.setLevel(logging.INFO)
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
+def _log_to_stderr(log_format: logs.LogFormat = "plain", level: logs.LogLevel = "INFO") -> None:
+    """The sink's own log on stderr (see :func:`fanout_sink.logs.configure`)."""
+    logs.configure(log_format, level)
+
+
+def _logging_options(config: SinkConfig, args: argparse.Namespace) -> SinkConfig:
+    """The config with ``--log-format``/``--log-level`` over its ``logging:`` section: the executors
+    log as the config they receive says."""
+    chosen = {key: value for key, value in (("format", args.log_format), ("level", args.log_level)) if value}
+    return config.model_copy(update={"logging": config.logging.model_copy(update=chosen)})
 
 
 def _run(args: argparse.Namespace) -> int:
     from fanout_sink.config import load_config, parse_duration
     from fanout_sink.spark.app import RunOptions, SinkApp
 
-    _log_to_stderr()
     # `kill -USR1 <pid>` prints every thread's stack: the first question about a sink that seems stuck.
     # To the process's own stderr: sys.stderr may be a stand-in without a file descriptor.
     if sys.__stderr__ is not None:
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
-    config = load_config(args.config)
+    config = _logging_options(load_config(args.config), args)
+    _log_to_stderr(config.logging.format, config.logging.level)
     options = RunOptions(
         master=args.master,
         available_now=args.available_now,
@@ -302,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-offsets-per-trigger", type=int, help="cap on records per micro-batch")
     run.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
+    )
+    run.add_argument(
+        "--log-format", choices=("plain", "json"), help="plain text or JSON lines (default: logging.format)"
+    )
+    run.add_argument(
+        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="default: logging.level, INFO"
     )
     run.set_defaults(func=_run)
 

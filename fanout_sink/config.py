@@ -39,6 +39,7 @@ from fanout_sink.catalog import CatalogSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
 from fanout_sink.kafka.client import TopicSettings
 from fanout_sink.kafka.java_client import PropertyError, java_tls_properties, sasl_jaas_config
+from fanout_sink.logs import LogFormat, LogLevel
 
 # --------------------------------------------------------------------------------------------
 # Small value types
@@ -449,6 +450,9 @@ class DeadLetterSettings(_ReplicatedTopic):
     """``dead-letter:`` where records that cannot be delivered go (retention: the broker's default)."""
 
     topic: str = Field(examples=["shop-events-dlq"])
+    connect_headers: bool = Field(default=False, examples=[True])
+    """Also write Kafka Connect's ``__connect.errors.*`` headers (Connect's
+    ``errors.deadletterqueue.context.headers.enable``), so existing DLQ tooling reads ours."""
 
     def topic_settings(self) -> TopicSettings:
         return TopicSettings(
@@ -489,6 +493,14 @@ class MetricsSettings(_Section):
     port: int = Field(default=9464, ge=0, le=65535, examples=[9464])
 
 
+class LoggingSettings(_Section):
+    """``logging:`` the sink's log on stderr, on the driver and the executors alike (``--log-format``
+    and ``--log-level`` of ``fanout-sink run`` override it): ``plain`` text or ``json`` lines."""
+
+    format: LogFormat = Field(default="plain", examples=["json"])
+    level: LogLevel = Field(default="INFO", examples=["INFO"])
+
+
 class SinkConfig(_Section):
     """The whole ``sink.yaml``."""
 
@@ -507,6 +519,7 @@ class SinkConfig(_Section):
     maintenance: MaintenanceSettings = Field(
         default_factory=MaintenanceSettings, examples=[{"interval": "1h"}]
     )
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
     base_dir: Path = Field(default=Path("."), exclude=True)
     """Folder of the YAML file; relative schema paths resolve against it."""
 

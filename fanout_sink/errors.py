@@ -157,6 +157,11 @@ class RecordError(FanoutSinkError):
         )
 
 
+class BatchError(FanoutSinkError):
+    """A micro-batch failed on its last attempt (or the coordinator stopped): the app stops with this
+    one message; the failed task's traceback was logged once, where the batch failed."""
+
+
 class SchemaError(FanoutSinkError):
     """An Avro schema (a file, or one from the Schema Registry) is unusable, or the registry unreachable."""
 

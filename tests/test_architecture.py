@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fanout_sink"
 
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "faults", "processes"),
+    ("errors", "faults", "processes", "logs"),
     ("kafka", "catalog", "durable_io", "avro_schema", "jars"),
     ("config",),
     ("transform",),

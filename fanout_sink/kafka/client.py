@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -73,9 +74,96 @@ def pattern_topics(pattern: str, names: Iterable[str]) -> list[str]:
     return sorted(name for name in names if rx.fullmatch(name) and not name.startswith("__"))
 
 
+LIBRDKAFKA_LOGGER = "fanout_sink.librdkafka"
+"""The Python logger librdkafka's own lines go to, all at DEBUG."""
+
+
+class _LibrdkafkaLog:
+    """The ``logger`` every client gets: librdkafka's lines as DEBUG records of :data:`LIBRDKAFKA_LOGGER`.
+
+    Without one, librdkafka writes to stderr itself, from its own threads, in its own format: a
+    line per connection attempt while a broker is away. confluent-kafka hands each line to
+    ``logger.log(level, "%s [%s] %s", facility, client, text)`` when the client is polled; what an
+    operator needs of them (the broker is unreachable, then back) :class:`_Reachability` says once.
+    """
+
+    def __init__(self) -> None:
+        self._logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        self._logger.debug(msg, *args)
+
+
+class _Reachability:
+    """One WARNING when a cluster becomes unreachable, one INFO when it answers again, per process.
+
+    librdkafka reports "all brokers down" to every client's ``error_cb``, again after each failed
+    reconnect, and late: a client polled after the cluster came back still serves the reports queued
+    while it was away. So a report only starts a probe (metadata requests on a client of its own,
+    one at a time per cluster): if the cluster does not answer it, the probe logs the WARNING, keeps
+    asking, and logs the INFO when it answers, since librdkafka says nothing when it reconnects.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._probing: set[str] = set()
+
+    def error_cb(self, conf: dict[str, Any]) -> Callable[[KafkaError], None]:
+        servers = str(conf.get("bootstrap.servers", ""))
+
+        def on_error(error: KafkaError) -> None:
+            log.debug("Kafka client error: %s", error.str())
+            if error.code() != KafkaError._ALL_BROKERS_DOWN:
+                return
+            with self._lock:
+                if servers in self._probing:
+                    return
+                self._probing.add(servers)
+            threading.Thread(
+                target=self._probe,
+                args=(conf, servers, error.str()),
+                name="fanout-sink-kafka-probe",
+                daemon=True,
+            ).start()
+
+        return on_error
+
+    def _probe(self, conf: dict[str, Any], servers: str, reason: str) -> None:
+        since = time.monotonic()
+        probe_conf: dict[str, Any] = {**conf, "logger": _LIBRDKAFKA_LOG}  # no error_cb: it is the watcher
+        admin = AdminClient(probe_conf)
+        attempts = 0
+        while True:
+            try:
+                admin.list_topics(timeout=2.0)
+                break
+            except KafkaException:
+                attempts += 1
+                if attempts == 1:
+                    log.warning(
+                        "Kafka at %s is unreachable (%s); the sink keeps retrying and logs when it is "
+                        "back (librdkafka's own lines: logger %s at DEBUG)",
+                        servers,
+                        reason,
+                        LIBRDKAFKA_LOGGER,
+                    )
+                time.sleep(1.0)
+        with self._lock:
+            self._probing.discard(servers)
+        if attempts:
+            log.info("Kafka at %s is reachable again (after %.0f s)", servers, time.monotonic() - since)
+
+
+_LIBRDKAFKA_LOG = _LibrdkafkaLog()
+_REACHABILITY = _Reachability()
+
+
 def client_conf(kafka_conf: KafkaConf) -> dict[str, Any]:
-    """Client properties without consumer/producer-only keys that the other client type rejects."""
-    return {k: v for k, v in kafka_conf.items() if k not in {"group.id", "transactional.id"}}
+    """Client properties without consumer/producer-only keys that the other client type rejects, with
+    the sink's ``logger`` and ``error_cb``: every client the sink creates starts from here, so
+    librdkafka's lines go to Python logging at DEBUG and an unreachable cluster is logged once."""
+    conf = {k: v for k, v in kafka_conf.items() if k not in {"group.id", "transactional.id"}}
+    return {**conf, "logger": _LIBRDKAFKA_LOG, "error_cb": _REACHABILITY.error_cb(conf)}
 
 
 PRODUCER_ONLY = frozenset(
@@ -112,7 +200,7 @@ creating a consumer with each); a ``kafka:`` section tuned for the workers' prod
 
 def consumer_conf(kafka_conf: KafkaConf) -> dict[str, Any]:
     """``client_conf`` without producer-only properties: a consumer created per process stays quiet."""
-    return {k: v for k, v in client_conf(kafka_conf).items() if k not in PRODUCER_ONLY}
+    return client_conf({k: v for k, v in kafka_conf.items() if k not in PRODUCER_ONLY})
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,7 @@ class Coordinator:
 
     def _run(self) -> None:
         last = time.monotonic()
+        failed = 0  # rounds failed in a row: the first is a WARNING, the repeats DEBUG, the recovery INFO
         try:
             while not self._stopping.is_set():
                 self.poll_once(0.5)
@@ -189,10 +190,25 @@ class Coordinator:
                     last = time.monotonic()
                     try:
                         self.commit_round()
-                    except (KafkaException, TimeoutError):  # TransactionStuckError is a TimeoutError
+                    except (KafkaException, TimeoutError) as exc:  # TransactionStuckError: a TimeoutError
                         # Broker unreachable or restarting: nothing was lost (files stay pending,
                         # tables re-check their offsets), so try again next interval.
-                        log.exception("commit round of sink %r failed; retrying next interval", self.sink)
+                        failed += 1
+                        log.log(
+                            logging.WARNING if failed == 1 else logging.DEBUG,
+                            "commit round of sink %r failed (%s); retrying every %.0f s, quietly until "
+                            "one succeeds",
+                            self.sink,
+                            exc,
+                            self.commit_interval_s,
+                        )
+                        log.debug("commit round of sink %r failed", self.sink, exc_info=True)
+                    else:
+                        if failed:
+                            log.info(
+                                "commit rounds of sink %r succeed again after %d failed", self.sink, failed
+                            )
+                        failed = 0
         except BaseException as exc:
             log.exception("coordinator of sink %r stopped", self.sink)
             self.error = exc

@@ -127,6 +127,7 @@ class SinkApp:
                     },
                     light_jit=True,
                     checkpoint=checkpoint,
+                    log_format=self.config.logging.format,
                 )
             except BaseException:
                 self._coordinator = coordinator.result()
@@ -144,6 +145,8 @@ class SinkApp:
         except Exception:
             if self.record_error is not None:  # the operator needs the record, not Spark's traces
                 raise self.record_error from None
+            if self.batches.failure is not None:  # logged with its traceback where the batch failed
+                raise self.batches.failure from None
             raise
         finally:
             if schedule is not None:  # before the final round: that commit runs alone

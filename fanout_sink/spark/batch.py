@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fanout_sink.config import SinkConfig
-from fanout_sink.errors import FanoutSinkError, RecordError
+from fanout_sink.errors import BatchError, FanoutSinkError, RecordError
 from fanout_sink.kafka.java_client import inline_tls_files
+from fanout_sink.logs import TRACEBACK
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.spark import planning
 from fanout_sink.spark.task import SliceReport, config_key, run_task
+from fanout_sink.spark.task_failure import task_failure
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -74,6 +76,8 @@ class BatchRunner:
         self.lock = threading.Lock()
         self.record_error: RecordError | None = None
         """The bad record that stopped the query (``errors.tolerance: none``)."""
+        self.failure: BatchError | None = None
+        """Why the query stopped otherwise: a batch's last attempt failed, or the coordinator stopped."""
         self._coordinator_error = coordinator_error
         self._config_key = config_key(config)
         self._metrics = metrics
@@ -83,10 +87,11 @@ class BatchRunner:
         with self.lock:
             error = self._coordinator_error()
             if error is not None:
-                raise FanoutSinkError(
-                    f"the coordinator of sink {self.config.name!r} stopped: {error}. "
-                    "Restart the app; it resumes from the sink group and the tables' summaries."
-                ) from error
+                self.failure = BatchError(
+                    f"the coordinator of sink {self.config.name!r} stopped: {error}.\n"
+                    "  fix: restart the app; it resumes from the sink group and the tables' summaries."
+                )
+                raise self.failure from error
             ranges = planning.planned_ranges(self.checkpoint, batch_id, frame.sparkSession)
             started = time.monotonic()
             for attempt in range(1, self.retries + 1):
@@ -98,13 +103,36 @@ class BatchRunner:
                     self.record_error = RecordError.find(str(exc))
                     if self.record_error is not None:
                         raise self.record_error from exc
+                    self._log_failure(batch_id, attempt, exc)
                     if attempt == self.retries or isinstance(exc, FanoutSinkError):
                         raise
-                    log.warning("batch %d attempt %d failed (%s); retrying the batch", batch_id, attempt, exc)
             seconds = time.monotonic() - started
-            log.info("%s", BatchSummary(reports).describe(batch_id, seconds))
+            log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:
                 self._metrics.batch_done(seconds, [report.result for report in reports])
+
+    def _log_failure(self, batch_id: int, attempt: int, error: Exception) -> None:
+        """The one place a failed task's traceback is logged (Spark's repeats of it are filtered
+        out, see ``spark/log4j2``); Spark's Java stack traces only at DEBUG."""
+        failure = task_failure(error)
+        last = attempt == self.retries or isinstance(error, FanoutSinkError)
+        log.log(
+            logging.ERROR if last else logging.WARNING,
+            "batch %d attempt %d of %d failed: %s; %s",
+            batch_id,
+            attempt,
+            self.retries,
+            failure.summary,
+            "giving up" if last else "retrying the batch",
+            extra={"batch": batch_id, "attempt": attempt, TRACEBACK: failure.traceback},
+        )
+        log.debug("batch %d attempt %d: the job's error", batch_id, attempt, exc_info=error)
+        if last:
+            self.failure = BatchError(
+                f"batch {batch_id} failed {attempt} time(s): {failure.summary}\n"
+                "  fix: the failed task's traceback is logged above; once its cause is fixed, restart "
+                "the app: it resumes after what the sink delivered"
+            )
 
     def _run(self, context: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
         """One task per range that moved (``numSlices`` = ranges: one element each), in the order of

@@ -24,11 +24,15 @@ class ProgressLogger(StreamingQueryListener):  # type: ignore[misc]
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
-        log.info("spark progress: batch %d, durations ms %s", progress.batchId, dict(progress.durationMs))
+        # Detail: the sink's own batch line says what an operator needs (records, rows, files, time).
+        log.debug("spark progress: batch %d, durations ms %s", progress.batchId, dict(progress.durationMs))
 
     def onQueryIdle(self, event: Any) -> None:
         return None
 
     def onQueryTerminated(self, event: Any) -> None:
         if event.exception:
-            log.error("streaming query stopped with an error: %s", event.exception)
+            # The first line only: the batch that failed logged the error and its traceback already.
+            log.error(
+                "streaming query stopped with an error: %s", str(event.exception).strip().split("\n")[0]
+            )

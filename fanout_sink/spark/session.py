@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any
 
 from fanout_sink import jars
@@ -31,6 +32,13 @@ server may vend the store's credentials), and Iceberg Java's default FileIO ther
 ``s3://`` locations to S3FileIO."""
 
 _REMOTE_CATALOGS = {"rest", "glue"}
+
+
+def log4j_options(log_format: str) -> str:
+    """The driver JVM's log4j2 configuration for the sink's ``logging.format`` (``log4j2/*.properties``):
+    Spark at WARN in the sink's format, without the repeats of a failed task's traceback."""
+    path = resources.files("fanout_sink.spark").joinpath(f"log4j2/{log_format}.properties")
+    return f"-Dlog4j2.configurationFile={path}"
 
 
 def connector_jars(catalog: CatalogSettings | None, checkpoint: str | None = None) -> list[str]:
@@ -80,10 +88,12 @@ def build_spark_session(
     extra_conf: Mapping[str, str] | None = None,
     light_jit: bool = False,
     checkpoint: str | None = None,
+    log_format: str = "plain",
 ) -> Any:
     """A SparkSession with the sink's jars and catalog; ``master`` defaults to ``local[*]``.
 
     ``light_jit`` is for the app, whose driver JVM never handles records (see :mod:`.jvm`).
+    ``log_format`` is the sink's ``logging.format``, which Spark's own lines follow too.
     """
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
@@ -111,7 +121,8 @@ def build_spark_session(
         builder = builder.config(key, value)
     launching = "PYSPARK_GATEWAY_PORT" not in os.environ
     jvm = DriverJvm.plan(conf["spark.driver.extraClassPath"].split(os.pathsep)) if launching else None
-    user_options = conf.get(_JAVA_OPTIONS)
+    # The user's options come last: a -Dlog4j2.configurationFile of theirs wins.
+    user_options = " ".join(filter(None, (log4j_options(log_format), conf.get(_JAVA_OPTIONS))))
     if jvm is not None:
         builder = builder.config(_JAVA_OPTIONS, driver_java_options(jvm, light_jit, user_options))
     try:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fanout_sink import logs
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.kafka.range_reader import RangeReader
@@ -79,6 +80,8 @@ def _executor_state(key: str, config: SinkConfig) -> _ExecutorState:
     tasks: producers, the consumer, catalog connections and loaded tables outlive a micro-batch."""
     with _EXECUTOR_LOCK:
         if key not in _EXECUTOR_STATE:
+            # The executor's lines join the driver's (local) or the executor's log (cluster): alike.
+            logs.configure(config.logging.format, config.logging.level)
             processor = build_processor(config, load_catalog(config.catalog))
             reader = RangeReader(config.kafka, sink_group(config.name))
             _EXECUTOR_STATE[key] = _ExecutorState(slice_worker(config), processor, reader)

@@ -18,6 +18,11 @@ Header keys (values are UTF-8 text):
 ``fanout-sink.original.value.size`` the value's size in bytes before truncation (truncated only)
 =============================  ===============================================================
 
+With ``dead-letter.connect-headers: true`` (Kafka Connect's ``errors.deadletterqueue.context.
+headers.enable``), a dead letter also carries Kafka Connect's ``__connect.errors.*`` headers, UTF-8
+text as Connect writes them (:func:`connect_headers`; the mapping is in ``routing/README.md``), so
+tooling written for Connect's dead-letter queues reads ours.
+
 The worker produces these inside its Kafka transaction, so a dead letter is published exactly
 when the slice's offsets are committed. A dead letter that would not fit the producer's
 ``message.max.bytes`` or the dead-letter topic's ``max.message.bytes`` would fail that transaction
@@ -50,6 +55,18 @@ TRUNCATED = PREFIX + "truncated"
 ORIGINAL_KEY_SIZE = PREFIX + "original.key.size"
 ORIGINAL_VALUE_SIZE = PREFIX + "original.value.size"
 
+CONNECT_PREFIX = "__connect.errors."
+"""Kafka Connect's ``DeadLetterQueueReporter`` header prefix (``__connect`` + ``.errors.``)."""
+CONNECT_STAGES = {
+    "decode": "VALUE_CONVERTER",
+    "route": "TRANSFORMATION",
+    "convert": "TASK_PUT",
+    "tombstone": "TASK_PUT",
+}
+"""Our stage as the name of Connect's ``Stage`` enum constant where Connect would have failed."""
+CONNECT_EXCEPTION = "fanout_sink.errors.RecordError"
+"""The error the sink raises for the same record under ``errors.tolerance: none``."""
+
 # Bytes a record costs on the wire beyond its key, value and header bytes: the record batch header
 # (61) and the record's and each header's varint framing, rounded up generously.
 _RECORD_OVERHEAD = 512
@@ -67,8 +84,10 @@ def dead_letter(
     reason: str,
     table: str | None = None,
     column: str | None = None,
+    connect_class: str | None = None,
 ) -> DeadLetter:
-    """A dead letter for one raw record (a row of ``RAW_RECORD_SCHEMA`` as a Python dict)."""
+    """A dead letter for one raw record (a row of ``RAW_RECORD_SCHEMA`` as a Python dict); with
+    ``connect_class`` (the class that failed on it), Kafka Connect's headers too."""
     headers: list[tuple[str, bytes]] = [
         (h["key"], h["value"] if h["value"] is not None else b"") for h in raw.get("headers") or []
     ]
@@ -88,7 +107,42 @@ def dead_letter(
     if column is not None:
         extra.append((COLUMN, column))
     headers.extend((key, value.encode("utf-8")) for key, value in extra)
+    if connect_class is not None:
+        where = ", ".join(
+            f"{name} {value}" for name, value in (("table", table), ("column", column)) if value
+        )
+        message = f"record {raw.get('topic')}[{raw.get('partition')}]@{raw.get('offset')} failed at {stage}: "
+        message += reason[:_MAX_REASON] + (f" ({where})" if where else "")
+        context = connect_headers(raw, sink=sink, stage=stage, executing=connect_class, message=message)
+        present = {name for name, _ in headers}
+        # As Connect's reporter does: a header the record already carries is kept, not added twice.
+        headers.extend((name, value) for name, value in context if name not in present)
     return DeadLetter(key=raw.get("key"), value=raw.get("value"), headers=headers)
+
+
+def connect_headers(
+    raw: dict[str, Any], *, sink: str, stage: str, executing: str, message: str
+) -> list[tuple[str, bytes]]:
+    """Kafka Connect's dead-letter context headers for one raw record, encoded as Connect's
+    ``DeadLetterQueueReporter`` encodes them: every value UTF-8 text, numbers in decimal.
+
+    ``task.id`` is the source partition (one Spark task delivers one topic-partition's range); the
+    stack trace is the first line a Java stack trace starts with (``class: message``): the failure was
+    found by a vectorised check, not raised, so there are no frames to show.
+    """
+    values = {
+        "topic": str(raw.get("topic")),
+        "partition": str(raw.get("partition")),
+        "offset": str(raw.get("offset")),
+        "connector.name": sink,
+        "task.id": str(raw.get("partition")),
+        "stage": CONNECT_STAGES[stage],
+        "class.name": executing,
+        "exception.class.name": CONNECT_EXCEPTION,
+        "exception.message": message,
+        "exception.stacktrace": f"{CONNECT_EXCEPTION}: {message}\n",
+    }
+    return [(CONNECT_PREFIX + name, value.encode("utf-8")) for name, value in values.items()]
 
 
 def header(letter: DeadLetter, key: str) -> str | None:
@@ -129,7 +183,7 @@ def fit(letter: DeadLetter, max_bytes: int) -> DeadLetter:
         return max_bytes - _RECORD_OVERHEAD - _headers_size([*kept, longest_marker, *sizes])
 
     if room_for(headers) < 0:
-        headers = [(name, data) for name, data in headers if name.startswith(PREFIX)]
+        headers = [(name, data) for name, data in headers if name.startswith((PREFIX, CONNECT_PREFIX))]
         dropped_headers = True
     room = max(room_for(headers), 0)
     key_room = min(len(key), max(room // 2, room - len(value)))

@@ -129,6 +129,7 @@ class RoutingProcessor:
             failures.sort(key=lambda f: (f.index, f.table or ""))
             indices = pa.array([f.index for f in failures], pa.int64())
             rows = raw.take(indices).to_pylist()
+            executing = self._connect_classes()
             out.dead_letters = [
                 deadletter.dead_letter(
                     row,
@@ -137,6 +138,7 @@ class RoutingProcessor:
                     reason=f.reason,
                     table=f.table,
                     column=f.column,
+                    connect_class=executing[f.stage] if executing else None,
                 )
                 for row, f in zip(rows, failures, strict=True)
             ]
@@ -146,6 +148,16 @@ class RoutingProcessor:
         stats.rows = sum(stats.rows_per_table.values())
         self.last_stats = stats
         return out
+
+    def _connect_classes(self) -> dict[str, str] | None:
+        """Per stage, the class that failed on a record (Kafka Connect's ``class.name`` header), when
+        ``dead-letter.connect-headers`` asks for Connect's headers."""
+        if self.config.dead_letter is None or not self.config.dead_letter.connect_headers:
+            return None
+        decoder, router, processor = (
+            f"{type(o).__module__}.{type(o).__qualname__}" for o in (self.decoder, self.router, self)
+        )
+        return {"decode": decoder, "route": router, "convert": processor, "tombstone": processor}
 
     def _to_table(
         self,

@@ -37,14 +37,15 @@ def test_available_now_into_static_and_dynamic_tables_read_both_ways(
     sink_run.produce(1500)
     profiles = sink_run.tmp_path / "profiles"
     log = sink_run.run(
-        "--available-now", "--max-offsets-per-trigger", "800", env={"FANOUT_SINK_PROFILE": str(profiles)}
-    )
+        "--available-now", "--max-offsets-per-trigger", "800", "--log-level", "DEBUG",
+        env={"FANOUT_SINK_PROFILE": str(profiles)},
+    )  # fmt: skip
     assert "batch 0:" in log and "batch 1:" in log, "the cap splits the run into several micro-batches"
     # Every task ran under cProfile: one dump per topic-partition and batch, loadable by pstats.
     dumps = sorted(p.name for p in profiles.iterdir())
     assert {name.rsplit("-", 1)[1] for name in dumps} == {"0.prof", "1.prof"}, dumps
     assert pstats.Stats(str(profiles / dumps[0])).total_calls > 0
-    assert "spark progress: batch 1, durations ms" in log, "Spark's own progress is logged too"
+    assert "spark progress: batch 1, durations ms" in log, "Spark's own progress is logged too, at DEBUG"
     batch_lines = re.findall(r"batch \d+: (\d+) records in, .* MB\), (\d+) records/s", log)
     assert sum(int(n) for n, _rate in batch_lines) == 1500, f"the tasks' own counts and rates: {log[-3000:]}"
     sink_run.assert_exact()

@@ -1,0 +1,97 @@
+"""The sink's own log: one handler, plain text or JSON lines, the same on the driver and executors.
+
+An operator reads this log for the events that matter (a batch, a commit round, a retry, an error
+with its fix); everything else goes to DEBUG. The log is written by several processes, the driver and
+every executor's Python workers, so each one calls :func:`configure` with the same settings (the
+``logging:`` section travels to the executors inside the pickled config), and their lines look alike.
+
+JSON lines carry ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, any of
+:data:`FIELDS` a log call passed in ``extra``, and ``traceback`` when the line reports a failure.
+A traceback is a multi-line text that a log shipper would split, so a line that has one keeps it in
+that one field (plain format: indented under the line).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+LogFormat = Literal["plain", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+ROOT = "fanout_sink"
+"""The logger every module of the sink logs under (``logging.getLogger(__name__)``)."""
+
+FIELDS = ("batch", "attempt", "commit_id", "table", "topic", "partition", "offset")
+"""Structured fields a log call may pass in ``extra=`` (and the JSON format shows as keys)."""
+
+TRACEBACK = "traceback"
+"""The ``extra=`` key for a failure's text that is not this process's exception (a Spark task's
+Python traceback, which reaches the driver inside a Java exception's message)."""
+
+_HANDLER = "fanout-sink"
+_PLAIN = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _traceback(formatter: logging.Formatter, record: logging.LogRecord) -> str | None:
+    """The record's failure text: its exception (``exc_info``) or a ``traceback`` passed in ``extra``."""
+    if record.exc_info:
+        return formatter.formatException(record.exc_info)
+    text = getattr(record, TRACEBACK, None)
+    return str(text).rstrip() if text else None
+
+
+class PlainFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, a failure's traceback on the lines below."""
+
+    def __init__(self) -> None:
+        super().__init__(_PLAIN)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)  # with the exception's traceback, if any
+        details = None if record.exc_info else _traceback(self, record)
+        return f"{text}\n{details}" if details else text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, structured fields, traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in FIELDS:
+            value = getattr(record, key, None)
+            if value is not None:
+                entry[key] = value
+        details = _traceback(self, record)
+        if details:
+            entry[TRACEBACK] = details
+        return json.dumps(entry, default=str)
+
+
+def formatter(log_format: LogFormat) -> logging.Formatter:
+    return JsonFormatter() if log_format == "json" else PlainFormatter()
+
+
+def configure(log_format: LogFormat = "plain", level: LogLevel = "INFO") -> None:
+    """The sink's log on stderr in ``log_format`` from ``level`` on; calling it again re-applies.
+
+    The handler is the sink's own (not the root logger's), so the log shows whether or not a library
+    configured the root logger first, and py4j's INFO chatter stays out.
+    """
+    logger = logging.getLogger(ROOT)
+    logger.setLevel(level)
+    handler = next((h for h in logger.handlers if h.get_name() == _HANDLER), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.set_name(_HANDLER)
+        logger.addHandler(handler)
+        logger.propagate = False
+    handler.setFormatter(formatter(log_format))

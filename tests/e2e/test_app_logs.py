@@ -1,0 +1,64 @@
+"""The app's log as an operator reads it: JSON lines from the driver, the executors and Spark alike, and
+a failed task's traceback once, at the batch that retried it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.sink_app import SinkRun
+
+from fanout_sink.catalog import CatalogSettings
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+_JVM_NOTICE = "WARNING: Using incubator modules"  # the JVM's own, before any logger exists
+
+
+def test_json_log_with_a_failed_task_shows_its_traceback_once(
+    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+) -> None:
+    sink = SinkRun(
+        tmp_path,
+        bootstrap_servers,
+        catalog_settings,
+        make_topic,
+        overrides={"logging": {"format": "json"}},
+    )
+    sink.produce(200)
+    armed = tmp_path / "armed"
+    armed.touch()  # the first task to pass the point fails, once; the batch's retry delivers
+    log = sink.run(
+        "--available-now", env={"FANOUT_SINK_FAULTS": f"worker.after-write-files=when:{armed}:raise"}
+    )
+    (tmp_path / "app.log").write_text(log)  # kept with the test's folder, for a failure's post-mortem
+    sink.assert_exact()
+
+    lines = [line for line in log.splitlines() if line.strip() and not line.startswith(_JVM_NOTICE)]
+    entries: list[dict[str, Any]] = []
+    for line in lines:
+        entry = json.loads(line)  # every line: the driver's, the executors', Spark's log4j
+        assert {"time", "level", "logger", "message"} <= entry.keys(), line
+        entries.append(entry)
+    assert log.count("Traceback (most recent call last)") == 1, log[-6000:]
+    ours = [e for e in entries if e["logger"].startswith("fanout_sink")]
+    with_traceback = [e for e in ours if e.get("traceback")]
+    assert len(with_traceback) == 1, with_traceback
+    failed = with_traceback[0]
+    spark = [json.dumps(e) for e in entries if not e["logger"].startswith("fanout_sink")]
+    assert not [e for e in spark if "InjectedFault" in e], (
+        "Spark's repeats of the task's failure are filtered"
+    )
+    assert failed["logger"] == "fanout_sink.app" and failed["level"] == "WARNING"
+    assert failed["batch"] == 0 and failed["attempt"] == 1
+    assert "InjectedFault: fault injected at worker.after-write-files" in failed["message"]
+    assert "retrying the batch" in failed["message"]
+    assert failed["traceback"].endswith(failed["message"].split(": ", 1)[1].split("; retrying")[0])
+    # The executors' lines (dynamic tables are created on first write, in the tasks) are JSON too.
+    assert any(e["logger"] == "fanout_sink.transform.tables" for e in ours), "executor lines"
+    done = [e for e in ours if e["logger"] == "fanout_sink.app" and e["message"].startswith("batch 0: ")]
+    assert len(done) == 1 and done[0]["batch"] == 0
+    assert not [e for e in ours if e["logger"] == "fanout_sink.librdkafka"], "DEBUG only"

@@ -1,0 +1,83 @@
+"""The sink's log formats: JSON lines an aggregator parses, plain lines a person reads; one handler."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from fanout_sink import logs
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    """The sink's handler, writing into a buffer; restored afterwards."""
+    logger = logging.getLogger(logs.ROOT)
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    logger.handlers = []
+    buffer = io.StringIO()
+    try:
+        yield buffer
+    finally:
+        logger.handlers = saved[1]
+        logger.setLevel(saved[0])
+        logger.propagate = saved[2]
+
+
+def _point_at(buffer: io.StringIO) -> None:
+    handler = next(h for h in logging.getLogger(logs.ROOT).handlers if h.get_name() == "fanout-sink")
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(buffer)
+
+
+def test_json_format_writes_one_object_per_line_with_the_structured_fields(captured: io.StringIO) -> None:
+    logs.configure("json", "INFO")
+    _point_at(captured)
+    log = logging.getLogger("fanout_sink.app")
+    log.info("batch %d: %d records in", 7, 300, extra={"batch": 7, "topic": "orders", "partition": 2})
+    log.debug("not at INFO")
+    log.warning("attempt failed", extra={"batch": 7, "attempt": 1, logs.TRACEBACK: "Traceback ...\nBoom: x"})
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        log.exception("commit of %s failed", "shop.orders", extra={"table": "shop.orders", "offset": 41})
+    lines = captured.getvalue().splitlines()
+    assert len(lines) == 3, "one line per record, multi-line text included"
+    first, second, third = (json.loads(line) for line in lines)
+    assert first["message"] == "batch 7: 300 records in"
+    assert {key: first[key] for key in ("level", "logger", "batch", "topic", "partition")} == {
+        "level": "INFO",
+        "logger": "fanout_sink.app",
+        "batch": 7,
+        "topic": "orders",
+        "partition": 2,
+    }
+    assert first["time"].endswith("Z") and "T" in first["time"]
+    assert "traceback" not in first and "attempt" not in first
+    assert second["attempt"] == 1 and second["traceback"] == "Traceback ...\nBoom: x"
+    assert third["level"] == "ERROR" and third["table"] == "shop.orders" and third["offset"] == 41
+    assert third["traceback"].startswith("Traceback")
+    assert third["traceback"].endswith("ValueError: bad\nvalue")
+
+
+def test_plain_format_puts_a_task_traceback_under_its_line(captured: io.StringIO) -> None:
+    logs.configure("plain", "INFO")
+    _point_at(captured)
+    logging.getLogger("fanout_sink.app").warning(
+        "batch 3 failed", extra={"batch": 3, logs.TRACEBACK: "Traceback (most recent call last):\nBoom: x\n"}
+    )
+    lines = captured.getvalue().splitlines()
+    assert lines[0].endswith(" WARNING fanout_sink.app: batch 3 failed")
+    assert lines[1:] == ["Traceback (most recent call last):", "Boom: x"]
+
+
+def test_configure_again_switches_the_format_on_the_same_handler(captured: io.StringIO) -> None:
+    logs.configure("plain", "INFO")
+    logs.configure("json", "WARNING")
+    logger = logging.getLogger(logs.ROOT)
+    ours = [h for h in logger.handlers if h.get_name() == "fanout-sink"]
+    assert len(ours) == 1 and isinstance(ours[0].formatter, logs.JsonFormatter)
+    assert logger.level == logging.WARNING and not logger.propagate
