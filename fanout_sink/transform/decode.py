@@ -49,12 +49,6 @@ import pyarrow.json as pa_json
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import ConfigError, SchemaError
-from fanout_sink.transform.registry_formats import (
-    JsonSchemaReader,
-    ProtobufReader,
-    UndecodableValue,
-    registry_reader,
-)
 
 FieldPaths = frozenset[tuple[str, ...]]
 """Record field paths (``("customer", "tier")`` for ``customer.tier``) that routing reads."""
@@ -845,6 +839,18 @@ def _optional(table: pa.Table, shared: set[str]) -> pa.Table:
     return table.cast(pa.schema(fields, metadata=table.schema.metadata))
 
 
+class RecordReader(Protocol):
+    """Reads one value of a registry format (:mod:`~fanout_sink.transform.registry_formats`)."""
+
+    def read(self, value: bytes) -> tuple[Hashable, dict[str, Any]] | str:
+        """(key of the value's writer schema, its record), or why it cannot be read."""
+        ...
+
+    def arrow_schema(self, key: Hashable) -> pa.Schema | None:
+        """The columns a key's records have, or None when their values type the columns."""
+        ...
+
+
 class RegistryDecoder:
     """Schema Registry Protobuf or JSON Schema values, read by confluent-kafka's deserializers
     (:mod:`fanout_sink.transform.registry_formats`), one Arrow table per writer schema.
@@ -854,7 +860,7 @@ class RegistryDecoder:
     JSON text where a field's values do not share a type.
     """
 
-    def __init__(self, reader: ProtobufReader | JsonSchemaReader) -> None:
+    def __init__(self, reader: RecordReader) -> None:
         self.reader = reader
 
     def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
@@ -867,11 +873,11 @@ class RegistryDecoder:
             if value is None:
                 failures.append((index, "value is null"))
                 continue
-            try:
-                key, record = self.reader.read(value)
-            except UndecodableValue as exc:
-                failures.append((index, str(exc)))
+            read = self.reader.read(value)
+            if isinstance(read, str):
+                failures.append((index, read))
                 continue
+            key, record = read
             indices, records = groups.setdefault(key, ([], []))
             indices.append(index)
             records.append(record)
@@ -915,4 +921,8 @@ def build_decoder(config: SinkConfig) -> Decoder:
             raise ConfigError(config.name, "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
     if source.format == "confluent-avro":
         return ConfluentAvroDecoder(source.schema_registry)
+    # Imported here: the registry's Protobuf and JSON Schema libraries take a second or more to
+    # import, which every process of a sink reading another format would pay.
+    from fanout_sink.transform.registry_formats import registry_reader
+
     return RegistryDecoder(registry_reader(source.format, source.schema_registry))

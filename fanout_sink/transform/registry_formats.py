@@ -47,7 +47,7 @@ from referencing import Resource
 from fanout_sink.errors import SchemaError
 
 
-class UndecodableValue(Exception):
+class _Undecodable(Exception):
     """A value that is not a record of the writer schema; the message is the dead letter's reason."""
 
 
@@ -129,9 +129,9 @@ def _wire_header(value: bytes, schema_type: str) -> tuple[int, SchemaId, io.Byte
     try:
         payload = schema_id.from_bytes(io.BytesIO(value))
     except Exception:  # short value, bad magic byte, bad message index varint
-        raise UndecodableValue(_NOT_WIRE) from None
+        raise _Undecodable(_NOT_WIRE) from None
     if schema_id.id is None:
-        raise UndecodableValue(f"{_NOT_WIRE} (a schema GUID header is not supported)")
+        raise _Undecodable(f"{_NOT_WIRE} (a schema GUID header is not supported)")
     return int(schema_id.id), schema_id, payload
 
 
@@ -294,7 +294,7 @@ def _same(value: Any) -> Any:
 def _fits_int64(field: str) -> Convert:
     def check(value: int) -> int:
         if value > _INT64_MAX:
-            raise UndecodableValue(f"{field} = {value} does not fit a 64-bit signed integer column")
+            raise _Undecodable(f"{field} = {value} does not fit a 64-bit signed integer column")
         return value
 
     return check
@@ -308,7 +308,20 @@ def _nullable(field: FieldDescriptor) -> bool:
     return bool(field.has_presence)
 
 
-class ProtobufReader:
+class _Reader:
+    """:meth:`read`: a value's (key, record), or the reason it cannot be read."""
+
+    def read(self, value: bytes) -> tuple[Hashable, dict[str, Any]] | str:
+        try:
+            return self._read(value)
+        except _Undecodable as exc:
+            return str(exc)
+
+    def _read(self, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+        raise NotImplementedError
+
+
+class ProtobufReader(_Reader):
     """Confluent wire-format Protobuf values -> records, one key per (schema id, message type)."""
 
     def __init__(self, registry_conf: dict[str, str]) -> None:
@@ -317,15 +330,15 @@ class ProtobufReader:
         self._schemas = _RegistrySchemas(client, "PROTOBUF", self._deserializer.prepare)
         self._shapes = _Shapes()
 
-    def read(self, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+    def _read(self, value: bytes) -> tuple[Hashable, dict[str, Any]]:
         schema_id, header, payload = _wire_header(value, "PROTOBUF")
         problem = self._schemas.problem(schema_id)
         if problem is not None:
-            raise UndecodableValue(problem)
+            raise _Undecodable(problem)
         try:
             message = self._deserializer.message(schema_id, header, payload)
         except Exception as exc:  # DecodeError, bad message index, invalid UTF-8 in a string: many types
-            raise UndecodableValue(
+            raise _Undecodable(
                 f"invalid Protobuf for schema id {schema_id}: {type(exc).__name__}: {exc}"
             ) from None
         desc = message.DESCRIPTOR
@@ -412,7 +425,7 @@ def _json_type(schema: Any, resolver: Any, depth: int) -> pa.DataType | None:
     return None
 
 
-class JsonSchemaReader:
+class JsonSchemaReader(_Reader):
     """Confluent wire-format JSON Schema values -> records, validated against the writer schema."""
 
     def __init__(self, registry_conf: dict[str, str]) -> None:
@@ -420,20 +433,20 @@ class JsonSchemaReader:
         self._deserializer = _WriterJsonDeserializer(client)
         self._schemas = _RegistrySchemas(client, "JSON", self._deserializer.prepare)
 
-    def read(self, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+    def _read(self, value: bytes) -> tuple[Hashable, dict[str, Any]]:
         schema_id = _wire_header(value, "JSON")[0]
         problem = self._schemas.problem(schema_id)
         if problem is not None:
-            raise UndecodableValue(problem)
+            raise _Undecodable(problem)
         try:
             record = self._deserializer(value, None)
         except Exception as exc:  # invalid JSON, fails validation: SerializationError, ValueError, ...
-            raise UndecodableValue(
+            raise _Undecodable(
                 f"invalid JSON Schema value for schema id {schema_id}: {type(exc).__name__}: {exc}"
             ) from None
         if not isinstance(record, dict):
             kind = type(record).__name__
-            raise UndecodableValue(f"value for schema id {schema_id} is a JSON {kind}, not an object")
+            raise _Undecodable(f"value for schema id {schema_id} is a JSON {kind}, not an object")
         return schema_id, record
 
     def arrow_schema(self, key: Hashable) -> pa.Schema | None:
