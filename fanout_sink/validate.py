@@ -154,7 +154,9 @@ def _route_rows(settings: TableSettings, source: pa.Schema | None) -> tuple[pa.T
     if failures:
         return None
     complete = source is not None or jmespath.compile(settings.select).parsed["type"] == "multi_select_dict"
-    return rows, complete
+    # A select jmespath evaluates per record may compute real values from the placeholders (the text
+    # "null" from to_string(null)): only the types it gives stand for every record.
+    return placeholder_rows(rows.schema), complete
 
 
 def _check_table(
@@ -189,9 +191,15 @@ def _check_table(
                 )
             ]
         if settings.schema_file is None:
-            return [Finding("ok", f"table {name}: does not exist yet; created from its first rows")]
+            route = _route_rows(settings, source)
+            if route is not None and route[1]:
+                findings += _check_partition_columns(key, "the route", route[0].column_names, settings)
+            return findings or [
+                Finding("ok", f"table {name}: does not exist yet; created from its first rows")
+            ]
         target = avro_to_arrow_schema(load_avro_schema(config.resolve(settings.schema_file)))
         what = f"{key}.schema"
+        findings += _check_partition_columns(key, what, target.names, settings)
         findings.append(
             Finding("ok", f"table {name}: does not exist yet; created from {settings.schema_file}")
         )
@@ -258,6 +266,22 @@ def _check_columns(
 
 def _listed(names: list[str]) -> str:
     return f"column{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}"
+
+
+def _check_partition_columns(
+    key: str, what: str, columns: list[str], settings: TableSettings
+) -> list[Finding]:
+    """A table to be created: each ``partition-by`` column must be one of its columns."""
+    return [
+        Finding(
+            "problem",
+            f"{key}.partition-by: {part} names column {part.column!r}, which {what} does not give: "
+            "creating the table would fail",
+            f"partition by one of {', '.join(columns) or '(no columns)'}, or give {part.column!r} a value",
+        )
+        for part in settings.partition_by
+        if part.column.split(".")[0] not in columns
+    ]
 
 
 def _check_partitions(key: str, name: str, table: Any, settings: TableSettings) -> list[Finding]:

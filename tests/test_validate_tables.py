@@ -80,3 +80,33 @@ def test_the_dynamic_name_is_tried_on_each_source_topic(
     ]
     by_field = _check(catalog, catalog_settings, tmp_path, dynamic={"table": "join('.', ['raw', kind])"})
     assert [f.level for f in by_field] == ["ok"] and "reads record fields" in by_field[0].text
+
+
+def test_a_table_to_create_must_have_its_partition_columns(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    (tmp_path / "t.avsc").write_text(
+        '{"type": "record", "name": "T", "fields": [{"name": "id", "type": "long"}]}'
+    )
+    tables = {
+        "a.inferred": {"select": "{id: id, at: timestamp}", "partition-by": ["day(ts)"]},
+        "a.declared": {"schema": "t.avsc", "partition-by": ["bucket[4](id)", "day(at)"]},
+        "a.fine": {"select": "{id: id, ts: timestamp}", "partition-by": ["day(ts)"]},
+    }
+    assert _problems(_check(catalog, catalog_settings, tmp_path, tables=tables)) == [
+        "tables.\"a.inferred\".partition-by: day(ts) names column 'ts', which the route does not give: "
+        "creating the table would fail",
+        'tables."a.declared".partition-by: day(at) names column \'at\', which tables."a.declared".schema '
+        "does not give: creating the table would fail",
+    ]
+
+
+def test_values_a_select_computes_from_placeholders_are_not_taken_for_records(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    """``to_string(id)`` of the placeholder gives the text "null", which no long column takes; a
+    record's id would give "42", which it does: only the type (text) may count."""
+    catalog.create_namespace("a")
+    catalog.create_table("a.t", Schema(NestedField(1, "id", LongType())))
+    findings = _check(catalog, catalog_settings, tmp_path, tables={"a.t": {"select": "{id: to_string(id)}"}})
+    assert _problems(findings) == []

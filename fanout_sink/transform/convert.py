@@ -554,7 +554,7 @@ def convert(rows: pa.Table, schema: pa.Schema, matching: Matching | None = None)
 def _placeholder(dtype: pa.DataType) -> pa.Array:
     """One value standing for every value of ``dtype``: text is null (the converter parses text into
     every type, so only real text can fail), a list holds one element, the rest are zero or empty."""
-    if _is_string(dtype):
+    if _is_string(dtype) or pa.types.is_null(dtype) or pa.types.is_dictionary(dtype):
         return pa.nulls(1, dtype)
     if pa.types.is_struct(dtype):
         return pa.StructArray.from_arrays([_placeholder(f.type) for f in dtype], fields=list(dtype))
