@@ -49,7 +49,7 @@ SMALL_FILE_RATIO = 0.75
 """Below this share of the target a file is worth rewriting (Iceberg's ``min-file-size-bytes`` default)."""
 SHORT_ORPHAN_AGE = timedelta(hours=1)
 
-StepName = Literal["compact", "manifests", "expire", "orphans", "last-run"]
+StepName = Literal["load", "compact", "manifests", "expire", "orphans", "last-run"]
 StepAction = Literal["ran", "skipped", "failed", "dry-run"]
 
 
@@ -61,6 +61,7 @@ class Figures:
     bytes: int
     snapshots: int
     manifests: int
+    """Of the current snapshot, those listing live files (see :func:`live_manifests`)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,10 @@ class TableMaintenance:
         return {step.name: step.detail for step in self.steps if step.action == "skipped"}
 
 
+NO_FIGURES = Figures(0, 0, 0, 0)
+"""What a table that could not be loaded counts."""
+
+
 def figures(table: Table) -> Figures:
     snapshot = table.current_snapshot()
     if snapshot is None:
@@ -105,8 +110,17 @@ def figures(table: Table) -> Figures:
         data_files=int(summary.get("total-data-files", 0)) if summary is not None else 0,
         bytes=int(summary.get("total-files-size", 0)) if summary is not None else 0,
         snapshots=len(table.metadata.snapshots),
-        manifests=len(snapshot.manifests(table.io)),
+        manifests=live_manifests(table),
     )
+
+
+def live_manifests(table: Table) -> int:
+    """Manifests of the current snapshot that list live files. A rewrite's snapshot also lists the
+    manifests of what it removed (only deleted entries), which the next commit drops: not counted."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return 0
+    return sum(1 for m in snapshot.manifests(table.io) if m.has_added_files() or m.has_existing_files())
 
 
 def target_file_size(table: Table, settings: MaintenanceSettings) -> int:
@@ -156,6 +170,15 @@ def expirable_snapshots(table: Table, older_than_ms: int, keep: int) -> int:
     return sum(1 for s in metadata.snapshots if s.timestamp_ms < older_than_ms and s.snapshot_id not in kept)
 
 
+def _span(duration: timedelta) -> str:
+    """``3d``, ``1h``, ``90s``: a duration as the YAML writes it."""
+    seconds = duration.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def _quote(identifier: str) -> str:
     return ".".join(f"`{part}`" for part in identifier.split("."))
 
@@ -196,6 +219,15 @@ class _TableRun:
         log.log(
             level, "maintenance %s %s: %s %s (%.1fs)", self.identifier, name, action, detail, step.duration_s
         )
+
+    def measure(self) -> Figures | None:
+        """The table's figures now; None (and a failed step) when it cannot be loaded."""
+        started = time.monotonic()
+        try:
+            return figures(self.catalog.load_table(self.identifier))
+        except Exception as exc:
+            self.record("load", "failed", f"{type(exc).__name__}: {exc}", started)
+            return None
 
     def refresh(self) -> Table:
         # Spark's catalog caches tables: the sink committed since, so see its latest metadata.
@@ -241,8 +273,7 @@ class _TableRun:
     def rewrite_manifests(self, settings: MaintenanceSettings, dry_run: bool) -> None:
         started = time.monotonic()
         table = self.catalog.load_table(self.identifier)
-        snapshot = table.current_snapshot()
-        count = len(snapshot.manifests(table.io)) if snapshot is not None else 0
+        count = live_manifests(table)
         if count < settings.rewrite_manifests_min_count:
             self.record(
                 "manifests",
@@ -269,12 +300,13 @@ class _TableRun:
             self.record(
                 "expire",
                 "skipped",
-                f"no snapshot older than {age} beyond the last {keep} of {len(table.metadata.snapshots)}",
+                f"no snapshot older than {_span(age)} beyond the last {keep} "
+                f"of {len(table.metadata.snapshots)}",
                 started,
             )
             return
         if dry_run:
-            self.record("expire", "dry-run", f"{count} snapshot(s) older than {age}", started)
+            self.record("expire", "dry-run", f"{count} snapshot(s) older than {_span(age)}", started)
             return
         # The floor must survive: its snapshots are about to go.
         self.floor_written = table_state.persist_state(self.catalog, self.identifier, self.sink)
@@ -334,8 +366,9 @@ def maintain(
     spark: Any, config: SinkConfig, tables: Sequence[str] | None = None, dry_run: bool = False
 ) -> list[TableMaintenance]:
     """Maintain the sink's tables (or ``tables``): per table compaction, manifest rewrite and expiry,
-    then orphan cleanup of all of them, then the ``last-run-ms`` property. ``dry_run`` decides and
-    reports without changing anything (the orphans listed are those that would be removed)."""
+    then orphan cleanup of all of them, then the ``last-run-ms`` property where no step failed (so
+    ``status`` shows the last complete maintenance). ``dry_run`` decides and reports without changing
+    anything (the orphans listed are those that would be removed)."""
     catalog = load_catalog(config.catalog)
     identifiers = select_tables(catalog, config.name, tables)
     runs: dict[str, _TableRun] = {}
@@ -345,7 +378,10 @@ def maintain(
         started[identifier] = time.monotonic()
         settings = config.maintenance_for(identifier)
         run = runs[identifier] = _TableRun(spark, catalog, config.catalog.name, config.name, identifier)
-        before[identifier] = figures(catalog.load_table(identifier))
+        measured = run.measure()
+        if measured is None:  # dropped since it was listed, or its metadata cannot be read
+            continue
+        before[identifier] = measured
         run.guarded("compact", run.compact, settings, dry_run)
         run.guarded("manifests", run.rewrite_manifests, settings, dry_run)
         run.guarded("expire", run.expire, settings, dry_run)
@@ -353,11 +389,11 @@ def maintain(
     for identifier, age in ages.items():
         if age < SHORT_ORPHAN_AGE:
             log.warning(
-                "maintenance %s: orphan-older-than %s is under 1 h: a worker's data files are unannounced "
+                "maintenance %s: orphan-older-than %s is under 1h: a worker's data files are unannounced "
                 "until its transaction commits, so a slice that takes longer than that loses its files; "
                 "fix: keep orphan-older-than at hours or days outside tests",
                 identifier,
-                age,
+                _span(age),
             )
     orphan_start = time.monotonic()
     try:
@@ -381,17 +417,17 @@ def maintain(
             verb = "would remove" if dry_run else "removed"
             detail = (
                 f"{verb} {len(result.removed)} of {result.listed} files, kept {result.kept_pending} pending "
-                f"and {result.kept_fresh} younger than {ages[identifier]}"
+                f"and {result.kept_fresh} younger than {_span(ages[identifier])}"
                 + (f", {len(result.failed)} failed to delete" if result.failed else "")
             )
             action = "dry-run" if dry_run else "ran"
         run.record("orphans", action, detail, orphan_start)
-        if not dry_run:
+        if not dry_run and all(step.action != "failed" for step in run.steps):
             run.guarded("last-run", run.mark_done)
-        after = figures(catalog.load_table(identifier))
+        after = run.measure() or NO_FIGURES
         outcome = TableMaintenance(
             table=identifier,
-            before=before[identifier],
+            before=before.get(identifier, NO_FIGURES),
             after=after,
             steps=tuple(run.steps),
             orphans_removed=result.removed if result is not None else (),

@@ -98,6 +98,7 @@ def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
     }
     assert (ran.before.data_files, ran.after.data_files) == (6, 1)
     assert (ran.before.snapshots, ran.after.snapshots) == (6, 1)
+    assert (ran.before.manifests, ran.after.manifests) == (6, 1)
     assert ran.floor_written[table_state.key("s", "commit-id")] == "c5"
     assert ran.orphans_removed == (f"{orphan}",) and not orphan.exists() and fresh.exists()
     events = catalog.load_table("sink.events")
