@@ -19,8 +19,12 @@ from referencing import Resource
 from referencing.jsonschema import DRAFT7
 from support.registry import Registry, compile_protos, message_class, wire
 
-from fanout_sink.errors import SchemaError
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config import parse_config
+from fanout_sink.devtools.raw_slices import make_raw_slice
+from fanout_sink.errors import RecordError, SchemaError
 from fanout_sink.transform.decode import Decoded, RegistryDecoder
+from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.registry_formats import JsonSchemaReader, ProtobufReader, json_schema_to_arrow
 
 PROTO = """
@@ -225,3 +229,29 @@ def test_json_schema_to_arrow() -> None:
     ):
         assert arrow({**closed, "properties": {"x": open_part}}) is None, open_part
     assert arrow({"type": "array", "items": {"type": "string"}}) is None  # not an object
+
+
+def test_errors_tolerance_none_names_the_record(
+    registry: Registry, classes: dict[str, Any], catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    """An unreadable value stops the slice with the record's topic/partition/offset and the reason."""
+    config = parse_config(
+        {
+            "name": "pb",
+            "catalog": catalog_settings.model_dump(),
+            "source": {
+                "topics": ["t"],
+                "format": "confluent-protobuf",
+                "schema-registry": {"url": registry.url},
+            },
+            "tables": {"raw.wide": {}},
+            "errors": {"tolerance": "none"},
+        },
+        "pb",
+    )
+    good = _serializer(registry, classes["Wide"])(classes["Wide"](big=1))
+    process = build_processor(config, catalog)
+    with pytest.raises(RecordError) as caught:
+        process(make_raw_slice([good, wire(99, b"\x00")], topic="t", partition=2, start_offset=40))
+    assert (caught.value.topic, caught.value.partition, caught.value.offset) == ("t", 2, 41)
+    assert caught.value.stage == "decode" and "unknown schema id 99" in str(caught.value)
