@@ -163,8 +163,8 @@ def _maintain(args: argparse.Namespace) -> int:
     from fanout_sink.spark.maintenance import maintain, render_text, select_tables
     from fanout_sink.spark.session import build_spark_session
 
-    _log_to_stderr()
     config = load_config(args.config)
+    _log_to_stderr(config.logging.format, config.logging.level)
     # A --table that is not the sink's fails here, before a Spark session starts.
     tables = select_tables(load_catalog(config.catalog), config.name, args.table or None)
     spark = build_spark_session(
