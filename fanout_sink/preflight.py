@@ -289,6 +289,13 @@ def check_warehouse(pre: Preflight) -> Iterator[Finding]:
     yield Finding("ok", f"catalog.warehouse {path} is writable")
 
 
+_URI_EXAMPLES = {
+    "sql": "sqlite:////var/lib/fanout-sink/catalog.db for the embedded SQL catalog",
+    "rest": "http://iceberg-rest:8181 (the REST catalog's base URL)",
+    "hive": "thrift://metastore:9083",
+}
+
+
 def check_catalog(pre: Preflight) -> Iterator[Finding]:
     """The catalog answers: its namespaces can be listed. With ``dry_run``, a SQLite catalog file that
     does not exist yet is not created (``run`` creates it), nor are a SQL catalog's own tables."""
@@ -297,7 +304,7 @@ def check_catalog(pre: Preflight) -> Iterator[Finding]:
         yield Finding(
             "problem",
             f"catalog.uri is not set: the {settings.type} catalog {settings.name!r} needs one",
-            "set catalog.uri, e.g. sqlite:////var/lib/fanout-sink/catalog.db for the embedded SQL catalog",
+            f"set catalog.uri, e.g. {_URI_EXAMPLES.get(settings.type, _URI_EXAMPLES['sql'])}",
         )
         return
     sqlite = sqlite_path(settings.uri) if settings.type == "sql" and settings.uri else None
