@@ -9,8 +9,8 @@ YAML key involved and reports a :class:`Finding`: a problem (one cause line, one
 or what it found fine. A broker that cannot be reached or refuses us raises :class:`PreflightError`
 at once: every later Kafka check would only repeat it.
 
-The librdkafka client used here has an ``error_cb`` and a ``logger`` of its own, so nothing it
-says reaches the terminal raw; its errors are turned into the cause line instead.
+The librdkafka client used here has an ``error_cb`` of its own (and ``client_conf``'s logger, so
+nothing it says reaches the terminal raw); its errors are turned into the cause line instead.
 
 :data:`CHECKS` is the ordered list of named checks. :func:`run` (before ``fanout-sink run``) stops at
 the first problem and logs warnings; ``fanout-sink validate`` (:mod:`fanout_sink.validate`) runs
@@ -47,15 +47,6 @@ BROKER_TIMEOUT_S = 10.0
 _SERVERS = 'kafka."bootstrap.servers"'
 _GIVE_UP = {KafkaError._AUTHENTICATION, KafkaError._ALL_BROKERS_DOWN, KafkaError._SSL}
 _TLS_ALERT = "ssl/tls alert"  # OpenSSL's text for an alert the peer sent
-
-
-def _quiet_logger() -> logging.Logger:
-    """Where librdkafka's own log lines go: nowhere visible (its errors reach ``error_cb``)."""
-    logger = logging.getLogger("fanout_sink.preflight.librdkafka")
-    logger.propagate = False
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-    return logger
 
 
 @dataclass(frozen=True)
@@ -97,8 +88,7 @@ class Preflight:
         if self._admin is None:
             conf: dict[str, Any] = {
                 **client_conf(self.config.kafka),
-                "error_cb": self.errors.append,
-                "logger": _quiet_logger(),
+                "error_cb": self.errors.append,  # instead of client_conf's: errors become the cause line
             }
             try:
                 self._admin = AdminClient(conf)

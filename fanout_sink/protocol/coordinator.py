@@ -350,6 +350,7 @@ class Coordinator:
                     commit_id,
                     ", ".join(f"{t} {c.outcome} ({c.files} files)" for t, c in sorted(result.tables.items())),
                     vtts,
+                    extra={"commit_id": commit_id},
                 )
             return result, positions
 
@@ -392,7 +393,9 @@ class Coordinator:
                 except Exception as exc:
                     # The traceback once, when the table starts failing; an ERROR every round after.
                     if identifier not in self.failing:
-                        log.warning("commit of %s failed", identifier, exc_info=True)
+                        log.warning(
+                            "commit of %s failed", identifier, exc_info=True, extra={"table": identifier}
+                        )
                     results[identifier] = TableCommit(identifier, "failed", error=repr(exc))
         finally:
             # Do not wait for a commit that timed out: the round goes on without it.
@@ -431,6 +434,7 @@ class Coordinator:
                 len(due[identifier]),
                 age,
                 oldest.offset,
+                extra={"table": identifier},
             )
 
     def _rewrite_stale(self, table: Table, stale: list[PendingFiles]) -> list[DataFile]:

@@ -221,6 +221,7 @@ class SliceWorker:
             partition,
             recovered,
             self.control_topic,
+            extra={"topic": topic, "partition": partition, "offset": recovered},
         )
         with producer.transaction():
             producer.send_offsets([TopicPartition(topic, partition, recovered)], self._metadata())
@@ -274,6 +275,7 @@ class SliceWorker:
                     end,
                     identifier,
                     "dropped" if current is None else f"recreated (uuid {current.metadata.table_uuid})",
+                    extra={"topic": topic, "partition": partition, "offset": start, "table": identifier},
                 )
                 if routed.table_changed is not None:
                     routed.table_changed(identifier, current)
