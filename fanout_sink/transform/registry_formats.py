@@ -116,9 +116,9 @@ def _missing(exc: Exception, what: str) -> None:
     if isinstance(exc, SchemaRegistryError) and exc.http_status_code == 404:
         return
     raise SchemaError(
-        f"Schema Registry lookup of {what} failed: {type(exc).__name__}: {exc}  "
-        "fix: check source.schema-registry.url and its credentials, and that the registry is up; "
-        "the batch is retried when the sink restarts"
+        f"Schema Registry lookup of {what} failed: {type(exc).__name__}: {exc}\n"
+        "  fix: check source.schema-registry.url and its credentials, and that the registry is up; "
+        "nothing of the batch was committed, so a restarted sink reads it again"
     ) from exc
 
 
@@ -188,24 +188,24 @@ _WRAPPERS = {
 _AS_JSON = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
 """Free-form (recursive) types: a column of JSON text."""
 
-F = FieldDescriptor
+_F = FieldDescriptor
 _SCALARS: dict[int, pa.DataType] = {
-    F.TYPE_DOUBLE: pa.float64(),
-    F.TYPE_FLOAT: pa.float32(),
-    F.TYPE_INT64: pa.int64(),
-    F.TYPE_SINT64: pa.int64(),
-    F.TYPE_SFIXED64: pa.int64(),
-    F.TYPE_UINT64: pa.int64(),  # Iceberg has no unsigned types; a value beyond int64 is dead-lettered
-    F.TYPE_FIXED64: pa.int64(),
-    F.TYPE_INT32: pa.int32(),
-    F.TYPE_SINT32: pa.int32(),
-    F.TYPE_SFIXED32: pa.int32(),
-    F.TYPE_UINT32: pa.int64(),
-    F.TYPE_FIXED32: pa.int64(),
-    F.TYPE_BOOL: pa.bool_(),
-    F.TYPE_STRING: pa.string(),
-    F.TYPE_BYTES: pa.binary(),
-    F.TYPE_ENUM: pa.string(),
+    _F.TYPE_DOUBLE: pa.float64(),
+    _F.TYPE_FLOAT: pa.float32(),
+    _F.TYPE_INT64: pa.int64(),
+    _F.TYPE_SINT64: pa.int64(),
+    _F.TYPE_SFIXED64: pa.int64(),
+    _F.TYPE_UINT64: pa.int64(),  # Iceberg has no unsigned types; a value beyond int64 is dead-lettered
+    _F.TYPE_FIXED64: pa.int64(),
+    _F.TYPE_INT32: pa.int32(),
+    _F.TYPE_SINT32: pa.int32(),
+    _F.TYPE_SFIXED32: pa.int32(),
+    _F.TYPE_UINT32: pa.int64(),
+    _F.TYPE_FIXED32: pa.int64(),
+    _F.TYPE_BOOL: pa.bool_(),
+    _F.TYPE_STRING: pa.string(),
+    _F.TYPE_BYTES: pa.binary(),
+    _F.TYPE_ENUM: pa.string(),
 }
 
 Convert = Callable[[Any], Any]
@@ -261,7 +261,7 @@ class _Shapes:
     ) -> tuple[pa.DataType, Callable[[Message], Any]]:
         """The Arrow type of ``field`` and a function reading it from its message."""
         name = field.name
-        if field.type == F.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+        if field.type == _F.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
             key_type, key_of = self._singular(field.message_type.fields_by_name["key"], outer)
             item_type, item_of = self._singular(field.message_type.fields_by_name["value"], outer)
 
@@ -277,12 +277,12 @@ class _Shapes:
         return dtype, lambda m: convert(getattr(m, name))
 
     def _singular(self, field: FieldDescriptor, outer: frozenset[str]) -> tuple[pa.DataType, Convert]:
-        if field.type in (F.TYPE_MESSAGE, F.TYPE_GROUP):
+        if field.type in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
             return self.message(field.message_type, outer)
-        if field.type == F.TYPE_ENUM:
+        if field.type == _F.TYPE_ENUM:
             names = {v.number: v.name for v in field.enum_type.values}
             return pa.string(), lambda number: names.get(number, str(number))
-        if field.type in (F.TYPE_UINT64, F.TYPE_FIXED64):
+        if field.type in (_F.TYPE_UINT64, _F.TYPE_FIXED64):
             return pa.int64(), _fits_int64(field.full_name)
         return _SCALARS[field.type], _same
 
