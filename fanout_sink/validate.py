@@ -315,6 +315,10 @@ def _check_dynamic(config: SinkConfig) -> list[Finding]:
         return [
             Finding("ok", f"dynamic.table {dynamic.table!r} reads record fields: names checked per record")
         ]
+    if not config.source.topics:
+        return [
+            Finding("ok", f"dynamic.table {dynamic.table!r}: source.pattern topics' names checked per record")
+        ]
     rules = NameRules(dynamic.allow, dynamic.max_namespace_depth, dynamic.max_name_length)
     findings: list[Finding] = []
     for topic in config.source.topics:
