@@ -199,8 +199,17 @@ def _counts(row: dict[str, Any]) -> str:
 class _TableRun:
     """One table's steps, with their timings, in one maintenance run."""
 
-    def __init__(self, spark: Any, catalog: Catalog, catalog_name: str, sink: str, identifier: str) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        catalog: Catalog,
+        catalog_name: str,
+        sink: str,
+        identifier: str,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.spark = spark
+        self.stop = stop
         self.catalog = catalog
         self.sink = sink
         self.identifier = identifier
@@ -328,6 +337,9 @@ class _TableRun:
 
     def guarded(self, name: StepName, action: Any, *args: Any) -> None:
         started = time.monotonic()
+        if self.stop is not None and self.stop.is_set():
+            self.record(name, "skipped", "the app is stopping", started)
+            return
         try:
             action(*args)
         except Exception as exc:  # a failed step is reported; the next steps and tables still run
@@ -363,12 +375,17 @@ def select_tables(catalog: Catalog, sink: str, tables: Sequence[str] | None) -> 
 
 
 def maintain(
-    spark: Any, config: SinkConfig, tables: Sequence[str] | None = None, dry_run: bool = False
+    spark: Any,
+    config: SinkConfig,
+    tables: Sequence[str] | None = None,
+    dry_run: bool = False,
+    stop: threading.Event | None = None,
 ) -> list[TableMaintenance]:
     """Maintain the sink's tables (or ``tables``): per table compaction, manifest rewrite and expiry,
     then orphan cleanup of all of them, then the ``last-run-ms`` property where no step failed (so
     ``status`` shows the last complete maintenance). ``dry_run`` decides and reports without changing
-    anything (the orphans listed are those that would be removed)."""
+    anything (the orphans listed are those that would be removed). Once ``stop`` is set (the app
+    is stopping), the remaining steps are skipped."""
     catalog = load_catalog(config.catalog)
     identifiers = select_tables(catalog, config.name, tables)
     runs: dict[str, _TableRun] = {}
@@ -377,7 +394,7 @@ def maintain(
     for identifier in identifiers:
         started[identifier] = time.monotonic()
         settings = config.maintenance_for(identifier)
-        run = runs[identifier] = _TableRun(spark, catalog, config.catalog.name, config.name, identifier)
+        run = runs[identifier] = _TableRun(spark, catalog, config.catalog.name, config.name, identifier, stop)
         measured = run.measure()
         if measured is None:  # dropped since it was listed, or its metadata cannot be read
             continue
@@ -397,6 +414,8 @@ def maintain(
             )
     orphan_start = time.monotonic()
     try:
+        if stop is not None and stop.is_set():
+            raise InterruptedError("the app is stopping")
         cleaned = orphans.clean_tables(
             catalog,
             ages,
@@ -421,8 +440,11 @@ def maintain(
                 + (f", {len(result.failed)} failed to delete" if result.failed else "")
             )
             action = "dry-run" if dry_run else "ran"
+        if stop is not None and stop.is_set():
+            action, detail = "skipped", "the app is stopping"
         run.record("orphans", action, detail, orphan_start)
-        if not dry_run and all(step.action != "failed" for step in run.steps):
+        stopped = stop is not None and stop.is_set()
+        if not dry_run and not stopped and all(step.action != "failed" for step in run.steps):
             run.guarded("last-run", run.mark_done)
         after = run.measure() or NO_FIGURES
         outcome = TableMaintenance(
@@ -527,7 +549,7 @@ class MaintenanceSchedule:
             try:
                 due = due_tables(catalog, self.config, int(time.time() * 1000))
                 if due:
-                    results = maintain(self.spark, self.config, due)
+                    results = maintain(self.spark, self.config, due, stop=self._stopping)
                     self.runs += 1
                     failed = [f"{r.table} {s.name}" for r in results for s in r.steps if s.action == "failed"]
                     if failed:

@@ -177,7 +177,7 @@ def test_a_failing_scheduled_run_is_logged_and_retried_and_stop_cancels(
     calls: list[int] = []
     second = threading.Event()
 
-    def flaky(spark: Any, config: SinkConfig, tables: Any = None, dry_run: bool = False) -> list[Any]:
+    def flaky(spark: Any, config: SinkConfig, tables: Any = None, **_: Any) -> list[Any]:
         calls.append(len(calls))
         if len(calls) == 1:
             raise RuntimeError("catalog unreachable")
@@ -216,3 +216,17 @@ def test_maintain_refuses_a_table_that_is_not_the_sinks_before_starting_spark(
     assert cli.main(["maintain", "--config", str(config), "--table", "sink.theirs"]) == 2
     err = capsys.readouterr().err
     assert "sink.theirs hold no commit of sink 's'" in err and "(sink.mine)" in err and "fix:" in err
+
+
+def test_a_stopping_app_skips_the_remaining_steps_and_records_no_run(
+    catalog: Any, catalog_settings: CatalogSettings
+) -> None:
+    create_tables(catalog, ["t"])
+    _append(catalog.load_table("sink.t"), 1, table_state.summary_properties("s", {0: 1}, "c", None))
+    stopping = threading.Event()
+    stopping.set()
+    (result,) = maintain(_StubSpark(), _config(catalog_settings), stop=stopping)
+    assert {s.name: (s.action, s.detail) for s in result.steps} == {
+        name: ("skipped", "the app is stopping") for name in ("compact", "manifests", "expire", "orphans")
+    }
+    assert table_state.MAINTENANCE_LAST_RUN_MS not in catalog.load_table("sink.t").metadata.properties
