@@ -237,7 +237,8 @@ class _Shapes:
         if name == _TIMESTAMP:
             shape = pa.timestamp("us", tz="UTC"), lambda m: m.seconds * 1_000_000 + m.nanos // 1000
         elif name in _WRAPPERS:
-            shape = self.field(desc.fields_by_name["value"], outer)[0], lambda m: m.value
+            dtype, unwrap = self._singular(desc.fields_by_name["value"], outer)
+            shape = dtype, lambda m: unwrap(m.value)
         elif name in _AS_JSON or name in outer:
             shape = pa.string(), _json_text
         else:

@@ -51,6 +51,7 @@ message Wide {
     int32 number = 6;
   }
   map<int32, Node> nodes = 7;
+  google.protobuf.UInt64Value huge = 8;
 }
 """
 CONTEXT = SerializationContext("t", MessageField.VALUE)
@@ -135,6 +136,7 @@ def test_protobuf_values_that_cannot_be_read(registry: Registry, classes: dict[s
     values = [
         good,
         _serializer(registry, wide)(wide(big=2**63)),
+        _serializer(registry, wide)(wide(huge={"value": 2**64 - 1})),
         good[:-1] + b"\xff",  # the last field's value cut short
         wire(1, b"\x00"),  # an Avro schema's id
         wire(99, b"\x00"),
@@ -145,11 +147,14 @@ def test_protobuf_values_that_cannot_be_read(registry: Registry, classes: dict[s
     assert decoded.rows.tolist() == [0]
     reasons = dict(decoded.failures)
     assert reasons[1] == "t.Wide.big = 9223372036854775808 does not fit a 64-bit signed integer column"
-    assert reasons[2].startswith("invalid Protobuf for schema id ")
-    assert reasons[3] == "schema id 1 is AVRO, not PROTOBUF; is source.format right?"
-    assert reasons[4].startswith("unknown schema id 99 in the Schema Registry")
-    assert reasons[5].startswith("not Confluent wire format")
-    assert reasons[6] == "value is null"
+    assert reasons[2] == (
+        "google.protobuf.UInt64Value.value = 18446744073709551615 does not fit a 64-bit signed integer column"
+    )
+    assert reasons[3].startswith("invalid Protobuf for schema id ")
+    assert reasons[4] == "schema id 1 is AVRO, not PROTOBUF; is source.format right?"
+    assert reasons[5].startswith("unknown schema id 99 in the Schema Registry")
+    assert reasons[6].startswith("not Confluent wire format")
+    assert reasons[7] == "value is null"
 
 
 def test_an_unreachable_registry_stops_instead_of_dead_lettering(classes: dict[str, Any]) -> None:
