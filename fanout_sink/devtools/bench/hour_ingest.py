@@ -116,9 +116,15 @@ class IngestResult:
 
 
 def sink_config(
-    name: str, bootstrap: str, topic: str, settings: CatalogSettings, plan: HourPlan
+    name: str,
+    bootstrap: str,
+    topic: str,
+    settings: CatalogSettings,
+    plan: HourPlan,
+    maintenance: dict[str, Any] | None = None,
 ) -> SinkConfig:
-    """The sink's config: one route per table by the ``t`` field, everything else at its default."""
+    """The sink's config: one route per table by the ``t`` field, the ``maintenance:`` section given,
+    everything else at its default."""
     return parse_config(
         {
             "name": name,
@@ -130,6 +136,7 @@ def sink_config(
                 table: {"when": f"{ROUTE_FIELD} == '{table.removeprefix(NAMESPACE + '.')}'"}
                 for table in plan.table_names()
             },
+            "maintenance": maintenance or {},
         },
         "maintenance benchmark",
     )

@@ -38,8 +38,13 @@ class TableHealth:
     manifests: int
     metadata_files: int
     metadata_bytes: int
+    metadata_json_bytes: int
     scan_s: dict[str, float]
     """Median seconds per entry of :data:`SCANS` (the Spark ones absent without a session)."""
+
+    @property
+    def average_file_kb(self) -> float:
+        return self.data_bytes / self.data_files / 1024 if self.data_files else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,13 +59,16 @@ def median_s(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def metadata_footprint(table: Table) -> tuple[int, int]:
-    """Files and bytes under the table's ``metadata/`` folder: metadata JSONs, manifest lists and
-    manifests, reachable or not (what the storage holds and a full listing has to walk)."""
+def metadata_footprint(table: Table) -> tuple[int, int, int]:
+    """Files and bytes under the table's ``metadata/`` folder (metadata JSONs, manifest lists and
+    manifests, reachable or not: what the storage holds and a full listing walks), and the bytes of
+    the metadata JSONs among them (expiry does not delete those; Iceberg's
+    ``write.metadata.delete-after-commit.enabled`` does)."""
     filesystem, root = fs.FileSystem.from_uri(table.location())
     infos = filesystem.get_file_info(fs.FileSelector(f"{root.rstrip('/')}/metadata", recursive=True))
     files = [info for info in infos if info.type == fs.FileType.File]
-    return len(files), sum(info.size or 0 for info in files)
+    json_bytes = sum(info.size or 0 for info in files if info.path.endswith(".metadata.json"))
+    return len(files), sum(info.size or 0 for info in files), json_bytes
 
 
 def measure(
@@ -76,7 +84,7 @@ def measure(
     stats = data_file_stats(table)
     snapshot = table.current_snapshot()
     manifests = len(snapshot.manifests(table.io)) if snapshot is not None else 0
-    metadata_files, metadata_bytes = metadata_footprint(table)
+    metadata_files, metadata_bytes, metadata_json_bytes = metadata_footprint(table)
     row_filter = f"ts >= '{since.isoformat()}' AND country = '{FILTER_COUNTRY}'"
     filtered_rows = table.scan(row_filter=row_filter).to_arrow().num_rows
     scan_s = {
@@ -109,5 +117,6 @@ def measure(
         manifests=manifests,
         metadata_files=metadata_files,
         metadata_bytes=metadata_bytes,
+        metadata_json_bytes=metadata_json_bytes,
         scan_s=scan_s,
     )
