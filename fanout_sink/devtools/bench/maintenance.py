@@ -196,7 +196,7 @@ def markdown(result: BenchResult, command: str) -> str:
         "",
         f"`{command}`",
         "",
-        f"{plan.rounds} commit rounds of {plan.interval_s:g} s (a simulated {plan.simulated_s / 3600:g} h) "
+        f"{plan.rounds} commit rounds of {plan.interval_s:g} s (a simulated {plan.simulated_s / 60:g} min) "
         f"into {plan.tables} tables (hourly partitions), {plan.partitions} source partitions, {plan.records} "
         f"records per partition per round: {ingest.records:,} records. Each round is real worker slices "
         "(Kafka transactions, Parquet) and one real coordinator commit round; only the waits between "
