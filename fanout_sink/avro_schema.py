@@ -66,16 +66,14 @@ def avro_to_arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None)
             dtype, nullable = avro_to_arrow_type(f["type"], named)
             fields.append(pa.field(f["name"], dtype, nullable=nullable))
         struct = pa.struct(fields)
-        named[schema["name"]] = struct
-        if "namespace" in schema:
-            named[f"{schema['namespace']}.{schema['name']}"] = struct
+        _name(named, schema, struct)
         return struct, False
     if kind == "enum":
-        named[schema["name"]] = pa.string()
+        _name(named, schema, pa.string())
         return pa.string(), False
     if kind == "fixed":
         dtype = pa.binary(int(schema["size"]))
-        named[schema["name"]] = dtype
+        _name(named, schema, dtype)
         return dtype, False
     if kind == "array":
         item, nullable = avro_to_arrow_type(schema["items"], named)
@@ -88,8 +86,16 @@ def avro_to_arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None)
     raise SchemaError(f"unsupported Avro schema {schema!r}")
 
 
-def avro_to_arrow_schema(schema: dict[str, Any]) -> pa.Schema:
-    dtype, _ = avro_to_arrow_type(schema)
+def _name(named: dict[str, pa.DataType], schema: dict[str, Any], dtype: pa.DataType) -> None:
+    """A named type is referred to by its name or, with its namespace, its full name."""
+    named[schema["name"]] = dtype
+    if "namespace" in schema:
+        named[f"{schema['namespace']}.{schema['name']}"] = dtype
+
+
+def avro_to_arrow_schema(schema: dict[str, Any], named: dict[str, pa.DataType] | None = None) -> pa.Schema:
+    """``named``: Arrow types of named types defined elsewhere (a registry schema's references)."""
+    dtype, _ = avro_to_arrow_type(schema, named)
     if not pa.types.is_struct(dtype):
         raise SchemaError("the Avro schema must be a record")
     return pa.schema(list(dtype))

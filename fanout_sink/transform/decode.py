@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
+from fanout_sink.avro_schema import avro_to_arrow_schema, avro_to_arrow_type, load_avro_schema
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import ConfigError, SchemaError
 
@@ -762,13 +762,39 @@ class ConfluentAvroDecoder:
                 result = f"schema id {schema_id} is {registered.schema_type}, not AVRO"
             else:
                 try:
+                    # Named types defined in referenced subjects, deepest first: fastavro and the
+                    # Arrow mapping both need a name's definition before its first use.
+                    parsed: dict[str, Any] = {}
+                    arrow: dict[str, pa.DataType] = {}
+                    for referenced in self._references(registered, set()):
+                        parse_schema(referenced, named_schemas=parsed)
+                        avro_to_arrow_type(referenced, arrow)
                     raw = json.loads(registered.schema_str or "")
-                    result = (parse_schema(raw), avro_to_arrow_schema(raw))
+                    result = (parse_schema(raw, named_schemas=parsed), avro_to_arrow_schema(raw, arrow))
+                except SchemaRegistryError as exc:
+                    if exc.http_status_code != 404:
+                        raise SchemaError(
+                            f"Schema Registry lookup of schema id {schema_id}'s references failed: {exc}"
+                        ) from exc
+                    result = f"schema id {schema_id} references a schema the registry does not have: {exc}"
                 except (ValueError, SchemaError) as exc:
                     result = f"schema id {schema_id} cannot be used: {exc}"
         with self._lock:
             self._schemas[schema_id] = result
         return result
+
+    def _references(self, schema: Any, seen: set[str]) -> list[dict[str, Any]]:
+        """The schemas ``schema`` references (Avro named types registered as their own subjects),
+        each after the ones it references; a subject reached twice is taken once."""
+        found: list[dict[str, Any]] = []
+        for reference in schema.references or []:
+            if reference.subject in seen:
+                continue
+            seen.add(reference.subject)
+            version = self._client.get_version(reference.subject, reference.version)
+            found += self._references(version.schema, seen)
+            found.append(json.loads(version.schema.schema_str or ""))
+        return found
 
     def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
         """``fields`` is not needed: every value is decoded with its writer schema."""

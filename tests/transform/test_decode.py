@@ -13,6 +13,9 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from support.registry import Registry, wire
 
 from fanout_sink.avro_schema import avro_to_arrow_schema
@@ -135,6 +138,45 @@ def test_confluent_avro_resolves_and_caches_schema(registry: Registry) -> None:
     asked = len(registry.requests)
     decoder(pa.array([wire(7, _avro(ORDER_SCHEMA, _order(3)))]))
     assert len(registry.requests) == asked  # cached per id
+
+
+def test_confluent_avro_resolves_schema_references(registry: Registry) -> None:
+    """Named types registered as their own subjects (Money, which uses Currency) and named in
+    the writer schema's references, as confluent-kafka's AvroSerializer writes them."""
+    currency = {"type": "enum", "name": "Currency", "namespace": "shop", "symbols": ["EUR", "USD"]}
+    money = {
+        "type": "record",
+        "name": "Money",
+        "namespace": "shop",
+        "fields": [{"name": "currency", "type": "shop.Currency"}, {"name": "cents", "type": "long"}],
+    }
+    order = {
+        "type": "record",
+        "name": "Order",
+        "namespace": "shop",
+        "fields": [{"name": "id", "type": "long"}, {"name": "total", "type": "shop.Money"}],
+    }
+    client = SchemaRegistryClient({"url": registry.url})
+    client.register_schema("shop.Currency", Schema(json.dumps(currency), "AVRO"))
+    uses_currency = [SchemaReference("shop.Currency", "shop.Currency", 1)]
+    client.register_schema("shop.Money", Schema(json.dumps(money), "AVRO", uses_currency))
+    writer = Schema(json.dumps(order), "AVRO", [SchemaReference("shop.Money", "shop.Money", 1)])
+    serialize = AvroSerializer(client, writer)
+    context = SerializationContext("orders", MessageField.VALUE)
+    value = serialize({"id": 1, "total": {"currency": "USD", "cents": 250}}, context)
+    missing_id = registry.register(
+        "broken-value",
+        json.dumps(order),
+        references=[{"name": "shop.Money", "subject": "gone", "version": 1}],
+    )
+    decoded = ConfluentAvroDecoder({"url": registry.url})(pa.array([value, wire(missing_id, b"")]))
+    assert decoded.records.to_pylist() == [{"id": 1, "total": {"currency": "USD", "cents": 250}}]
+    assert decoded.records.schema.field("total").type == pa.struct(
+        [pa.field("currency", pa.string(), nullable=False), pa.field("cents", pa.int64(), nullable=False)]
+    )
+    [(index, reason)] = decoded.failures
+    assert index == 1
+    assert reason.startswith(f"schema id {missing_id} references a schema the registry does not have")
 
 
 @pytest.mark.parametrize("per_record", [False, True])
