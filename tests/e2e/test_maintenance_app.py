@@ -1,0 +1,263 @@
+"""The sink and table maintenance on the same tables at once (issue 14, "safe next to the sink").
+
+The real app streams a continuous producer's records into three tables while its own maintenance
+schedule and this test (a second process committing to the same tables) compact, rewrite manifests,
+expire snapshots and remove orphans every few seconds. Worker attempts fail on purpose after writing
+their files (before their Kafka transaction, and inside it just before the commit), so aborted files
+are real. Afterwards: every table holds exactly the produced ids, every file of an aborted attempt is
+gone, orphan cleanup removed nothing else, and maintenance visibly acted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+from support.sink_app import STATIC, SinkRun
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.config import load_config
+from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
+from fanout_sink.kafka.offsets import source_positions
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import ControlReader, sink_group
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+ROOT = Path(__file__).resolve().parents[2]
+ORPHAN_AGE_S = 4.0
+MAINTENANCE = {
+    "interval": "5s",
+    "min-input-files": 2,
+    "target-file-size-bytes": 262144,
+    "max-snapshot-age": "2s",
+    "min-snapshots-to-keep": 1,
+    "orphan-older-than": f"{ORPHAN_AGE_S:g}s",
+}
+RUN_S = 60.0
+"""How long the producer, the faults and the outside maintenance run once the app streams."""
+OUTSIDE_AT_S = (20.0, 40.0)
+"""When this test runs maintenance itself, from the start of streaming."""
+FAULT_POINTS = ("worker.after-write-files", "worker.before-commit")
+"""Files written, then the attempt fails before its transaction / inside it, before the commit."""
+ARM_EVERY_S = 6.0
+SINK_FILE = re.compile(r"^00000-\d+-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\.parquet$")
+"""Data files the sink's workers write (PyIceberg: ``00000-<task>-<write uuid>.parquet``). Spark's
+rewrite names its outputs ``<partition>-<task>-<operation uuid>-<n>-<count>.parquet``: those are
+committed by the rewrite itself, never announced on the control topic."""
+
+
+def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
+    tmp_path: Path,
+    bootstrap_servers: str,
+    catalog_settings: CatalogSettings,
+    make_topic: Callable[..., str],
+    spark: Any,
+    spark_catalog: str,
+) -> None:
+    topic = make_topic("events", partitions=3)
+    sink_run = SinkRun(
+        tmp_path,
+        bootstrap_servers,
+        catalog_settings,
+        make_topic,
+        topics={"orders": topic, "clicks": topic},
+        commit_interval="1s",
+        overrides={"dynamic": None, "maintenance": MAINTENANCE},
+    )
+    warehouse = Path(urlparse(catalog_settings.warehouse).path)
+    arm_dir = tmp_path / "arm"
+    arm_dir.mkdir()
+    faults = ",".join(f"{point}=when:{arm_dir / point}:raise" for point in FAULT_POINTS)
+    app = AppProcess(
+        sink_run.command("--trigger-interval", "1s"),
+        tmp_path / "app.log",
+        child_env({"PYTHONPATH": str(ROOT), "FANOUT_SINK_FAULTS": faults}),
+    )
+    producer = _Background(lambda: sink_run.produce(25), every_s=0.5)
+    files = _FileWatch(warehouse)
+    outside: list[Any] = []
+    armed = dict.fromkeys(FAULT_POINTS, 0)
+    app.start()
+    try:
+        producer.start()
+        files.start()
+        assert app.wait_working(240, batch=True), app.log_tail()
+        started = time.monotonic()
+        outside_due = list(OUTSIDE_AT_S)
+        batches_at_arm = 0
+        while (elapsed := time.monotonic() - started) < RUN_S:
+            assert app.running(), app.log_tail()
+            point = FAULT_POINTS[sum(armed.values()) % len(FAULT_POINTS)]
+            # One fault at a time, and only after a batch succeeded since the last one: the app
+            # retries a failed batch three times, then stops.
+            consumed = not any((arm_dir / p).exists() for p in FAULT_POINTS)
+            if (
+                consumed
+                and elapsed >= ARM_EVERY_S * (sum(armed.values()) + 1)
+                and app.batches > batches_at_arm
+            ):
+                (arm_dir / point).touch()
+                armed[point] += 1
+                batches_at_arm = app.batches
+            if outside_due and elapsed >= outside_due[0]:
+                outside_due.pop(0)
+                outside.extend(_maintain(spark, sink_run.config))
+            time.sleep(0.5)
+        producer.stop()
+        _wait_caught_up(sink_run, topic, timeout_s=120)
+        assert app.stop(180) == 0, app.log_tail()
+        files.stop()
+    finally:
+        producer.stop()
+        files.stop()
+        if app.running():
+            app.kill_group()
+    fired = {point: count - (arm_dir / point).exists() for point, count in armed.items()}
+    assert all(fired.values()), f"every fault point fired at least once: {fired}"
+    assert not outside_due
+
+    sink_run.expected = {table: ids for table, ids in sink_run.expected.items() if table in STATIC}
+    sink_run.assert_exact()
+
+    payloads = _committed_control_events(sink_run)
+    announced = {
+        _local(record.file_path) for p in payloads if isinstance(p, ev.DataWritten) for record in p.files
+    }
+    aborted = {path for path in files.seen if SINK_FILE.match(Path(path).name) and path not in announced}
+    assert aborted, "some worker attempts wrote files and then failed"
+
+    catalog = load_catalog(catalog_settings)
+    for table in STATIC:
+        loaded = catalog.load_table(table)
+        sink_commits = sum(
+            1 for p in payloads if isinstance(p, ev.CommitToTable) and p.table.identifier == table
+        )
+        committed_files = sum(
+            len(p.files) for p in payloads if isinstance(p, ev.DataWritten) and p.table.identifier == table
+        )
+        assert len(loaded.snapshots()) < sink_commits, f"{table}: snapshots were expired during the run"
+        assert len(_referenced(loaded)) < committed_files, f"{table}: files were compacted during the run"
+
+    # The final run, once every aborted file is older than the safety age.
+    _wait_older_than(aborted, ORPHAN_AGE_S)
+    left = {path for path in aborted if os.path.exists(path)}
+    final = _maintain(spark, sink_run.config)
+    removed_in_run = _orphans(outside)
+    assert removed_in_run <= aborted, f"removed files of no aborted attempt: {removed_in_run - aborted}"
+    assert _orphans(final) == left, "the final run removes exactly the aborted files still there"
+    assert not {path for path in aborted if os.path.exists(path)}, "every aborted file is gone"
+
+    sink_run.assert_exact()
+    for table in STATIC:
+        loaded = catalog.load_table(table)
+        missing = [path for path in _referenced(loaded) if not os.path.exists(path)]
+        assert not missing, f"{table}: the current snapshot refers to deleted files {missing[:3]}"
+
+
+class _Background:
+    """Calls ``action`` every ``every_s`` seconds in a thread until stopped; re-raises its failure."""
+
+    def __init__(self, action: Callable[[], None], every_s: float) -> None:
+        self._action = action
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._action()
+                self._stop.wait(self._every_s)
+        except BaseException as exc:  # surfaced by stop()
+            self._error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(60)
+        if self._error is not None:
+            raise self._error
+
+
+class _FileWatch(_Background):
+    """Every Parquet file that appeared under the warehouse while it watched: maintenance removes
+    aborted files a few seconds after they were written, so looking only at the end misses them."""
+
+    def __init__(self, warehouse: Path) -> None:
+        super().__init__(self._scan, every_s=0.3)
+        self.warehouse = warehouse
+        self.seen: set[str] = set()
+
+    def _scan(self) -> None:
+        for folder, _dirs, names in os.walk(self.warehouse):
+            self.seen.update(os.path.join(folder, name) for name in names if name.endswith(".parquet"))
+
+    def stop(self) -> None:
+        super().stop()
+        self._scan()
+
+
+def _maintain(spark: Any, config_file: Path) -> list[Any]:
+    from fanout_sink.spark.maintenance import maintain
+
+    return list(maintain(spark, load_config(config_file)))
+
+
+def _orphans(results: Iterable[Any]) -> set[str]:
+    return {_local(path) for result in results for path in result.orphans_removed}
+
+
+def _referenced(table: Any) -> list[str]:
+    """The data files the table's current snapshot refers to, as local paths."""
+    return [_local(task.file.file_path) for task in table.scan().plan_files()]
+
+
+def _local(uri: str) -> str:
+    return urlparse(uri).path if uri.startswith("file:") else uri
+
+
+def _committed_control_events(sink_run: SinkRun) -> list[ev.Payload]:
+    """Every committed event of the sink (``read_committed``: aborted attempts' events are invisible)."""
+    reader = ControlReader(
+        sink_run.name, {"bootstrap.servers": sink_run.bootstrap}, f"{sink_run.name}-control"
+    )
+    try:
+        reader.seek(0)
+        return [item.event.payload for item in reader.read_until(reader.end_offset())]
+    finally:
+        reader.close()
+
+
+def _wait_caught_up(sink_run: SinkRun, topic: str, timeout_s: float) -> None:
+    """Until the sink group has every produced record (SIGTERM ends the stream after its batch)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        positions = source_positions(
+            {"bootstrap.servers": sink_run.bootstrap}, sink_group(sink_run.name), [topic]
+        )
+        if all(position.caught_up for position in positions):
+            return
+        assert time.monotonic() < deadline, f"the sink did not catch up: {positions}"
+        time.sleep(0.5)
+
+
+def _wait_older_than(paths: set[str], age_s: float) -> None:
+    """Until every existing file in ``paths`` was last modified more than ``age_s`` ago."""
+    while True:
+        mtimes = [os.path.getmtime(path) for path in paths if os.path.exists(path)]
+        wait = max(mtimes, default=0.0) + age_s + 0.5 - time.time()
+        if wait <= 0:
+            return
+        time.sleep(wait)
