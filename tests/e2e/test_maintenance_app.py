@@ -29,6 +29,7 @@ from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import ControlReader, sink_group
 from fanout_sink.protocol.orphans import normalise
+from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -90,8 +91,12 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
     )
     producer = _Background(lambda: sink_run.produce(10), every_s=0.5)
     files = _FileWatch(warehouse)
-    outside: list[list[Any]] = []
-    maintainer = _Background(lambda: outside.append(_maintain(spark, sink_run.config)), every_s=3.0)
+    outside: list[list[TableMaintenance]] = []
+    # One table per outside run, in turn: each run costs a minute of a loaded 2-core box.
+    maintainer = _Background(
+        lambda: outside.append(_maintain(spark, sink_run.config, [TABLES[len(outside) % len(TABLES)]])),
+        every_s=3.0,
+    )
     armed = dict.fromkeys(FAULT_POINTS, 0)
     app.start()
     try:
@@ -155,16 +160,23 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
     _wait_older_than(aborted, ORPHAN_AGE_S)
     left = {path for path in aborted if os.path.exists(path)}
     final = _maintain(spark, sink_run.config)
-    removed_in_run = _orphans(result for run in outside for result in run)
-    assert removed_in_run <= aborted, f"removed files of no aborted attempt: {removed_in_run - aborted}"
-    assert _orphans(final) == left, "the final run removes exactly the aborted files still there"
+    assert left <= _orphans(final), "the final run removed the aborted files still there"
     assert not {path for path in aborted if os.path.exists(path)}, "every aborted file is gone"
 
     sink_run.assert_exact()
+    removed = _orphans(result for run in [*outside, final] for result in run)
     for table in TABLES:
-        loaded = catalog.load_table(table)
-        missing = [path for path in _referenced(loaded) if not os.path.exists(path)]
+        current = set(_referenced(catalog.load_table(table)))
+        assert not current & removed, f"{table}: orphan cleanup removed files the table refers to"
+        missing = [path for path in current if not os.path.exists(path)]
         assert not missing, f"{table}: the current snapshot refers to deleted files {missing[:3]}"
+    # Besides the aborted attempts' files, only leftovers of failed commits may go: data files once
+    # committed (announced by the sink, or written by a rewrite) that no snapshot names any more, and
+    # metadata files. Two processes expiring one table at once leave those: one deletes the manifests
+    # the other is reading, which then fails half-way, before deleting its files.
+    data = {path for path in removed if path.endswith(".parquet")}
+    unexplained = {p for p in data - aborted - announced if SINK_FILE.match(Path(p).name)}
+    assert not unexplained, f"removed data files of no attempt the test knows: {sorted(unexplained)[:3]}"
 
 
 class _Background:
@@ -214,13 +226,11 @@ class _FileWatch(_Background):
         self._scan()
 
 
-def _maintain(spark: Any, config_file: Path) -> list[Any]:
-    from fanout_sink.spark.maintenance import maintain
-
-    return list(maintain(spark, load_config(config_file)))
+def _maintain(spark: Any, config_file: Path, tables: list[str] | None = None) -> list[TableMaintenance]:
+    return maintain(spark, load_config(config_file), tables)
 
 
-def _orphans(results: Iterable[Any]) -> set[str]:
+def _orphans(results: Iterable[TableMaintenance]) -> set[str]:
     return {normalise(path) for result in results for path in result.orphans_removed}
 
 
