@@ -98,6 +98,10 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
         every_s=3.0,
     )
     armed = dict.fromkeys(FAULT_POINTS, 0)
+
+    def fired() -> dict[str, int]:
+        return {point: count - (arm_dir / point).exists() for point, count in armed.items()}
+
     app.start()
     try:
         producer.start()
@@ -107,9 +111,13 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
         maintainer.start()
         batches_at_arm = 0
         # The run lasts RUN_S, and until this process has maintained the tables twice (a run takes
-        # a minute or more on a loaded 2-core box).
-        while (elapsed := time.monotonic() - started) < RUN_S or len(outside) < 2:
-            assert elapsed < MAX_RUN_S, f"{len(outside)} outside maintenance runs in {elapsed:.0f}s"
+        # a minute or more on a loaded 2-core box) and each fault point fired.
+        while (
+            (elapsed := time.monotonic() - started) < RUN_S or len(outside) < 2 or not all(fired().values())
+        ):
+            assert elapsed < MAX_RUN_S, (
+                f"{len(outside)} outside maintenance runs, {fired()} in {elapsed:.0f}s"
+            )
             assert app.running(), app.log_tail()
             # One fault at a time, each after a batch succeeded since the last one: the app
             # retries a failed batch three times, then stops.
@@ -131,8 +139,7 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
         if app.running():
             app.kill_group()
     assert len(outside) >= 2, "this process maintained the tables at least twice while the sink ran"
-    fired = {point: count - (arm_dir / point).exists() for point, count in armed.items()}
-    assert all(fired.values()), f"every fault point fired at least once: {fired}"
+    assert all(fired().values()), f"every fault point fired at least once: {fired()}"
 
     sink_run.expected = {table: ids for table, ids in sink_run.expected.items() if table in TABLES}
     sink_run.assert_exact()
@@ -165,6 +172,10 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
 
     sink_run.assert_exact()
     removed = _orphans(result for run in [*outside, final] for result in run)
+    print(
+        f"{len(aborted)} aborted files, {len(left)} left for the final run; this process removed "
+        f"{len(removed)} orphans in {len(outside) + 1} runs ({len(removed & aborted)} of aborted attempts)"
+    )
     for table in TABLES:
         current = set(_referenced(catalog.load_table(table)))
         assert not current & removed, f"{table}: orphan cleanup removed files the table refers to"
