@@ -202,5 +202,11 @@ class SinkApp:
             result = self._coordinator.stop(commit_now=True)
             if result is not None:
                 log.info("final commit round: %s", result)
+        except Exception as exc:
+            if self.batches.failure is None:
+                raise
+            # The app stops with the batch's failure (which names a stopped coordinator's error,
+            # logged with its traceback when it stopped); this one must not replace it.
+            log.error("final commit round failed: %s", exc)
         finally:
             self._coordinator.close()

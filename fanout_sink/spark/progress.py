@@ -13,6 +13,8 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from fanout_sink.spark.task_failure import task_failure
+
 log = logging.getLogger("fanout_sink.progress")
 
 
@@ -32,7 +34,5 @@ class ProgressLogger(StreamingQueryListener):  # type: ignore[misc]
 
     def onQueryTerminated(self, event: Any) -> None:
         if event.exception:
-            # The first line only: the batch that failed logged the error and its traceback already.
-            log.error(
-                "streaming query stopped with an error: %s", str(event.exception).strip().split("\n")[0]
-            )
+            # One line: the batch that failed logged the error and its traceback already.
+            log.error("streaming query stopped with an error: %s", task_failure(event.exception).summary)

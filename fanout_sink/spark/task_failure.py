@@ -24,7 +24,8 @@ class TaskFailure:
     """The failed task's Python traceback, when the failure came from Python."""
 
 
-def task_failure(error: BaseException) -> TaskFailure:
+def task_failure(error: BaseException | str) -> TaskFailure:
+    """The failure in ``error``, a Spark job's exception or its text."""
     text = str(error)
     found = _TRACEBACK.search(text + "\n")
     if found is not None:
