@@ -35,6 +35,10 @@ A month of production, compressed (``maintenance`` does what the other parties d
   section lowers ``queue.buffering.max.messages`` to ``FLOOD_QUEUE`` for the whole run, so that a
   burst of thousands floods the producer queue as 100,000 would with the default. The oversized
   dead letter is real: larger than the producer's and the broker's default maximum message size.
+- ``maintain``: while the app runs, ``fanout-sink maintain`` runs as a second process on the sink's
+  tables (the YAML's ``maintenance:`` section, ``scenario.MAINTENANCE``): compactions, expiries and
+  orphan removal commit between the coordinator's appends. Real: the whole run and its commits.
+  Simulated: the ages (a minute of snapshots, minutes of orphans, for days).
 
 The fault-point kinds are armed through ``FANOUT_SINK_FAULTS=<point>=when:<file>:<action>``: the app
 is started with the points configured, and the runner creates the file when the cycle's moment comes.
@@ -57,6 +61,7 @@ MONTH = (
     "partition-evolution",
     "table-recreate",
     "dead-letter-flood",
+    "maintain",
 )
 KINDS = CRASHES + MONTH
 BROKER_PROPERTIES = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "5000"}

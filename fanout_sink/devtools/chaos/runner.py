@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ _ERROR_LINE = re.compile(r"^((?!pyspark\.errors)[\w.]*(Error|Exception|Fault)\b.
 # records/s: a trickle at least, so every cycle has work in flight to break; low enough that a slow
 # machine does not produce all records before the last cycle (kinds that need a commit could not land).
 MIN_RATE = 5.0
+MAINTAIN_TIMEOUT_S = 600.0  # a JVM start and one maintenance run of every table on a loaded box
 EXPIRY_TIMEOUT_S = 300.0  # offsets.retention.minutes=1 and a 5 s check: gone after about 65 s
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
 
@@ -94,6 +96,7 @@ class ChaosRun:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.arm_dir = self.work_dir / "armed"
         self.arm_dir.mkdir(exist_ok=True)
+        self.config_file = self.work_dir / "sink.yaml"
         self.name = f"chaos{options.seed}"
         expiry = "offset-expiry" in options.kinds
         self.broker = KafkaBroker(
@@ -121,6 +124,7 @@ class ChaosRun:
             "partition-evolution": self._evolve_partition_spec,
             "table-recreate": self._recreate_table,
             "dead-letter-flood": self._flood_dead_letters,
+            "maintain": self._maintain,
         }
 
     def run(self) -> ChaosResult:
@@ -143,7 +147,7 @@ class ChaosRun:
         try:
             bootstrap = self.broker.bootstrap_servers
             self._create_topics(bootstrap)
-            config = self.work_dir / "sink.yaml"
+            config = self.config_file
             # A flood of thousands must overflow the producer queue as 100,000 would by default.
             kafka = (
                 {"queue.buffering.max.messages": kills.FLOOD_QUEUE}
@@ -382,6 +386,22 @@ class ChaosRun:
             self.topics[0],
         )
         return True
+
+    def _maintain(self, _app: AppProcess) -> bool:
+        """``fanout-sink maintain`` in its own process (its own JVM) while the app appends; landed
+        when every step of every table succeeded. Its output goes to ``maintain.log``."""
+        command = [sys.executable, "-m", "fanout_sink.cli", "maintain", "--config", str(self.config_file)]
+        with (self.work_dir / "maintain.log").open("a") as output:
+            code = subprocess.run(
+                command,
+                stdout=output,
+                stderr=output,
+                env=child_env(),
+                timeout=MAINTAIN_TIMEOUT_S,
+                check=False,
+            ).returncode
+        log.info("maintain: fanout-sink maintain exited %d (its output is in maintain.log)", code)
+        return code == 0
 
     def _sink_tables(self) -> list[str]:
         """The tables the sink writes now (never the ones a swap renamed aside)."""

@@ -23,6 +23,15 @@ ROUTES = {
     "chaos.clicks": ("click",),
 }
 NAMESPACES = ("chaos", "region")
+MAINTENANCE = {
+    "min-input-files": 2,
+    "max-snapshot-age": "1m",
+    "min-snapshots-to-keep": 1,
+    "orphan-older-than": "5m",
+}
+"""What ``fanout-sink maintain`` does in the ``maintain`` kind: compaction from two small files on,
+expiry of snapshots older than a minute, and of orphans older than five minutes (longer than any
+attempt's write-to-commit, also on a slow box). No ``interval``: the app itself never maintains."""
 
 
 def expected_tables(value: bytes) -> list[str] | None:
@@ -63,6 +72,7 @@ def sink_config(
         "unmatched": {"action": "drop"},
         "dead-letter": {"topic": f"{name}-dlq"},
         "errors": {"tolerance": "all"},
+        "maintenance": MAINTENANCE,
         "spark": {
             "master": "local[2]",
             "checkpoint-location": str(work_dir / "checkpoints"),
