@@ -30,7 +30,7 @@ def test_benchmark_runs_end_to_end(bootstrap_servers: str, spark: Any, tmp_path:
         assert table["rows"] == rounds * partitions * records // tables
         # One file per slice and hour partition, one snapshot and one manifest per commit round.
         assert rounds * partitions <= table["data_files"] <= 2 * rounds * partitions
-        assert table["snapshots"] == rounds and table["manifests"] == rounds
+        assert table["snapshots"] == rounds and table["manifests"] == table["live_manifests"] == rounds
         assert table["metadata_bytes"] > 0 and 0 < table["filtered_rows"] < table["rows"]
         assert set(table["scan_s"]) == set(maintenance.SCANS)
 

@@ -158,7 +158,8 @@ def _total(tables: list[TableHealth]) -> dict[str, float]:
         "data files": files,
         "average data file KB": data_bytes / files / 1024 if files else 0.0,
         "snapshots": sum(t.snapshots for t in tables),
-        "manifests (current snapshot)": sum(t.manifests for t in tables),
+        "manifests listed by the current snapshot": sum(t.manifests for t in tables),
+        "of which with live files": sum(t.live_manifests for t in tables),
         "metadata files": sum(t.metadata_files for t in tables),
         "metadata MB (JSON + manifest lists + manifests)": sum(t.metadata_bytes for t in tables) / 1e6,
         "of which metadata JSON MB": sum(t.metadata_json_bytes for t in tables) / 1e6,
@@ -221,12 +222,16 @@ def markdown(result: BenchResult, command: str) -> str:
         "",
         "## Per table (before → after)",
         "",
-        "| table | data files | avg file KB | snapshots | manifests | metadata MB | "
+        "| table | data files | avg file KB | snapshots | live manifests | metadata MB | "
         + " | ".join(f"{_scan_name(s)} ms" for s in SCANS)
-        + " | maintenance s |",
+        + " | compact + manifests + expire s |",
         "|---" + "|---:" * (6 + len(SCANS)) + "|",
     ]
-    durations = {t.table: t.duration_s for t in result.maintained}
+    # Orphan cleanup runs once for all tables after the per-table steps: its time is in the total.
+    durations = {
+        t.table: sum(s.duration_s for s in t.steps if s.name in ("compact", "manifests", "expire"))
+        for t in result.maintained
+    }
     for old, new in zip(result.before, result.after, strict=True):
         scans = " | ".join(
             _arrow(old.scan_s[s] * 1000, new.scan_s[s] * 1000) if s in old.scan_s else "-" for s in SCANS
@@ -234,7 +239,7 @@ def markdown(result: BenchResult, command: str) -> str:
         lines.append(
             f"| {old.table} | {_arrow(old.data_files, new.data_files)} | "
             f"{_arrow(old.average_file_kb, new.average_file_kb, 1)} | "
-            f"{_arrow(old.snapshots, new.snapshots)} | {_arrow(old.manifests, new.manifests)} | "
+            f"{_arrow(old.snapshots, new.snapshots)} | {_arrow(old.live_manifests, new.live_manifests)} | "
             f"{_arrow(old.metadata_bytes / 1e6, new.metadata_bytes / 1e6, 2)} | {scans} | "
             f"{durations.get(old.table, 0.0):.1f} |"
         )

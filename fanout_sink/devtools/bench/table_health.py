@@ -19,6 +19,7 @@ from typing import Any
 from pyarrow import fs
 from pyiceberg.table import Table
 
+from fanout_sink.spark.maintenance import live_manifests
 from fanout_sink.status import data_file_stats
 
 SCANS = ("pyiceberg_count", "pyiceberg_filtered", "spark_count", "spark_filtered")
@@ -36,6 +37,9 @@ class TableHealth:
     data_bytes: int
     snapshots: int
     manifests: int
+    """Manifests the current snapshot lists (a rewrite's snapshot also lists those of what it removed)."""
+    live_manifests: int
+    """Those of them with live files: what the next commit keeps and scans read."""
     metadata_files: int
     metadata_bytes: int
     metadata_json_bytes: int
@@ -115,6 +119,7 @@ def measure(
         data_bytes=stats.bytes,
         snapshots=len(table.metadata.snapshots),
         manifests=manifests,
+        live_manifests=live_manifests(table),
         metadata_files=metadata_files,
         metadata_bytes=metadata_bytes,
         metadata_json_bytes=metadata_json_bytes,
