@@ -210,6 +210,9 @@ def remove_orphans(
         if not dry_run:
             try:
                 table.io.delete(listed_file.path)
+            except FileNotFoundError:  # deleted since the listing (another process's expiry): not ours
+                gone.add(name)
+                continue
             except OSError as exc:
                 log.warning("could not delete orphan %s of %s: %s", listed_file.path, table.name(), exc)
                 failed.append(listed_file.path)

@@ -48,6 +48,18 @@ def test_paths_are_compared_in_one_spelling(spelled: str, normal: str) -> None:
     assert orphans.normalise(spelled) == normal
 
 
+def test_an_orphan_deleted_by_another_process_since_the_listing_is_neither_removed_nor_failed(
+    catalog: Any,
+) -> None:
+    """Two maintenance processes: the other one's expiry deleted the file between this listing and
+    the delete (a warning per file and "failed to delete" figures would be noise)."""
+    create_tables(catalog, "a")
+    table = catalog.load_table("sink.a")
+    vanished = orphans.ListedFile(f"{table.location()}/data/vanished.parquet", modified_s=0.0)
+    result = orphans.remove_orphans(table, timedelta(seconds=1), set(), listed=[vanished])
+    assert (result.removed, result.failed) == ((), ())
+
+
 def test_aborted_attempts_go_pending_and_fresh_files_stay(
     bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
 ) -> None:
