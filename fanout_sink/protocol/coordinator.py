@@ -185,30 +185,32 @@ class Coordinator:
         failed = 0  # rounds failed in a row: the first is a WARNING, the repeats DEBUG, the recovery INFO
         try:
             while not self._stopping.is_set():
-                self.poll_once(0.5)
-                if time.monotonic() - last >= self.commit_interval_s:
+                try:
+                    # Polling can fail too: after a failed round the producer is re-created, and its
+                    # init_transactions times out while the broker is away.
+                    self.poll_once(0.5)
+                    if time.monotonic() - last < self.commit_interval_s:
+                        continue
                     last = time.monotonic()
-                    try:
-                        self.commit_round()
-                    except (KafkaException, TimeoutError) as exc:  # TransactionStuckError: a TimeoutError
-                        # Broker unreachable or restarting: nothing was lost (files stay pending,
-                        # tables re-check their offsets), so try again next interval.
-                        failed += 1
-                        log.log(
-                            logging.WARNING if failed == 1 else logging.DEBUG,
-                            "commit round of sink %r failed (%s); retrying every %.0f s, quietly until "
-                            "one succeeds",
-                            self.sink,
-                            exc,
-                            self.commit_interval_s,
-                        )
-                        log.debug("commit round of sink %r failed", self.sink, exc_info=True)
-                    else:
-                        if failed:
-                            log.info(
-                                "commit rounds of sink %r succeed again after %d failed", self.sink, failed
-                            )
-                        failed = 0
+                    self.commit_round()
+                except (KafkaException, TimeoutError) as exc:  # TransactionStuckError: a TimeoutError
+                    # Broker unreachable or restarting: nothing was lost (files stay pending,
+                    # tables re-check their offsets), so try again next interval.
+                    failed += 1
+                    log.log(
+                        logging.WARNING if failed == 1 else logging.DEBUG,
+                        "commit round of sink %r failed (%s); retrying every %.0f s, quietly until "
+                        "one succeeds",
+                        self.sink,
+                        exc,
+                        self.commit_interval_s,
+                    )
+                    log.debug("commit round of sink %r failed", self.sink, exc_info=True)
+                    self._stopping.wait(min(1.0, self.commit_interval_s))
+                else:
+                    if failed:
+                        log.info("commit rounds of sink %r succeed again after %d failed", self.sink, failed)
+                    failed = 0
         except BaseException as exc:
             log.exception("coordinator of sink %r stopped", self.sink)
             self.error = exc
