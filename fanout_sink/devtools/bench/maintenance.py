@@ -243,6 +243,18 @@ def markdown(result: BenchResult, command: str) -> str:
             f"{_arrow(old.metadata_bytes / 1e6, new.metadata_bytes / 1e6, 2)} | {scans} | "
             f"{durations.get(old.table, 0.0):.1f} |"
         )
+    lines += [
+        "",
+        "## Reading the figures",
+        "",
+        "- Time is compressed: `max-snapshot-age` is fixed when maintenance starts and the tables are "
+        "maintained one after the other, so the later ones keep fewer of the last minutes' snapshots.",
+        "- Expiry deletes the expired snapshots' manifest lists and manifests, not the old metadata JSON "
+        "files (Iceberg keeps those unless `write.metadata.delete-after-commit.enabled` is set), so the "
+        "metadata JSON bytes do not fall.",
+        "- Times are medians of the runs of each query, measured on the machine as it was: compare the "
+        "before and after columns of one run, not runs on different machines.",
+    ]
     lines += ["", "## What maintenance did", ""]
     for table in result.maintained:
         steps = "; ".join(f"{s.name} {s.action} ({s.detail})" for s in table.steps)
