@@ -27,6 +27,7 @@ from fanout_sink.config import load_config
 from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import ControlReader, sink_group
 from fanout_sink.protocol.orphans import normalise
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
@@ -107,6 +108,9 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
         producer.start()
         files.start()
         assert app.wait_working(240, batch=True), app.log_tail()
+        # `maintain --table` refuses a table without a commit of the sink (TableError): the first batch
+        # is logged a moment before the coordinator's first round appends it.
+        _wait_committed(load_catalog(catalog_settings), sink_run.name, timeout_s=120)
         started = time.monotonic()
         maintainer.start()
         batches_at_arm = 0
@@ -260,6 +264,14 @@ def _committed_control_events(sink_run: SinkRun) -> list[ev.Payload]:
         return [item.event.payload for item in reader.read_until(reader.end_offset())]
     finally:
         reader.close()
+
+
+def _wait_committed(catalog: Any, sink: str, timeout_s: float) -> None:
+    """Until every table of the test holds a commit of the sink."""
+    deadline = time.monotonic() + timeout_s
+    while not set(TABLES) <= {found.identifier for found in table_state.sink_tables(catalog, sink)}:
+        assert time.monotonic() < deadline, f"no commit of {sink} in every table of {TABLES}"
+        time.sleep(0.5)
 
 
 def _wait_caught_up(sink_run: SinkRun, topic: str, timeout_s: float) -> None:
