@@ -441,8 +441,14 @@ def _truthy(value: Any) -> bool:
 # Expressions
 
 
-class Predicate:
-    """A ``when`` expression; :meth:`mask` says for each record whether it matches."""
+NOT_VECTORISABLE = (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid)
+"""What sends an expression from the Arrow path to evaluating each record with jmespath."""
+
+
+class _Expression:
+    """A compiled jmespath expression and its AST, shared by the three kinds a route uses: each
+    tries the vectorised Arrow path first and records whether it got it (``last_vectorised``), so
+    that metrics and tests can tell a slow fallback from the fast path."""
 
     def __init__(self, expression: str) -> None:
         self.expression = expression
@@ -452,6 +458,10 @@ class Predicate:
         """The record fields it reads (``None``: not nameable; see :func:`field_paths`)."""
         self.last_vectorised = False
 
+
+class Predicate(_Expression):
+    """A ``when`` expression; :meth:`mask` says for each record whether it matches."""
+
     def mask(self, view: RecordView, vectorised: bool = True) -> np.ndarray:
         if len(view) == 0:
             return np.zeros(0, dtype=bool)
@@ -460,7 +470,7 @@ class Predicate:
                 result = truth(view, self._ast)
                 self.last_vectorised = True
                 return np.asarray(result.to_numpy(zero_copy_only=False), dtype=bool)
-            except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            except NOT_VECTORISABLE:
                 pass
         self.last_vectorised = False
         return np.fromiter((self.match(obj) for obj in view.python()), dtype=bool, count=len(view))
@@ -472,14 +482,8 @@ class Predicate:
             return False
 
 
-class Projection:
+class Projection(_Expression):
     """A ``select`` expression: each record -> an object (a row of the destination table)."""
-
-    def __init__(self, expression: str) -> None:
-        self.expression = expression
-        self.compiled = jmespath.compile(expression)
-        self._ast: dict[str, Any] = dict(self.compiled.parsed)
-        self.last_vectorised = False
 
     def apply(
         self, view: RecordView, positions: np.ndarray, vectorised: bool = True
@@ -490,7 +494,7 @@ class Projection:
                 table = self._vectorised(view, positions)
                 self.last_vectorised = True
                 return table, positions, []
-            except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            except NOT_VECTORISABLE:
                 pass
         self.last_vectorised = False
         objects = view.python()
@@ -530,16 +534,8 @@ class Projection:
         return pa.table(columns) if columns else pa.table({"_": pa.nulls(len(positions))}).drop_columns(["_"])
 
 
-class NameExpression:
+class NameExpression(_Expression):
     """A ``dynamic.table`` expression: each record -> a table name (or null: not dynamically routed)."""
-
-    def __init__(self, expression: str) -> None:
-        self.expression = expression
-        self.compiled = jmespath.compile(expression)
-        self._ast: dict[str, Any] = dict(self.compiled.parsed)
-        self.paths = field_paths(self._ast)
-        """The record fields it reads (``None``: not nameable; see :func:`field_paths`)."""
-        self.last_vectorised = False
 
     def names(self, view: RecordView, positions: np.ndarray, vectorised: bool = True) -> list[Any]:
         if vectorised:
@@ -547,7 +543,7 @@ class NameExpression:
                 array = self._vectorised(view).take(pa.array(positions, pa.int64()))
                 self.last_vectorised = True
                 return list(array.to_pylist())
-            except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            except NOT_VECTORISABLE:
                 pass
         self.last_vectorised = False
         objects = view.python()
@@ -563,7 +559,7 @@ class NameExpression:
         """Names for ``positions`` as an Arrow string column, or None when not vectorisable."""
         try:
             array = self._vectorised(view).take(pa.array(positions, pa.int64()))
-        except (Fallback, pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        except NOT_VECTORISABLE:
             self.last_vectorised = False
             return None
         self.last_vectorised = True
