@@ -37,8 +37,8 @@ from pydantic import (
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
-from fanout_sink.kafka.client import TopicSettings
 from fanout_sink.kafka.java_client import PropertyError, java_tls_properties, sasl_jaas_config
+from fanout_sink.kafka.topics import TopicSettings
 from fanout_sink.logs import LogFormat, LogLevel
 
 # --------------------------------------------------------------------------------------------

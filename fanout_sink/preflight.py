@@ -37,7 +37,7 @@ from confluent_kafka.cimpl import NewTopic
 from fanout_sink.catalog import load_catalog, sqlite_path
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import PreflightError
-from fanout_sink.kafka.client import client_conf
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 log = logging.getLogger("fanout_sink.preflight")
 
@@ -86,12 +86,9 @@ class Preflight:
 
     def admin(self) -> AdminClient:
         if self._admin is None:
-            conf: dict[str, Any] = {
-                **client_conf(self.config.kafka),
-                "error_cb": self.errors.append,  # instead of client_conf's: errors become the cause line
-            }
             try:
-                self._admin = AdminClient(conf)
+                # error_cb instead of client_conf's: errors become the cause line.
+                self._admin = KafkaClientFactory(self.config.kafka).admin({"error_cb": self.errors.append})
             except KafkaException as exc:
                 raise PreflightError(
                     f"the kafka: section is not a valid librdkafka configuration: {exc.args[0].str()}",

@@ -20,19 +20,17 @@ from typing import Any
 
 import pyarrow.compute as pc
 from confluent_kafka import KafkaException
-
-# Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import load_config
-from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, pattern_topics
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
+from fanout_sink.kafka.topics import pattern_topics
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state
-from fanout_sink.protocol.channel import ControlReader, sink_group
+from fanout_sink.protocol.channel import ControlReader, SinkChannel
 
 
 @dataclass(frozen=True)
@@ -145,9 +143,7 @@ def data_file_stats(table: Table) -> DataFileStats:
     )
 
 
-def pending_tables(
-    catalog: Catalog, sink: str, kafka_conf: KafkaConf, control_topic: str
-) -> list[PendingTable]:
+def pending_tables(catalog: Catalog, sink: SinkChannel) -> list[PendingTable]:
     """Tables still waiting for files: ``DataWritten`` events from the coordinator group's low
     watermark on, at or above the table's stored control offset.
 
@@ -155,7 +151,7 @@ def pending_tables(
     table that stays here round after round is failing; the coordinator logs an ERROR for it each
     round, with the cause.
     """
-    reader = ControlReader(sink, kafka_conf, control_topic)
+    reader = ControlReader(sink)
     try:
         try:
             reader.seek_to_committed()
@@ -174,7 +170,7 @@ def pending_tables(
         if identifier not in floors:
             try:
                 floors[identifier] = table_state.read_state(
-                    catalog.load_table(identifier), sink
+                    catalog.load_table(identifier), sink.sink
                 ).next_control_offset()
             except Exception:  # a table that cannot be loaded holds none of them
                 floors[identifier] = 0
@@ -185,34 +181,32 @@ def pending_tables(
     ]
 
 
-def subscribed_topics(kafka_conf: KafkaConf, topics: list[str], pattern: str | None) -> list[str]:
+def subscribed_topics(clients: KafkaClientFactory, topics: list[str], pattern: str | None) -> list[str]:
     """``source.topics`` as configured, or what ``source.pattern`` matches on the broker now."""
     if pattern is None:
         return list(topics)
-    names = AdminClient(client_conf(kafka_conf)).list_topics(timeout=DEFAULT_TIMEOUT_S).topics
+    names = clients.admin().list_topics(timeout=clients.timeout_s).topics
     return pattern_topics(pattern, names)
 
 
 def collect_status(
-    sink: str,
-    kafka_conf: KafkaConf,
-    control_topic: str,
+    sink: SinkChannel,
     catalog_settings: CatalogSettings,
     source_topics: list[str],
     source_pattern: str | None = None,
 ) -> SinkStatus:
     catalog = load_catalog(catalog_settings)
     now_ms = int(time.time() * 1000)
-    topics = subscribed_topics(kafka_conf, source_topics, source_pattern)
+    topics = subscribed_topics(sink.clients, source_topics, source_pattern)
     return SinkStatus(
-        sink=sink,
-        control_topic=control_topic,
+        sink=sink.sink,
+        control_topic=sink.control_topic,
         collected_at_ms=now_ms,
         source_pattern=source_pattern,
         source_topics=topics,
-        tables=table_states(catalog, sink, now_ms),
-        partitions=source_positions(kafka_conf, sink_group(sink), topics),
-        pending=pending_tables(catalog, sink, kafka_conf, control_topic),
+        tables=table_states(catalog, sink.sink, now_ms),
+        partitions=source_positions(sink.clients, sink.sink_group, topics),
+        pending=pending_tables(catalog, sink),
     )
 
 
@@ -280,9 +274,7 @@ def run(config_path: Path, as_json: bool) -> str:
     """
     config = load_config(config_path)
     status = collect_status(
-        config.name,
-        dict(config.kafka),
-        config.control_topic,
+        SinkChannel.from_config(config),
         config.catalog,
         config.source.topics,
         config.source.pattern,

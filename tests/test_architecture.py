@@ -141,3 +141,46 @@ def test_only_the_spark_layer_imports_pyspark(module: str) -> None:
         f"line {line}" for target, _, line in _imports(module) if target.split(".")[0] in ("pyspark", "py4j")
     ]
     assert not spark, f"{module} imports pyspark at {spark}"
+
+
+CLIENT_FACTORY = "fanout_sink.kafka.clients"
+KAFKA_CLIENTS = ("Consumer", "Producer", "AdminClient")
+
+
+def _client_constructions(name: str) -> Iterator[str]:
+    """Calls of confluent-kafka's client constructors in a module, however they were imported
+    (``from confluent_kafka import Consumer as C``, ``confluent_kafka.admin.AdminClient(...)``)."""
+    tree = ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
+    local: dict[str, str] = {}  # local name -> constructor
+    modules: set[str] = set()  # local names bound to confluent_kafka modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "confluent_kafka":
+            for alias in node.names:
+                if alias.name in KAFKA_CLIENTS:
+                    local[alias.asname or alias.name] = alias.name
+                elif alias.name in ("admin", "cimpl"):
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update(
+                (a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("confluent_kafka")
+            )
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in local:
+            yield f"{name}:{node.lineno} calls {local[func.id]}("
+        elif isinstance(func, ast.Attribute) and func.attr in KAFKA_CLIENTS:
+            root = func.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in modules:
+                yield f"{name}:{node.lineno} calls {func.attr}("
+
+
+def test_kafka_clients_are_made_only_by_the_factory() -> None:
+    """One home for client properties, logging and timeouts: ``KafkaClientFactory``. A constructor
+    called elsewhere would make a client without the sink's logger, error callback or settings."""
+    elsewhere = [found for name in MODULES if name != CLIENT_FACTORY for found in _client_constructions(name)]
+    assert not elsewhere, "make these clients through KafkaClientFactory:\n" + "\n".join(elsewhere)
+    assert list(_client_constructions(CLIENT_FACTORY)), "the check no longer sees the factory's own calls"

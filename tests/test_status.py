@@ -19,6 +19,7 @@ from support.common import create_tables, make_processor, produce_json, run_batc
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.cli import main
 from fanout_sink.protocol import table_state
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -72,16 +73,16 @@ def test_status_shows_table_commits_and_source_lag(
     create_tables(catalog, ["a", "b"])
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
     produce_json(bootstrap_servers, topic, 1, [{"id": i, "table": "b"} for i in range(4, 7)])
-    worker = SliceWorker(sink, conf, f"{sink}-control")
+    worker = SliceWorker(SinkChannel(sink, conf, f"{sink}-control"))
     run_batch(worker, bootstrap_servers, {topic: 2}, make_processor(catalog))
     worker.close()
-    coordinator = Coordinator(sink, conf, f"{sink}-control", catalog, source_topics=[topic])
+    coordinator = Coordinator(SinkChannel(sink, conf, f"{sink}-control"), catalog, source_topics=[topic])
     coordinator.open()
     result = coordinator.commit_round()
     coordinator.close()
     produce_json(bootstrap_servers, topic, 1, [{"id": 99, "table": "b"}])  # not delivered yet: lag 1
     produce_json(bootstrap_servers, topic, 0, [{"id": 98, "table": "a"}])  # delivered, not committed
-    pending_worker = SliceWorker(sink, conf, f"{sink}-control")
+    pending_worker = SliceWorker(SinkChannel(sink, conf, f"{sink}-control"))
     run_planned_batch(pending_worker, bootstrap_servers, {(topic, 0): (4, 5)}, make_processor(catalog))
     pending_worker.close()
     maintained_ms = int(time.time() * 1000) - 60_000

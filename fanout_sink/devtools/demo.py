@@ -14,8 +14,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import load_catalog
@@ -23,7 +22,7 @@ from fanout_sink.config import SinkConfig, load_config
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.devtools.topics import header_pairs, read_to_end
-from fanout_sink.kafka.client import retry_transient
+from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
 from fanout_sink.protocol import table_state
 from fanout_sink.spark.app import RunOptions, SinkApp
 from fanout_sink.transform.deadletter import header
@@ -50,7 +49,7 @@ def _say(message: str) -> None:
 
 
 def _ensure_topics(bootstrap: str, names: dict[str, int]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
     existing = set(admin.list_topics(timeout=30).topics)
     missing = [NewTopic(name, parts, 1) for name, parts in names.items() if name not in existing]
     for future in admin.create_topics(missing).values() if missing else []:
@@ -59,7 +58,9 @@ def _ensure_topics(bootstrap: str, names: dict[str, int]) -> None:
 
 def _end_offsets(bootstrap: str, topics: dict[str, int]) -> int:
     """Records ever written to the demo topics: the next run numbers its events after them."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fanout-sink-demo-probe"})
+    consumer = KafkaClientFactory({"bootstrap.servers": bootstrap}).consumer(
+        {"group.id": "fanout-sink-demo-probe"}
+    )
 
     def high(topic: str, partition: int) -> int:
         low_high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
@@ -76,7 +77,9 @@ def _end_offsets(bootstrap: str, topics: dict[str, int]) -> int:
 
 
 def _produce(bootstrap: str, records: int, start: int) -> int:
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "fanout-sink-demo-producer"})
+    producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
+        {"transactional.id": "fanout-sink-demo-producer"}
+    )
     producer.init_transactions(30)
     producer.begin_transaction()
     for event in shop_events(records, start=start):

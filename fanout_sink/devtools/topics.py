@@ -10,7 +10,9 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 
 def read_to_end(
@@ -21,9 +23,8 @@ def read_to_end(
 
     Raises :class:`TimeoutError` when a partition stops short of its end for ``timeout_s``.
     """
-    consumer = Consumer(
+    consumer = KafkaClientFactory({"bootstrap.servers": bootstrap}).consumer(
         {
-            "bootstrap.servers": bootstrap,
             "group.id": f"fanout-sink-reader-{uuid.uuid4().hex[:8]}",
             "isolation.level": isolation,
             "enable.auto.commit": False,

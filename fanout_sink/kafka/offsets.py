@@ -11,17 +11,16 @@ import concurrent.futures
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 
 # Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AdminClient,
     ConfigResource,
     OffsetSpec,
     ResourceType,
 )
 
-from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf, retry_transient
+from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +53,17 @@ class GroupOffsets:
     when the broker answers the first request with COORDINATOR_LOAD_IN_PROGRESS.)
     """
 
-    def __init__(self, kafka_conf: KafkaConf, group: str, stable: bool = True) -> None:
+    def __init__(self, clients: KafkaClientFactory, group: str, stable: bool = True) -> None:
         self.group = group
+        self.timeout_s = clients.timeout_s
         isolation = "read_committed" if stable else "read_uncommitted"
-        self._consumer = Consumer(
-            {
-                **client_conf(kafka_conf),
-                "group.id": group,
-                "isolation.level": isolation,
-                "enable.auto.commit": False,
-            }
+        self._consumer = clients.consumer(
+            {"group.id": group, "isolation.level": isolation, "enable.auto.commit": False}
         )
 
-    def committed(
-        self, partitions: list[tuple[str, int]], timeout_s: float = DEFAULT_TIMEOUT_S
-    ) -> dict[tuple[str, int], int | None]:
+    def committed(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        timeout_s = self.timeout_s
+
         def ask() -> dict[tuple[str, int], int | None]:
             found: dict[tuple[str, int], int | None] = {}
             answer = self._consumer.committed(
@@ -86,16 +81,14 @@ class GroupOffsets:
         self._consumer.close()
 
 
-def source_positions(
-    kafka_conf: KafkaConf, group: str, topics: list[str], timeout_s: float = DEFAULT_TIMEOUT_S
-) -> list[PartitionPosition]:
+def source_positions(clients: KafkaClientFactory, group: str, topics: list[str]) -> list[PartitionPosition]:
     """Committed (by ``group``, not waiting for open transactions) and last stable offset of every
     partition of ``topics``.
 
     Every commit round calls this (and the lag metric comes from it), so the ends are one batched
     ``ListOffsets`` per partition leader, not one request per partition.
     """
-    admin = AdminClient(client_conf(kafka_conf))
+    admin, timeout_s = clients.admin(), clients.timeout_s
     metadata = admin.list_topics(timeout=timeout_s).topics
     partitions = [(t, p) for t in topics if t in metadata for p in sorted(metadata[t].partitions)]
     if not partitions:
@@ -111,9 +104,9 @@ def source_positions(
         }
     except concurrent.futures.TimeoutError as exc:  # not the builtin TimeoutError before Python 3.11
         raise TimeoutError(f"no last stable offsets of {topics} within {timeout_s:.0f} s") from exc
-    reader = GroupOffsets(kafka_conf, group, stable=False)
+    reader = GroupOffsets(clients, group, stable=False)
     try:
-        committed = reader.committed(partitions, timeout_s)
+        committed = reader.committed(partitions)
     finally:
         reader.close()
     return [PartitionPosition(t, p, committed.get((t, p)), ends[(t, p)]) for t, p in partitions]
@@ -123,10 +116,10 @@ DEFAULT_OFFSETS_RETENTION_S = 7 * 24 * 3600.0
 """Kafka's default ``offsets.retention.minutes`` (7 days), used when the broker will not say."""
 
 
-def offsets_retention_s(kafka_conf: KafkaConf, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
+def offsets_retention_s(clients: KafkaClientFactory) -> float:
     """The broker's ``offsets.retention.minutes`` in seconds: how long a group that nobody joins keeps
     a partition's committed offset after its last commit."""
-    admin = AdminClient(client_conf(kafka_conf))
+    admin, timeout_s = clients.admin(), clients.timeout_s
     try:
         brokers = sorted(admin.list_topics(timeout=timeout_s).brokers)
         resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))

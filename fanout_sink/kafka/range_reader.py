@@ -9,7 +9,7 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
   or at partition EOF at or past ``end`` (the last stable offset: markers and aborted records at
   the tail of the range are passed that way).
 - Assigned, never subscribed, no commits: the consumer's group id is the sink group's, which must
-  never get a member (``kafka.client.memberless_group_metadata``); assigning does not join.
+  never get a member (``KafkaClientFactory.group_metadata``); assigning does not join.
 - A start below the log start is data loss (``auto.offset.reset: error``), the same condition
   Spark's ``failOnDataLoss=true`` stopped on; no progress for ``stall_timeout_s`` is an error too.
 - Each ``consume`` batch becomes one Arrow record batch: one Python list per column, no
@@ -25,10 +25,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from fanout_sink.errors import SourceDataLossError, SourceReadError
-from fanout_sink.kafka.client import KafkaConf, consumer_conf
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 _HEADER = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 RAW_RECORD_SCHEMA = pa.schema(
@@ -73,14 +73,14 @@ class RangeReader:
     process take turns on the single assignment.
     """
 
-    def __init__(self, kafka_conf: KafkaConf, group: str, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S):
+    def __init__(
+        self, clients: KafkaClientFactory, group: str, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+    ) -> None:
         self.group = group
         self.stall_timeout_s = stall_timeout_s
         self._lock = threading.Lock()
-        self._consumer = Consumer(
+        self._consumer = clients.consumer(
             {
-                **FETCH_DEFAULTS,
-                **consumer_conf(kafka_conf),
                 "group.id": group,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
@@ -88,7 +88,8 @@ class RangeReader:
                 "enable.partition.eof": True,
                 # A start below the log start is an error (ERR__AUTO_OFFSET_RESET), never a jump.
                 "auto.offset.reset": "error",
-            }
+            },
+            defaults=FETCH_DEFAULTS,
         )
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:

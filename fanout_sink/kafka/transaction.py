@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from fanout_sink.errors import ProducerFencedError, TransactionStuckError
-from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, client_conf
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +44,20 @@ class TransactionalProducer:
 
     def __init__(
         self,
-        kafka_conf: KafkaConf,
+        clients: KafkaClientFactory,
         transactional_id: str,
         fenced_message: str,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.transactional_id = transactional_id
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s = clients.timeout_s
         self.usable = True
         self._fenced_message = fenced_message
-        conf = {
-            "transaction.timeout.ms": 60000,
-            **client_conf(kafka_conf),
-            "transactional.id": transactional_id,
-        }
         # Past this the broker aborts the transaction anyway, so waiting longer for anything is futile.
-        self._transaction_timeout_s = int(conf["transaction.timeout.ms"]) / 1000
+        self._transaction_timeout_s = int(clients.conf.get("transaction.timeout.ms", 60000)) / 1000
         self._deadline = 0.0
-        self._producer = Producer(conf)
+        self._producer = clients.producer(
+            {"transactional.id": transactional_id}, defaults={"transaction.timeout.ms": 60000}
+        )
         self._producer.init_transactions(timeout_s)
 
     @contextmanager

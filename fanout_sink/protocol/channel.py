@@ -27,20 +27,14 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from fanout_sink.config import ControlSettings
+from fanout_sink.config import ControlSettings, SinkConfig
 from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.faults import fault_point
-from fanout_sink.kafka.client import (
-    DEFAULT_TIMEOUT_S,
-    KafkaConf,
-    TopicSettings,
-    client_conf,
-    ensure_topic,
-    retry_transient,
-)
+from fanout_sink.kafka.clients import DEFAULT_TIMEOUT_S, KafkaClientFactory, KafkaConf, retry_transient
 from fanout_sink.kafka.offsets import GroupOffsets
+from fanout_sink.kafka.topics import TopicSettings, ensure_topic
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
 
@@ -88,13 +82,50 @@ def legacy_coordinator_group(sink: str) -> str:
     return f"fanout-sink-{sink}-coordinator"
 
 
-def ensure_control_topic(
-    kafka_conf: KafkaConf,
-    topic: str,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    *,
-    settings: TopicSettings | None = None,
-) -> None:
+@dataclass(frozen=True)
+class SinkChannel:
+    """One sink's identity on Kafka: its name, Kafka settings, control topic and timeouts.
+
+    Everything that talks to Kafka for a sink (workers, the coordinator, the control reader,
+    recovery, ``status``, orphan cleanup) takes this one value, so the names derived from the sink
+    name and the clients made from its settings cannot disagree between them. Plain data: it
+    travels to Spark executors as it is.
+    """
+
+    sink: str
+    kafka: KafkaConf
+    control_topic: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """How long one Kafka call may wait."""
+    scan_timeout_s: float = CONTROL_SCAN_TIMEOUT_S
+    """How long reading the control topic's whole retained history may take."""
+
+    @classmethod
+    def from_config(cls, config: SinkConfig) -> SinkChannel:
+        return cls(sink=config.name, kafka=dict(config.kafka), control_topic=config.control_topic)
+
+    @property
+    def clients(self) -> KafkaClientFactory:
+        """The factory of every Kafka client of this sink, bound to its settings and timeout."""
+        return KafkaClientFactory(self.kafka, self.timeout_s)
+
+    @property
+    def sink_group(self) -> str:
+        return sink_group(self.sink)
+
+    @property
+    def coordinator_group(self) -> str:
+        return coordinator_group(self.sink)
+
+    @property
+    def coordinator_transactional_id(self) -> str:
+        return coordinator_transactional_id(self.sink)
+
+    def worker_transactional_id(self, topic: str, partition: int) -> str:
+        return worker_transactional_id(self.sink, topic, partition)
+
+
+def ensure_control_topic(channel: SinkChannel, *, settings: TopicSettings | None = None) -> None:
     """Create the control topic (one partition, kept forever, as durable as the source offsets), or
     check the existing one.
 
@@ -104,8 +135,9 @@ def ensure_control_topic(
     topic with the defaults if it is missing, and check only its partition count.
     """
     check = settings is not None
+    topic = channel.control_topic
     state = ensure_topic(
-        kafka_conf, topic, "control topic", settings or ControlSettings().topic_settings(), check, timeout_s
+        channel.clients, topic, "control topic", settings or ControlSettings().topic_settings(), check
     )
     if state.partitions != 1:
         raise TopicError(
@@ -167,16 +199,15 @@ class ControlReader:
     progress is committed as offsets only, so two coordinators never rebalance each other.
     """
 
-    def __init__(self, sink: str, kafka_conf: KafkaConf, topic: str) -> None:
-        self.sink = sink
-        self.topic = topic
-        self._key = sink.encode()
-        self._kafka_conf = kafka_conf
-        self._tp = TopicPartition(topic, CONTROL_PARTITION)
-        self._consumer = Consumer(
+    def __init__(self, channel: SinkChannel) -> None:
+        self.channel = channel
+        self.sink = channel.sink
+        self.topic = channel.control_topic
+        self._key = channel.sink.encode()
+        self._tp = TopicPartition(self.topic, CONTROL_PARTITION)
+        self._consumer = channel.clients.consumer(
             {
-                **client_conf(kafka_conf),
-                "group.id": coordinator_group(sink),
+                "group.id": channel.coordinator_group,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
@@ -207,13 +238,13 @@ class ControlReader:
         """Raise unless the log still holds every offset from ``needed_from`` (None: from 0) on."""
         low, high = self.watermarks(timeout_s)
         if low > (needed_from or 0):
-            raise ControlTopicError(self.topic, coordinator_group(self.sink), needed_from, low)
+            raise ControlTopicError(self.topic, self.channel.coordinator_group, needed_from, low)
         if needed_from is not None and needed_from > high:
             raise TopicError(
                 f"control topic {self.topic!r} [0] ends at offset {high}, below offset {needed_from} that "
-                f"coordinator group {coordinator_group(self.sink)!r} has acknowledged: the topic was deleted "
-                "and recreated. The tables record control offsets of the old topic, so events of the new one "
-                "below them would be taken for committed ones.\n"
+                f"coordinator group {self.channel.coordinator_group!r} has acknowledged: the topic was "
+                "deleted and recreated. The tables record control offsets of the old topic, so events of "
+                "the new one below them would be taken for committed ones.\n"
                 "  fix: restore the original control topic; a sink cannot move to a new control topic under "
                 "the same name (start a new sink name, with new tables or after checking them)"
             )
@@ -231,7 +262,7 @@ class ControlReader:
             return -1
         recorded = -1
         self.seek(low)
-        for item in self.read_until(high, max(timeout_s, CONTROL_SCAN_TIMEOUT_S)):
+        for item in self.read_until(high, max(timeout_s, self.channel.scan_timeout_s)):
             payload = item.event.payload
             if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
                 recorded = payload.low_watermark
@@ -239,7 +270,7 @@ class ControlReader:
             log.warning(
                 "coordinator group %r has no offset (expired after a long downtime?); resuming from the low "
                 "watermark %d recorded by the last CommitComplete on %r",
-                coordinator_group(self.sink),
+                self.channel.coordinator_group,
                 recorded,
                 self.topic,
             )
@@ -248,18 +279,16 @@ class ControlReader:
     def _legacy_committed(self, timeout_s: float) -> int:
         """The low watermark under the coordinator group's pre-':' name, for a deployment that ran
         before the rename (its new group has no offset yet); -1 when there is none."""
-        legacy = GroupOffsets(self._kafka_conf, legacy_coordinator_group(self.sink), stable=False)
+        legacy = GroupOffsets(self.channel.clients, legacy_coordinator_group(self.sink), stable=False)
         try:
-            found = legacy.committed([(self.topic, CONTROL_PARTITION)], timeout_s)[
-                (self.topic, CONTROL_PARTITION)
-            ]
+            found = legacy.committed([(self.topic, CONTROL_PARTITION)])[(self.topic, CONTROL_PARTITION)]
         finally:
             legacy.close()
         if found is None:
             return -1
         log.info(
             "coordinator group %r has no offset yet; migrated the low watermark %d of the legacy group %r",
-            coordinator_group(self.sink),
+            self.channel.coordinator_group,
             found,
             legacy_coordinator_group(self.sink),
         )

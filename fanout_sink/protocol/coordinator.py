@@ -40,12 +40,12 @@ from pyiceberg.table import Table, TableProperties, Transaction
 
 from fanout_sink.errors import FanoutSinkError, ProducerFencedError, TableError
 from fanout_sink.faults import fault_point
-from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, memberless_group_metadata
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, table_state
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.append import SpecPreservingAppend
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 from fanout_sink.protocol.positions import OffsetRefresher
 
@@ -122,27 +122,24 @@ class Coordinator:
 
     def __init__(
         self,
-        sink: str,
-        kafka_conf: KafkaConf,
-        control_topic: str,
+        sink: SinkChannel,
         catalog: Catalog,
         source_topics: list[str] | None = None,
         commit_interval_s: float = 30.0,
         commit_timeout_s: float = 60.0,
         max_parallel_commits: int = 4,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
         offsets_refresh_interval_s: float | None = None,
         observer: RoundObserver | None = None,
     ) -> None:
-        self.sink = sink
-        self.kafka_conf = dict(kafka_conf)
-        self.control_topic = control_topic
+        self.channel = sink
+        self.sink = sink.sink
+        self.control_topic = sink.control_topic
         self.catalog = catalog
         self.source_topics = list(source_topics or [])
         self.commit_interval_s = commit_interval_s
         self.commit_timeout_s = commit_timeout_s
         self.max_parallel_commits = max(1, max_parallel_commits)
-        self.timeout_s = timeout_s
+        self.timeout_s = sink.timeout_s
         self.state = CommitState()
         self._producer: TransactionalProducer | None = None
         self._reader: channel.ControlReader | None = None
@@ -163,10 +160,10 @@ class Coordinator:
 
     def open(self) -> None:
         """Create/check the control topic, fence any older coordinator, seek to the low watermark."""
-        channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
+        channel.ensure_control_topic(self.channel)
         self._producer = self._new_producer()
-        self._metadata = memberless_group_metadata(self.kafka_conf, channel.coordinator_group(self.sink))
-        self._reader = channel.ControlReader(self.sink, self.kafka_conf, self.control_topic)
+        self._metadata = self.channel.clients.group_metadata(self.channel.coordinator_group)
+        self._reader = channel.ControlReader(self.channel)
         start = self._reader.seek_to_committed(self.timeout_s)
         log.info("coordinator of sink %r reads the control topic from offset %d", self.sink, start)
 
@@ -246,15 +243,14 @@ class Coordinator:
 
     def _new_producer(self) -> TransactionalProducer:
         """The coordinator's transactional producer; creating it fences any older holder of the id."""
-        txn_id = channel.coordinator_transactional_id(self.sink)
+        txn_id = self.channel.coordinator_transactional_id
         return TransactionalProducer(
-            self.kafka_conf,
+            self.channel.clients,
             txn_id,
             fenced_message=(
                 f"coordinator of sink {self.sink!r} was fenced: another coordinator with transactional "
                 f"id {txn_id!r} started. This one stops; make sure only one application runs per sink name."
             ),
-            timeout_s=self.timeout_s,
         )
 
     def poll_once(self, timeout_s: float = 0.5) -> int:
@@ -300,9 +296,7 @@ class Coordinator:
             commit_id = str(uuid.uuid4())
             self._publish([ev.StartCommit(commit_id=commit_id)])
             positions = (
-                source_positions(
-                    self.kafka_conf, channel.sink_group(self.sink), self.source_topics, self.timeout_s
-                )
+                source_positions(self.channel.clients, self.channel.sink_group, self.source_topics)
                 if self.source_topics
                 else []
             )
@@ -364,8 +358,8 @@ class Coordinator:
         if self._refresher is None:
             interval = self.offsets_refresh_interval_s
             if interval is None:
-                interval = offsets_retention_s(self.kafka_conf, self.timeout_s) / 4
-            self._refresher = OffsetRefresher(self.kafka_conf, self.sink, interval, self.timeout_s)
+                interval = offsets_retention_s(self.channel.clients) / 4
+            self._refresher = OffsetRefresher(self.channel, interval)
             log.info("idle partitions' sink-group offsets are re-committed every %.0f s", interval)
         try:
             self._refresher.refresh(positions)

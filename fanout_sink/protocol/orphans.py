@@ -36,9 +36,8 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from fanout_sink.errors import FanoutSinkError
-from fanout_sink.kafka.client import KafkaConf
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol.channel import ControlReader
+from fanout_sink.protocol.channel import ControlReader, SinkChannel
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +108,10 @@ def list_files(io: FileIO, location: str) -> list[ListedFile]:
     ]
 
 
-def pending_files(sink: str, kafka_conf: KafkaConf, control_topic: str) -> set[str]:
+def pending_files(sink: SinkChannel) -> set[str]:
     """Normalised paths of every data file announced by a committed ``DataWritten`` event of
     ``sink`` at or above the coordinator group's low watermark: what the coordinator may still append."""
-    reader = ControlReader(sink, kafka_conf, control_topic)
+    reader = ControlReader(sink)
     try:
         reader.seek_to_committed()
         return {

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
-from fanout_sink.kafka.client import DEFAULT_TIMEOUT_S, KafkaConf, memberless_group_metadata
 from fanout_sink.kafka.offsets import GroupOffsets, PartitionPosition
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import SinkChannel
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,7 @@ class Recovery:
     """No offset and nothing recovered, and the control topic no longer proves the whole history."""
 
 
-def control_topic_positions(
-    kafka_conf: KafkaConf, sink: str, control_topic: str, timeout_s: float = channel.CONTROL_SCAN_TIMEOUT_S
-) -> tuple[dict[TopicPartitionKey, int], bool]:
+def control_topic_positions(sink: SinkChannel) -> tuple[dict[TopicPartitionKey, int], bool]:
     """The delivered position per source partition the control topic still proves, and whether that
     covers the sink's whole history.
 
@@ -70,7 +68,7 @@ def control_topic_positions(
     when a ``CommitComplete`` still in the log accounts for every report below the log start
     (retention deletes only what the coordinator acknowledged, which is below the last round).
     """
-    reader = channel.ControlReader(sink, kafka_conf, control_topic)
+    reader = channel.ControlReader(sink)
     found: dict[TopicPartitionKey, int] = {}
 
     def take(key: TopicPartitionKey, offset: int) -> None:
@@ -81,7 +79,7 @@ def control_topic_positions(
         complete = log_start == 0
         if end > log_start:
             reader.seek(log_start)
-            for item in reader.read_until(end, timeout_s):
+            for item in reader.read_until(end, sink.scan_timeout_s):
                 payload = item.event.payload
                 if isinstance(payload, ev.DataComplete):
                     take((payload.topic, payload.partition), payload.next_offset)
@@ -102,46 +100,43 @@ class PositionWriter:
     the caller expects is the offset sent, so a worker's newer commit is never overwritten.
     """
 
-    def __init__(self, kafka_conf: KafkaConf, sink: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.kafka_conf = kafka_conf
+    def __init__(self, sink: SinkChannel) -> None:
         self.sink = sink
-        self.timeout_s = timeout_s
-        self._offsets = GroupOffsets(kafka_conf, channel.sink_group(sink), stable=True)
-        self._metadata = memberless_group_metadata(kafka_conf, channel.sink_group(sink))
+        self._offsets = GroupOffsets(sink.clients, sink.sink_group, stable=True)
+        self._metadata = sink.clients.group_metadata(sink.sink_group)
 
     def commit(self, topic: str, partition: int, offset: int, expected: int | None) -> int | None:
         """Commit ``offset`` if the group holds ``expected``; returns what the group holds afterwards."""
-        txn_id = channel.worker_transactional_id(self.sink, topic, partition)
+        txn_id = self.sink.worker_transactional_id(topic, partition)
         producer = TransactionalProducer(
-            self.kafka_conf,
+            self.sink.clients,
             txn_id,
             fenced_message=(
                 f"committing the delivered position {offset} of {topic}[{partition}] was fenced: a "
                 f"worker (transactional id {txn_id!r}) took the partition over; it commits the offset."
             ),
-            timeout_s=self.timeout_s,
         )
         try:
-            current = self._offsets.committed([(topic, partition)], self.timeout_s)[(topic, partition)]
+            current = self._offsets.committed([(topic, partition)])[(topic, partition)]
             if current != expected:
                 return current
             with producer.transaction():
                 producer.send_offsets([TopicPartition(topic, partition, offset)], self._metadata)
             return offset
         finally:
-            producer.flush(self.timeout_s)
+            producer.flush()
 
     def close(self) -> None:
         self._offsets.close()
 
 
 def restore_positions(
-    kafka_conf: KafkaConf, sink: str, positions: dict[TopicPartitionKey, int], source: str
+    sink: SinkChannel, positions: dict[TopicPartitionKey, int], source: str
 ) -> dict[TopicPartitionKey, int]:
     """Writes positions recovered from ``source`` into the sink group; returns what it holds afterwards."""
     if not positions:
         return {}
-    writer = PositionWriter(kafka_conf, sink)
+    writer = PositionWriter(sink)
     restored: dict[TopicPartitionKey, int] = {}
     try:
         for (topic, partition), offset in sorted(positions.items()):
@@ -151,7 +146,7 @@ def restore_positions(
             log.warning(
                 "sink group %r had no offset for %s[%d] (expired, or not migrated yet): restored the "
                 "delivered position %d recovered from %s",
-                channel.sink_group(sink),
+                sink.sink_group,
                 topic,
                 partition,
                 offset,
@@ -163,9 +158,7 @@ def restore_positions(
 
 
 def recover_positions(
-    kafka_conf: KafkaConf,
-    sink: str,
-    control_topic: str,
+    sink: SinkChannel,
     partitions: list[TopicPartitionKey],
     committed: dict[TopicPartitionKey, int],
 ) -> Recovery:
@@ -173,14 +166,14 @@ def recover_positions(
     missing = [key for key in partitions if key not in committed]
     if not missing:
         return Recovery(dict(committed))
-    from_control, complete = control_topic_positions(kafka_conf, sink, control_topic)
-    legacy = GroupOffsets(kafka_conf, channel.legacy_sink_group(sink), stable=False)
+    from_control, complete = control_topic_positions(sink)
+    legacy = GroupOffsets(sink.clients, channel.legacy_sink_group(sink.sink), stable=False)
     try:
         from_legacy = {k: v for k, v in legacy.committed(missing).items() if v is not None}
     finally:
         legacy.close()
-    control_source = f"the control topic {control_topic!r} (DataComplete events)"
-    legacy_source = f"the legacy group {channel.legacy_sink_group(sink)!r} (migrated)"
+    control_source = f"the control topic {sink.control_topic!r} (DataComplete events)"
+    legacy_source = f"the legacy group {channel.legacy_sink_group(sink.sink)!r} (migrated)"
     delivered = dict(committed)
     for source, found in ((control_source, from_control), (legacy_source, from_legacy)):
         # The larger of the two wins: each is a position some committed transaction delivered.
@@ -190,7 +183,7 @@ def recover_positions(
             if k in missing and v >= max(from_control.get(k, 0), from_legacy.get(k, 0))
         }
         best = {k: v for k, v in best.items() if k not in delivered}
-        delivered.update(restore_positions(kafka_conf, sink, best, source))
+        delivered.update(restore_positions(sink, best, source))
     left = frozenset(key for key in missing if key not in delivered)
     if not complete:
         return Recovery(delivered, unknown=left)
@@ -207,10 +200,8 @@ class OffsetRefresher:
     waiting is about to be committed by a worker, and refreshing it would fence that worker.
     """
 
-    kafka_conf: KafkaConf
-    sink: str
+    sink: SinkChannel
     interval_s: float
-    timeout_s: float = DEFAULT_TIMEOUT_S
     _seen: dict[TopicPartitionKey, tuple[int, float]] = field(default_factory=dict)
 
     def refresh(self, positions: list[PartitionPosition]) -> list[TopicPartitionKey]:
@@ -229,7 +220,7 @@ class OffsetRefresher:
         if not due:
             return []
         refreshed: list[TopicPartitionKey] = []
-        writer = PositionWriter(self.kafka_conf, self.sink, self.timeout_s)
+        writer = PositionWriter(self.sink)
         try:
             for position in due:
                 key = (position.topic, position.partition)

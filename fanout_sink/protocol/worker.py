@@ -33,16 +33,12 @@ from pyiceberg.table import Table
 
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
 from fanout_sink.faults import fault_point
-from fanout_sink.kafka.client import (
-    DEFAULT_TIMEOUT_S,
-    KafkaConf,
-    max_message_bytes,
-    memberless_group_metadata,
-)
 from fanout_sink.kafka.offsets import GroupOffsets
+from fanout_sink.kafka.topics import max_message_bytes
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, positions
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.records import RoutedSlice, SliceProcessor
 
@@ -106,21 +102,15 @@ class SliceWorker:
     """
 
     def __init__(
-        self,
-        sink_name: str,
-        kafka_conf: KafkaConf,
-        control_topic: str,
-        dead_letter_topic: str | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_files_per_event: int = 100,
+        self, sink: SinkChannel, dead_letter_topic: str | None = None, max_files_per_event: int = 100
     ) -> None:
-        self.sink = sink_name
+        self.channel = sink
+        self.sink = sink.sink
         self.max_files_per_event = max(1, max_files_per_event)
-        self.kafka_conf = dict(kafka_conf)
-        self.control_topic = control_topic
+        self.control_topic = sink.control_topic
         self.dead_letter_topic = dead_letter_topic
-        self.group = channel.sink_group(sink_name)
-        self.timeout_s = timeout_s
+        self.group = sink.sink_group
+        self.timeout_s = sink.timeout_s
         self._group_metadata: bytes | None = None
         self._producers: dict[str, TransactionalProducer] = {}
         self._locks: dict[str, threading.Lock] = {}
@@ -133,18 +123,18 @@ class SliceWorker:
         """The sink-managed group's stable committed offset for one source partition."""
         with self._guard:
             if self._offsets is None:
-                self._offsets = GroupOffsets(self.kafka_conf, self.group, stable=True)
-            return self._offsets.committed([(topic, partition)], self.timeout_s)[(topic, partition)]
+                self._offsets = GroupOffsets(self.channel.clients, self.group, stable=True)
+            return self._offsets.committed([(topic, partition)])[(topic, partition)]
 
     def _metadata(self) -> bytes:
         if self._group_metadata is None:
-            self._group_metadata = memberless_group_metadata(self.kafka_conf, self.group)
+            self._group_metadata = self.channel.clients.group_metadata(self.group)
         return self._group_metadata
 
     def _dead_letter_limit(self, topic: str) -> int:
         """The dead-letter topic's message size limit, asked once per process."""
         if self._dead_letter_max_bytes is None:
-            self._dead_letter_max_bytes = max_message_bytes(self.kafka_conf, topic, self.timeout_s)
+            self._dead_letter_max_bytes = max_message_bytes(self.channel.clients, topic)
         return self._dead_letter_max_bytes
 
     def _lock(self, txn_id: str) -> threading.Lock:
@@ -155,14 +145,13 @@ class SliceWorker:
         producer = self._producers.get(txn_id)
         if producer is None:
             producer = TransactionalProducer(
-                self.kafka_conf,
+                self.channel.clients,
                 txn_id,
                 fenced_message=(
                     f"the transaction for {topic}[{partition}] was fenced: a newer attempt for this "
                     f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
                     "newer one delivers the records."
                 ),
-                timeout_s=self.timeout_s,
             )
             self._producers[txn_id] = producer
         return producer
@@ -181,10 +170,10 @@ class SliceWorker:
         ``source`` reads the records when the worker knows what is left; a table of the range's
         records already read (tests, tools) is taken as it is and its delivered head dropped.
         """
-        txn_id = channel.worker_transactional_id(self.sink, topic, partition)
+        txn_id = self.channel.worker_transactional_id(topic, partition)
         if not self._control_checked:
             # Producing to a missing topic only times out; creating or checking it once says why.
-            channel.ensure_control_topic(self.kafka_conf, self.control_topic, self.timeout_s)
+            channel.ensure_control_topic(self.channel)
             self._control_checked = True
         with self._lock(txn_id):
             cached = txn_id in self._producers
@@ -209,7 +198,7 @@ class SliceWorker:
         It reads the control topic's history, so it is only done when the group is silent: once for
         a partition's first slice, and after an expiry.
         """
-        found, _complete = positions.control_topic_positions(self.kafka_conf, self.sink, self.control_topic)
+        found, _complete = positions.control_topic_positions(self.channel)
         recovered = found.get((topic, partition))
         if recovered is None:
             return None

@@ -20,9 +20,9 @@ from fanout_sink import preflight
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import RecordError
-from fanout_sink.kafka.client import ensure_topic
+from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.metrics import SinkMetrics
-from fanout_sink.protocol.channel import ensure_control_topic
+from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.spark import maintenance, planning, progress
 from fanout_sink.spark.batch import BatchRunner
@@ -96,14 +96,11 @@ class SinkApp:
                 self.metrics.close()
 
     def _run(self) -> int:
-        ensure_control_topic(
-            self.config.kafka, self.config.control_topic, settings=self.config.control.topic_settings()
-        )
+        sink = SinkChannel.from_config(self.config)
+        ensure_control_topic(sink, settings=self.config.control.topic_settings())
         if self.config.dead_letter is not None:
             dead_letter = self.config.dead_letter
-            ensure_topic(
-                self.config.kafka, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
-            )
+            ensure_topic(sink.clients, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings())
         partitions = planning.source_partitions(self.config)
         checkpoint = self.config.checkpoint_location
         # A checkpoint on an object store or HDFS is read through the session's JVM: planned after it.
@@ -180,9 +177,7 @@ class SinkApp:
     def _start_coordinator(self, topics: list[str]) -> Coordinator:
         control = self.config.control
         coordinator = Coordinator(
-            sink=self.config.name,
-            kafka_conf=self.config.kafka,
-            control_topic=self.config.control_topic,
+            sink=SinkChannel.from_config(self.config),
             catalog=load_catalog(self.config.catalog),
             source_topics=topics,
             commit_interval_s=control.commit_interval.total_seconds(),

@@ -38,6 +38,7 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.config import MaintenanceSettings, SinkConfig
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import orphans, table_state
+from fanout_sink.protocol.channel import SinkChannel
 
 log = logging.getLogger("fanout_sink.maintenance")
 
@@ -419,7 +420,7 @@ def maintain(
         cleaned = orphans.clean_tables(
             catalog,
             ages,
-            lambda: orphans.pending_files(config.name, config.kafka, config.control_topic),
+            lambda: orphans.pending_files(SinkChannel.from_config(config)),
             dry_run,
         )
         failure = None

@@ -20,13 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from confluent_kafka.admin import AdminClient
-
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import FanoutSinkError
-from fanout_sink.kafka.client import client_conf, pattern_topics
 from fanout_sink.kafka.offsets import GroupOffsets
-from fanout_sink.protocol.channel import sink_group
+from fanout_sink.kafka.topics import pattern_topics
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.positions import recover_positions, restore_positions
 
 log = logging.getLogger("fanout_sink.app")
@@ -242,8 +240,8 @@ def starting_offsets_option(
 def source_partitions(config: SinkConfig) -> dict[str, int]:
     """The partition count of every source topic: ``source.topics``, plus what ``source.pattern``
     matches now (internal topics excluded)."""
-    admin = AdminClient(client_conf(config.kafka))
-    metadata = admin.list_topics(timeout=30)
+    clients = SinkChannel.from_config(config).clients
+    metadata = clients.admin().list_topics(timeout=clients.timeout_s)
     wanted = list(config.source.topics)
     if config.source.pattern:
         wanted += pattern_topics(config.source.pattern, metadata.topics)
@@ -262,7 +260,8 @@ def sink_group_offsets(config: SinkConfig, partitions: dict[str, int]) -> dict[T
     Only where Spark starts reading depends on it: an answer that is too low (a transaction still
     pending) is harmless, because each worker fences, reads stably and skips what is delivered.
     """
-    reader = GroupOffsets(config.kafka, sink_group(config.name), stable=False)
+    sink = SinkChannel.from_config(config)
+    reader = GroupOffsets(sink.clients, sink.sink_group, stable=False)
     try:
         wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
         found = reader.committed(wanted)
@@ -327,7 +326,8 @@ def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None
     """
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
     committed = sink_group_offsets(config, partitions)
-    recovery = recover_positions(config.kafka, config.name, config.control_topic, wanted, committed)
+    sink = SinkChannel.from_config(config)
+    recovery = recover_positions(sink, wanted, committed)
     checkpoint = config.checkpoint_location
     ends = last_committed_ends(checkpoint, spark) or {}
     trusted = {key: ends[key] for key in recovery.unknown if key in ends}
@@ -352,7 +352,7 @@ def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None
         )
     known = {
         **recovery.delivered,
-        **restore_positions(config.kafka, config.name, trusted, "Spark's checkpoint"),
+        **restore_positions(sink, trusted, "Spark's checkpoint"),
     }
     shown = {f"{t}[{p}]": o for (t, p), o in sorted(known.items())}
     log.info("source partitions %s; the sink has delivered up to %s", partitions, shown)

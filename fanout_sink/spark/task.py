@@ -27,7 +27,7 @@ from fanout_sink import logs
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config import SinkConfig
 from fanout_sink.kafka.range_reader import RangeReader
-from fanout_sink.protocol.channel import sink_group
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceResult, SliceWorker
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
 
@@ -57,9 +57,7 @@ def config_key(config: SinkConfig) -> str:
 
 def slice_worker(config: SinkConfig) -> SliceWorker:
     return SliceWorker(
-        sink_name=config.name,
-        kafka_conf=dict(config.kafka),
-        control_topic=config.control_topic,
+        SinkChannel.from_config(config),
         dead_letter_topic=config.dead_letter.topic if config.dead_letter else None,
     )
 
@@ -83,7 +81,8 @@ def _executor_state(key: str, config: SinkConfig) -> _ExecutorState:
             # The executor's lines join the driver's (local) or the executor's log (cluster): alike.
             logs.configure(config.logging.format, config.logging.level)
             processor = build_processor(config, load_catalog(config.catalog))
-            reader = RangeReader(config.kafka, sink_group(config.name))
+            sink = SinkChannel.from_config(config)
+            reader = RangeReader(sink.clients, sink.sink_group)
             _EXECUTOR_STATE[key] = _ExecutorState(slice_worker(config), processor, reader)
         return _EXECUTOR_STATE[key]
 

@@ -25,6 +25,7 @@ from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
 from fanout_sink.devtools.chaos.traffic import Traffic
 from fanout_sink.devtools.chaos.verify import verify
 from fanout_sink.devtools.stack.spark_cluster import SparkCluster, cmdline, master_status
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol.channel import sink_group
 from fanout_sink.spark.shipping import EXECUTOR_PYTHON
@@ -58,7 +59,9 @@ def _wait_drained(bootstrap: str, sink: str, topics: list[str], app: AppProcess,
     """Until the sink group (committed with each batch's files) reaches the end of every partition."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        positions = source_positions({"bootstrap.servers": bootstrap}, sink_group(sink), topics)
+        positions = source_positions(
+            KafkaClientFactory({"bootstrap.servers": bootstrap}), sink_group(sink), topics
+        )
         if positions and all(p.committed == p.end for p in positions):
             return
         assert app.running(), f"the app exited:\n{app.log_tail()}"

@@ -25,10 +25,11 @@ from support.sink_app import STATIC, SinkRun
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import load_config
 from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state
-from fanout_sink.protocol.channel import ControlReader, sink_group
+from fanout_sink.protocol.channel import ControlReader, SinkChannel, sink_group
 from fanout_sink.protocol.orphans import normalise
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
@@ -257,7 +258,7 @@ def _referenced(table: Any) -> list[str]:
 def _committed_control_events(sink_run: SinkRun) -> list[ev.Payload]:
     """Every committed event of the sink (``read_committed``: aborted attempts' events are invisible)."""
     reader = ControlReader(
-        sink_run.name, {"bootstrap.servers": sink_run.bootstrap}, f"{sink_run.name}-control"
+        SinkChannel(sink_run.name, {"bootstrap.servers": sink_run.bootstrap}, f"{sink_run.name}-control")
     )
     try:
         reader.seek(0)
@@ -279,7 +280,7 @@ def _wait_caught_up(sink_run: SinkRun, topic: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         positions = source_positions(
-            {"bootstrap.servers": sink_run.bootstrap}, sink_group(sink_run.name), [topic]
+            KafkaClientFactory({"bootstrap.servers": sink_run.bootstrap}), sink_group(sink_run.name), [topic]
         )
         if all(position.caught_up for position in positions):
             return

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from fanout_sink.devtools.stack.broker import KafkaBroker
-from fanout_sink.kafka.client import client_conf
+from fanout_sink.kafka.clients import client_conf
 
 pytestmark = pytest.mark.kafka
 
@@ -21,7 +21,7 @@ _UNREACHABLE = """
 import sys, time
 from confluent_kafka import Consumer, Producer
 from fanout_sink import logs
-from fanout_sink.kafka.client import client_conf
+from fanout_sink.kafka.clients import client_conf
 logs.configure("plain", sys.argv[1])
 conf = client_conf({"bootstrap.servers": "127.0.0.1:1"})
 clients = [Producer(conf), Consumer({**conf, "group.id": "g"})]
@@ -43,7 +43,7 @@ def test_librdkafka_lines_do_not_reach_stderr_at_info() -> None:
     lines = _run_unreachable("INFO")
     assert [line for line in lines if "Kafka at 127.0.0.1:1 is unreachable" in line], lines
     assert len(lines) == 1, "two clients, many failed connects: one line"
-    assert " WARNING fanout_sink.kafka.client: " in lines[0]
+    assert " WARNING fanout_sink.kafka.clients: " in lines[0]
     # At DEBUG the same lines are there, through Python logging (librdkafka's raw format: %3|...).
     debug = _run_unreachable("DEBUG")
     assert any(" DEBUG fanout_sink.librdkafka: FAIL [rdkafka#" in line for line in debug), debug[:5]
@@ -58,7 +58,7 @@ def test_one_warning_when_the_broker_goes_away_one_info_when_it_is_back(
     broker = broker_factory()
     # caplog listens on the root logger; the sink's own handler (if a test configured it) stops there.
     monkeypatch.setattr(logging.getLogger("fanout_sink"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="fanout_sink.kafka.client")
+    caplog.set_level(logging.INFO, logger="fanout_sink.kafka.clients")
     consumer = Consumer({**client_conf({"bootstrap.servers": broker.bootstrap_servers}), "group.id": "g"})
     try:
         consumer.list_topics(timeout=30)

@@ -11,7 +11,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from fanout_sink.errors import SourceDataLossError
-from fanout_sink.kafka.client import PRODUCER_ONLY, consumer_conf
+from fanout_sink.kafka.clients import PRODUCER_ONLY, KafkaClientFactory, consumer_conf
 from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA, RangeReader
 
 pytestmark = pytest.mark.kafka
@@ -24,7 +24,7 @@ STALL_S = 10.0
 def reader(bootstrap_servers: str) -> Iterator[RangeReader]:
     # Producer-only properties in the section must not bother the consumer (no CONFWARN, no error).
     kafka = {"bootstrap.servers": bootstrap_servers, "linger.ms": "5", "acks": "all"}
-    reader = RangeReader(kafka, "fanout-sink:range-reader-test", stall_timeout_s=STALL_S)
+    reader = RangeReader(KafkaClientFactory(kafka), "fanout-sink:range-reader-test", stall_timeout_s=STALL_S)
     yield reader
     reader.close()
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 
 pytestmark = pytest.mark.kafka
@@ -35,7 +36,7 @@ def test_ends_are_last_stable_offsets_of_every_partition_of_the_topics(
     committer.close()
     try:
         positions = source_positions(
-            {"bootstrap.servers": bootstrap_servers}, group, [first, second, "absent"]
+            KafkaClientFactory({"bootstrap.servers": bootstrap_servers}), group, [first, second, "absent"]
         )
     finally:
         open_txn.abort_transaction(30)
@@ -45,4 +46,7 @@ def test_ends_are_last_stable_offsets_of_every_partition_of_the_topics(
         PartitionPosition(second, 0, None, 1),
     ]
     assert [p.lag for p in positions] == [2, 1, 1]
-    assert source_positions({"bootstrap.servers": bootstrap_servers}, group, ["absent"]) == []
+    assert (
+        source_positions(KafkaClientFactory({"bootstrap.servers": bootstrap_servers}), group, ["absent"])
+        == []
+    )

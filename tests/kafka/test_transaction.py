@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fanout_sink.errors import TransactionStuckError
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.transaction import TransactionalProducer
 
 pytestmark = pytest.mark.kafka
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.kafka
 
 def _producer(bootstrap: str, **conf: str) -> TransactionalProducer:
     kafka = {"bootstrap.servers": bootstrap, "queue.buffering.max.messages": "10", **conf}
-    return TransactionalProducer(kafka, f"txn-{uuid.uuid4().hex[:8]}", "fenced", timeout_s=15)
+    return TransactionalProducer(
+        KafkaClientFactory(kafka, timeout_s=15), f"txn-{uuid.uuid4().hex[:8]}", "fenced"
+    )
 
 
 def test_a_non_kafka_error_in_the_body_aborts_and_the_producer_stays_usable(

@@ -13,6 +13,7 @@ from support.common import create_tables, make_processor, produce_json, run_batc
 
 from fanout_sink import faults
 from fanout_sink.devtools.stack.broker import KafkaBroker
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -44,7 +45,7 @@ def test_broker_killed_mid_transaction_then_retry_delivers_exactly_once(
             broker.kill()
             broker.restart()
 
-    worker = SliceWorker(sink, conf, f"{sink}-control", timeout_s=60)
+    worker = SliceWorker(SinkChannel(sink, conf, f"{sink}-control", timeout_s=60))
     outcome = "completed"
     with faults.register("worker.before-commit", crash_broker):
         try:
@@ -53,10 +54,12 @@ def test_broker_killed_mid_transaction_then_retry_delivers_exactly_once(
             outcome = repr(exc)
     print(f"batch across the broker crash: {outcome}")
     worker.close()
-    retry = SliceWorker(sink, conf, f"{sink}-control", timeout_s=60)
+    retry = SliceWorker(SinkChannel(sink, conf, f"{sink}-control", timeout_s=60))
     run_batch(retry, bootstrap, {topic: 2}, make_processor(catalog))
     retry.close()
-    coordinator = Coordinator(sink, conf, f"{sink}-control", catalog, source_topics=[topic], timeout_s=60)
+    coordinator = Coordinator(
+        SinkChannel(sink, conf, f"{sink}-control", timeout_s=60), catalog, source_topics=[topic]
+    )
     coordinator.open()
     coordinator.commit_round()
     coordinator.close()
@@ -81,12 +84,12 @@ def test_the_coordinator_thread_outlives_a_broker_outage_longer_than_its_timeout
     sink = f"o{uuid.uuid4().hex[:6]}"
     first = [{"id": i, "table": "ab"[i % 2]} for i in range(10)]
     produce_json(bootstrap, topic, 0, first)
-    worker = SliceWorker(sink, conf, f"{sink}-control", timeout_s=60)
+    worker = SliceWorker(SinkChannel(sink, conf, f"{sink}-control", timeout_s=60))
     run_batch(worker, bootstrap, {topic: 1}, make_processor(catalog))
     worker.close()
     coordinator = Coordinator(
-        sink, conf, f"{sink}-control", catalog, source_topics=[topic],
-        commit_interval_s=1.0, commit_timeout_s=10.0, timeout_s=4.0,
+        SinkChannel(sink, conf, f"{sink}-control", timeout_s=4.0), catalog, source_topics=[topic],
+        commit_interval_s=1.0, commit_timeout_s=10.0,
     )  # fmt: skip
     coordinator.start()
     try:
@@ -95,7 +98,7 @@ def test_the_coordinator_thread_outlives_a_broker_outage_longer_than_its_timeout
         assert coordinator.error is None, f"the coordinator stopped: {coordinator.error!r}"
         second = [{"id": 100 + i, "table": "ab"[i % 2]} for i in range(10)]
         produce_json(bootstrap, topic, 0, second)
-        worker = SliceWorker(sink, conf, f"{sink}-control", timeout_s=60)
+        worker = SliceWorker(SinkChannel(sink, conf, f"{sink}-control", timeout_s=60))
         run_batch(worker, bootstrap, {topic: 1}, make_processor(catalog))
         worker.close()
         expected = {t: sorted(int(str(v["id"])) for v in first + second if v["table"] == t) for t in "ab"}

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from fanout_sink.errors import TopicError
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel
 from fanout_sink.protocol import events as ev
@@ -20,19 +21,19 @@ def test_control_topic_is_created_with_one_partition_and_checked(
 ) -> None:
     conf = {"bootstrap.servers": bootstrap_servers}
     name = f"control-{uuid.uuid4().hex[:8]}"
-    channel.ensure_control_topic(conf, name)
-    channel.ensure_control_topic(conf, name)  # present and fine: no error
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, name))
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, name))  # present and fine: no error
     wide = make_topic("control-wide", partitions=3)
     with pytest.raises(TopicError, match=r"has 3 partitions.*exactly 1"):
-        channel.ensure_control_topic(conf, wide)
+        channel.ensure_control_topic(channel.SinkChannel("test", conf, wide))
 
 
 def test_reader_sees_only_committed_events_of_its_own_sink(bootstrap_servers: str) -> None:
     conf = {"bootstrap.servers": bootstrap_servers}
     topic = f"control-{uuid.uuid4().hex[:8]}"
-    channel.ensure_control_topic(conf, topic)
-    mine = TransactionalProducer(conf, f"txn-mine-{topic}", "mine was fenced")
-    other = TransactionalProducer(conf, f"txn-other-{topic}", "other was fenced")
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, topic))
+    mine = TransactionalProducer(KafkaClientFactory(conf), f"txn-mine-{topic}", "mine was fenced")
+    other = TransactionalProducer(KafkaClientFactory(conf), f"txn-other-{topic}", "other was fenced")
 
     with mine.transaction():
         channel.produce_event(mine, topic, "mine", ev.StartCommit(commit_id="kept-1"))
@@ -48,7 +49,7 @@ def test_reader_sees_only_committed_events_of_its_own_sink(bootstrap_servers: st
     mine.begin()
     channel.produce_event(mine, topic, "mine", ev.StartCommit(commit_id="kept-2"))
     mine.flush(10)
-    reader = channel.ControlReader("mine", conf, topic)
+    reader = channel.ControlReader(channel.SinkChannel("mine", conf, topic))
     reader.seek_to_committed()
     stable = reader.end_offset()
     seen = [e.event.payload for e in reader.read_until(stable)]

@@ -16,10 +16,12 @@ from support.common import create_tables, make_processor, produce_json, read_sli
 from fanout_sink import faults
 from fanout_sink.config import ControlSettings, DeadLetterSettings
 from fanout_sink.errors import ControlTopicError, TopicError
-from fanout_sink.kafka.client import ensure_topic
+from fanout_sink.kafka.clients import KafkaClientFactory
+from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -45,7 +47,7 @@ def _deliver(conf: dict[str, Any], sink: str, control: str, topic: str, catalog:
     for partition in range(3):
         values = [{"id": i, "table": _table_of(i)} for i in ids if i % 3 == partition]
         produce_json(conf["bootstrap.servers"], topic, partition, values)
-    worker = SliceWorker(sink, conf, control)
+    worker = SliceWorker(SinkChannel(sink, conf, control))
     run_batch(worker, conf["bootstrap.servers"], {topic: 3}, make_processor(catalog))
     worker.close()
 
@@ -61,7 +63,7 @@ def test_a_control_read_failing_mid_round_keeps_the_events_it_already_read(
     control = f"{sink}-control"
     topic = make_topic("src", partitions=3)
     create_tables(catalog, "abc")
-    coordinator = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
     coordinator.open()
     _deliver(conf, sink, control, topic, catalog, range(30))
     # Three worker transactions: DataWritten a/b/c + DataComplete + a marker each.
@@ -103,7 +105,7 @@ def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
     control = f"{sink}-control"
     topic = make_topic("src", partitions=3)
     create_tables(catalog, "abc")
-    coordinator = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
     coordinator.open()
     _deliver(conf, sink, control, topic, catalog, range(30))
     watermark = coordinator.commit_round().low_watermark
@@ -111,7 +113,7 @@ def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
     coordinator.close()
     _delete_before(bootstrap_servers, control, watermark + 2)
 
-    restarted = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    restarted = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
     with pytest.raises(
         ControlTopicError, match=rf"needs events from offset {watermark} on.*starts at offset {watermark + 2}"
     ):
@@ -122,7 +124,7 @@ def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
     holder = Consumer({**conf, "group.id": channel.coordinator_group(sink)})
     holder.commit(offsets=[TopicPartition(control, 0, watermark + 2)], asynchronous=False)
     holder.close()
-    accepted = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    accepted = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
     accepted.open()
     accepted.commit_round()
     accepted.close()
@@ -142,7 +144,7 @@ def test_an_expired_coordinator_group_resumes_from_the_low_watermark_its_last_ro
     control = f"{sink}-control"
     topic = make_topic("src", partitions=3)
     create_tables(catalog, "abc")
-    coordinator = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
     coordinator.open()
     _deliver(conf, sink, control, topic, catalog, range(30))
     watermark = coordinator.commit_round().low_watermark
@@ -154,7 +156,7 @@ def test_an_expired_coordinator_group_resumes_from_the_low_watermark_its_last_ro
         future.result(30)
     assert _coordinator_watermark(conf, sink, control) is None
 
-    restarted = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    restarted = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
     restarted.open()  # before: ControlTopicError ("acknowledged nothing ... log now starts at")
     restarted.commit_round()
     restarted.close()
@@ -168,14 +170,14 @@ def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> N
     conf = {"bootstrap.servers": bootstrap_servers}
     sink = f"s{uuid.uuid4().hex[:6]}"
     control = f"{sink}-control"
-    channel.ensure_control_topic(conf, control)
-    producer = TransactionalProducer(conf, f"txn-{control}", "fenced")
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
+    producer = TransactionalProducer(KafkaClientFactory(conf), f"txn-{control}", "fenced")
     for n in range(3):
         with producer.transaction():
             channel.produce_event(producer, control, sink, ev.StartCommit(commit_id=str(n)))
     _delete_before(bootstrap_servers, control, 2)
 
-    fresh = channel.ControlReader(sink, conf, control)
+    fresh = channel.ControlReader(channel.SinkChannel(sink, conf, control))
     with pytest.raises(ControlTopicError, match=r"acknowledged nothing.*starts at offset 2"):
         fresh.seek_to_committed()
     fresh.seek(0)  # e.g. a reader whose position was deleted under it
@@ -187,7 +189,7 @@ def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> N
     holder = Consumer({**conf, "group.id": channel.coordinator_group(sink)})
     holder.commit(offsets=[TopicPartition(control, 0, 100)], asynchronous=False)
     holder.close()
-    recreated = channel.ControlReader(sink, conf, control)
+    recreated = channel.ControlReader(channel.SinkChannel(sink, conf, control))
     with pytest.raises(TopicError, match=r"ends at offset \d+, below offset 100 .* deleted and recreated"):
         recreated.seek_to_committed()
     recreated.close()
@@ -208,7 +210,7 @@ def test_the_sink_creates_its_topics_to_keep_events_and_as_durable_as_the_offset
     not as whatever the broker's defaults happen to be."""
     conf = {"bootstrap.servers": bootstrap_servers}
     control = f"control-{uuid.uuid4().hex[:8]}"
-    channel.ensure_control_topic(conf, control)
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
     config = _topic_config(bootstrap_servers, control)
     deliberate = {
         k: config[k] for k in ("cleanup.policy", "retention.ms", "retention.bytes", "min.insync.replicas")
@@ -221,7 +223,9 @@ def test_the_sink_creates_its_topics_to_keep_events_and_as_durable_as_the_offset
         "min.insync.replicas": ("1", topic_level),
     }
     dlq = f"dlq-{uuid.uuid4().hex[:8]}"
-    ensure_topic(conf, dlq, "dead-letter topic", DeadLetterSettings(topic=dlq).topic_settings())
+    ensure_topic(
+        KafkaClientFactory(conf), dlq, "dead-letter topic", DeadLetterSettings(topic=dlq).topic_settings()
+    )
     assert _topic_config(bootstrap_servers, dlq)["min.insync.replicas"] == ("1", topic_level)
 
 
@@ -235,18 +239,22 @@ def test_existing_sink_topics_are_checked_at_start(
     with pytest.raises(
         TopicError, match=r"min.insync.replicas 1 < 2.*\n  fix: .*control.min-insync-replicas: 1"
     ):
-        channel.ensure_control_topic(conf, weak, settings=wanted)
+        channel.ensure_control_topic(channel.SinkChannel("test", conf, weak), settings=wanted)
     dlq_wanted = DeadLetterSettings(topic=weak, min_insync_replicas=2).topic_settings()
     with pytest.raises(TopicError, match=r"dead-letter topic .*min.insync.replicas 1 < 2"):
-        ensure_topic(conf, weak, "dead-letter topic", dlq_wanted)
+        ensure_topic(KafkaClientFactory(conf), weak, "dead-letter topic", dlq_wanted)
 
     compacted = make_topic("control-compact", config={"cleanup.policy": "compact"})
     with pytest.raises(TopicError, match=r"cleanup.policy=compact.*\n  fix: .*cleanup.policy=delete"):
-        channel.ensure_control_topic(conf, compacted, settings=ControlSettings().topic_settings())
+        channel.ensure_control_topic(
+            channel.SinkChannel("test", conf, compacted), settings=ControlSettings().topic_settings()
+        )
 
     week = make_topic("control-week", config={"retention.ms": "604800000"})
     with caplog.at_level(logging.WARNING, logger="fanout_sink.protocol.channel"):
-        channel.ensure_control_topic(conf, week, settings=ControlSettings().topic_settings())
+        channel.ensure_control_topic(
+            channel.SinkChannel("test", conf, week), settings=ControlSettings().topic_settings()
+        )
     assert "retention.ms=604800000" in caplog.text and "retention.ms=-1" in caplog.text
 
 
@@ -264,14 +272,14 @@ def test_vtts_is_known_again_right_after_a_coordinator_restart(
     create_tables(catalog, "ab")
 
     def coordinator() -> Coordinator:
-        opened = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+        opened = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
         opened.open()
         return opened
 
     first = coordinator()
     for partition in range(2):
         produce_json(bootstrap_servers, topic, partition, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
-    worker = SliceWorker(sink, conf, control)
+    worker = SliceWorker(SinkChannel(sink, conf, control))
     run_batch(worker, bootstrap_servers, {topic: 2}, make_processor(catalog))
     worker.close()
     claimed = first.commit_round().vtts_ms

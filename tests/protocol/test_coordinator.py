@@ -25,6 +25,7 @@ from support.common import (
 from fanout_sink import faults
 from fanout_sink.errors import ProducerFencedError
 from fanout_sink.protocol import channel, table_state
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -40,11 +41,14 @@ class Sink:
     catalog: Any
 
     def worker(self) -> SliceWorker:
-        return SliceWorker(self.name, self.conf, self.control)
+        return SliceWorker(SinkChannel(self.name, self.conf, self.control))
 
     def coordinator(self, **kwargs: Any) -> Coordinator:
         coordinator = Coordinator(
-            self.name, self.conf, self.control, self.catalog, source_topics=list(self.topics), **kwargs
+            SinkChannel(self.name, self.conf, self.control),
+            self.catalog,
+            source_topics=list(self.topics),
+            **kwargs,
         )
         coordinator.open()
         return coordinator
@@ -110,7 +114,7 @@ def test_happy_path_two_topics_three_partitions_three_tables(
     watermark = holder.committed([TopicPartition(sink.control, 0)], timeout=30)[0].offset
     holder.close()
     assert coordinator.last_round is not None and watermark == coordinator.last_round.round_end
-    reader = channel.ControlReader(sink.name, sink.conf, sink.control)
+    reader = channel.ControlReader(channel.SinkChannel(sink.name, sink.conf, sink.control))
     reader.seek(0)
     kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
     reader.close()
@@ -302,7 +306,7 @@ def test_many_files_travel_in_several_events_and_land_in_one_snapshot(
     catalog.create_table("sink.p", schema=TABLE_SCHEMA, partition_spec=spec)  # one file per id
     topic = next(iter(sink.topics))
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "p"} for i in range(10)])
-    worker = SliceWorker(sink.name, sink.conf, sink.control, max_files_per_event=3)
+    worker = SliceWorker(SinkChannel(sink.name, sink.conf, sink.control), max_files_per_event=3)
     sink.batch(worker)
     worker.close()
     coordinator = sink.coordinator()
@@ -311,7 +315,7 @@ def test_many_files_travel_in_several_events_and_land_in_one_snapshot(
     assert result.tables["sink.p"].files == 10
     assert table_ids(catalog, "p") == list(range(10))
     assert len(catalog.load_table("sink.p").snapshots()) == 1
-    reader = channel.ControlReader(sink.name, sink.conf, sink.control)
+    reader = channel.ControlReader(channel.SinkChannel(sink.name, sink.conf, sink.control))
     reader.seek(0)
     kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
     reader.close()

@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 from support.common import create_tables, end_offset, make_processor, produce_json, read_slice
 
 from fanout_sink.protocol import channel
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform import deadletter
 
@@ -30,9 +31,9 @@ def _worker(
     sink = f"s{uuid.uuid4().hex[:6]}"
     control, dlq = f"{sink}-control", make_topic("dlq")
     conf = {"bootstrap.servers": bootstrap, **kafka}
-    channel.ensure_control_topic(conf, control)
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
     create_tables(catalog, ["a"])
-    return dlq, SliceWorker(sink, conf, control, dead_letter_topic=dlq)
+    return dlq, SliceWorker(SinkChannel(sink, conf, control), dead_letter_topic=dlq)
 
 
 def _dead_letters(read_topic: Callable[..., list[Any]], topic: str, count: int) -> list[Any]:

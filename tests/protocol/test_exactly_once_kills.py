@@ -277,7 +277,7 @@ def test_two_coordinator_processes_of_one_sink(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait until the first one has started its round
         reader = channel.ControlReader(
-            child.sink, {"bootstrap.servers": bootstrap_servers}, f"{child.sink}-control"
+            channel.SinkChannel(child.sink, {"bootstrap.servers": bootstrap_servers}, f"{child.sink}-control")
         )
         reader.seek(0)
         started = any(

@@ -20,6 +20,7 @@ from support.common import create_tables, make_processor, produce_json, read_sli
 
 from fanout_sink import faults
 from fanout_sink.protocol import channel
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceResult, SliceWorker
 
 SINK_NAMES = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,12}\Z")
@@ -67,8 +68,8 @@ def test_sinks_whose_dashed_names_collide_do_not_fence_each_other(
     process = make_processor(catalog)
     for topic in (first_topic, second_topic):
         produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
-    first = SliceWorker(first_sink, conf, f"{first_sink}-control")
-    second = SliceWorker(second_sink, conf, f"{second_sink}-control")
+    first = SliceWorker(SinkChannel(first_sink, conf, f"{first_sink}-control"))
+    second = SliceWorker(SinkChannel(second_sink, conf, f"{second_sink}-control"))
     second_results: list[SliceResult] = []
 
     def second_sink_commits(
@@ -98,12 +99,12 @@ def test_coordinator_resumes_from_the_legacy_named_group_when_the_new_one_is_emp
     sink = f"m{uuid.uuid4().hex[:6]}"
     conf = {"bootstrap.servers": bootstrap_servers}
     control = f"{sink}-control"
-    channel.ensure_control_topic(conf, control)
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
     produce_json(bootstrap_servers, control, 0, [{"noise": i} for i in range(8)])  # other sinks' traffic
     legacy = Consumer({**conf, "group.id": channel.legacy_coordinator_group(sink)})
     legacy.commit(offsets=[TopicPartition(control, 0, 7)], asynchronous=False)
     legacy.close()
-    reader = channel.ControlReader(sink, conf, control)
+    reader = channel.ControlReader(channel.SinkChannel(sink, conf, control))
     try:
         with caplog.at_level(logging.INFO):
             assert reader.seek_to_committed() == 7

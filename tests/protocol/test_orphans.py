@@ -17,6 +17,7 @@ from support.common import create_tables, make_processor, produce_json, run_batc
 
 from fanout_sink import faults
 from fanout_sink.protocol import orphans
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -68,11 +69,11 @@ def test_aborted_attempts_go_pending_and_fresh_files_stay(
     control = f"{sink}-control"
     topic = make_topic("src")
     create_tables(catalog, "a")
-    coordinator = Coordinator(sink, conf, control, catalog, source_topics=[topic])
+    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
     coordinator.open()
 
     def deliver(fail: bool = False) -> None:
-        worker = SliceWorker(sink, conf, control)
+        worker = SliceWorker(SinkChannel(sink, conf, control))
         try:
             if not fail:
                 run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
@@ -101,7 +102,9 @@ def test_aborted_attempts_go_pending_and_fresh_files_stay(
     fresh.write_bytes(b"written a moment ago")
 
     results = orphans.clean_tables(
-        catalog, {"sink.a": timedelta(hours=1)}, lambda: orphans.pending_files(sink, conf, control)
+        catalog,
+        {"sink.a": timedelta(hours=1)},
+        lambda: orphans.pending_files(SinkChannel(sink, conf, control)),
     )
     result = results["sink.a"]
     assert result.error is None

@@ -33,6 +33,7 @@ from support.expiry_fixtures import Expired, deliver, idle_log, new_topic, sink_
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos import maintenance
 from fanout_sink.protocol import channel
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
 
@@ -51,7 +52,9 @@ def test_expired_offsets_fall_back_to_the_legacy_named_group(
     bootstrap, sink = expiring_broker, f"l{uuid.uuid4().hex[:6]}"
     topic = new_topic(bootstrap, 1)
     produce_json(bootstrap, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
-    channel.ensure_control_topic({"bootstrap.servers": bootstrap}, f"{sink}-control")
+    channel.ensure_control_topic(
+        channel.SinkChannel("test", {"bootstrap.servers": bootstrap}, f"{sink}-control")
+    )
     legacy = Consumer({"bootstrap.servers": bootstrap, "group.id": channel.legacy_sink_group(sink)})
     legacy.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
     legacy.close()
@@ -76,7 +79,7 @@ def test_partition_never_written_keeps_the_checkpoint_position_under_latest(
     config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "latest")
     create_tables(catalog, ["a", "b"])
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(5)])
-    worker = SliceWorker(sink, config.kafka, config.control_topic)
+    worker = SliceWorker(SinkChannel(sink, config.kafka, config.control_topic))
     deliver(worker, bootstrap_servers, topic, 0, 5, catalog)
     worker.close()
     checkpoint = Path(config.checkpoint_location)
@@ -103,7 +106,7 @@ def test_truncated_control_history_trusts_the_checkpoint_else_warns(
     topic = new_topic(bootstrap_servers, 2)
     config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "earliest")
     conf = {"bootstrap.servers": bootstrap_servers}
-    channel.ensure_control_topic(conf, config.control_topic)
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, config.control_topic))
     produce_json(bootstrap_servers, config.control_topic, 0, [{"noise": i} for i in range(3)])
     admin = AdminClient(conf)
     admin.delete_records([TopicPartition(config.control_topic, 0, 3)])[
@@ -129,7 +132,7 @@ def test_checkpoint_claiming_deliveries_the_sink_never_made_is_moved_aside(
     sink = f"c{uuid.uuid4().hex[:6]}"
     topic = new_topic(bootstrap_servers, 1)
     config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "latest")
-    channel.ensure_control_topic(config.kafka, config.control_topic)
+    channel.ensure_control_topic(channel.SinkChannel("test", config.kafka, config.control_topic))
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
     checkpoint = Path(config.checkpoint_location)
     write_checkpoint_batch(checkpoint, 0, {topic: {0: 4}}, starts={topic: {0: 0}})

@@ -32,6 +32,7 @@ from fanout_sink import faults, status
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config import parse_config
 from fanout_sink.protocol import table_state
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import build_processor
@@ -54,7 +55,7 @@ def _new_sink(make_topic: Callable[..., str]) -> tuple[str, str, str]:
 
 
 def _coordinator(name: str, conf: dict[str, Any], control: str, catalog: Any, topic: str) -> Coordinator:
-    coordinator = Coordinator(name, conf, control, catalog, source_topics=[topic])
+    coordinator = Coordinator(SinkChannel(name, conf, control), catalog, source_topics=[topic])
     coordinator.open()
     return coordinator
 
@@ -69,7 +70,7 @@ def test_floor_survives_expiry_of_the_sinks_snapshots(
     name, topic, control = _new_sink(make_topic)
     create_tables(catalog, ["a"])
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(5)])
-    worker = SliceWorker(name, conf, control)
+    worker = SliceWorker(SinkChannel(name, conf, control))
     run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
     worker.close()
 
@@ -106,7 +107,7 @@ def test_files_written_before_a_partition_spec_change_are_committed_under_their_
     catalog.create_table(f"{NAMESPACE}.p", schema=TABLE_SCHEMA, partition_spec=spec)
     create_tables(catalog, ["a"])  # unpartitioned, then partitioned
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "pa"[i % 2]} for i in range(6)])
-    worker = SliceWorker(name, conf, control)
+    worker = SliceWorker(SinkChannel(name, conf, control))
     run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))  # written under spec 0
     for table_name in ("p", "a"):
         with catalog.load_table(f"{NAMESPACE}.{table_name}").update_spec() as update:
@@ -144,7 +145,7 @@ def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
     broken = catalog.load_table(f"{NAMESPACE}.b")  # still cached by the worker below
     Path(broken.metadata_location.removeprefix("file://")).unlink()
     coordinator = _coordinator(name, conf, control, catalog, topic)
-    worker = SliceWorker(name, conf, control)
+    worker = SliceWorker(SinkChannel(name, conf, control))
     expected: list[int] = []
     processor = make_processor(catalog)
 
@@ -174,7 +175,9 @@ def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
     assert len(errors) == 3
     assert "3 round(s) in a row" in errors[-1] and "fix:" in errors[-1] and "oldest pending" in errors[-1]
     assert coordinator.failing["sink.b"].rounds == 3
-    pending = status.pending_tables(catalog, name, conf, control)  # what `fanout-sink status` shows
+    pending = status.pending_tables(
+        catalog, SinkChannel(name, conf, control)
+    )  # what `fanout-sink status` shows
     assert [(p.table, p.file_events) for p in pending] == [("sink.b", 3)]
 
 
@@ -198,7 +201,7 @@ def test_rows_after_a_drop_and_recreate_land_in_the_new_table_while_the_old_one_
         "test",
     )
     processor = build_processor(config, catalog)
-    worker = SliceWorker(name, conf, control)
+    worker = SliceWorker(SinkChannel(name, conf, control))
     coordinator = _coordinator(name, conf, control, catalog, topic)
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "topic": "t"} for i in range(3)])
     run_batch(worker, bootstrap_servers, {topic: 1}, processor)  # creates and caches sink.a
@@ -226,7 +229,7 @@ def test_files_for_a_dropped_table_that_do_not_fit_its_successor_are_named_in_an
     name, topic, control = _new_sink(make_topic)
     create_tables(catalog, ["a"])
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
-    worker = SliceWorker(name, conf, control)
+    worker = SliceWorker(SinkChannel(name, conf, control))
     run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
     worker.close()
     catalog.drop_table(f"{NAMESPACE}.a")
@@ -254,7 +257,7 @@ def test_rows_an_old_table_already_holds_are_not_rewritten_into_its_successor_af
     conf = {"bootstrap.servers": bootstrap_servers}
     name, topic, control = _new_sink(make_topic)
     create_tables(catalog, ["a", "b"])
-    worker = SliceWorker(name, conf, control)
+    worker = SliceWorker(SinkChannel(name, conf, control))
     processor = make_processor(catalog)
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "b"} for i in range(2)])
     run_batch(worker, bootstrap_servers, {topic: 1}, processor)

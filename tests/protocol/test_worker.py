@@ -20,16 +20,18 @@ from support.common import (
 
 from fanout_sink import faults
 from fanout_sink.errors import OffsetGapError, ProducerFencedError
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 
 pytestmark = pytest.mark.kafka
 
 
 def _control_events(bootstrap: str, topic: str, sink: str) -> list[ev.Payload]:
-    reader = channel.ControlReader(sink, {"bootstrap.servers": bootstrap}, topic)
+    reader = channel.ControlReader(channel.SinkChannel(sink, {"bootstrap.servers": bootstrap}, topic))
     reader.seek_to_committed()
     try:
         return [e.event.payload for e in reader.read_until(reader.end_offset())]
@@ -41,9 +43,9 @@ def _setup(bootstrap: str, make_topic: Callable[..., str], catalog: Any) -> tupl
     sink = f"s{uuid.uuid4().hex[:6]}"
     source = make_topic("src")
     control = f"{sink}-control"
-    channel.ensure_control_topic({"bootstrap.servers": bootstrap}, control)
+    channel.ensure_control_topic(channel.SinkChannel("test", {"bootstrap.servers": bootstrap}, control))
     create_tables(catalog, ["a", "b"])
-    return sink, source, control, SliceWorker(sink, {"bootstrap.servers": bootstrap}, control)
+    return sink, source, control, SliceWorker(SinkChannel(sink, {"bootstrap.servers": bootstrap}, control))
 
 
 def _committed(bootstrap: str, sink: str, topic: str) -> int | None:
@@ -94,7 +96,9 @@ def test_a_source_is_read_only_where_the_sink_group_has_not_delivered(
     reads from the committed offset on (fencing and the stable read come first)."""
     sink, source, _control, worker = _setup(bootstrap_servers, make_topic, catalog)
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(15)])
-    reader = RangeReader({"bootstrap.servers": bootstrap_servers}, channel.sink_group(sink))
+    reader = RangeReader(
+        KafkaClientFactory({"bootstrap.servers": bootstrap_servers}), channel.sink_group(sink)
+    )
     reads: list[tuple[int, int]] = []
 
     def read(first: int, until: int) -> pa.Table:
@@ -133,7 +137,9 @@ def test_holes_from_aborted_records_commit_the_planned_end_and_dead_letters_ride
 ) -> None:
     sink, source, control, _ = _setup(bootstrap_servers, make_topic, catalog)
     dlq = make_topic("dlq")
-    worker = SliceWorker(sink, {"bootstrap.servers": bootstrap_servers}, control, dead_letter_topic=dlq)
+    worker = SliceWorker(
+        SinkChannel(sink, {"bootstrap.servers": bootstrap_servers}, control), dead_letter_topic=dlq
+    )
     produce_json(
         bootstrap_servers, source, 0, [{"id": 1, "table": "a"}, b"not json", {"id": 2, "table": "skip"}]
     )
@@ -204,7 +210,7 @@ def test_zombie_attempt_is_fenced_and_the_newer_attempt_delivers_once(
         if started:
             return
         started.append(True)
-        successor = SliceWorker(sink, conf, control)
+        successor = SliceWorker(SinkChannel(sink, conf, control))
         successor_results.append(successor.commit_slice(source, 0, 0, 6, raw, process))
         successor.close()
 
@@ -226,7 +232,7 @@ def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
     sink, source, control, first = _setup(bootstrap_servers, make_topic, catalog)
     process = make_processor(catalog)
     conf = {"bootstrap.servers": bootstrap_servers}
-    second = SliceWorker(sink, conf, control)
+    second = SliceWorker(SinkChannel(sink, conf, control))
     caplog.set_level("INFO", logger="fanout_sink.protocol.worker")
     for batch, worker in enumerate((first, second, first)):
         produce_json(bootstrap_servers, source, 0, [{"id": batch * 10 + i, "table": "a"} for i in range(3)])

@@ -23,6 +23,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.protocol.channel import sink_group
 from fanout_sink.protocol.worker import SliceResult, SliceWorker
@@ -180,7 +181,7 @@ def run_batch(
     # transaction would block a stable read until it times out); Spark plans from its checkpoint.
     # Unlike Spark's batch (run_planned_batch), empty ranges are committed too: every partition
     # then has an offset, which VTTS and lag tests rely on.
-    planner = GroupOffsets(worker.kafka_conf, sink_group(worker.sink), stable=False)
+    planner = GroupOffsets(worker.channel.clients, worker.channel.sink_group, stable=False)
     results = []
     for topic, partitions in topics.items():
         for partition in range(partitions):
@@ -223,7 +224,8 @@ def sink_group_offset(
     bootstrap: str, sink: str, topic: str, partition: int, stable: bool = True
 ) -> int | None:
     """The sink group's committed offset for one partition (``stable``: wait for pending transactions)."""
-    reader = GroupOffsets({"bootstrap.servers": bootstrap}, sink_group(sink), stable=stable)
+    clients = KafkaClientFactory({"bootstrap.servers": bootstrap})
+    reader = GroupOffsets(clients, sink_group(sink), stable=stable)
     try:
         return reader.committed([(topic, partition)])[(topic, partition)]
     finally:

@@ -43,9 +43,10 @@ from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config import SinkConfig, parse_config
 from fanout_sink.devtools.chaos import kills
 from fanout_sink.devtools.stack.broker import KafkaBroker, stop_pid
-from fanout_sink.kafka.client import retry_transient
+from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import channel
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -113,7 +114,7 @@ class Situation:
         deliver(worker, self.bootstrap, self.topic, 0, end, self.catalog)
 
     def worker(self) -> SliceWorker:
-        return SliceWorker(self.sink, self.config.kafka, self.config.control_topic)
+        return SliceWorker(SinkChannel(self.sink, self.config.kafka, self.config.control_topic))
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def _arrange_memberless(bootstrap: str) -> Memberless:
     """Commit offsets 0 on two partitions for a group that never joins (as the sink group is)."""
     group, topic = f"fanout-sink-m{uuid.uuid4().hex[:6]}", new_topic(bootstrap, 2)
     _commit(Consumer({"bootstrap.servers": bootstrap, "group.id": group}), topic, {0: 0, 1: 0})
-    positions = source_positions({"bootstrap.servers": bootstrap}, group, [topic])
+    positions = source_positions(KafkaClientFactory({"bootstrap.servers": bootstrap}), group, [topic])
     return Memberless(bootstrap, group, topic, [p.committed for p in positions])
 
 
@@ -223,7 +224,7 @@ def _arrange_last_round(s: Situation) -> None:
         s.deliver(worker, 9)
     write_checkpoint_batch(s.checkpoint, 0, {s.topic: {0: 6}})
     coordinator = Coordinator(
-        s.sink, s.config.kafka, s.config.control_topic, s.catalog, source_topics=[s.topic]
+        SinkChannel(s.sink, s.config.kafka, s.config.control_topic), s.catalog, source_topics=[s.topic]
     )
     coordinator.open()
     watermark = coordinator.commit_round().low_watermark

@@ -16,6 +16,7 @@ import threading
 
 from common import catalog_from
 
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 
 
@@ -37,9 +38,7 @@ def main() -> int:
     cfg = json.loads(sys.argv[1])
     intervals = cfg.get("serve", {})
     coordinator = Coordinator(
-        cfg["sink"],
-        {"bootstrap.servers": cfg["bootstrap"]},
-        cfg["control"],
+        SinkChannel(cfg["sink"], {"bootstrap.servers": cfg["bootstrap"]}, cfg["control"]),
         catalog_from(cfg["catalog"]),
         source_topics=list(cfg["topics"]),
         max_parallel_commits=1,

@@ -14,6 +14,7 @@ import sys
 
 from common import catalog_from, make_processor, run_planned_batch
 
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark.planning import planned_ranges
 
@@ -22,7 +23,8 @@ def main() -> int:
     cfg = json.loads(sys.argv[1])
     catalog = catalog_from(cfg["catalog"])
     worker = SliceWorker(
-        cfg["sink"], {"bootstrap.servers": cfg["bootstrap"]}, cfg["control"], dead_letter_topic=cfg.get("dlq")
+        SinkChannel(cfg["sink"], {"bootstrap.servers": cfg["bootstrap"]}, cfg["control"]),
+        dead_letter_topic=cfg.get("dlq"),
     )
     ranges = planned_ranges(cfg["checkpoint"], cfg["batch"])
     results = run_planned_batch(worker, cfg["bootstrap"], ranges, make_processor(catalog))

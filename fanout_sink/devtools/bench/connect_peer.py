@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink import jars
@@ -24,6 +23,7 @@ from fanout_sink.devtools.bench.landed import landed
 from fanout_sink.devtools.bench.proctree import run_child
 from fanout_sink.devtools.bench.workload import ROUTE_FIELD
 from fanout_sink.devtools.stack.broker import free_port
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 CONNECT_WORKER = jars.JarSet("connect-worker", "fanout_sink.devtools.bench")
 ICEBERG_CONNECT_PLUGIN = jars.JarSet("iceberg-connect-plugin", "fanout_sink.devtools.bench")
@@ -74,7 +74,7 @@ def run(ctx: RunContext) -> SystemRun:
     catalog = ctx.prepare()
     name = ctx.unique_name("iceberg")
     control = f"{name}-control"
-    admin = AdminClient({"bootstrap.servers": ctx.bootstrap})
+    admin = KafkaClientFactory({"bootstrap.servers": ctx.bootstrap}).admin()
     admin.create_topics([NewTopic(control, 1, 1)])[control].result(timeout=30)
     worker = {
         "bootstrap.servers": ctx.bootstrap,

@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
@@ -43,6 +41,7 @@ from fanout_sink.devtools.bench.process_cpu import ProcessTreeCpu
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.devtools.stack import daemon
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.protocol import datafiles
 from fanout_sink.transform.processor import build_processor
 
@@ -90,10 +89,11 @@ def _config(
 
 def produce(bootstrap: str, topic: str, values: list[bytes]) -> float:
     """Seconds to create ``topic`` and produce ``values``: value n to partition n % PARTITIONS."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
-                         "compression.type": "lz4"})  # fmt: skip
+    producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
+        {"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"}
+    )
     started = time.monotonic()
     for n, value in enumerate(values):
         while True:

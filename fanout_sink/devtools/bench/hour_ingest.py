@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -30,9 +29,9 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config import SinkConfig, parse_config
-from fanout_sink.kafka.client import client_conf
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
-from fanout_sink.protocol.channel import sink_group
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import build_processor
@@ -150,7 +149,7 @@ def create_tables(catalog: Any, plan: HourPlan) -> None:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
 
 
@@ -231,13 +230,11 @@ class HourIngest:
         interval_ms = int(plan.interval_s * 1000)
         end_ms = int(time.time() * 1000) // interval_ms * interval_ms
         result = IngestResult(start_ms=end_ms - plan.rounds * interval_ms, end_ms=end_ms)
-        kafka = dict(self.config.kafka)
-        producer = Producer({**client_conf(kafka), "enable.idempotence": True, "linger.ms": 5})
+        sink = SinkChannel.from_config(self.config)
+        producer = sink.clients.producer({"enable.idempotence": True, "linger.ms": 5})
         slots = [_Slot.open(self.config, self.catalog) for _ in range(plan.partitions)]
         coordinator = Coordinator(
-            self.config.name,
-            kafka,
-            self.config.control_topic,
+            sink,
             self.catalog,
             source_topics=[self.topic],
             commit_interval_s=plan.interval_s,
@@ -287,10 +284,10 @@ class _Slot:
 
     @classmethod
     def open(cls, config: SinkConfig, catalog: Any) -> _Slot:
-        kafka = dict(config.kafka)
+        sink = SinkChannel.from_config(config)
         return cls(
-            SliceWorker(config.name, kafka, config.control_topic),
-            RangeReader(kafka, sink_group(config.name)),
+            SliceWorker(sink),
+            RangeReader(sink.clients, sink.sink_group),
             build_processor(config, catalog),
         )
 

@@ -21,14 +21,13 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.devtools.bench import ours, report
 from fanout_sink.devtools.bench.context import PARTITIONS, RunContext, SystemRun
 from fanout_sink.devtools.bench.workload import values
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 _STARTED = "streaming query"
 _TICK_S = 0.005
@@ -49,7 +48,9 @@ def _capacity(results: Path, cores: int, variant: str) -> float:
 
 def _produce_steadily(bootstrap: str, topic: str, records: list[bytes], rate: float) -> list[float]:
     """Produce ``records`` at ``rate`` per second; returns each record's produce time (epoch ms)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4"})
+    producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
+        {"linger.ms": 5, "compression.type": "lz4"}
+    )
     produced_ms = [0.0] * len(records)
     started = time.monotonic()
     sent = 0
@@ -92,7 +93,9 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
     rate = args.rate or _capacity(results, args.cores, variant.name) / 2
     total = int(rate * args.duration)
     topic = f"side-by-side-latency-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # held: the future dies with the client
+    admin = KafkaClientFactory(
+        {"bootstrap.servers": bootstrap}
+    ).admin()  # held: the future dies with the client
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
     ctx = RunContext(
         bootstrap=bootstrap,

@@ -27,8 +27,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
-
 from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
 from fanout_sink.devtools.bench.hour_ingest import (
     HourIngest,
@@ -40,6 +38,7 @@ from fanout_sink.devtools.bench.hour_ingest import (
 )
 from fanout_sink.devtools.bench.table_health import FILTER_MINUTES, SCANS, TableHealth, measure
 from fanout_sink.devtools.stack import daemon
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
 
@@ -145,7 +144,9 @@ def run(
         result.after = measure_all(catalog, plan, ingest, spark, settings.name, repeat)
     finally:
         # This run's topics only: dropped so repeated runs do not fill the broker's disk.
-        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic, config.control_topic])
+        KafkaClientFactory({"bootstrap.servers": bootstrap}).admin().delete_topics(
+            [topic, config.control_topic]
+        )
     return result
 
 

@@ -30,7 +30,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyspark
-from confluent_kafka.admin import AdminClient
 
 from fanout_sink.devtools.bench import connect_peer, latency, limit, ours, report, spark_writer
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
@@ -38,6 +37,7 @@ from fanout_sink.devtools.bench.end_to_end import produce
 from fanout_sink.devtools.bench.landed import TableLanding, check_same_rows, sorted_ids
 from fanout_sink.devtools.bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, values
 from fanout_sink.devtools.stack import daemon
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 SYSTEMS: dict[str, Callable[[RunContext], SystemRun]] = {
     "available-now": ours.available_now,
@@ -141,7 +141,9 @@ def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[rep
                 if not args.keep:
                     shutil.rmtree(ctx.folder, ignore_errors=True)
         # The input topic is this variant's only: dropped so repeated runs do not fill the broker's disk.
-        admin = AdminClient({"bootstrap.servers": bootstrap})  # held: the futures die with the client
+        admin = KafkaClientFactory(
+            {"bootstrap.servers": bootstrap}
+        ).admin()  # held: the futures die with the client
         admin.delete_topics([topic])[topic].result(timeout=30)
     return measurements
 

@@ -13,12 +13,12 @@ import time
 from typing import Any
 
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, IdentityTransform, Transform
 
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets, source_positions
 
 log = logging.getLogger("fanout_sink.devtools.chaos")
@@ -42,7 +42,7 @@ def group_expired(bootstrap: str, group: str, topics: list[str], timeout_s: floa
     offset retention removed them all); False if some are still there after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        positions = source_positions({"bootstrap.servers": bootstrap}, group, topics)
+        positions = source_positions(KafkaClientFactory({"bootstrap.servers": bootstrap}), group, topics)
         left = [p for p in positions if p.committed is not None]
         if not left:
             return True
@@ -55,7 +55,7 @@ def group_expired(bootstrap: str, group: str, topics: list[str], timeout_s: floa
 def delete_control_records(bootstrap: str, group: str, topic: str, timeout_s: float = 120.0) -> int | None:
     """Delete the control topic's records below ``group``'s committed low watermark, as retention
     does on a healthy sink; the new log start offset, or None when nothing was committed in time."""
-    reader = GroupOffsets({"bootstrap.servers": bootstrap}, group, stable=False)
+    reader = GroupOffsets(KafkaClientFactory({"bootstrap.servers": bootstrap}), group, stable=False)
     deadline = time.monotonic() + timeout_s
     try:
         while (watermark := reader.committed([(topic, 0)]).get((topic, 0))) is None or watermark <= 0:
@@ -64,7 +64,7 @@ def delete_control_records(bootstrap: str, group: str, topic: str, timeout_s: fl
             time.sleep(_POLL_S)
     finally:
         reader.close()
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
     futures = admin.delete_records([TopicPartition(topic, 0, watermark)], operation_timeout=30)
     deleted = next(iter(futures.values())).result(timeout=60)
     return int(deleted.low_watermark)

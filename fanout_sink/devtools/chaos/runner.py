@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
 
@@ -27,6 +26,7 @@ from fanout_sink.devtools.chaos.traffic import Traffic, flood
 from fanout_sink.devtools.chaos.verify import Verdict, verify
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.errors import FanoutSinkError
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.protocol.channel import coordinator_group, sink_group
 
 log = logging.getLogger("fanout_sink.devtools.chaos")
@@ -211,7 +211,7 @@ class ChaosRun:
         return self._drain(app, traffic, command, env)
 
     def _create_topics(self, bootstrap: str) -> None:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
         futures = admin.create_topics(
             [
                 NewTopic(topic, partitions, 1, config={"max.message.bytes": str(MAX_MESSAGE_BYTES)})

@@ -13,7 +13,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
+
+from fanout_sink.kafka.clients import KafkaClientFactory
 
 # Share of each record kind; ``noise`` matches no route (filtered), ``bad`` is malformed JSON.
 KINDS: dict[str, float] = {"order": 0.33, "payment": 0.2, "click": 0.35, "noise": 0.1, "bad": 0.02}
@@ -52,9 +54,8 @@ class Traffic:
         self.stats = TrafficStats()
         self._rng = random.Random(seed)
         self._prefix = f"r{seed}"
-        self._producer = Producer(
+        self._producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
             {
-                "bootstrap.servers": bootstrap,
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 20,
@@ -120,9 +121,8 @@ def flood(bootstrap: str, topic: str, partition: int, prefix: str, count: int, o
     ``oversized_bytes`` (bigger than a producer's default ``message.max.bytes``, so its dead letter
     cannot be produced as it is); the records written. The partition's topic must allow such a
     message (``max.message.bytes``)."""
-    producer = Producer(
+    producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
         {
-            "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 50,

@@ -18,6 +18,7 @@ from typing import Any
 from fanout_sink.devtools.chaos import scenario
 from fanout_sink.devtools.chaos.maintenance import ASIDE_INFIX
 from fanout_sink.devtools.topics import header_pairs, read_to_end
+from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import sink_group
@@ -104,7 +105,9 @@ def verify(bootstrap: str, topics: list[str], dead_letter_topic: str, sink: str,
     verdict = Verdict(records=truth.records)
     problems = verdict.problems
     # First, while the last commits are fresh: a broker with a short offset retention forgets them.
-    for position in source_positions({"bootstrap.servers": bootstrap}, sink_group(sink), topics):
+    for position in source_positions(
+        KafkaClientFactory({"bootstrap.servers": bootstrap}), sink_group(sink), topics
+    ):
         if position.committed != position.end:
             problems.append(
                 f"sink group at {position.committed} for {position.topic}[{position.partition}], "
