@@ -29,7 +29,7 @@ from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.kafka.topics import pattern_topics
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol import table_state
+from fanout_sink.protocol import recovery, table_state
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
 
 
@@ -154,7 +154,7 @@ def pending_tables(catalog: Catalog, sink: SinkChannel) -> list[PendingTable]:
     reader = ControlReader(sink)
     try:
         try:
-            reader.seek_to_committed()
+            recovery.seek_to_low_watermark(reader)
         except KafkaException:  # no control topic yet: nothing was announced
             return []
         events = list(reader.read_until(reader.end_offset()))

@@ -184,3 +184,59 @@ def test_kafka_clients_are_made_only_by_the_factory() -> None:
     elsewhere = [found for name in MODULES if name != CLIENT_FACTORY for found in _client_constructions(name)]
     assert not elsewhere, "make these clients through KafkaClientFactory:\n" + "\n".join(elsewhere)
     assert list(_client_constructions(CLIENT_FACTORY)), "the check no longer sees the factory's own calls"
+
+
+RECOVERY = "fanout_sink.protocol.recovery"
+COORDINATOR = "fanout_sink.protocol.coordinator"
+OFFSET_SENDERS = {
+    # The transactional envelope implements send_offsets with it; nothing else calls librdkafka's.
+    "send_offsets_to_transaction": {"fanout_sink.kafka.transaction"},
+    # The sink group through recovery; the coordinator's own group (its low watermark) in its round.
+    "send_offsets": {RECOVERY, COORDINATOR},
+    # Group metadata is made by the client factory only (``group_metadata``), checked below.
+    "consumer_group_metadata": {CLIENT_FACTORY},
+    # Nobody commits or alters offsets any other way.
+    "store_offsets": set(),
+    "alter_consumer_group_offsets": set(),
+}
+
+
+def _calls(name: str) -> Iterator[tuple[str, ast.Call]]:
+    """(called attribute or function name, call) for every call in a module."""
+    for node in ast.walk(ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
+            yield called, node
+
+
+def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
+    """The sink group is the truth about what was delivered (I1): one module writes it, so a change
+    to exactly-once behaviour has one place to look. An offset commit needs group metadata and a
+    send; the metadata of any group but the coordinator's is made only in recovery, offsets are sent
+    only by recovery and by the coordinator (which holds its own group's metadata only), and no
+    consumer commits or stores offsets."""
+    found = []
+    for name in MODULES:
+        for called, call in _calls(name):
+            where = f"{name}:{call.lineno} calls {called}("
+            if called in OFFSET_SENDERS and name not in OFFSET_SENDERS[called]:
+                found.append(where)
+            elif called == "commit" and any(k.arg in ("offsets", "message") for k in call.keywords):
+                found.append(where + "offsets=...)")
+            elif called == "group_metadata" and name not in (RECOVERY, CLIENT_FACTORY):
+                if "coordinator_group" not in ast.unparse(call):
+                    found.append(
+                        where + f"{ast.unparse(call.args)}) for a group other than the coordinator's"
+                    )
+            elif called == "sink_group_metadata" and name == COORDINATOR:
+                found.append(where + "): the coordinator sends its own group's offsets only")
+    assert not found, "only protocol/recovery.py writes the sink group's offsets:\n" + "\n".join(found)
+    senders = {called for called, _ in _calls(RECOVERY)}
+    assert {"send_offsets", "group_metadata"} <= senders, "the check no longer sees recovery's own writes"

@@ -17,7 +17,10 @@ joined with ':', which neither a sink name (``^[A-Za-z0-9][A-Za-z0-9._-]*$``) no
 
 Before, the parts were joined with '-' (sink ``a`` reading ``b-c`` and sink ``a-b`` reading ``c``
 fenced each other). The legacy group names are still read once, when the new group has no offset
-yet, so that an existing deployment resumes where it was (see :func:`legacy_sink_group`).
+yet, so that an existing deployment resumes where it was (``protocol/legacy_names.py``).
+
+This module only reads and writes the topic: where the coordinator starts reading it, and what
+a partition's delivered position is, are decided in ``protocol/recovery.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from fanout_sink.config import ControlSettings, SinkConfig
 from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.clients import DEFAULT_TIMEOUT_S, KafkaClientFactory, KafkaConf, retry_transient
-from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.topics import TopicSettings, ensure_topic
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
@@ -70,16 +72,6 @@ def worker_transactional_id(sink: str, topic: str, partition: int) -> str:
 
 def coordinator_transactional_id(sink: str) -> str:
     return _name(sink, "coordinator")
-
-
-def legacy_sink_group(sink: str) -> str:
-    """The sink group's name before names were joined with ':' (read only, to migrate its offsets)."""
-    return f"fanout-sink-{sink}"
-
-
-def legacy_coordinator_group(sink: str) -> str:
-    """The coordinator group's name before names were joined with ':' (read only, to migrate)."""
-    return f"fanout-sink-{sink}-coordinator"
 
 
 @dataclass(frozen=True)
@@ -219,22 +211,13 @@ class ControlReader:
         )
         self._position = 0
 
-    def seek_to_committed(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-        """Start at the coordinator group's committed low watermark (or the beginning).
-
-        Every event from there on may still be needed by a table, so if the log now starts later
-        (retention, delete-records), this raises ``ControlTopicError`` instead of starting at the
-        log start.
-        """
+    def committed(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
+        """The coordinator group's committed low watermark; None when it has none (where to start
+        reading then is recovery's decision: ``recovery.seek_to_low_watermark``)."""
         committed = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0].offset
-        if committed < 0:
-            committed = self._legacy_committed(timeout_s)
-        if committed < 0:
-            committed = self._recorded_low_watermark(timeout_s)
-        self._check_still_there(committed if committed >= 0 else None, timeout_s)
-        return self.seek(committed if committed >= 0 else 0)
+        return int(committed) if committed >= 0 else None
 
-    def _check_still_there(self, needed_from: int | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def check_still_there(self, needed_from: int | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Raise unless the log still holds every offset from ``needed_from`` (None: from 0) on."""
         low, high = self.watermarks(timeout_s)
         if low > (needed_from or 0):
@@ -248,51 +231,6 @@ class ControlReader:
                 "  fix: restore the original control topic; a sink cannot move to a new control topic under "
                 "the same name (start a new sink name, with new tables or after checking them)"
             )
-
-    def _recorded_low_watermark(self, timeout_s: float) -> int:
-        """The low watermark the newest ``CommitComplete`` still in the log recorded; -1 when none.
-
-        The coordinator group's offset expires after a downtime longer than the broker's
-        ``offsets.retention.minutes``; by then retention may have deleted the start of the log. The
-        last round committed its low watermark in the same transaction as its ``CommitComplete``, so
-        that event says where the coordinator stood. Only needed when the log no longer starts at 0.
-        """
-        low, high = self.watermarks(timeout_s)
-        if low == 0:
-            return -1
-        recorded = -1
-        self.seek(low)
-        for item in self.read_until(high, max(timeout_s, self.channel.scan_timeout_s)):
-            payload = item.event.payload
-            if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
-                recorded = payload.low_watermark
-        if recorded >= 0:
-            log.warning(
-                "coordinator group %r has no offset (expired after a long downtime?); resuming from the low "
-                "watermark %d recorded by the last CommitComplete on %r",
-                self.channel.coordinator_group,
-                recorded,
-                self.topic,
-            )
-        return recorded
-
-    def _legacy_committed(self, timeout_s: float) -> int:
-        """The low watermark under the coordinator group's pre-':' name, for a deployment that ran
-        before the rename (its new group has no offset yet); -1 when there is none."""
-        legacy = GroupOffsets(self.channel.clients, legacy_coordinator_group(self.sink), stable=False)
-        try:
-            found = legacy.committed([(self.topic, CONTROL_PARTITION)])[(self.topic, CONTROL_PARTITION)]
-        finally:
-            legacy.close()
-        if found is None:
-            return -1
-        log.info(
-            "coordinator group %r has no offset yet; migrated the low watermark %d of the legacy group %r",
-            self.channel.coordinator_group,
-            found,
-            legacy_coordinator_group(self.sink),
-        )
-        return found
 
     def seek(self, offset: int) -> int:
         """Read from control offset ``offset`` on (``status`` and tests read the whole history)."""
@@ -345,7 +283,7 @@ class ControlReader:
             offset = msg.offset() or 0
             if error is not None:
                 if error.code() == KafkaError._AUTO_OFFSET_RESET:  # deleted (or recreated) under the reader
-                    self._check_still_there(self._position)
+                    self.check_still_there(self._position)
                     raise KafkaException(error)
                 if error.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(error)

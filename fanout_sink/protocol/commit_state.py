@@ -63,10 +63,12 @@ class CommitState:
     def _restore(self, complete: ev.CommitComplete) -> None:
         """Take over what an earlier round (of this or a previous coordinator process) had folded.
 
-        A restarted coordinator re-reads from the low watermark, which never passes the last
-        round's ``CommitComplete``, but not the reports below it: without this, partitions that are
-        behind would keep VTTS unknown until they report again. Reports at or above
-        ``reports_below`` were not in that round and are re-read anyway.
+        Keeps VTTS and the carried-forward ``delivered`` positions (which ``recovery`` reads back
+        when retention deleted the reports, I1) continuous across coordinator restarts. A restarted
+        coordinator re-reads from the low watermark, which never passes the last round's
+        ``CommitComplete``, but not the reports below it: without this, partitions that are behind
+        would keep VTTS unknown until they report again. Reports at or above ``reports_below`` were
+        not in that round and are re-read anyway.
         """
         if complete.reports_below is None or complete.reports_below <= self.reports_below:
             return  # an older round, or this process's own round read back

@@ -42,12 +42,11 @@ from fanout_sink.errors import FanoutSinkError, ProducerFencedError, TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel, datafiles, table_state
+from fanout_sink.protocol import channel, datafiles, recovery, table_state
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.append import SpecPreservingAppend
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
-from fanout_sink.protocol.positions import OffsetRefresher
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ class Coordinator:
         self.failing: dict[str, TableFailure] = {}
         """Tables whose commit failed in the latest rounds, by identifier."""
         self.offsets_refresh_interval_s = offsets_refresh_interval_s
-        self._refresher: OffsetRefresher | None = None
+        self._refresher: recovery.OffsetRefresher | None = None
         self.observer = observer
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -164,7 +163,7 @@ class Coordinator:
         self._producer = self._new_producer()
         self._metadata = self.channel.clients.group_metadata(self.channel.coordinator_group)
         self._reader = channel.ControlReader(self.channel)
-        start = self._reader.seek_to_committed(self.timeout_s)
+        start = recovery.seek_to_low_watermark(self._reader)
         log.info("coordinator of sink %r reads the control topic from offset %d", self.sink, start)
 
     def start(self) -> None:
@@ -359,7 +358,7 @@ class Coordinator:
             interval = self.offsets_refresh_interval_s
             if interval is None:
                 interval = offsets_retention_s(self.channel.clients) / 4
-            self._refresher = OffsetRefresher(self.channel, interval)
+            self._refresher = recovery.OffsetRefresher(self.channel, interval)
             log.info("idle partitions' sink-group offsets are re-committed every %.0f s", interval)
         try:
             self._refresher.refresh(positions)

@@ -146,7 +146,7 @@ class CommitComplete(_Model):
     delivered: dict[str, int] = Field(default_factory=dict)
     """``"<topic>:<partition>"`` -> the largest ``DataComplete.next_offset`` below ``reports_below``,
     carried from round to round: the sink's delivered positions survive both the sink group's
-    offset expiry and the control topic's retention (``positions.control_topic_positions``)."""
+    offset expiry and the control topic's retention (``recovery.control_topic_positions``)."""
     low_watermark: int | None = None
     """The coordinator group's offset committed in the same transaction; the group's offset expires
     after a long downtime, this record of it stays as long as the control topic keeps it."""

@@ -37,6 +37,7 @@ from pyiceberg.table import Table
 
 from fanout_sink.errors import FanoutSinkError
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol import recovery
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def pending_files(sink: SinkChannel) -> set[str]:
     ``sink`` at or above the coordinator group's low watermark: what the coordinator may still append."""
     reader = ControlReader(sink)
     try:
-        reader.seek_to_committed()
+        recovery.seek_to_low_watermark(reader)
         return {
             normalise(record.file_path)
             for item in reader.read_until(reader.end_offset())

@@ -15,7 +15,8 @@ worker half of I3 (fencing) are kept. The order of steps is the protocol:
    ``SliceProcessor``), write data files (invisible until appended).
 4. One transaction: ``DataWritten`` per table, ``DataComplete``, dead letters, and the source offset
    (the planned end offset, never last record + 1: offsets have holes) sent to the sink group with
-   generation -1 metadata. Commit. A crash before the commit leaves only orphan files.
+   generation -1 metadata (``recovery.send_delivered``, the one writer of the sink group). Commit. A
+   crash before the commit leaves only orphan files.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
@@ -36,7 +36,7 @@ from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.topics import max_message_bytes
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel, datafiles, positions
+from fanout_sink.protocol import channel, datafiles, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.transform import deadletter
@@ -128,7 +128,7 @@ class SliceWorker:
 
     def _metadata(self) -> bytes:
         if self._group_metadata is None:
-            self._group_metadata = self.channel.clients.group_metadata(self.group)
+            self._group_metadata = recovery.sink_group_metadata(self.channel)
         return self._group_metadata
 
     def _dead_letter_limit(self, topic: str) -> int:
@@ -188,34 +188,6 @@ class SliceWorker:
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
                 return self._attempt(txn_id, topic, partition, start_offset, end_offset, source, process)
 
-    def _recover(self, producer: TransactionalProducer, topic: str, partition: int) -> int | None:
-        """The delivered position of a partition whose sink-group offset vanished while the app ran.
-
-        The broker expires an offset ``offsets.retention.minutes`` after its last commit, for
-        example when a broker outage outlasts it, and a batch replayed afterwards would otherwise be
-        delivered again. The control topic proves the position (``positions``); it is restored
-        into the group at once, under this fenced producer, so the next slice reads it as usual.
-        It reads the control topic's history, so it is only done when the group is silent: once for
-        a partition's first slice, and after an expiry.
-        """
-        found, _complete = positions.control_topic_positions(self.channel)
-        recovered = found.get((topic, partition))
-        if recovered is None:
-            return None
-        log.warning(
-            "sink group %r had no offset for %s[%d] (expired while the sink ran?); restored the delivered "
-            "position %d from the control topic %r before delivering the slice",
-            self.group,
-            topic,
-            partition,
-            recovered,
-            self.control_topic,
-            extra={"topic": topic, "partition": partition, "offset": recovered},
-        )
-        with producer.transaction():
-            producer.send_offsets([TopicPartition(topic, partition, recovered)], self._metadata())
-        return recovered
-
     def _attempt(
         self,
         txn_id: str,
@@ -229,8 +201,8 @@ class SliceWorker:
         # A new producer fences older attempts before anything is read.
         producer = self._producer(txn_id, topic, partition)
         committed = self.committed_offset(topic, partition)
-        if committed is None:
-            committed = self._recover(producer, topic, partition)
+        if committed is None:  # expired while the app ran, or this partition's first slice
+            committed = recovery.restore_in_slice(self.channel, producer, self._metadata(), topic, partition)
         result = SliceResult(topic, partition, start, end, committed)
         if committed is not None and committed >= end:
             # Nothing is read; records handed in already read were all delivered.
@@ -294,7 +266,7 @@ class SliceWorker:
                     # Cut to size: one oversized dead letter would fail this transaction on every retry.
                     limit = self._dead_letter_limit(dead_letter_topic)
                     deadletter.publish(producer, dead_letter_topic, routed.dead_letters, limit)
-                producer.send_offsets([TopicPartition(topic, partition, end)], self._metadata())
+                recovery.send_delivered(producer, self._metadata(), topic, partition, end)
                 fault_point("worker.before-commit", topic=topic, partition=partition)
         finally:
             if not producer.usable:  # the next attempt's producer fences this one

@@ -2,7 +2,7 @@
 
 Spark's checkpoint drives Spark; the sink-managed group is the truth about what was delivered
 (invariant I1). Before the stream starts, the sink group's offsets decide where Spark starts (the
-missing ones recovered by :mod:`fanout_sink.protocol.positions`), and a checkpoint found ahead of
+missing ones recovered by :mod:`fanout_sink.protocol.recovery`), and a checkpoint found ahead of
 a KNOWN delivered position is moved aside. Per micro-batch, the planned ranges come from
 the checkpoint: offsets have holes (transaction markers, aborted and compacted records), so a
 slice's end is the end Spark planned for the batch, never the last record's offset + 1. Spark writes
@@ -22,10 +22,9 @@ from typing import Any, Protocol, TypeVar
 
 from fanout_sink.config import SinkConfig
 from fanout_sink.errors import FanoutSinkError
-from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.topics import pattern_topics
+from fanout_sink.protocol import recovery
 from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.positions import recover_positions, restore_positions
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -254,22 +253,6 @@ def source_partitions(config: SinkConfig) -> dict[str, int]:
     return {t: len(metadata.topics[t].partitions) for t in sorted(set(wanted))}
 
 
-def sink_group_offsets(config: SinkConfig, partitions: dict[str, int]) -> dict[TopicPartitionKey, int]:
-    """What the sink group says was delivered, read without waiting for open transactions.
-
-    Only where Spark starts reading depends on it: an answer that is too low (a transaction still
-    pending) is harmless, because each worker fences, reads stably and skips what is delivered.
-    """
-    sink = SinkChannel.from_config(config)
-    reader = GroupOffsets(sink.clients, sink.sink_group, stable=False)
-    try:
-        wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
-        found = reader.committed(wanted)
-    finally:
-        reader.close()
-    return {key: value for key, value in found.items() if value is not None}
-
-
 def reconcile_checkpoint(checkpoint: str, delivered: dict[TopicPartitionKey, int], spark: Any = None) -> None:
     """A checkpoint ahead of the sink group would skip undelivered records: move it aside.
 
@@ -316,44 +299,20 @@ def _checkpoint_starts(checkpoint: str, spark: Any) -> dict[TopicPartitionKey, i
 def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None) -> str:
     """Where the stream starts; returns Spark's ``startingOffsets`` (used when no checkpoint is kept).
 
-    The sink group's offsets, with the missing ones recovered (``protocol.positions``). A partition
-    whose position stays unknown (the control topic's history was cut) takes Spark's checkpoint's
-    position when the checkpoint has it (a batch in ``commits/`` was delivered in full), else the
-    configured start, with a WARNING naming it. Then the checkpoint is reconciled with the known
-    positions. A partition the sink never delivered keeps the checkpoint's position when no batch
-    moved it (its first batch's start), also when the checkpoint is moved aside for another one.
+    The delivered positions come from ``protocol.recovery``: the sink group's offsets, the missing
+    ones recovered, and for a partition whose position stays unknown (the control topic's history
+    was cut) Spark's checkpoint's position when the checkpoint has it, else the configured start,
+    with a WARNING naming it. Then the checkpoint is reconciled with the known positions. A
+    partition the sink never delivered keeps the checkpoint's position when no batch moved it (its
+    first batch's start), also when the checkpoint is moved aside for another one.
     ``spark`` is needed for a checkpoint that is not on local disk (:func:`open_checkpoint`).
     """
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
-    committed = sink_group_offsets(config, partitions)
     sink = SinkChannel.from_config(config)
-    recovery = recover_positions(sink, wanted, committed)
+    found = recovery.recover_positions(sink, wanted)
     checkpoint = config.checkpoint_location
     ends = last_committed_ends(checkpoint, spark) or {}
-    trusted = {key: ends[key] for key in recovery.unknown if key in ends}
-    for topic, part in sorted(trusted):
-        log.warning(
-            "%s[%d]: the sink group has no offset and the control topic %r no longer holds its history "
-            "(log start > 0); trusting Spark's checkpoint, which delivered up to %d",
-            topic,
-            part,
-            config.control_topic,
-            trusted[(topic, part)],
-        )
-    for topic, part in sorted(recovery.unknown - trusted.keys()):
-        log.warning(
-            "%s[%d]: the delivered position is unknown (no sink-group offset, the control topic %r no "
-            "longer holds its history, not in Spark's checkpoint); starting from source.starting-offsets "
-            "%r, which may duplicate or skip records",
-            topic,
-            part,
-            config.control_topic,
-            config.source.starting_offsets,
-        )
-    known = {
-        **recovery.delivered,
-        **restore_positions(sink, trusted, "Spark's checkpoint"),
-    }
+    known = recovery.known_positions(sink, found, ends, config.source.starting_offsets)
     shown = {f"{t}[{p}]": o for (t, p), o in sorted(known.items())}
     log.info("source partitions %s; the sink has delivered up to %s", partitions, shown)
     # A partition the sink never delivered was never advanced by a batch that carried a record (each
@@ -361,7 +320,7 @@ def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None
     # may only hold it where its first batch started. Beyond that it claims deliveries the sink
     # never made (a copied checkpoint): ahead.
     starts = _checkpoint_starts(checkpoint, spark)
-    never = {key: starts.get(key, 0) for key in recovery.never_delivered if key in ends}
+    never = {key: starts.get(key, 0) for key in found.never_delivered if key in ends}
     reconcile_checkpoint(checkpoint, {**never, **known}, spark)
     return starting_offsets_option(
         list(partitions), partitions, {**never, **known}, config.source.starting_offsets

@@ -10,7 +10,7 @@ import pytest
 from fanout_sink.errors import TopicError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel
+from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
 
 pytestmark = pytest.mark.kafka
@@ -50,7 +50,7 @@ def test_reader_sees_only_committed_events_of_its_own_sink(bootstrap_servers: st
     channel.produce_event(mine, topic, "mine", ev.StartCommit(commit_id="kept-2"))
     mine.flush(10)
     reader = channel.ControlReader(channel.SinkChannel("mine", conf, topic))
-    reader.seek_to_committed()
+    recovery.seek_to_low_watermark(reader)
     stable = reader.end_offset()
     seen = [e.event.payload for e in reader.read_until(stable)]
     assert [p.commit_id for p in seen if isinstance(p, ev.StartCommit)] == ["kept-1"]

@@ -19,7 +19,7 @@ from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel
+from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
@@ -179,7 +179,7 @@ def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> N
 
     fresh = channel.ControlReader(channel.SinkChannel(sink, conf, control))
     with pytest.raises(ControlTopicError, match=r"acknowledged nothing.*starts at offset 2"):
-        fresh.seek_to_committed()
+        recovery.seek_to_low_watermark(fresh)
     fresh.seek(0)  # e.g. a reader whose position was deleted under it
     with pytest.raises(ControlTopicError, match=r"needs events from offset 0 on.*starts at offset 2"):
         list(fresh.read_until(fresh.end_offset(), timeout_s=10))
@@ -191,7 +191,7 @@ def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> N
     holder.close()
     recreated = channel.ControlReader(channel.SinkChannel(sink, conf, control))
     with pytest.raises(TopicError, match=r"ends at offset \d+, below offset 100 .* deleted and recreated"):
-        recreated.seek_to_committed()
+        recovery.seek_to_low_watermark(recreated)
     recreated.close()
 
 

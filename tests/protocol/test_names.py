@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from support.common import create_tables, make_processor, produce_json, read_slice, sink_group_offset
 
 from fanout_sink import faults
-from fanout_sink.protocol import channel
+from fanout_sink.protocol import channel, legacy_names, recovery
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceResult, SliceWorker
 
@@ -101,13 +101,13 @@ def test_coordinator_resumes_from_the_legacy_named_group_when_the_new_one_is_emp
     control = f"{sink}-control"
     channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
     produce_json(bootstrap_servers, control, 0, [{"noise": i} for i in range(8)])  # other sinks' traffic
-    legacy = Consumer({**conf, "group.id": channel.legacy_coordinator_group(sink)})
+    legacy = Consumer({**conf, "group.id": legacy_names.legacy_coordinator_group(sink)})
     legacy.commit(offsets=[TopicPartition(control, 0, 7)], asynchronous=False)
     legacy.close()
     reader = channel.ControlReader(channel.SinkChannel(sink, conf, control))
     try:
         with caplog.at_level(logging.INFO):
-            assert reader.seek_to_committed() == 7
+            assert recovery.seek_to_low_watermark(reader) == 7
     finally:
         reader.close()
     assert "migrated" in caplog.text

@@ -32,7 +32,7 @@ from support.expiry_fixtures import Expired, deliver, idle_log, new_topic, sink_
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos import maintenance
-from fanout_sink.protocol import channel
+from fanout_sink.protocol import channel, legacy_names
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
@@ -53,9 +53,9 @@ def test_expired_offsets_fall_back_to_the_legacy_named_group(
     topic = new_topic(bootstrap, 1)
     produce_json(bootstrap, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
     channel.ensure_control_topic(
-        channel.SinkChannel("test", {"bootstrap.servers": bootstrap}, f"{sink}-control")
+        channel.SinkChannel(sink, {"bootstrap.servers": bootstrap}, f"{sink}-control")
     )
-    legacy = Consumer({"bootstrap.servers": bootstrap, "group.id": channel.legacy_sink_group(sink)})
+    legacy = Consumer({"bootstrap.servers": bootstrap, "group.id": legacy_names.legacy_sink_group(sink)})
     legacy.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
     legacy.close()
     config = sink_config(bootstrap, sink, topic, catalog_settings, tmp_path, "earliest")

@@ -22,7 +22,7 @@ from fanout_sink import faults
 from fanout_sink.errors import OffsetGapError, ProducerFencedError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
-from fanout_sink.protocol import channel
+from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.kafka
 
 def _control_events(bootstrap: str, topic: str, sink: str) -> list[ev.Payload]:
     reader = channel.ControlReader(channel.SinkChannel(sink, {"bootstrap.servers": bootstrap}, topic))
-    reader.seek_to_committed()
+    recovery.seek_to_low_watermark(reader)
     try:
         return [e.event.payload for e in reader.read_until(reader.end_offset())]
     finally:

@@ -1,0 +1,402 @@
+"""Where a source partition's delivered position comes from, and the one writer of the sink group.
+
+The sink-managed group is the source of truth about what was delivered (invariant I1), and this
+module is the only code that writes it: the worker's transactional offset commit goes through
+:func:`send_delivered`, recovery restores positions with :class:`PositionWriter`, and the
+coordinator's :class:`OffsetRefresher` re-commits idle ones. ``tests/test_architecture.py`` checks
+that no other module sends offsets with the sink group's metadata. The planner, the worker and the
+coordinator ask this module where to start; the coordinator group (a different group: how far the
+coordinator read the control topic) is resumed here too (:func:`seek_to_low_watermark`), while the
+coordinator commits its own group itself.
+
+Nobody joins the sink group, so the broker expires each partition's committed offset
+``offsets.retention.minutes`` after that partition's last commit (per partition, for a group
+without a protocol), even while the app runs, and all of them after a long downtime. A partition
+without an offset used to look undelivered: the restart moved Spark's checkpoint aside and started
+over from ``source.starting-offsets`` (duplicates under ``earliest``, losses under ``latest``).
+
+Two things keep the position known:
+
+- **Recovery** (start-up planning, and a worker whose partition's offset vanished): a partition
+  with no sink-group offset gets its delivered position from the durable record the sink already
+  writes. Each ``DataComplete`` on the control topic is committed in the same transaction as the
+  partition's offset, so the largest ``next_offset`` per partition IS the delivered position.
+  Retention may have deleted old ``DataComplete`` events, but every round's ``CommitComplete``
+  carries forward the positions of all reports below it (``delivered``), and retention only deletes
+  below the last round. Then the legacy '-' named group of a deployment that ran before the names
+  changed (:mod:`legacy_names`). The larger of the two is restored into the sink group, in a
+  transaction under the partition's worker transactional id (fence, stable read, send the offset),
+  so the worker's overlap and gap checks work unchanged. Nothing found, and the control topic's
+  history complete (it starts at 0, or a retained ``CommitComplete`` covers what was deleted): the
+  sink never delivered the partition. Nothing found and the history cut: the position is unknown,
+  and planning decides (trust the checkpoint, else the configured start with a warning).
+- **Refresh** (the coordinator, while running): a partition whose offset has not changed for
+  ``interval`` is committed again with the same protocol and the same offset, which restarts its
+  retention clock. The interval defaults to a quarter of the broker's ``offsets.retention.minutes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import TopicPartition
+
+from fanout_sink.kafka.offsets import GroupOffsets, PartitionPosition
+from fanout_sink.kafka.transaction import TransactionalProducer
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import ControlReader, SinkChannel
+from fanout_sink.protocol.legacy_names import legacy_low_watermark, legacy_sink_group, legacy_sink_positions
+
+log = logging.getLogger(__name__)
+
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What start-up planning knows about each source partition."""
+
+    delivered: dict[TopicPartitionKey, int]
+    """The sink group's offsets, including the ones just recovered and restored."""
+    never_delivered: frozenset[TopicPartitionKey] = frozenset()
+    """No offset, nothing recovered, and the control topic's whole history was read."""
+    unknown: frozenset[TopicPartitionKey] = frozenset()
+    """No offset and nothing recovered, and the control topic no longer proves the whole history."""
+
+
+# -- the sink group's offsets ----------------------------------------------------------------------
+
+
+def sink_group_metadata(sink: SinkChannel) -> bytes:
+    """The generation -1 metadata every sink-group offset commit carries (I3: nobody joins the
+    group, so the broker accepts these commits only from transactional producers)."""
+    return sink.clients.group_metadata(sink.sink_group)
+
+
+def send_delivered(
+    producer: TransactionalProducer, metadata: bytes, topic: str, partition: int, offset: int
+) -> None:
+    """Send ``offset`` as the partition's delivered position inside the producer's open transaction.
+
+    Keeps I1 and I2: the offset commits or aborts together with the events and dead letters of the
+    same transaction, so the sink group never holds a position whose records are not announced.
+    ``offset`` is the planned end (never last record + 1: offsets have holes).
+    """
+    producer.send_offsets([TopicPartition(topic, partition, offset)], metadata)
+
+
+def delivered_offsets(sink: SinkChannel, partitions: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+    """What the sink group says was delivered, read without waiting for open transactions.
+
+    Only where Spark starts reading depends on it: an answer that is too low (a transaction still
+    pending) is harmless for I1, because each worker fences, reads stably and skips what is delivered.
+    """
+    reader = GroupOffsets(sink.clients, sink.sink_group, stable=False)
+    try:
+        found = reader.committed(partitions)
+    finally:
+        reader.close()
+    return {key: value for key, value in found.items() if value is not None}
+
+
+class PositionWriter:
+    """Commits a partition's delivered position the way a worker does, without records.
+
+    Keeps I1 and I3: the producer of the partition's worker transactional id fences any older
+    attempt first; the stable read after it shows what that attempt finally did. Only if the group
+    still holds what the caller expects is the offset sent, so a worker's newer commit is never
+    overwritten.
+    """
+
+    def __init__(self, sink: SinkChannel) -> None:
+        self.sink = sink
+        self._offsets = GroupOffsets(sink.clients, sink.sink_group, stable=True)
+        self._metadata = sink_group_metadata(sink)
+
+    def commit(self, topic: str, partition: int, offset: int, expected: int | None) -> int | None:
+        """Commit ``offset`` if the group holds ``expected``; returns what the group holds afterwards."""
+        txn_id = self.sink.worker_transactional_id(topic, partition)
+        producer = TransactionalProducer(
+            self.sink.clients,
+            txn_id,
+            fenced_message=(
+                f"committing the delivered position {offset} of {topic}[{partition}] was fenced: a "
+                f"worker (transactional id {txn_id!r}) took the partition over; it commits the offset."
+            ),
+        )
+        try:
+            current = self._offsets.committed([(topic, partition)])[(topic, partition)]
+            if current != expected:
+                return current
+            with producer.transaction():
+                send_delivered(producer, self._metadata, topic, partition, offset)
+            return offset
+        finally:
+            producer.flush()
+
+    def close(self) -> None:
+        self._offsets.close()
+
+
+# -- recovering positions the group lost -----------------------------------------------------------
+
+
+def control_topic_positions(sink: SinkChannel) -> tuple[dict[TopicPartitionKey, int], bool]:
+    """The delivered position per source partition the control topic still proves, and whether that
+    covers the sink's whole history.
+
+    Keeps I1 when the sink group lost offsets: a position is the largest committed
+    ``DataComplete.next_offset`` (committed in the same transaction as the offset, I2), or what a
+    ``CommitComplete`` carried forward in ``delivered`` for the reports below its ``reports_below``.
+    The history is complete when the log starts at 0, or when a ``CommitComplete`` still in the log
+    accounts for every report below the log start (retention deletes only what the coordinator
+    acknowledged, which is below the last round).
+    """
+    reader = ControlReader(sink)
+    found: dict[TopicPartitionKey, int] = {}
+
+    def take(key: TopicPartitionKey, offset: int) -> None:
+        found[key] = max(found.get(key, 0), offset)
+
+    try:
+        log_start, end = reader.watermarks()
+        complete = log_start == 0
+        if end > log_start:
+            reader.seek(log_start)
+            for item in reader.read_until(end, sink.scan_timeout_s):
+                payload = item.event.payload
+                if isinstance(payload, ev.DataComplete):
+                    take((payload.topic, payload.partition), payload.next_offset)
+                elif isinstance(payload, ev.CommitComplete) and payload.reports_below is not None:
+                    for key, offset in ev.delivered_positions(payload).items():
+                        take(key, offset)
+                    complete = complete or payload.reports_below >= log_start
+    finally:
+        reader.close()
+    return found, complete
+
+
+def restore_positions(
+    sink: SinkChannel, positions: dict[TopicPartitionKey, int], source: str
+) -> dict[TopicPartitionKey, int]:
+    """Writes positions recovered from ``source`` into the sink group; returns what it holds afterwards.
+
+    Keeps I1: a partition a worker committed meanwhile keeps the worker's offset (``expected=None``).
+    """
+    if not positions:
+        return {}
+    writer = PositionWriter(sink)
+    restored: dict[TopicPartitionKey, int] = {}
+    try:
+        for (topic, partition), offset in sorted(positions.items()):
+            held = writer.commit(topic, partition, offset, expected=None)
+            if held is not None:  # a worker may have committed meanwhile: then the group is right
+                restored[(topic, partition)] = held
+            log.warning(
+                "sink group %r had no offset for %s[%d] (expired, or not migrated yet): restored the "
+                "delivered position %d recovered from %s",
+                sink.sink_group,
+                topic,
+                partition,
+                offset,
+                source,
+            )
+    finally:
+        writer.close()
+    return restored
+
+
+def recover_positions(sink: SinkChannel, partitions: list[TopicPartitionKey]) -> Recovery:
+    """The sink group's offsets of ``partitions``, with the missing ones recovered and restored (the
+    planner's start; see the module docstring). Keeps I1 across offset expiry and the rename."""
+    committed = delivered_offsets(sink, partitions)
+    missing = [key for key in partitions if key not in committed]
+    if not missing:
+        return Recovery(dict(committed))
+    from_control, complete = control_topic_positions(sink)
+    from_legacy = legacy_sink_positions(sink, missing)
+    control_source = f"the control topic {sink.control_topic!r} (DataComplete events)"
+    legacy_source = f"the legacy group {legacy_sink_group(sink.sink)!r} (migrated)"
+    delivered = dict(committed)
+    for source, found in ((control_source, from_control), (legacy_source, from_legacy)):
+        # The larger of the two wins: each is a position some committed transaction delivered.
+        best = {
+            k: v
+            for k, v in found.items()
+            if k in missing and v >= max(from_control.get(k, 0), from_legacy.get(k, 0))
+        }
+        best = {k: v for k, v in best.items() if k not in delivered}
+        delivered.update(restore_positions(sink, best, source))
+    left = frozenset(key for key in missing if key not in delivered)
+    if not complete:
+        return Recovery(delivered, unknown=left)
+    return Recovery(delivered, never_delivered=left)
+
+
+def known_positions(
+    sink: SinkChannel, found: Recovery, checkpoint_ends: dict[TopicPartitionKey, int], starting_offsets: str
+) -> dict[TopicPartitionKey, int]:
+    """The delivered positions the planner may start from: ``found.delivered``, plus Spark's
+    checkpoint's for the partitions whose position is unknown (restored into the sink group).
+
+    Keeps I1 as far as anything still proves it: a batch in the checkpoint's ``commits/`` was
+    delivered in full, so its end is a delivered position. A partition neither the group, the
+    control topic nor the checkpoint knows starts from ``source.starting-offsets`` with a WARNING,
+    since that may duplicate or skip records.
+    """
+    trusted = {key: checkpoint_ends[key] for key in found.unknown if key in checkpoint_ends}
+    for topic, part in sorted(trusted):
+        log.warning(
+            "%s[%d]: the sink group has no offset and the control topic %r no longer holds its history "
+            "(log start > 0); trusting Spark's checkpoint, which delivered up to %d",
+            topic,
+            part,
+            sink.control_topic,
+            trusted[(topic, part)],
+        )
+    for topic, part in sorted(found.unknown - trusted.keys()):
+        log.warning(
+            "%s[%d]: the delivered position is unknown (no sink-group offset, the control topic %r no "
+            "longer holds its history, not in Spark's checkpoint); starting from source.starting-offsets "
+            "%r, which may duplicate or skip records",
+            topic,
+            part,
+            sink.control_topic,
+            starting_offsets,
+        )
+    return {**found.delivered, **restore_positions(sink, trusted, "Spark's checkpoint")}
+
+
+def restore_in_slice(
+    sink: SinkChannel, producer: TransactionalProducer, metadata: bytes, topic: str, partition: int
+) -> int | None:
+    """The delivered position of a partition whose sink-group offset vanished while the app ran.
+
+    Keeps I1 for a worker: the broker expires an offset ``offsets.retention.minutes`` after its last
+    commit, for example when a broker outage outlasts it, and a batch replayed afterwards would
+    otherwise be delivered again. The control topic proves the position; it is restored into the
+    group at once, under the worker's producer that has just fenced older attempts (I3), so the
+    next slice reads it as usual. It reads the control topic's history, so the worker calls it only
+    when the group is silent: once for a partition's first slice, and after an expiry.
+    """
+    found, _complete = control_topic_positions(sink)
+    recovered = found.get((topic, partition))
+    if recovered is None:
+        return None
+    log.warning(
+        "sink group %r had no offset for %s[%d] (expired while the sink ran?); restored the delivered "
+        "position %d from the control topic %r before delivering the slice",
+        sink.sink_group,
+        topic,
+        partition,
+        recovered,
+        sink.control_topic,
+        extra={"topic": topic, "partition": partition, "offset": recovered},
+    )
+    with producer.transaction():
+        send_delivered(producer, metadata, topic, partition, recovered)
+    return recovered
+
+
+# -- keeping positions from expiring ---------------------------------------------------------------
+
+
+@dataclass
+class OffsetRefresher:
+    """Re-commits the offsets of partitions that have not committed for ``interval_s``.
+
+    Keeps I1 while running: an idle partition's offset would otherwise expire. The sink group's
+    committed offsets come from the coordinator's round (``source_positions``). A partition counts
+    as committed "now" when it is first seen and whenever its offset changes; a refresh is due
+    ``interval_s`` later. Only caught-up partitions are refreshed: one with records waiting is about
+    to be committed by a worker, and refreshing it would fence that worker (I3).
+    """
+
+    sink: SinkChannel
+    interval_s: float
+    _seen: dict[TopicPartitionKey, tuple[int, float]] = field(default_factory=dict)
+
+    def refresh(self, positions: list[PartitionPosition]) -> list[TopicPartitionKey]:
+        """Refreshes what is due; returns the partitions whose offset was committed again."""
+        now = time.monotonic()
+        due: list[PartitionPosition] = []
+        for position in positions:
+            key = (position.topic, position.partition)
+            last = self._seen.get(key)
+            if position.committed is None:
+                self._seen.pop(key, None)
+            elif last is None or last[0] != position.committed:
+                self._seen[key] = (position.committed, now)
+            elif now - last[1] >= self.interval_s and position.caught_up:
+                due.append(position)
+        if not due:
+            return []
+        refreshed: list[TopicPartitionKey] = []
+        writer = PositionWriter(self.sink)
+        try:
+            for position in due:
+                key = (position.topic, position.partition)
+                offset = position.committed
+                assert offset is not None
+                if writer.commit(position.topic, position.partition, offset, expected=offset) == offset:
+                    refreshed.append(key)
+                self._seen[key] = (offset, time.monotonic())
+        finally:
+            writer.close()
+        log.info(
+            "re-committed the unchanged offsets of %s so that the broker does not expire them",
+            ", ".join(f"{t}[{p}]" for t, p in refreshed) or "no partition",
+        )
+        return refreshed
+
+
+# -- where the coordinator resumes reading the control topic ---------------------------------------
+
+
+def seek_to_low_watermark(reader: ControlReader) -> int:
+    """Seek ``reader`` to the coordinator group's committed low watermark (or the beginning); returns it.
+
+    Keeps I4: every event from the low watermark on may still be needed by a table, so if the log
+    now starts later (retention, delete-records), this raises ``ControlTopicError`` instead of
+    starting at the log start. Without a committed offset, the legacy coordinator group's is
+    migrated (:mod:`legacy_names`), else the low watermark the newest retained ``CommitComplete``
+    recorded (:func:`recorded_low_watermark`).
+    """
+    committed = reader.committed(reader.channel.timeout_s)
+    if committed is None:
+        committed = legacy_low_watermark(reader.channel)
+    if committed is None:
+        committed = recorded_low_watermark(reader)
+    reader.check_still_there(committed, reader.channel.timeout_s)
+    return reader.seek(committed if committed is not None else 0)
+
+
+def recorded_low_watermark(reader: ControlReader) -> int | None:
+    """The low watermark the newest ``CommitComplete`` still in the log recorded; None when none.
+
+    Keeps I4 after the coordinator group's offset expired (a downtime longer than the broker's
+    ``offsets.retention.minutes``); by then retention may have deleted the start of the log. The
+    last round committed its low watermark in the same transaction as its ``CommitComplete``, so
+    that event says where the coordinator stood. Only needed when the log no longer starts at 0.
+    """
+    sink = reader.channel
+    low, high = reader.watermarks(sink.timeout_s)
+    if low == 0:
+        return None
+    recorded: int | None = None
+    reader.seek(low)
+    for item in reader.read_until(high, max(sink.timeout_s, sink.scan_timeout_s)):
+        payload = item.event.payload
+        if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
+            recorded = payload.low_watermark
+    if recorded is not None:
+        log.warning(
+            "coordinator group %r has no offset (expired after a long downtime?); resuming from the low "
+            "watermark %d recorded by the last CommitComplete on %r",
+            sink.coordinator_group,
+            recorded,
+            sink.control_topic,
+        )
+    return recorded
