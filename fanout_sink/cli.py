@@ -16,7 +16,7 @@ from fanout_sink.errors import FanoutSinkError, StackError
 from fanout_sink.jars import JarSet
 
 if TYPE_CHECKING:
-    from fanout_sink.config import SinkConfig
+    from fanout_sink.config.models import SinkConfig
 
 
 def _stack(args: argparse.Namespace) -> int:
@@ -116,7 +116,8 @@ def _logging_options(config: SinkConfig, args: argparse.Namespace) -> SinkConfig
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fanout_sink.config import load_config, parse_duration
+    from fanout_sink.config.loading import load_config
+    from fanout_sink.config.models import parse_duration
     from fanout_sink.spark.app import RunOptions, SinkApp
 
     # `kill -USR1 <pid>` prints every thread's stack: the first question about a sink that seems stuck.
@@ -159,7 +160,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _maintain(args: argparse.Namespace) -> int:
     from fanout_sink.catalog import load_catalog
-    from fanout_sink.config import load_config
+    from fanout_sink.config.loading import load_config
     from fanout_sink.spark.maintenance import maintain, render_text, select_tables
     from fanout_sink.spark.session import build_spark_session
 

@@ -35,7 +35,7 @@ from confluent_kafka.admin._metadata import ClusterMetadata  # admin re-exports 
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import load_catalog, sqlite_path
-from fanout_sink.config import SinkConfig
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.clients import KafkaClientFactory
 

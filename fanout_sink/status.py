@@ -24,7 +24,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import load_config
+from fanout_sink.config.loading import load_config
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.kafka.topics import pattern_topics

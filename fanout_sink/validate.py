@@ -35,13 +35,14 @@ import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
-from fanout_sink.config import SinkConfig, TableSettings, load_config
+from fanout_sink.config.loading import load_config
+from fanout_sink.config.models import SinkConfig, TableSettings
 from fanout_sink.errors import ConfigError, PreflightError
 from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA
 from fanout_sink.preflight import BROKER_TIMEOUT_S, CHECKS, Finding, Preflight
 from fanout_sink.transform.convert import Matching, placeholder_rows, type_mismatches
-from fanout_sink.transform.decode import Decoded
 from fanout_sink.transform.expressions import META_FIELDS, NameExpression, Projection, RecordView
+from fanout_sink.transform.formats.decoded import Decoded
 from fanout_sink.transform.routing import NameRules, normalise_table_name
 
 

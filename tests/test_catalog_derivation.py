@@ -17,7 +17,8 @@ from fanout_sink.catalog import (
     spark_catalog_conf,
     spark_storage_conf,
 )
-from fanout_sink.config import SECRET_KEY_PATTERN, parse_config
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.secrets import SECRET_KEY_PATTERN
 from fanout_sink.errors import ConfigError
 
 S3 = {

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import PartitionField, is_secret_key, load_config, parse_config, parse_duration
+from fanout_sink.config.loading import load_config, parse_config
+from fanout_sink.config.models import PartitionField, parse_duration
+from fanout_sink.config.secrets import is_secret_key
 from fanout_sink.errors import ConfigError
 
 DESIGN_SKETCH = """

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from fanout_sink.config import MetricsSettings
+from fanout_sink.config.models import MetricsSettings
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.metrics import SinkMetrics

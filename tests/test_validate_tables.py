@@ -11,7 +11,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.preflight import Finding
 from fanout_sink.validate import check_tables
 

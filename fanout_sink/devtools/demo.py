@@ -18,7 +18,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config import SinkConfig, load_config
+from fanout_sink.config.loading import load_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.devtools.topics import header_pairs, read_to_end

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from fanout_sink.config import ControlSettings, SinkConfig
+from fanout_sink.config.models import ControlSettings, SinkConfig
 from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.clients import DEFAULT_TIMEOUT_S, KafkaClientFactory, KafkaConf, retry_transient

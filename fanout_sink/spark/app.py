@@ -18,7 +18,7 @@ from typing import Any
 
 from fanout_sink import preflight
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config import SinkConfig
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import RecordError
 from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.metrics import SinkMetrics

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fanout_sink.config import SinkConfig
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import BatchError, FanoutSinkError, RecordError
 from fanout_sink.kafka.java_client import inline_tls_files
 from fanout_sink.logs import TRACEBACK

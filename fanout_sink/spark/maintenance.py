@@ -35,7 +35,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config import MaintenanceSettings, SinkConfig
+from fanout_sink.config.models import MaintenanceSettings, SinkConfig
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import orphans, table_state
 from fanout_sink.protocol.channel import SinkChannel

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fanout_sink.config import SinkConfig
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import FanoutSinkError
 from fanout_sink.kafka.topics import pattern_topics
 from fanout_sink.protocol import recovery

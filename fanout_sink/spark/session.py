@@ -14,7 +14,7 @@ from typing import Any
 
 from fanout_sink import jars
 from fanout_sink.catalog import CatalogSettings, is_s3_location, spark_catalog_conf, spark_storage_conf
-from fanout_sink.config import SECRET_KEY_PATTERN
+from fanout_sink.config.secrets import SECRET_KEY_PATTERN
 from fanout_sink.spark import shipping
 from fanout_sink.spark.jvm import DriverJvm, driver_java_options
 

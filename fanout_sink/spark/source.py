@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fanout_sink.config import SinkConfig
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.java_client import spark_kafka_options
 
 log = logging.getLogger("fanout_sink.app")

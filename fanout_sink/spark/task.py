@@ -25,7 +25,7 @@ from pathlib import Path
 
 from fanout_sink import logs
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config import SinkConfig
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceResult, SliceWorker

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from jmespath import functions as jp_functions
 
-from fanout_sink.transform.decode import Decoded, arrow_from_python
+from fanout_sink.transform.formats.decoded import Decoded, arrow_from_python
 
 META_FIELDS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers")
 META_ROOT = "_kafka"

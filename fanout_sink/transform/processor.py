@@ -24,12 +24,13 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
-from fanout_sink.config import SinkConfig
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import RecordError, TableError
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.convert import Matching, convert
-from fanout_sink.transform.decode import Decoded, Decoder, build_decoder
 from fanout_sink.transform.expressions import Projection, RecordView
+from fanout_sink.transform.formats import build_decoder
+from fanout_sink.transform.formats.decoded import Decoded, Decoder
 from fanout_sink.transform.records import RAW_RECORD_SCHEMA, RoutedSlice, TableRows
 from fanout_sink.transform.routing import UNMATCHED_REASON, Router
 from fanout_sink.transform.tables import TableManager
@@ -206,7 +207,7 @@ class RoutingProcessor:
 
 
 def build_processor(config: SinkConfig, catalog: Catalog, vectorised: bool = True) -> RoutingProcessor:
-    """The :data:`~fanout_sink.records.SliceProcessor` for a :class:`~fanout_sink.config.SinkConfig`.
+    """The :data:`~fanout_sink.records.SliceProcessor` for a :class:`~fanout_sink.config.models.SinkConfig`.
 
     ``vectorised=False`` forces every expression through jmespath per record (for comparison).
     """

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fanout_sink.config import SinkConfig
-from fanout_sink.transform.decode import FieldPaths
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.transform.expressions import NameExpression, Predicate, RecordView
+from fanout_sink.transform.formats.decoded import FieldPaths
 
 UNMATCHED_REASON = "no table matched the record (unmatched.action is dead-letter)"
 

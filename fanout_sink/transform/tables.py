@@ -37,7 +37,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
-from fanout_sink.config import SinkConfig, TableSettings
+from fanout_sink.config.models import SinkConfig, TableSettings
 from fanout_sink.errors import FanoutSinkError, TableError
 from fanout_sink.transform.convert import Matching
 from fanout_sink.transform.inference import Carried, Inference

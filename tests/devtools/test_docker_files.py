@@ -18,7 +18,8 @@ import yaml
 
 from fanout_sink import cli
 from fanout_sink.cli import build_parser
-from fanout_sink.config import SinkConfig, load_config
+from fanout_sink.config.loading import load_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools import demo
 from fanout_sink.devtools.stack import object_store, spark_cluster
 

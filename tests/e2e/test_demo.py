@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config import load_config
+from fanout_sink.config.loading import load_config
 from fanout_sink.devtools.demo import DEFAULT_CONFIG, malformed_events
 from fanout_sink.devtools.sample_data import shop_events
 

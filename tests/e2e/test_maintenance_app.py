@@ -23,7 +23,7 @@ import pytest
 from support.sink_app import STATIC, SinkRun
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import load_config
+from fanout_sink.config.loading import load_config
 from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions

@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from fanout_sink.config import is_secret_key, load_config
+from fanout_sink.config.loading import load_config
+from fanout_sink.config.secrets import is_secret_key
 from fanout_sink.devtools.stack.certificates import TlsFiles, make_tls_files
 from fanout_sink.errors import ConfigError
 from fanout_sink.kafka.java_client import (

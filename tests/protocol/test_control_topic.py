@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, Res
 from support.common import create_tables, make_processor, produce_json, read_slice, run_batch, table_ids
 
 from fanout_sink import faults
-from fanout_sink.config import ControlSettings, DeadLetterSettings
+from fanout_sink.config.models import ControlSettings, DeadLetterSettings
 from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.topics import ensure_topic

@@ -30,7 +30,7 @@ from support.common import (
 
 from fanout_sink import faults, status
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator

@@ -24,7 +24,8 @@ from support.common import ARROW_SCHEMA, TABLE_SCHEMA, create_tables
 
 from fanout_sink import cli
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import SinkConfig, parse_config
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol import table_state
 from fanout_sink.spark import maintenance
 from fanout_sink.spark.maintenance import maintain

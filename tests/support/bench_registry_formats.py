@@ -25,8 +25,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.registry import Registry, compile_protos, message_class, wire
 
-from fanout_sink.transform.decode import ConfluentAvroDecoder, Decoder, RegistryDecoder
-from fanout_sink.transform.registry_formats import JsonSchemaReader, ProtobufReader
+from fanout_sink.transform.formats.avro import AvroReader
+from fanout_sink.transform.formats.decoded import Decoder
+from fanout_sink.transform.formats.json_schema import JsonSchemaReader
+from fanout_sink.transform.formats.protobuf import ProtobufReader
+from fanout_sink.transform.formats.registry import RegistryDecoder
 
 ROOT = Path(__file__).resolve().parents[2]
 TS_MS = 1714557600000
@@ -102,15 +105,15 @@ def main(n: int) -> None:
         return bytes(to_protobuf(message, context))
 
     cases: list[tuple[str, Decoder, list[bytes]]] = [
-        ("confluent-avro", ConfluentAvroDecoder({"url": registry.url}), [avro(i) for i in range(n)]),
+        ("confluent-avro", RegistryDecoder(AvroReader, {"url": registry.url}), [avro(i) for i in range(n)]),
         (
             "confluent-protobuf",
-            RegistryDecoder(ProtobufReader({"url": registry.url})),
+            RegistryDecoder(ProtobufReader, {"url": registry.url}),
             [protobuf(i) for i in range(n)],
         ),
         (
             "confluent-json-schema",
-            RegistryDecoder(JsonSchemaReader({"url": registry.url})),
+            RegistryDecoder(JsonSchemaReader, {"url": registry.url}),
             [bytes(to_json({**_record(i), "ts": "2024-05-01T10:00:00Z"}, context)) for i in range(n)],
         ),
     ]

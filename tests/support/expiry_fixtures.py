@@ -40,7 +40,8 @@ from support.common import (
 )
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import SinkConfig, parse_config
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.chaos import kills
 from fanout_sink.devtools.stack.broker import KafkaBroker, stop_pid
 from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient

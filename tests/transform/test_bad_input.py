@@ -23,7 +23,8 @@ from support.bad_records import (
 from support.registry import Registry, wire
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import SinkConfig, parse_config
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.errors import RecordError
 from fanout_sink.transform import deadletter

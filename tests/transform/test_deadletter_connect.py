@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Producer
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import from_messages
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor
@@ -68,7 +68,7 @@ def test_connect_headers_beside_ours_decode_as_connect_tooling_reads_them(
         letters = read_topic(dlq)
     assert [m.key() for m in letters] == [b"k1", b"k2", b"k3"]
     expected = {
-        b"k1": ("decode", "VALUE_CONVERTER", "fanout_sink.transform.decode.JsonDecoder", 1),
+        b"k1": ("decode", "VALUE_CONVERTER", "fanout_sink.transform.formats.json.JsonDecoder", 1),
         b"k2": ("route", "TRANSFORMATION", "fanout_sink.transform.routing.Router", 2),
         b"k3": ("tombstone", "TASK_PUT", "fanout_sink.transform.processor.RoutingProcessor", 3),
     }

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import from_messages
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor

@@ -20,12 +20,9 @@ from support.registry import Registry, wire
 
 from fanout_sink.avro_schema import avro_to_arrow_schema
 from fanout_sink.transform.convert import convert
-from fanout_sink.transform.decode import (
-    MAX_NESTING,
-    AvroDecoder,
-    ConfluentAvroDecoder,
-    JsonDecoder,
-)
+from fanout_sink.transform.formats.avro import AvroDecoder, AvroReader
+from fanout_sink.transform.formats.json import MAX_NESTING, JsonDecoder
+from fanout_sink.transform.formats.registry import RegistryDecoder
 
 ORDER_SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -120,7 +117,7 @@ def registry() -> Iterator[Registry]:
 
 
 def test_confluent_avro_resolves_and_caches_schema(registry: Registry) -> None:
-    decoder = ConfluentAvroDecoder({"url": registry.url})
+    decoder = RegistryDecoder(AvroReader, {"url": registry.url})
     values = pa.array(
         [
             wire(7, _avro(ORDER_SCHEMA, _order(1))),
@@ -169,7 +166,7 @@ def test_confluent_avro_resolves_schema_references(registry: Registry) -> None:
         json.dumps(order),
         references=[{"name": "shop.Money", "subject": "gone", "version": 1}],
     )
-    decoded = ConfluentAvroDecoder({"url": registry.url})(pa.array([value, wire(missing_id, b"")]))
+    decoded = RegistryDecoder(AvroReader, {"url": registry.url})(pa.array([value, wire(missing_id, b"")]))
     assert decoded.records.to_pylist() == [{"id": 1, "total": {"currency": "USD", "cents": 250}}]
     assert decoded.records.schema.field("total").type == pa.struct(
         [pa.field("currency", pa.string(), nullable=False), pa.field("cents", pa.int64(), nullable=False)]

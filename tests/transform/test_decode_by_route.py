@@ -21,11 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import load_config
+from fanout_sink.config.loading import load_config
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.devtools.sample_data import shop_events
-from fanout_sink.transform import deadletter, decode
-from fanout_sink.transform.decode import Decoded, JsonDecoder
+from fanout_sink.transform import deadletter
+from fanout_sink.transform.formats import json as json_format
+from fanout_sink.transform.formats.decoded import Decoded
+from fanout_sink.transform.formats.json import JsonDecoder
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
 from fanout_sink.transform.records import RoutedSlice
 
@@ -48,13 +50,13 @@ def parsed_alone(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     monkeypatch.setattr(JsonDecoder, "_parse_each", staticmethod(forbidden))
     monkeypatch.setattr(Decoded, "python", forbidden)
     calls: list[bytes] = []
-    real: Callable[[bytes | None], Any] = decode.parse_json_value
+    real: Callable[[bytes | None], Any] = json_format.parse_json_value
 
     def counted(value: bytes | None) -> Any:
         calls.append(value or b"")
         return real(value)
 
-    monkeypatch.setattr(decode, "parse_json_value", counted)
+    monkeypatch.setattr(json_format, "parse_json_value", counted)
     return calls
 
 
@@ -74,7 +76,7 @@ def test_mixed_batch_decodes_routing_fields_then_each_group_in_one_call(parsed_a
     expected = [json.loads(values[i])["amount"] for i in orders.rows.tolist()]
     assert orders.records.column("amount").to_pylist() == expected
     # Only the sample that types the routing fields was parsed value by value.
-    assert 0 < len(parsed_alone) <= decode._SAMPLE
+    assert 0 < len(parsed_alone) <= json_format._SAMPLE
 
 
 def test_without_routing_fields_a_mixed_batch_still_goes_per_record(parsed_alone: list[bytes]) -> None:
@@ -125,7 +127,7 @@ def test_demo_orders_topic_lands_in_each_tables_types(
         strict=True,
     )
     assert {i: (a, t) for i, a, t in got} == expected_payments
-    assert len(parsed_alone) <= decode._SAMPLE
+    assert len(parsed_alone) <= json_format._SAMPLE
 
 
 def test_bad_values_in_a_mixed_batch_become_dead_letters_the_rest_stays_vectorised(
@@ -156,7 +158,7 @@ def test_bad_values_in_a_mixed_batch_become_dead_letters_the_rest_stays_vectoris
     assert rows == len(values) - 2 and process.last_stats.reconciles()
     # The NaN was screened out before parsing; the truncated value was found by halving the
     # batch: a few small groups parsed one value at a time, not the batch.
-    assert len(parsed_alone) <= decode._SAMPLE + 2 * decode._LEAF
+    assert len(parsed_alone) <= json_format._SAMPLE + 2 * json_format._LEAF
 
 
 def test_a_table_within_another_tables_records_is_taken_from_its_parse(
@@ -168,13 +170,13 @@ def test_a_table_within_another_tables_records_is_taken_from_its_parse(
     orders = np.flatnonzero(kinds == "order")
     all_orders = decoded.subset(orders, "shop.orders")
     reads: list[int] = []
-    real = decode._arrow_read
+    real = json_format._arrow_read
 
     def counted(*args: Any) -> pa.Table:
         reads.append(1)
         return real(*args)
 
-    monkeypatch.setattr(decode, "_arrow_read", counted)
+    monkeypatch.setattr(json_format, "_arrow_read", counted)
     some = decoded.subset(orders[::3], "shop.big_orders")
     assert reads == []
     assert some.rows.tolist() == orders[::3].tolist()

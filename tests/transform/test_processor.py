@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import SinkConfig, parse_config
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.errors import RecordError
 from fanout_sink.transform import deadletter

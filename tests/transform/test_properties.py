@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from support.bad_records import REPO, sink_settings
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform.convert import convert
-from fanout_sink.transform.decode import JsonDecoder
+from fanout_sink.transform.formats.json import JsonDecoder
 from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import RoutedSlice
 from fanout_sink.transform.routing import NameRules, normalise_table_name

@@ -20,12 +20,14 @@ from referencing.jsonschema import DRAFT7
 from support.registry import Registry, compile_protos, message_class, wire
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.errors import RecordError, SchemaError
-from fanout_sink.transform.decode import Decoded, RegistryDecoder
+from fanout_sink.transform.formats.decoded import Decoded
+from fanout_sink.transform.formats.json_schema import JsonSchemaReader, json_schema_to_arrow
+from fanout_sink.transform.formats.protobuf import ProtobufReader
+from fanout_sink.transform.formats.registry import RegistryDecoder
 from fanout_sink.transform.processor import build_processor
-from fanout_sink.transform.registry_formats import JsonSchemaReader, ProtobufReader, json_schema_to_arrow
 
 PROTO = """
 syntax = "proto3";
@@ -77,8 +79,8 @@ def _serializer(registry: Registry, cls: Any) -> Any:
     return lambda message: ProtobufSerializer(cls, client, {"use.deprecated.format": False})(message, CONTEXT)
 
 
-def _decode(reader: ProtobufReader | JsonSchemaReader, values: list[bytes | None]) -> Decoded:
-    return RegistryDecoder(reader)(pa.array(values, pa.binary()))
+def _decode(decoder: RegistryDecoder, values: list[bytes | None]) -> Decoded:
+    return decoder(pa.array(values, pa.binary()))
 
 
 def test_protobuf_columns_follow_the_descriptor(registry: Registry, classes: dict[str, Any]) -> None:
@@ -90,7 +92,7 @@ def test_protobuf_columns_follow_the_descriptor(registry: Registry, classes: dic
     message.tree.children.add(name="leaf").children.add(name="deep")
     message.nodes[3].name = "three"
     decoded = _decode(
-        ProtobufReader({"url": registry.url}),
+        RegistryDecoder(ProtobufReader, {"url": registry.url}),
         [_serializer(registry, wide)(message), _serializer(registry, wide)(wide())],
     )
     assert decoded.failures == []
@@ -122,7 +124,7 @@ def test_protobuf_message_index_paths(registry: Registry, classes: dict[str, Any
     ([1, 0, 0]); a column one type lacks is null, so optional, in the other's rows."""
     wide, deeper = classes["Wide"], classes["Wide.Inner.Deeper"]
     values = [_serializer(registry, deeper)(deeper(x=-7)), _serializer(registry, wide)(wide(big=3))]
-    decoded = _decode(ProtobufReader({"url": registry.url}), values)
+    decoded = _decode(RegistryDecoder(ProtobufReader, {"url": registry.url}), values)
     assert decoded.failures == []
     assert decoded.records.schema.field("x").type == pa.int32()
     assert decoded.records.select(["x", "big"]).to_pylist() == [{"x": -7, "big": None}, {"x": None, "big": 3}]
@@ -143,7 +145,7 @@ def test_protobuf_values_that_cannot_be_read(registry: Registry, classes: dict[s
         b"{}",
         None,
     ]
-    decoded = _decode(ProtobufReader({"url": registry.url}), values)
+    decoded = _decode(RegistryDecoder(ProtobufReader, {"url": registry.url}), values)
     assert decoded.rows.tolist() == [0]
     reasons = dict(decoded.failures)
     assert reasons[1] == "t.Wide.big = 9223372036854775808 does not fit a 64-bit signed integer column"
@@ -162,7 +164,7 @@ def test_an_unreachable_registry_stops_instead_of_dead_lettering(classes: dict[s
     value = _serializer(served, classes["Wide"])(classes["Wide"]())
     served.close()
     with pytest.raises(SchemaError, match=r"(?s)Schema Registry lookup of schema id 1 failed: .*\n  fix: "):
-        _decode(ProtobufReader({"url": served.url}), [value])
+        _decode(RegistryDecoder(ProtobufReader, {"url": served.url}), [value])
 
 
 def test_json_schema_values_that_cannot_be_read(registry: Registry) -> None:
@@ -171,7 +173,7 @@ def test_json_schema_values_that_cannot_be_read(registry: Registry) -> None:
     array = serialize([1, 2], CONTEXT)
     schema_id = int.from_bytes(array[1:5], "big")
     decoded = _decode(
-        JsonSchemaReader({"url": registry.url}),
+        RegistryDecoder(JsonSchemaReader, {"url": registry.url}),
         [array, array[:5] + b"{not json", wire(1, b"{}")],
     )
     assert decoded.rows.tolist() == []
@@ -195,17 +197,17 @@ def test_json_schema_types_the_columns_when_it_fixes_them(registry: Registry) ->
         JSONSerializer(closed, client)(payment, CONTEXT),
         JSONSerializer(json.dumps(opened), client)({"id": 1, "value": 3, "extra": True}, CONTEXT),
     ]
-    reader = JsonSchemaReader({"url": registry.url})
-    fixed = _decode(reader, values[:1]).records
+    decoder = RegistryDecoder(JsonSchemaReader, {"url": registry.url})
+    fixed = _decode(decoder, values[:1]).records
     assert fixed.schema.field("amount").type == pa.struct(
         [("currency", pa.string()), ("value", pa.float64())]
     )
     assert fixed.schema.field("note").type == pa.string()  # ["string", "null"]; absent here
     assert fixed.to_pylist()[0]["amount"] == {"currency": "EUR", "value": 3.0}
-    huge = _decode(reader, [JSONSerializer(closed, client)({**payment, "id": 2**70}, CONTEXT)])
+    huge = _decode(decoder, [JSONSerializer(closed, client)({**payment, "id": 2**70}, CONTEXT)])
     assert huge.failures == [] and huge.lossy == {"id"}  # beyond int64: the values type the columns
     assert huge.records.column("id").to_pylist() == [str(2**70)]
-    inferred = _decode(reader, values[1:]).records
+    inferred = _decode(decoder, values[1:]).records
     assert inferred.to_pylist() == [{"id": 1, "value": 3, "extra": True}]
     assert inferred.schema.field("value").type == pa.int64()
 

@@ -17,7 +17,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from support.registry import Registry, compile_protos, message_class
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import SinkConfig, load_config
+from fanout_sink.config.loading import load_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.raw_slices import from_messages, make_raw_slice
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.transform import deadletter

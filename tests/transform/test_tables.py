@@ -11,7 +11,8 @@ import pytest
 from pyiceberg.types import DoubleType, LongType, StringType, TimestamptzType
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import SinkConfig, parse_config
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import TableError
 from fanout_sink.transform.tables import TableManager
 

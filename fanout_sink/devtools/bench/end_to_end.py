@@ -36,7 +36,7 @@ import yaml
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.bench.process_cpu import ProcessTreeCpu
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.devtools.sample_data import shop_events

@@ -28,7 +28,8 @@ from pyiceberg.transforms import HourTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config import SinkConfig, parse_config
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel

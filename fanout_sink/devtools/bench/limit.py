@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.bench.context import PARTITIONS, RunContext, SystemRun
 from fanout_sink.devtools.bench.landed import landed
 from fanout_sink.devtools.bench.ours import sink_config

@@ -31,9 +31,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config import parse_config
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import make_raw_slice
-from fanout_sink.transform.decode import JsonDecoder
+from fanout_sink.transform.formats.json import JsonDecoder
 from fanout_sink.transform.processor import RoutingProcessor
 
 TOPICS = ("uniform", "mixed")

@@ -1,146 +1,46 @@
-"""Kafka value bytes -> Arrow, a whole batch at a time.
+"""``format: json``: one JSON object per Kafka value, a whole batch decoded in as few Arrow calls
+as the values allow.
 
-Five formats (``source.format``):
+The batch is newline-joined in Arrow and parsed by ``pyarrow.json.read_json`` in one call. Strings
+stay strings (Arrow's timestamp inference is undone: conversion parses timestamps per the table's
+column type). Whole-batch kernels screen the values first, so the few bad ones are dead-lettered
+without parsing the rest one by one. When a field carries different JSON types for different
+record kinds (string amounts on orders, numbers on payments), the batch is no single Arrow table:
+then only the fields routing reads are parsed in one call (the others are ignored), and after
+routing each table's records are parsed in one call (:meth:`Decoded.subset`); a bad value that the
+screening missed is found by halving. Only what that cannot handle (a routing field that itself
+changes type, many bad values) is parsed value by value with :func:`json.loads`.
 
-* ``json``: one JSON object per value. The batch is newline-joined in Arrow and parsed by
-  ``pyarrow.json.read_json`` in one call. Strings stay strings (Arrow's timestamp inference is
-  undone: conversion parses timestamps per the table's column type). Whole-batch kernels screen
-  the values first, so the few bad ones are dead-lettered without parsing the rest one by one.
-  When a field carries different JSON types for different record kinds (string amounts on
-  orders, numbers on payments), the batch is no single Arrow table: then only the fields routing
-  reads are parsed in one call (the others are ignored), and after routing each table's records
-  are parsed in one call (:meth:`Decoded.subset`); a bad value that the screening missed is found
-  by halving. Only what that cannot handle (a routing field that itself changes type, many bad
-  values) is parsed value by value with :func:`json.loads`.
-  A value must be UTF-8 (not guessed: ``json.loads`` of bytes would read UTF-16 or UTF-32), hold no
-  ``NaN``/``Infinity`` (not JSON; Arrow's parser accepts them) nor unpaired surrogate escapes, and be
-  at most :data:`MAX_NESTING` levels deep: Arrow's parser overflows the C stack (a segfault) at about
-  20 000 levels and Python's recursion limit is near 1 000, so depth is measured before parsing.
-  Only values that start as an object and hold no raw line break inside a string reach Arrow's
-  parser (a top-level ``null`` first in its input segfaults it; the newline join would turn the
-  line break into a space). Neither do integers beyond int64: Arrow would make their whole column
-  double and round every large id in the batch; they are built from exact Python ints instead.
-* ``avro``: schemaless Avro with the writer schema from an ``.avsc`` file (``source.schema``).
-* ``confluent-avro``: Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro
-  body); schemas are fetched once per id with confluent-kafka's ``SchemaRegistryClient``.
-* ``confluent-protobuf`` and ``confluent-json-schema``: the registry's Protobuf and JSON Schema
-  wire formats, read by confluent-kafka's deserializers (:mod:`~fanout_sink.transform.registry_formats`)
-  with the writer schema and its references.
-
-Every decoder returns a :class:`Decoded`: the records as an Arrow table, the index of each
-record's row in the input, and the failures (input index, reason) that become dead letters.
+A value must be UTF-8 (not guessed: ``json.loads`` of bytes would read UTF-16 or UTF-32), hold no
+``NaN``/``Infinity`` (not JSON; Arrow's parser accepts them) nor unpaired surrogate escapes, and be
+at most :data:`MAX_NESTING` levels deep: Arrow's parser overflows the C stack (a segfault) at about
+20 000 levels and Python's recursion limit is near 1 000, so depth is measured before parsing.
+Only values that start as an object and hold no raw line break inside a string reach Arrow's
+parser (a top-level ``null`` first in its input segfaults it; the newline join would turn the
+line break into a space). Neither do integers beyond int64: Arrow would make their whole column
+double and round every large id in the batch; they are built from exact Python ints instead.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import threading
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from fanout_sink.avro_schema import avro_to_arrow_schema, avro_to_arrow_type, load_avro_schema
-from fanout_sink.config import SinkConfig
-from fanout_sink.errors import ConfigError, SchemaError
-
-FieldPaths = frozenset[tuple[str, ...]]
-"""Record field paths (``("customer", "tier")`` for ``customer.tier``) that routing reads."""
-
-
-@dataclass
-class Decoded:
-    """Decoded records of one batch of values.
-
-    ``records`` has one row per decoded value, ``rows[i]`` is the input index of ``records`` row
-    ``i``; ``failures`` lists ``(input index, reason)`` of values that could not be decoded.
-    ``lossy`` names top-level columns whose Arrow type does not reflect every record (JSON fields
-    that change type within a batch are kept as JSON text); routing evaluates predicates on those
-    per record. ``python()`` returns the records as Python objects (computed once, on demand).
-
-    ``routed`` is set when ``records`` holds only those top-level fields (the ones routing reads):
-    the batch's fields disagree on types, so each table's records are parsed on their own by
-    :meth:`subset` (one table's records usually agree). ``None``: ``records`` holds every field.
-    """
-
-    records: pa.Table
-    rows: np.ndarray
-    failures: list[tuple[int, str]] = field(default_factory=list)
-    lossy: frozenset[str] = frozenset()
-    routed: frozenset[str] | None = None
-    _python: Callable[[], list[Any]] | None = None
-    _python_cache: list[Any] | None = None
-    _parse: Callable[[np.ndarray, str | None], Decoded] | None = None
-
-    def with_rows(self, rows: np.ndarray) -> Decoded:
-        """The same records with other row indices and no failures (after re-indexing)."""
-        return replace(self, rows=rows, failures=[])
-
-    def python(self) -> list[Any]:
-        if self._python_cache is None:
-            self._python_cache = self._python() if self._python is not None else self.records.to_pylist()
-        return self._python_cache
-
-    def carries(self, path: tuple[str, ...]) -> bool:
-        """Whether any record holds the field at ``path`` (through nested objects and lists of
-        them), even as null. ``records`` cannot tell: a batch parsed in one call gives every record
-        every field of the batch. Reads the records as Python objects, so it is asked only when a
-        table's schema is inferred (:mod:`fanout_sink.transform.inference`)."""
-        return any(_holds(record, path) for record in self.python())
-
-    def subset(self, positions: np.ndarray, key: str | None = None) -> Decoded:
-        """The records at ``positions`` with every field; its ``rows`` and ``failures`` index this
-        Decoded's records (a record fails here only if parsing it with its group found what the
-        batch did not). ``key`` names the group (its table), so the decoder can remember its schema.
-
-        Lossy columns are rebuilt from just those records' values: a field whose type differs
-        between records bound for different tables (a bad record's string ``id`` next to good
-        integer ids) then keeps its real type in each table; without this, a dynamically created
-        table took the JSON text type from its bad neighbours.
-        """
-        if self._parse is not None:
-            return self._parse(positions, key)
-        rows = self.records.take(pa.array(positions, pa.int64()))
-        lossy: frozenset[str] = frozenset()
-        names = [name for name in rows.column_names if name in self.lossy]
-        if names:
-            objects = self.python()
-            rebuilt, lossy = arrow_from_python(
-                [{name: objects[p].get(name) for name in names} for p in positions.tolist()]
-            )
-            for name in names:
-                rows = rows.set_column(rows.column_names.index(name), name, rebuilt.column(name))
-        chosen = positions.tolist()
-        return Decoded(rows, positions, lossy=lossy, _python=lambda: [self.python()[p] for p in chosen])
-
-
-def _holds(value: Any, path: tuple[str, ...]) -> bool:
-    if not path:
-        return True
-    if isinstance(value, list):
-        return any(_holds(item, path) for item in value)
-    return isinstance(value, dict) and path[0] in value and _holds(value[path[0]], path[1:])
-
-
-class Decoder(Protocol):
-    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
-        """Decode ``values``; ``fields`` (the paths routing reads, ``None``: unknown) lets a decoder
-        return only those when the whole records do not decode together (:attr:`Decoded.routed`)."""
-        ...
-
-
-def _empty() -> Decoded:
-    return Decoded(pa.table({}), np.zeros(0, dtype=np.int64))
-
-
-# --------------------------------------------------------------------------------------------
-# JSON
+from fanout_sink.transform.formats.decoded import (
+    Decoded,
+    FieldPaths,
+    arrow_from_python,
+    no_records,
+    value_bytes,
+)
 
 MAX_NESTING = 64
 """Deepest JSON nesting (objects and arrays) a value may have; deeper values are dead-lettered."""
@@ -161,24 +61,13 @@ def _nesting(value: bytes) -> int:
     return int(np.cumsum(steps).max(initial=0))
 
 
-def _value_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """The bytes behind a binary or string array and the ``len + 1`` bounds of its values (no copy)."""
-    wide = pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)
-    offsets, data = values.buffers()[1:3]
-    if offsets is None:  # an empty array
-        return np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64)
-    bounds = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)
-    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-    return raw, bounds[values.offset : values.offset + len(values) + 1]
-
-
 def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
     """Indices of values with more opening brackets than :data:`MAX_NESTING` (depth then decides).
 
     Counted in numpy over the array's one data buffer: a quarter of the time of Arrow's substring
     counting kernels, which matters because every batch is screened.
     """
-    data, bounds = _value_bytes(values)
+    data, bounds = value_bytes(values)
     opening = np.flatnonzero((data == ord("[")) | (data == ord("{")))
     return np.flatnonzero(np.diff(np.searchsorted(opening, bounds)) > MAX_NESTING)
 
@@ -186,7 +75,7 @@ def _may_nest_too_deep(values: pa.Array) -> np.ndarray:
 def _not_an_object_first(values: pa.Array) -> np.ndarray:
     """Indices of values that do not start with ``{`` (whitespace first is rare: then they are
     merely parsed on their own)."""
-    data, bounds = _value_bytes(values)
+    data, bounds = value_bytes(values)
     starts = bounds[:-1]
     empty = starts >= bounds[1:]
     first = data[np.minimum(starts, len(data) - 1)] if len(data) else np.zeros(len(starts), dtype=np.uint8)
@@ -324,7 +213,7 @@ def _newline_joined(values: pa.Array) -> pa.Buffer:
     meaning and keeps one value per line. Values rarely hold one: numpy looks first, which costs a
     tenth of the replacing.
     """
-    data, bounds = _value_bytes(values)
+    data, bounds = value_bytes(values)
     region = data[bounds[0] : bounds[-1]]
     values = values.cast(pa.large_binary())
     if (region == ord("\n")).any() or (region == ord("\r")).any():
@@ -396,27 +285,6 @@ def _has_non_finite(data: pa.Table | pa.Array) -> bool:
     if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
         return _has_non_finite(data.flatten())
     return False
-
-
-def arrow_from_python(objects: Sequence[dict[str, Any]]) -> tuple[pa.Table, frozenset[str]]:
-    """Columns from Python objects; a column whose values do not share a type becomes JSON text."""
-    names: dict[str, None] = {}
-    for obj in objects:
-        names.update(dict.fromkeys(obj))
-    columns: dict[str, pa.Array] = {}
-    lossy: set[str] = set()
-    for name in names:
-        values = [obj.get(name) for obj in objects]
-        try:
-            columns[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            lossy.add(name)
-            columns[name] = pa.array(
-                [v if v is None or isinstance(v, str) else json.dumps(v) for v in values], pa.string()
-            )
-    if not columns:
-        return pa.table({"__empty": pa.nulls(len(objects))}).drop_columns(["__empty"]), frozenset()
-    return pa.table(columns), frozenset(lossy)
 
 
 def _loader(values: pa.Array) -> Callable[[], list[Any]]:
@@ -552,7 +420,7 @@ class JsonDecoder:
 
     def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
         if len(values) == 0:
-            return _empty()
+            return no_records()
         if self.per_record:
             return self._per_record(values)
         try:
@@ -668,287 +536,3 @@ class JsonDecoder:
                 pass
         table, lossy = arrow_from_python(objects)
         return Decoded(table, rows, failures, lossy=lossy, _python_cache=objects)
-
-
-# --------------------------------------------------------------------------------------------
-# Avro
-
-
-def _decode_avro(
-    values: list[bytes | None], schema: Any, arrow_schema: pa.Schema, skip: int = 0
-) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
-    from fastavro import schemaless_reader
-
-    objects: list[dict[str, Any]] = []
-    good: list[int] = []
-    failures: list[tuple[int, str]] = []
-    for index, value in enumerate(values):
-        if value is None:
-            failures.append((index, "value is null"))
-            continue
-        stream = io.BytesIO(value)
-        stream.seek(skip)
-        try:
-            obj = schemaless_reader(stream, schema, None)
-        except Exception as exc:  # fastavro raises many types on bad input
-            failures.append((index, f"invalid Avro for the writer schema: {type(exc).__name__}: {exc}"))
-            continue
-        if stream.tell() != len(value):
-            failures.append((index, f"invalid Avro: {len(value) - stream.tell()} trailing bytes"))
-            continue
-        if not isinstance(obj, dict):
-            failures.append((index, "Avro value is not a record"))
-            continue
-        good.append(index)
-        objects.append(obj)
-    return objects, good, failures
-
-
-def _avro_table(objects: list[dict[str, Any]], arrow_schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist(objects, schema=arrow_schema)
-
-
-class AvroDecoder:
-    """Schemaless Avro values written with one known schema."""
-
-    def __init__(self, schema: dict[str, Any]) -> None:
-        from fastavro import parse_schema
-
-        self.schema = parse_schema(schema)
-        self.arrow_schema = avro_to_arrow_schema(schema)
-
-    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
-        """``fields`` is not needed: every value is decoded with its writer schema."""
-        if len(values) == 0:
-            return _empty()
-        objects, good, failures = _decode_avro(values.to_pylist(), self.schema, self.arrow_schema)
-        table = _avro_table(objects, self.arrow_schema)
-        return Decoded(table, np.asarray(good, dtype=np.int64), failures, _python_cache=objects)
-
-
-class ConfluentAvroDecoder:
-    """Confluent wire-format Avro; writer schemas resolved through the Schema Registry, cached per id."""
-
-    MAGIC = 0
-
-    def __init__(self, registry_conf: dict[str, str]) -> None:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        self._client = SchemaRegistryClient(dict(registry_conf))
-        self._schemas: dict[int, tuple[Any, pa.Schema] | str] = {}
-        self._lock = threading.Lock()
-
-    def schema(self, schema_id: int) -> tuple[Any, pa.Schema] | str:
-        """Parsed writer schema and Arrow schema for an id, or the reason it is unusable."""
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
-        from fastavro import parse_schema
-
-        with self._lock:
-            cached = self._schemas.get(schema_id)
-        if cached is not None:
-            return cached
-        try:
-            registered = self._client.get_schema(schema_id)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code == 404:
-                result: tuple[Any, pa.Schema] | str = (
-                    f"unknown schema id {schema_id} in the Schema Registry; "
-                    "check source.schema-registry.url points at the producer's registry"
-                )
-            else:
-                raise SchemaError(f"Schema Registry lookup of schema id {schema_id} failed: {exc}") from exc
-        else:
-            if (registered.schema_type or "AVRO") != "AVRO":
-                result = f"schema id {schema_id} is {registered.schema_type}, not AVRO"
-            else:
-                try:
-                    # Named types defined in referenced subjects, deepest first: fastavro and the
-                    # Arrow mapping both need a name's definition before its first use.
-                    parsed: dict[str, Any] = {}
-                    arrow: dict[str, pa.DataType] = {}
-                    for referenced in self._references(registered, set()):
-                        parse_schema(referenced, named_schemas=parsed)
-                        avro_to_arrow_type(referenced, arrow)
-                    raw = json.loads(registered.schema_str or "")
-                    result = (parse_schema(raw, named_schemas=parsed), avro_to_arrow_schema(raw, arrow))
-                except SchemaRegistryError as exc:
-                    if exc.http_status_code != 404:
-                        raise SchemaError(
-                            f"Schema Registry lookup of schema id {schema_id}'s references failed: {exc}"
-                        ) from exc
-                    result = f"schema id {schema_id} references a schema the registry does not have: {exc}"
-                except (ValueError, SchemaError) as exc:
-                    result = f"schema id {schema_id} cannot be used: {exc}"
-        with self._lock:
-            self._schemas[schema_id] = result
-        return result
-
-    def _references(self, schema: Any, seen: set[str]) -> list[dict[str, Any]]:
-        """The schemas ``schema`` references (Avro named types registered as their own subjects),
-        each after the ones it references; a subject reached twice is taken once."""
-        found: list[dict[str, Any]] = []
-        for reference in schema.references or []:
-            if reference.subject in seen:
-                continue
-            seen.add(reference.subject)
-            version = self._client.get_version(reference.subject, reference.version)
-            found += self._references(version.schema, seen)
-            found.append(json.loads(version.schema.schema_str or ""))
-        return found
-
-    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
-        """``fields`` is not needed: every value is decoded with its writer schema."""
-        if len(values) == 0:
-            return _empty()
-        raw = values.to_pylist()
-        failures: list[tuple[int, str]] = []
-        by_id: dict[int, list[int]] = {}
-        for index, value in enumerate(raw):
-            if value is None or len(value) < 5 or value[0] != self.MAGIC:
-                failures.append(
-                    (
-                        index,
-                        "not Confluent wire format (magic byte 0, 4-byte schema id); is source.format right?",
-                    )
-                )
-                continue
-            by_id.setdefault(int.from_bytes(value[1:5], "big"), []).append(index)
-        parts: list[pa.Table] = []
-        rows: list[int] = []
-        objects: list[dict[str, Any]] = []
-        for schema_id, indices in by_id.items():
-            resolved = self.schema(schema_id)
-            if isinstance(resolved, str):
-                failures.extend((i, resolved) for i in indices)
-                continue
-            writer, arrow_schema = resolved
-            objs, good, bad = _decode_avro([raw[i] for i in indices], writer, arrow_schema, skip=5)
-            failures.extend((indices[i], reason) for i, reason in bad)
-            parts.append(_avro_table(objs, arrow_schema))
-            rows.extend(indices[i] for i in good)
-            objects.extend(objs)
-        return _in_input_order(parts, rows, objects, failures)
-
-
-def _in_input_order(
-    parts: list[pa.Table],
-    rows: list[int],
-    objects: list[dict[str, Any]] | None,
-    failures: list[tuple[int, str]],
-    lossy: frozenset[str] = frozenset(),
-) -> Decoded:
-    """One :class:`Decoded` from tables decoded per writer schema: ``rows`` are the input indices of
-    the parts' rows (in part order), ``objects`` their records (None: made from the table when
-    asked for); rows are put back in input order."""
-    failures.sort()
-    if not parts:
-        return Decoded(pa.table({}), np.zeros(0, dtype=np.int64), failures)
-    if len(parts) == 1:
-        table = parts[0]
-    else:
-        # A column one writer schema lacks is null in its rows: required columns become optional
-        # (left required, the concatenated table would hold nulls its schema says cannot be).
-        shared = set.intersection(*(set(p.column_names) for p in parts))
-        table = pa.concat_tables([_optional(p, shared) for p in parts], promote_options="permissive")
-    order = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")
-    table = table.take(pa.array(order))
-    ordered = None if objects is None else [objects[i] for i in order]
-    positions = np.asarray(rows, dtype=np.int64)[order]
-    return Decoded(table, positions, failures, lossy=lossy, _python_cache=ordered)
-
-
-def _optional(table: pa.Table, shared: set[str]) -> pa.Table:
-    """``table`` with its columns outside ``shared`` nullable."""
-    if shared.issuperset(table.column_names):
-        return table
-    fields = [f if f.name in shared else f.with_nullable(True) for f in table.schema]
-    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
-
-
-class RecordReader(Protocol):
-    """Reads one value of a registry format (:mod:`~fanout_sink.transform.registry_formats`)."""
-
-    def read(self, value: bytes) -> tuple[Hashable, dict[str, Any]] | str:
-        """(key of the value's writer schema, its record), or why it cannot be read."""
-        ...
-
-    def arrow_schema(self, key: Hashable) -> pa.Schema | None:
-        """The columns a key's records have, or None when their values type the columns."""
-        ...
-
-
-class RegistryDecoder:
-    """Schema Registry Protobuf or JSON Schema values, read by confluent-kafka's deserializers
-    (:mod:`fanout_sink.transform.registry_formats`), one Arrow table per writer schema.
-
-    A reader's Arrow schema (Protobuf: from the descriptor; JSON Schema: when the schema fixes the
-    columns) types them; without one they are built from the records as for ``format: json``,
-    JSON text where a field's values do not share a type.
-    """
-
-    def __init__(self, reader: RecordReader) -> None:
-        self.reader = reader
-
-    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
-        """``fields`` is not needed: every value is decoded with its writer schema."""
-        if len(values) == 0:
-            return _empty()
-        failures: list[tuple[int, str]] = []
-        groups: dict[Hashable, tuple[list[int], list[dict[str, Any]]]] = {}
-        for index, value in enumerate(values.to_pylist()):
-            if value is None:
-                failures.append((index, "value is null"))
-                continue
-            read = self.reader.read(value)
-            if isinstance(read, str):
-                failures.append((index, read))
-                continue
-            key, record = read
-            indices, records = groups.setdefault(key, ([], []))
-            indices.append(index)
-            records.append(record)
-        parts: list[pa.Table] = []
-        rows: list[int] = []
-        objects: list[dict[str, Any]] | None = []
-        lossy: frozenset[str] = frozenset()
-        for key, (indices, records) in groups.items():
-            schema = self.reader.arrow_schema(key)
-            table = None
-            if schema is not None:
-                try:
-                    table = pa.Table.from_pylist(records, schema=schema)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-                    pass  # a JSON integer beyond int64: the values type the columns
-                else:
-                    # Records may hold timestamps as epoch microseconds and maps as pairs (what
-                    # Arrow takes fastest): routing's Python view is made from the table instead.
-                    objects = None
-            if table is None:
-                table, more = arrow_from_python(records)
-                lossy |= more
-            parts.append(table)
-            rows.extend(indices)
-            if objects is not None:
-                objects.extend(records)
-        return _in_input_order(parts, rows, objects, failures, lossy)
-
-
-def build_decoder(config: SinkConfig) -> Decoder:
-    """The decoder for ``config.source`` (a :class:`~fanout_sink.config.SinkConfig`)."""
-    source = config.source
-    if source.format == "json":
-        return JsonDecoder()
-    if source.format == "avro":
-        assert source.schema_file is not None, "the config requires source.schema for avro"
-        path = config.resolve(source.schema_file)
-        try:
-            return AvroDecoder(load_avro_schema(path))
-        except SchemaError as exc:
-            raise ConfigError(config.name, "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
-    if source.format == "confluent-avro":
-        return ConfluentAvroDecoder(source.schema_registry)
-    # Imported here: the registry's Protobuf and JSON Schema libraries take a second or more to
-    # import, which every process of a sink reading another format would pay.
-    from fanout_sink.transform.registry_formats import registry_reader
-
-    return RegistryDecoder(registry_reader(source.format, source.schema_registry))

@@ -1,43 +1,34 @@
-"""The sink's YAML configuration as typed, validated pydantic models.
-
-``load_config(path)`` reads a YAML file, substitutes ``${ENV_VAR}`` (and ``${ENV_VAR:-default}``)
-references in string values, and validates the result into a :class:`SinkConfig`. Anything wrong
-raises :class:`~fanout_sink.errors.ConfigError` before the sink starts, naming the YAML path, the
-problem and an example of a valid value, e.g.::
-
-    sink.yaml: tables."analytics.orders".partition-by[0]: unknown transform 'dayz(ts)'; use one of
-    identity, bucket[N], truncate[W], year, month, day, hour, e.g. "day(ts)"
+"""The sink's YAML configuration as typed, validated pydantic models (:class:`SinkConfig`).
 
 Key names follow the YAML (``commit-interval``, ``dead-letter``); Python attributes use snake case.
 Sections ``kafka``, ``catalog`` and ``source.schema-registry`` pass their keys through unchanged
 (librdkafka, PyIceberg and Schema Registry client property names). Secrets in them are named by
-:func:`is_secret_key`; :meth:`SinkConfig.redacted` and ``repr``/``str`` of a config hide them.
+:func:`~fanout_sink.config.secrets.is_secret_key`; :meth:`SinkConfig.redacted` and ``repr``/``str``
+of a config hide them. Reading a YAML file into these models is
+:mod:`~fanout_sink.config.loading`'s job.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import jmespath
-import yaml
 from pydantic import (
     AliasGenerator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.errors import ConfigError, FanoutSinkError
-from fanout_sink.kafka.java_client import PropertyError, java_tls_properties, sasl_jaas_config
+from fanout_sink.config.secrets import redact
+from fanout_sink.kafka.java_client import sasl_jaas_config
 from fanout_sink.kafka.topics import TopicSettings
 from fanout_sink.logs import LogFormat, LogLevel
 
@@ -622,216 +613,3 @@ class SinkConfig(_Section):
 
     def __str__(self) -> str:
         return repr(self)
-
-
-# --------------------------------------------------------------------------------------------
-# Secrets
-
-SECRET_KEY_PATTERN = (
-    r"(password|passwd|secret|token|credential|private[._-]?key|account[._-]?key|"
-    r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key|key[._-]?pem|keystore[._-]?key|authorization)"
-)
-"""What names a secret, case-insensitively; also valid as a Java regex (Spark's redaction takes it).
-``authorization`` covers a REST catalog's ``header.Authorization``."""
-_SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.IGNORECASE)
-REDACTED = "***"
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a property key names a secret (SASL/SSL passwords, registry credentials, store keys)."""
-    return bool(_SECRET_KEY.search(key))
-
-
-def redact(data: Any) -> Any:
-    """A copy of nested dicts/lists with the values of secret keys replaced by ``***``."""
-    if isinstance(data, dict):
-        return {
-            k: REDACTED if is_secret_key(str(k)) and v is not None else redact(v) for k, v in data.items()
-        }
-    if isinstance(data, list):
-        return [redact(v) for v in data]
-    return data
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
-
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _substitute_env(node: Any, path: str, source: str) -> Any:
-    if isinstance(node, dict):
-        return {k: _substitute_env(v, _join(path, k), source) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_substitute_env(v, f"{path}[{i}]", source) for i, v in enumerate(node)]
-    if isinstance(node, str):
-
-        def replace(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            value = os.environ.get(name, default)
-            if value is None:
-                raise ConfigError(
-                    source,
-                    path,
-                    f"environment variable {name} is not set",
-                    f"export {name}=... before starting, or write ${{{name}:-default}}",
-                )
-            return value
-
-        return _ENV_REF.sub(replace, node)
-    return node
-
-
-def _join(path: str, key: Any) -> str:
-    text = str(key)
-    part = f'"{text}"' if not re.match(r"^[A-Za-z0-9_-]+$", text) else text
-    return f"{path}.{part}" if path else part
-
-
-def _location(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for item in loc:
-        path = f"{path}[{item}]" if isinstance(item, int) else _join(path, item)
-    return path
-
-
-def _example_for(loc: tuple[int | str, ...]) -> Any:
-    """The ``examples`` of the model field at ``loc``, walking the model classes."""
-    model: Any = SinkConfig
-    example: Any = None
-    for item in loc:
-        if isinstance(item, int) or model is None:
-            continue
-        fields = getattr(model, "model_fields", None)
-        if not fields:
-            model = None
-            continue
-        found = None
-        for name, info in fields.items():
-            alias = info.validation_alias if isinstance(info.validation_alias, str) else None
-            if item in {name, alias, name.replace("_", "-")}:
-                found = info
-                break
-        if found is None:
-            if model is SinkConfig.model_fields["tables"].annotation or str(item).count("."):
-                model = TableSettings
-            continue
-        example = found.examples[0] if found.examples else None
-        annotation = found.annotation
-        model = _model_in(annotation)
-        if item == "tables":
-            model = TableSettings
-    return example
-
-
-def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
-
-
-def _format_example(example: Any) -> str:
-    if isinstance(example, str):
-        return f'"{example}"'
-    return yaml.safe_dump(example, default_flow_style=True).strip()
-
-
-def _errors(exc: ValidationError, source: str) -> ConfigError:
-    problems: list[tuple[str, str, str]] = []
-    for error in exc.errors():
-        loc = tuple(error["loc"])
-        # Drop pydantic's union/function tags from the location.
-        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
-        message = error["msg"]
-        if message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
-        if message.startswith("Assertion failed, "):
-            message = message[len("Assertion failed, ") :]
-        if error["type"] == "extra_forbidden":
-            message = f"unknown key {loc[-1]!r} (a typo?)"
-        fix = ""
-        if "e.g." not in message and "use one of" not in message:
-            example = _example_for(loc)
-            if error["type"] == "extra_forbidden":
-                fix = "remove it or check its spelling against the documented keys"
-            elif example is not None:
-                fix = f"e.g. {_format_example(example)}"
-        where = _location(loc) or "(top level)"
-        if message.startswith("@") and ": " in message:  # a model-level check naming its own key
-            where, message = message[1:].split(": ", 1)
-        problems.append((where, message, fix))
-    return ConfigError.many(source, problems)
-
-
-def _check_schema_files(config: SinkConfig, source: str) -> None:
-    """Schema files named by the config exist and are usable Avro record schemas."""
-    from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
-
-    named: list[tuple[str, str | None]] = [("source.schema", config.source.schema_file)]
-    named += [(f'tables."{name}".schema', t.schema_file) for name, t in config.tables.items()]
-    problems: list[tuple[str, str, str]] = []
-    for path_in_yaml, file in named:
-        if not file:
-            continue
-        resolved = config.resolve(file)
-        if not resolved.is_file():
-            problems.append(
-                (path_in_yaml, f"schema file {resolved} not found", "give a path relative to the YAML file")
-            )
-            continue
-        try:
-            avro_to_arrow_schema(load_avro_schema(resolved))
-        except FanoutSinkError as exc:
-            problems.append((path_in_yaml, str(exc), 'e.g. {"type": "record", "name": "R", "fields": [...]}'))
-    if problems:
-        raise ConfigError.many(source, problems)
-
-
-def _check_kafka_tls(config: SinkConfig, source: str) -> None:
-    """The TLS files under ``kafka:`` are readable and serve Spark's Java Kafka client as well as
-    librdkafka (a wrong password or a missing file would otherwise stop the app after Spark started)."""
-    try:
-        java_tls_properties(config.kafka)
-    except PropertyError as exc:
-        raise ConfigError(source, _join("kafka", exc.key), exc.problem, exc.fix) from None
-
-
-def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> SinkConfig:
-    """Validate already-parsed YAML data (a mapping) into a :class:`SinkConfig`."""
-    if not isinstance(data, dict):
-        raise ConfigError(source, "(top level)", "the file is not a YAML mapping", "start with name: my-sink")
-    data = _substitute_env(data, "", source)
-    if base_dir is not None:
-        data = {**data, "base_dir": base_dir}
-    try:
-        config = SinkConfig.model_validate(data)
-    except ValidationError as exc:
-        raise _errors(exc, source) from None
-    _check_schema_files(config, source)
-    _check_kafka_tls(config, source)
-    return config
-
-
-def load_config(path: str | Path) -> SinkConfig:
-    """Read, substitute and validate a sink YAML file; raise :class:`ConfigError` on any problem."""
-    path = Path(path)
-    source = path.name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            source, "(file)", f"cannot read {path}: {exc.strerror}", "pass --config <sink.yaml>"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(file)"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(
-            source, where, f"not valid YAML: {problem}", "check indentation and quoting"
-        ) from None
-    return parse_config(data, source, base_dir=path.resolve().parent)

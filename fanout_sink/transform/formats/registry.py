@@ -1,0 +1,229 @@
+"""The Schema Registry path: ``confluent-avro``, ``confluent-protobuf`` and ``confluent-json-schema``.
+
+The three formats share the Confluent wire format (magic byte 0, the 4-byte big-endian schema id,
+then the body; Protobuf puts its message index path first in the body) and one algorithm, kept
+here once: check the header of the whole batch in numpy (no per-value Python for it), look each
+schema id up once with confluent-kafka's ``SchemaRegistryClient`` (:class:`_WriterSchemas`:
+type checked, references resolved, the reason of an unusable id remembered), read the bodies
+with the format's :class:`RecordReader`, and make one Arrow table per writer schema
+(:func:`~fanout_sink.transform.formats.decoded.in_input_order` joins them).
+
+What differs per format is the reader: :class:`~fanout_sink.transform.formats.avro.AvroReader`,
+:class:`~fanout_sink.transform.formats.protobuf.ProtobufReader`,
+:class:`~fanout_sink.transform.formats.json_schema.JsonSchemaReader`. Each resolves its writer
+schema's references with confluent-kafka's own deserializer for that format, never by hand.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+with warnings.catch_warnings(record=True):  # authlib (the registry client's) warns about httpx on stderr
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.common._httpx_compat import httpx as http
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from fanout_sink.errors import SchemaError
+from fanout_sink.transform.formats.decoded import (
+    Decoded,
+    FieldPaths,
+    Undecodable,
+    arrow_from_python,
+    in_input_order,
+    no_records,
+    value_bytes,
+)
+
+NOT_WIRE_FORMAT = "not Confluent wire format (magic byte 0, 4-byte schema id); is source.format right?"
+"""The reason a value without the wire-format header is dead-lettered."""
+
+WRITER_SCHEMA_ONLY: dict[str, Any] = {"subject.name.strategy": lambda ctx, record_name: None}
+"""Deserializer config: read with the writer schema only (no subject lookup, no latest version)."""
+
+_HEADER = 5
+"""Magic byte and schema id."""
+_GUID_MAGIC = 1
+_GUID_HEADER = 17
+"""Newer serializers may write magic byte 1 and a 16-byte schema GUID instead of the id."""
+
+
+class RecordReader(Protocol):
+    """Reads the values of one registry format, one writer schema at a time."""
+
+    schema_type: ClassVar[str]
+    """The registry's name of the format's schemas (``AVRO``, ``PROTOBUF``, ``JSON``)."""
+    python_view: ClassVar[bool]
+    """Whether the records are what routing reads; if not (timestamps as epoch microseconds and
+    maps as pairs, what Arrow takes fastest) routing's view is made from the table."""
+
+    def prepare(self, schema_id: int, schema: Any) -> None:
+        """Make a writer schema usable once (references fetched); raises when it cannot be."""
+        ...
+
+    def read(self, schema_id: int, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+        """(key of the value's writer schema, its record); raises :class:`Undecodable`."""
+        ...
+
+    def arrow_schema(self, key: Hashable) -> pa.Schema | None:
+        """The columns a key's records have, or None when their values type the columns."""
+        ...
+
+
+ReaderFactory = Callable[[SchemaRegistryClient], RecordReader]
+
+
+class _WriterSchemas:
+    """Writer schemas by id, checked for their type and made usable once (the reader's
+    :meth:`~RecordReader.prepare` fetches the references).
+
+    Registry outages raise :class:`SchemaError` (the sink stops and retries rather than
+    dead-lettering good records): the client raises ``SchemaRegistryError`` for an HTTP error answer
+    and its HTTP library's ``HTTPError`` (httpx or httpx2, whichever confluent-kafka picked) when
+    there is no answer. An unknown id or an unusable schema is the reason every value naming it is
+    dead-lettered, remembered per id.
+    """
+
+    def __init__(self, client: SchemaRegistryClient, reader: RecordReader) -> None:
+        self._client = client
+        self._reader = reader
+        self._ready: dict[int, str | None] = {}
+        self._lock = threading.Lock()
+
+    def problem(self, schema_id: int) -> str | None:
+        """Why values with ``schema_id`` cannot be read, or None when they can."""
+        with self._lock:
+            if schema_id in self._ready:
+                return self._ready[schema_id]
+        # Protobuf schemas are asked for as the serialized descriptor, which the reader builds from.
+        fmt = "serialized" if self._reader.schema_type == "PROTOBUF" else None
+        try:
+            schema = self._client.get_schema(schema_id, fmt=fmt)
+        except (SchemaRegistryError, http.HTTPError) as exc:
+            _missing(exc, f"schema id {schema_id}")
+            problem: str | None = (
+                f"unknown schema id {schema_id} in the Schema Registry; "
+                "check source.schema-registry.url points at the producer's registry"
+            )
+        else:
+            problem = self._usable(schema_id, schema)
+        with self._lock:
+            self._ready[schema_id] = problem
+        return problem
+
+    def _usable(self, schema_id: int, schema: Any) -> str | None:
+        kind = str(schema.schema_type or "AVRO")
+        expected = self._reader.schema_type
+        if kind != expected:
+            return f"schema id {schema_id} is {kind}, not {expected}; is source.format right?"
+        try:
+            self._reader.prepare(schema_id, schema)
+        except (SchemaRegistryError, http.HTTPError) as exc:
+            _missing(exc, f"the references of schema id {schema_id}")
+            return f"schema id {schema_id} references a schema the registry does not have: {exc}"
+        except Exception as exc:  # a registered schema the libraries cannot build: many types
+            return f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}"
+        return None
+
+
+def _missing(exc: Exception, what: str) -> None:
+    """Returns when the registry answered 404 (the schema is not there); raises
+    :class:`SchemaError` when it could not answer (down, refused the credentials)."""
+    if isinstance(exc, SchemaRegistryError) and exc.http_status_code == 404:
+        return
+    raise SchemaError(
+        f"Schema Registry lookup of {what} failed: {type(exc).__name__}: {exc}\n"
+        "  fix: check source.schema-registry.url and its credentials, and that the registry is up; "
+        "nothing of the batch was committed, so a restarted sink reads it again"
+    ) from exc
+
+
+def schema_ids(values: pa.Array) -> tuple[list[int], list[tuple[int, str]]]:
+    """The schema id in each value's wire-format header (-1: none) and the failures of the values
+    without one, read from the array's one data buffer for the whole batch."""
+    data, bounds = value_bytes(values)
+    starts, lengths = bounds[:-1], np.diff(bounds)
+    null = np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    ids = np.full(len(values), -1, dtype=np.int64)
+    long_enough = np.flatnonzero(~null & (lengths >= _HEADER))
+    wire = long_enough[data[starts[long_enough]] == 0]
+    at = starts[wire]
+    ids[wire] = sum(data[at + 1 + i].astype(np.int64) << (8 * (3 - i)) for i in range(4))
+    failures = [(int(index), "value is null") for index in np.flatnonzero(null)]
+    guid = ~null & (lengths >= _GUID_HEADER)
+    guid[guid] = data[starts[guid]] == _GUID_MAGIC
+    for index in np.flatnonzero(~null & (ids < 0)).tolist():
+        hint = " (a schema GUID header is not supported)" if guid[index] else ""
+        failures.append((index, NOT_WIRE_FORMAT + hint))
+    return ids.tolist(), failures
+
+
+class RegistryDecoder:
+    """Schema Registry values of one format, one Arrow table per writer schema.
+
+    A reader's Arrow schema (Avro and Protobuf: from the writer schema; JSON Schema: when the schema
+    fixes the columns) types them; without one they are built from the records as for
+    ``format: json``, JSON text where a field's values do not share a type.
+    """
+
+    def __init__(self, reader: ReaderFactory, registry_conf: dict[str, str]) -> None:
+        client = SchemaRegistryClient(dict(registry_conf))
+        self.reader = reader(client)
+        self._schemas = _WriterSchemas(client, self.reader)
+
+    def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
+        """``fields`` is not needed: every value is decoded with its writer schema."""
+        if len(values) == 0:
+            return no_records()
+        ids, failures = schema_ids(values)
+        # Looked up in the order the ids first appear, once each.
+        problems = {schema_id: self._schemas.problem(schema_id) for schema_id in ids if schema_id >= 0}
+        groups: dict[Hashable, tuple[list[int], list[dict[str, Any]]]] = {}
+        for index, (schema_id, value) in enumerate(zip(ids, values.to_pylist(), strict=True)):
+            if schema_id < 0:
+                continue
+            problem = problems[schema_id]
+            if problem is not None:
+                failures.append((index, problem))
+                continue
+            try:
+                key, record = self.reader.read(schema_id, value)
+            except Undecodable as exc:
+                failures.append((index, str(exc)))
+                continue
+            indices, records = groups.setdefault(key, ([], []))
+            indices.append(index)
+            records.append(record)
+        return self._tables(groups, failures)
+
+    def _tables(
+        self, groups: dict[Hashable, tuple[list[int], list[dict[str, Any]]]], failures: list[tuple[int, str]]
+    ) -> Decoded:
+        parts: list[pa.Table] = []
+        rows: list[int] = []
+        objects: list[dict[str, Any]] | None = []
+        lossy: frozenset[str] = frozenset()
+        for key, (indices, records) in groups.items():
+            schema = self.reader.arrow_schema(key)
+            table = None
+            if schema is not None:
+                try:
+                    table = pa.Table.from_pylist(records, schema=schema)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                    pass  # a JSON integer beyond int64: the values type the columns
+                else:
+                    if not self.reader.python_view:
+                        objects = None
+            if table is None:
+                table, more = arrow_from_python(records)
+                lossy |= more
+            parts.append(table)
+            rows.extend(indices)
+            if objects is not None:
+                objects.extend(records)
+        return in_input_order(parts, rows, objects, failures, lossy)
