@@ -90,8 +90,12 @@ class AvroReader:
         parsed = self._deserializer._get_parsed_schema(schema)
         self._schemas[schema_id] = parsed, avro_to_arrow_schema(parsed)
 
-    def read(self, schema_id: int, value: bytes) -> tuple[Hashable, dict[str, Any]]:
-        return schema_id, avro_record(value, self._schemas[schema_id][0], skip=5)
+    def framed(self, value: bytes) -> bytes:
+        """The value as it is: Avro's header is the magic byte and schema id alone."""
+        return value
+
+    def read(self, schema_id: int, framed: bytes) -> tuple[Hashable, dict[str, Any]]:
+        return schema_id, avro_record(framed, self._schemas[schema_id][0], skip=5)
 
     def arrow_schema(self, key: Hashable) -> pa.Schema | None:
         assert isinstance(key, int)

@@ -98,9 +98,13 @@ class JsonSchemaReader:
             root = Resource.from_contents(parsed, default_specification=DEFAULT_SPEC)
             self._arrow_schemas[schema_id] = json_schema_to_arrow(parsed, references.resolver_with_root(root))
 
-    def read(self, schema_id: int, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+    def framed(self, value: bytes) -> bytes:
+        """The value as it is: the deserializer reads its header (magic byte and schema id)."""
+        return value
+
+    def read(self, schema_id: int, framed: bytes) -> tuple[Hashable, dict[str, Any]]:
         try:
-            record = self._deserializer(value, None)
+            record = self._deserializer(framed, None)
         except Exception as exc:  # invalid JSON, fails validation: SerializationError, ValueError, ...
             raise Undecodable(
                 f"invalid JSON Schema value for schema id {schema_id}: {type(exc).__name__}: {exc}"

@@ -212,12 +212,18 @@ class ProtobufReader:
         """Build the writer schema's descriptor pool (fetching its references) once."""
         self._deserializer._get_parsed_schema(schema)
 
-    def read(self, schema_id: int, value: bytes) -> tuple[Hashable, dict[str, Any]]:
+    def framed(self, value: bytes) -> tuple[SchemaId, io.BytesIO]:
+        """The header with its message index path (read by confluent-kafka's parser) and the
+        message bytes after it."""
         header = SchemaId("PROTOBUF")
         try:
             payload = header.from_bytes(io.BytesIO(value))
         except Exception:  # a bad message index varint
             raise Undecodable(NOT_WIRE_FORMAT) from None
+        return header, payload
+
+    def read(self, schema_id: int, framed: tuple[SchemaId, io.BytesIO]) -> tuple[Hashable, dict[str, Any]]:
+        header, payload = framed
         try:
             message = self._deserializer.message(schema_id, header, payload)
         except Exception as exc:  # DecodeError, bad message index, invalid UTF-8 in a string: many types

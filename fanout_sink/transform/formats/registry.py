@@ -66,8 +66,14 @@ class RecordReader(Protocol):
         """Make a writer schema usable once (references fetched); raises when it cannot be."""
         ...
 
-    def read(self, schema_id: int, value: bytes) -> tuple[Hashable, dict[str, Any]]:
-        """(key of the value's writer schema, its record); raises :class:`Undecodable`."""
+    def framed(self, value: bytes) -> Any:
+        """The value with the rest of its wire header read (Protobuf: the message index path),
+        before its schema id is looked up; raises :class:`Undecodable` when that header is bad."""
+        ...
+
+    def read(self, schema_id: int, framed: Any) -> tuple[Hashable, dict[str, Any]]:
+        """(key of the value's writer schema, its record) from :meth:`framed`'s result; raises
+        :class:`Undecodable`."""
         ...
 
     def arrow_schema(self, key: Hashable) -> pa.Schema | None:
@@ -181,18 +187,19 @@ class RegistryDecoder:
         if len(values) == 0:
             return no_records()
         ids, failures = schema_ids(values)
-        # Looked up in the order the ids first appear, once each.
-        problems = {schema_id: self._schemas.problem(schema_id) for schema_id in ids if schema_id >= 0}
+        problems: dict[int, str | None] = {}  # per id, looked up in the order the ids first appear
         groups: dict[Hashable, tuple[list[int], list[dict[str, Any]]]] = {}
         for index, (schema_id, value) in enumerate(zip(ids, values.to_pylist(), strict=True)):
             if schema_id < 0:
                 continue
-            problem = problems[schema_id]
-            if problem is not None:
-                failures.append((index, problem))
-                continue
             try:
-                key, record = self.reader.read(schema_id, value)
+                framed = self.reader.framed(value)
+                if schema_id not in problems:
+                    problems[schema_id] = self._schemas.problem(schema_id)
+                problem = problems[schema_id]
+                if problem is not None:
+                    raise Undecodable(problem)
+                key, record = self.reader.read(schema_id, framed)
             except Undecodable as exc:
                 failures.append((index, str(exc)))
                 continue
