@@ -170,7 +170,7 @@ def test_the_reader_never_jumps_over_deleted_events(bootstrap_servers: str) -> N
     conf = {"bootstrap.servers": bootstrap_servers}
     sink = f"s{uuid.uuid4().hex[:6]}"
     control = f"{sink}-control"
-    channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
+    channel.ensure_control_topic(channel.SinkChannel(sink, conf, control))
     producer = TransactionalProducer(KafkaClientFactory(conf), f"txn-{control}", "fenced")
     for n in range(3):
         with producer.transaction():

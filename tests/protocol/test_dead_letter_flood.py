@@ -31,7 +31,7 @@ def _worker(
     sink = f"s{uuid.uuid4().hex[:6]}"
     control, dlq = f"{sink}-control", make_topic("dlq")
     conf = {"bootstrap.servers": bootstrap, **kafka}
-    channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
+    channel.ensure_control_topic(channel.SinkChannel(sink, conf, control))
     create_tables(catalog, ["a"])
     return dlq, SliceWorker(SinkChannel(sink, conf, control), dead_letter_topic=dlq)
 

@@ -99,7 +99,7 @@ def test_coordinator_resumes_from_the_legacy_named_group_when_the_new_one_is_emp
     sink = f"m{uuid.uuid4().hex[:6]}"
     conf = {"bootstrap.servers": bootstrap_servers}
     control = f"{sink}-control"
-    channel.ensure_control_topic(channel.SinkChannel("test", conf, control))
+    channel.ensure_control_topic(channel.SinkChannel(sink, conf, control))
     produce_json(bootstrap_servers, control, 0, [{"noise": i} for i in range(8)])  # other sinks' traffic
     legacy = Consumer({**conf, "group.id": legacy_names.legacy_coordinator_group(sink)})
     legacy.commit(offsets=[TopicPartition(control, 0, 7)], asynchronous=False)

@@ -106,7 +106,7 @@ def test_truncated_control_history_trusts_the_checkpoint_else_warns(
     topic = new_topic(bootstrap_servers, 2)
     config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "earliest")
     conf = {"bootstrap.servers": bootstrap_servers}
-    channel.ensure_control_topic(channel.SinkChannel("test", conf, config.control_topic))
+    channel.ensure_control_topic(SinkChannel.from_config(config))
     produce_json(bootstrap_servers, config.control_topic, 0, [{"noise": i} for i in range(3)])
     admin = AdminClient(conf)
     admin.delete_records([TopicPartition(config.control_topic, 0, 3)])[
@@ -132,7 +132,7 @@ def test_checkpoint_claiming_deliveries_the_sink_never_made_is_moved_aside(
     sink = f"c{uuid.uuid4().hex[:6]}"
     topic = new_topic(bootstrap_servers, 1)
     config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "latest")
-    channel.ensure_control_topic(channel.SinkChannel("test", config.kafka, config.control_topic))
+    channel.ensure_control_topic(SinkChannel.from_config(config))
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
     checkpoint = Path(config.checkpoint_location)
     write_checkpoint_batch(checkpoint, 0, {topic: {0: 4}}, starts={topic: {0: 0}})
