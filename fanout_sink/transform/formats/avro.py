@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Hashable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +21,9 @@ from fastavro import parse_schema, schemaless_reader
 
 from fanout_sink.avro_schema import avro_to_arrow_schema
 from fanout_sink.transform.formats.decoded import Decoded, FieldPaths, Undecodable, no_records
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 
 def avro_record(value: bytes, schema: Any, skip: int = 0) -> dict[str, Any]:
@@ -75,9 +78,10 @@ class AvroReader:
     """
 
     schema_type: ClassVar[str] = "AVRO"
+    schema_format: ClassVar[str | None] = None
     python_view: ClassVar[bool] = True
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: SchemaRegistryClient) -> None:
         with warnings.catch_warnings(record=True):  # authlib (the registry client's) warns about httpx
             from confluent_kafka.schema_registry.avro import AvroDeserializer
 

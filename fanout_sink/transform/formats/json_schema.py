@@ -82,6 +82,7 @@ class JsonSchemaReader:
     """Confluent wire-format JSON Schema values -> records, validated against the writer schema."""
 
     schema_type: ClassVar[str] = "JSON"
+    schema_format: ClassVar[str | None] = None
     python_view: ClassVar[bool] = False
 
     def __init__(self, client: SchemaRegistryClient) -> None:

@@ -202,6 +202,7 @@ class ProtobufReader:
     """Confluent wire-format Protobuf values -> records, one key per (schema id, message type)."""
 
     schema_type: ClassVar[str] = "PROTOBUF"
+    schema_format: ClassVar[str | None] = "serialized"
     python_view: ClassVar[bool] = False
 
     def __init__(self, client: SchemaRegistryClient) -> None:

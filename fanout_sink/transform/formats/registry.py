@@ -58,6 +58,9 @@ class RecordReader(Protocol):
 
     schema_type: ClassVar[str]
     """The registry's name of the format's schemas (``AVRO``, ``PROTOBUF``, ``JSON``)."""
+    schema_format: ClassVar[str | None]
+    """The form the registry is asked to send a schema in (Protobuf: ``serialized``, the
+    descriptor the reader builds from); None: as registered."""
     python_view: ClassVar[bool]
     """Whether the records are what routing reads; if not (timestamps as epoch microseconds and
     maps as pairs, what Arrow takes fastest) routing's view is made from the table."""
@@ -106,10 +109,8 @@ class _WriterSchemas:
         with self._lock:
             if schema_id in self._ready:
                 return self._ready[schema_id]
-        # Protobuf schemas are asked for as the serialized descriptor, which the reader builds from.
-        fmt = "serialized" if self._reader.schema_type == "PROTOBUF" else None
         try:
-            schema = self._client.get_schema(schema_id, fmt=fmt)
+            schema = self._client.get_schema(schema_id, fmt=self._reader.schema_format)
         except (SchemaRegistryError, http.HTTPError) as exc:
             _missing(exc, f"schema id {schema_id}")
             problem: str | None = (
