@@ -309,6 +309,10 @@ class KafkaBroker:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
+            # A broker restarted after a SIGKILL registers only once the controller (the same process,
+            # started afresh) has expired the dead incarnation's session: 9 s by default, every time.
+            "broker.heartbeat.interval.ms": "1000",
+            "broker.session.timeout.ms": "4000",
             "log.cleaner.dedupe.buffer.size": "33554432",
             "log.flush.interval.messages": "9223372036854775807",
         }
@@ -346,15 +350,8 @@ class KafkaBroker:
             scram = ["--add-scram", f"SCRAM-SHA-256=[name={user.username},password={user.password}]"]
         log4j = resources.files("fanout_sink.devtools.stack").joinpath("log4j2-broker.properties")
         jvm = [java, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
-        fmt = subprocess.run(
-            [*jvm, "-Xmx256m", "kafka.tools.StorageTool", "format", "-t", cluster_id,
-             "-c", str(config), "--ignore-formatted", *scram],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        if fmt.returncode != 0:
-            tail = "\n".join((fmt.stdout + fmt.stderr).strip().splitlines()[-15:])
-            cause, fix = _diagnose(tail, port, cport)
-            raise StackError(f"formatting the broker storage failed: {cause}", fix, tail)
+        if not (self.work_dir / "data" / "meta.properties").exists():  # a restart keeps its storage
+            self._format(jvm, config, cluster_id, scram, port, cport)
         heap = os.environ.get("FANOUT_SINK_BROKER_HEAP", "1g")
         log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         with self.log_file.open("ab") as log:
@@ -372,6 +369,21 @@ class KafkaBroker:
         self._wait_ready(log_offset, timeout_s)
         (self.work_dir / _STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2) + "\n")
         return self.state
+
+    def _format(
+        self, jvm: list[str], config: Path, cluster_id: str, scram: list[str], port: int, cport: int
+    ) -> None:
+        """Format new storage (a JVM of its own: seconds on a loaded box, so a restart skips it;
+        ``--ignore-formatted`` would make it a no-op there, SCRAM credentials included)."""
+        fmt = subprocess.run(
+            [*jvm, "-Xmx256m", "kafka.tools.StorageTool", "format", "-t", cluster_id,
+             "-c", str(config), "--ignore-formatted", *scram],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if fmt.returncode != 0:
+            tail = "\n".join((fmt.stdout + fmt.stderr).strip().splitlines()[-15:])
+            cause, fix = _diagnose(tail, port, cport)
+            raise StackError(f"formatting the broker storage failed: {cause}", fix, tail)
 
     def _wait_ready(self, log_offset: int, timeout_s: float) -> None:
         assert self._process is not None and self.state is not None

@@ -24,6 +24,7 @@ import os
 import signal
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,8 +245,7 @@ class SparkCluster:
             SparkWorker(self.work_dir / f"worker-{i}", state.master_url, cores=cores, memory=memory)
             for i in range(self._count)
         ]
-        for worker in self.workers:
-            worker.start(timeout_s)
+        _start_all(self.workers, timeout_s)
         self._wait_alive(timeout_s)
         return state
 
@@ -276,10 +276,10 @@ class SparkCluster:
 
     def revive(self, timeout_s: float = 120.0) -> None:
         """Start every worker that does not run (killed, or died) again, in its folder and on its port."""
-        for worker in self.workers:
-            if worker.running() is None:
-                worker.state = None
-                worker.start(timeout_s)
+        down = [worker for worker in self.workers if worker.running() is None]
+        for worker in down:
+            worker.state = None
+        _start_all(down, timeout_s)
         self._wait_alive(timeout_s)
 
     def executor_pids(self) -> list[int]:
@@ -294,6 +294,14 @@ class SparkCluster:
         for worker in self.workers:
             worker.kill()
         self.master.kill()
+
+
+def _start_all(workers: list[SparkWorker], timeout_s: float) -> None:
+    """Start the workers side by side: each is a JVM start and a registration with the master, and
+    one after the other they cost a cluster's start-up once per worker. A failure is raised here."""
+    with ThreadPoolExecutor(max_workers=max(len(workers), 1), thread_name_prefix="spark-worker") as pool:
+        for started in [pool.submit(worker.start, timeout_s) for worker in workers]:
+            started.result()
 
 
 def children(pid: int) -> list[int]:
