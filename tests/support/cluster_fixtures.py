@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,20 @@ def executor_pack() -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory, executor_pack: Path) -> Iterator[SparkCluster]:
-    """2 workers x 1 core: two executors, so that losing one leaves the app a place to retry."""
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """2 workers x 1 core: two executors, so that losing one leaves the app a place to retry.
+
+    The executors' pack is built (or found in the cache) while the JVMs start: the cluster's apps
+    need it, the start-up does not, and each takes tens of seconds on a fresh tree."""
     cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1, memory="1536m")
-    cluster.start()
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-pack") as pool:
+            pack = pool.submit(shipping.build)
+            cluster.start()
+            pack.result()
+    except BaseException:
+        cluster.kill()  # no JVM outlives a failed set-up
+        raise
     yield cluster
     cluster.kill()
     # Every executor unpacks the ~500 MB environment into its own app folder, again after each kill:
