@@ -8,6 +8,7 @@ imported here: on a fresh machine nothing else is installed yet.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import subprocess
@@ -53,8 +54,30 @@ def _run(cmd: list[str]) -> int:
     return subprocess.run(cmd, cwd=ROOT, check=False).returncode
 
 
-def run_tests(pytest_args: list[str]) -> int:
-    """Lint, type-check, then the whole pytest suite; the first failing step decides the exit code."""
+TIERS = {
+    "fast": "not (kafka or spark or own_spark or stores or cluster or chaos)",
+    "middle": "not (own_spark or stores or cluster or chaos)",
+    "full": "",
+}
+"""``test --tier NAME``: which tests run, by the markers the suite derives from each test's fixtures
+(tests/support/fixture_markers.py). ``fast``: no broker and no JVM, for the inner loop of a change;
+``middle``: adds the shared broker and the shared Spark session, for the usual change; ``full`` (the
+default, what CI runs): everything, the app runs, the storage servers, the cluster and chaos too."""
+
+
+def _tier(args: list[str]) -> tuple[str, list[str]]:
+    """The ``--tier`` chosen (``full`` without one) and the arguments left for pytest."""
+    parser = argparse.ArgumentParser(prog="bootstrap test", add_help=False, allow_abbrev=False)
+    parser.add_argument("--tier", choices=TIERS, default="full")
+    known, rest = parser.parse_known_args(args)
+    return str(known.tier), rest
+
+
+def run_tests(args: list[str]) -> int:
+    """Lint, type-check, then the tier's pytest run; the first failing step decides the exit code."""
+    tier, pytest_args = _tier(args)
+    if TIERS[tier]:
+        pytest_args = ["-m", TIERS[tier], *pytest_args]
     checks = [
         [str(_bin("ruff")), "check", "fanout_sink", "tests"],
         [str(_bin("ruff")), "format", "--check", "fanout_sink", "tests"],
@@ -73,7 +96,10 @@ def run_tests(pytest_args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help"}:
-        print("usage: python3 -m fanout_sink.bootstrap demo | test [pytest args] | <fanout-sink args>")
+        print(
+            "usage: python3 -m fanout_sink.bootstrap demo | test [--tier fast|middle|full] [pytest args]"
+            " | <fanout-sink args>"
+        )
         return 0 if args else 2
     ensure_venv()
     os.environ.setdefault("PYSPARK_PYTHON", str(_bin("python")))

@@ -20,6 +20,7 @@ pytest_plugins = [
     "support.stores_fixtures",
     "support.cluster_fixtures",
     "support.expiry_fixtures",
+    "support.fixture_markers",
 ]
 
 

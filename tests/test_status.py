@@ -23,7 +23,6 @@ from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
-pytestmark = pytest.mark.kafka
 DOC = Path(__file__).resolve().parents[1] / "docs" / "status.md"
 
 

@@ -15,7 +15,6 @@ from fanout_sink.devtools.stack.spark_cluster import SparkCluster, SparkMaster, 
 from fanout_sink.errors import StackError
 
 
-@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_killed_worker_leaves_the_master_and_a_revived_one_registers_again(
     spark_cluster: SparkCluster,
@@ -32,7 +31,6 @@ def test_a_killed_worker_leaves_the_master_and_a_revived_one_registers_again(
     assert spark_cluster.alive_workers() == 2
 
 
-@pytest.mark.cluster
 def test_a_second_master_in_the_same_folder_is_refused_while_the_first_runs(
     spark_cluster: SparkCluster,
 ) -> None:
@@ -52,7 +50,7 @@ def _serve(stack_dir: Path, name: str) -> tuple[subprocess.Popen[str], dict[str,
     return process, json.loads(line)
 
 
-@pytest.mark.cluster
+@pytest.mark.usefixtures("own_cluster")
 @pytest.mark.timeout(300)
 def test_stack_serve_runs_a_master_and_a_worker_that_joins_it_and_sigterm_stops_both(tmp_path: Path) -> None:
     master, served = _serve(tmp_path, "spark-master")

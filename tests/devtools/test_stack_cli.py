@@ -16,8 +16,6 @@ from fanout_sink.devtools.stack.object_store import ObjectStoreState
 from fanout_sink.devtools.stack.service import http_status
 from fanout_sink.processes import pid_alive
 
-pytestmark = pytest.mark.kafka
-
 CLI = [sys.executable, "-m", "fanout_sink.cli"]
 
 
@@ -25,6 +23,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.usefixtures("own_broker")
 def test_stack_up_status_down_round_trip(tmp_path: Path) -> None:
     state_dir = str(tmp_path / "stack")
     try:
@@ -57,7 +56,7 @@ def test_status_of_a_stack_never_started(tmp_path: Path) -> None:
     assert "fanout-sink stack up" in result.stdout
 
 
-@pytest.mark.stores
+@pytest.mark.usefixtures("own_broker", "own_stores")
 def test_stack_up_with_stores_status_and_down(tmp_path: Path) -> None:
     stack_dir = str(tmp_path / "stack")
     try:
@@ -90,7 +89,7 @@ def test_stack_up_with_stores_status_and_down(tmp_path: Path) -> None:
     assert not after["services"]["s3"]["running"] and not after["services"]["postgres"]["running"]
 
 
-@pytest.mark.stores
+@pytest.mark.usefixtures("own_broker", "own_stores")
 def test_stack_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> None:
     serving = subprocess.Popen(
         [*CLI, "stack", "serve", "s3", "--dir", str(tmp_path)], stdout=subprocess.PIPE, text=True
@@ -106,7 +105,7 @@ def test_stack_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> Non
         serving.kill()
 
 
-@pytest.mark.stores
+@pytest.mark.usefixtures("own_broker", "own_stores")
 def test_stack_serve_rest_without_a_store_says_how_to_give_it_one(tmp_path: Path) -> None:
     result = _cli("stack", "serve", "rest", "--dir", str(tmp_path))
     assert result.returncode == 2

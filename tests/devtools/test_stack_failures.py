@@ -78,6 +78,7 @@ def test_taken_port_is_refused_before_starting(tmp_path: Path) -> None:
     assert "ss -ltnp" in excinfo.value.fix
 
 
+@pytest.mark.usefixtures("own_broker")  # its JVM starts, then dies
 def test_broker_that_dies_on_start_reports_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FANOUT_SINK_BROKER_HEAP", "not-a-size")  # the JVM refuses to start with it
     broker = KafkaBroker(tmp_path / "broker")

@@ -17,8 +17,6 @@ from fanout_sink.devtools.stack.postgres import PostgresServer
 from fanout_sink.devtools.stack.rest_catalog import RestCatalog
 from fanout_sink.errors import StackError
 
-pytestmark = pytest.mark.stores
-
 
 def test_object_store_serves_pyarrow_with_signed_requests(
     object_store: ObjectStoreState, s3_prefix: str
@@ -35,6 +33,7 @@ def test_object_store_serves_pyarrow_with_signed_requests(
         pq.read_table(path, filesystem=wrong_key.filesystem())
 
 
+@pytest.mark.usefixtures("own_stores")
 def test_object_store_refuses_a_second_start_and_keeps_objects_across_a_kill(tmp_path: Path) -> None:
     server = ObjectStore(tmp_path / "s3")
     state = server.start()

@@ -21,7 +21,7 @@ from support.sink_app import SinkRun
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from support.sink_app import SinkRun
 
 from fanout_sink.catalog import CatalogSettings
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 _JVM_NOTICE = "WARNING: Using incubator modules"  # the JVM's own, before any logger exists
 

@@ -31,7 +31,7 @@ from support.sink_app import SinkRun
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.transform.records import DeadLetter
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 MAX_MESSAGE = str(4 * HUGE_STRING_BYTES)
 GOOD_ONLY = 20  # good records in partition 0

@@ -33,7 +33,6 @@ def _append(
     table.append(pa.table({"id": ids}, schema=ID_SCHEMA), snapshot_properties=properties)
 
 
-@pytest.mark.kafka
 def test_the_verdict_counts_duplicates_losses_stray_dead_letters_lag_and_offsets_going_back(
     bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
 ) -> None:
@@ -138,7 +137,6 @@ def test_a_table_swap_renames_aside_and_creates_an_empty_table_with_the_same_sch
     assert new.schema().as_struct() == old.schema().as_struct()
 
 
-@pytest.mark.kafka
 def test_control_retention_deletes_records_below_the_coordinator_groups_watermark(
     bootstrap_servers: str, make_topic: Callable[..., str]
 ) -> None:
@@ -161,7 +159,6 @@ def test_control_retention_deletes_records_below_the_coordinator_groups_watermar
     reader.close()
 
 
-@pytest.mark.kafka
 def test_a_flood_holds_bad_records_and_one_bigger_than_the_default_message_size(
     bootstrap_servers: str, make_topic: Callable[..., str]
 ) -> None:
@@ -177,8 +174,6 @@ def test_a_flood_holds_bad_records_and_one_bigger_than_the_default_message_size(
 
 @pytest.mark.chaos
 @pytest.mark.timeout(1500)
-@pytest.mark.spark
-@pytest.mark.kafka
 def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path) -> None:
     """The CI configuration: one cycle per kind of breakage, then every table counted row by row.
 

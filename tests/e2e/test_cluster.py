@@ -159,9 +159,6 @@ def run_on_cluster(
     )
 
 
-@pytest.mark.cluster
-@pytest.mark.stores
-@pytest.mark.kafka
 @pytest.mark.timeout(900)
 def test_on_the_rest_catalog_and_s3_with_an_s3a_checkpoint_no_id_is_lost_or_doubled_through_kills(
     spark_cluster: SparkCluster,
@@ -177,9 +174,6 @@ def test_on_the_rest_catalog_and_s3_with_an_s3a_checkpoint_no_id_is_lost_or_doub
     )
 
 
-@pytest.mark.cluster
-@pytest.mark.stores
-@pytest.mark.kafka
 @pytest.mark.timeout(900)
 def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster_with_postgresql_and_s3(
     spark_cluster: SparkCluster,

@@ -16,7 +16,7 @@ from fanout_sink.config.loading import load_config
 from fanout_sink.devtools.demo import DEFAULT_CONFIG, malformed_events
 from fanout_sink.devtools.sample_data import shop_events
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 
 def test_demo_runs_the_app_and_shows_both_engines(

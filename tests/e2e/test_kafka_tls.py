@@ -27,7 +27,6 @@ from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
 from fanout_sink.devtools.stack.certificates import make_tls_files
 
-pytestmark = pytest.mark.kafka
 SASL_USER = SaslUser("sink", secrets.token_urlsafe(12))
 
 
@@ -71,7 +70,7 @@ def _listener(broker: KafkaBroker, protocol: str) -> tuple[dict[str, str], dict[
     return {"security.protocol": protocol, **kafka}, env
 
 
-@pytest.mark.spark
+@pytest.mark.usefixtures("own_spark")
 @pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
 def test_the_app_lands_exact_rows_over_tls_with_both_kafka_clients(
     tls_broker: KafkaBroker, catalog_settings: CatalogSettings, tmp_path: Path, protocol: str

@@ -33,7 +33,7 @@ from fanout_sink.protocol.channel import ControlReader, SinkChannel, sink_group
 from fanout_sink.protocol.orphans import normalise
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("shop.orders", "shop.payments")

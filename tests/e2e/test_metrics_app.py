@@ -19,7 +19,7 @@ from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import free_port
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

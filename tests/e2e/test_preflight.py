@@ -14,15 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser, free_port
-
-pytestmark = pytest.mark.kafka
 
 
 def _run(tmp_path: Path, kafka: dict[str, str], **sections: Any) -> tuple[int, list[str]]:

@@ -18,7 +18,7 @@ from support.sink_app import SinkRun
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 SOURCES = Path(__file__).resolve().parents[2] / "schemas" / "sources"
 

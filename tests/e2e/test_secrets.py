@@ -113,8 +113,7 @@ def _message_bytes(message: Message) -> bytes:
     return (message.key() or b"") + (message.value() or b"") + headers
 
 
-@pytest.mark.spark
-@pytest.mark.kafka
+@pytest.mark.usefixtures("own_spark")
 def test_marker_secrets_reach_no_output_of_a_sasl_run(
     broker_factory: Callable[..., KafkaBroker],
     tmp_path: Path,

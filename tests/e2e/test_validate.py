@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 from pyiceberg.schema import Schema
@@ -27,8 +26,6 @@ from pyiceberg.types import BooleanType, LongType, NestedField, StringType, Time
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import free_port
-
-pytestmark = pytest.mark.kafka
 
 
 def _validate(tmp_path: Path, *, json_output: bool = False, **sections: Any) -> tuple[int, str, list[str]]:

@@ -16,8 +16,6 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-pytestmark = pytest.mark.kafka
-
 
 def _transactional_producer(bootstrap: str, txn_id: str) -> Producer:
     producer = Producer(

@@ -15,8 +15,6 @@ from confluent_kafka import Consumer
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.kafka.clients import client_conf
 
-pytestmark = pytest.mark.kafka
-
 _UNREACHABLE = """
 import sys, time
 from confluent_kafka import Consumer, Producer

@@ -14,8 +14,6 @@ from fanout_sink.errors import SourceDataLossError
 from fanout_sink.kafka.clients import PRODUCER_ONLY, KafkaClientFactory, consumer_conf
 from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA, RangeReader
 
-pytestmark = pytest.mark.kafka
-
 STALL_S = 10.0
 """Short enough that a read waiting for an offset that never comes fails the test quickly."""
 

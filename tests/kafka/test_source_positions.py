@@ -5,13 +5,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
-
-pytestmark = pytest.mark.kafka
 
 
 def test_ends_are_last_stable_offsets_of_every_partition_of_the_topics(

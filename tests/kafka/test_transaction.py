@@ -18,8 +18,6 @@ from fanout_sink.errors import TransactionStuckError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.transaction import TransactionalProducer
 
-pytestmark = pytest.mark.kafka
-
 
 def _producer(bootstrap: str, **conf: str) -> TransactionalProducer:
     kafka = {"bootstrap.servers": bootstrap, "queue.buffering.max.messages": "10", **conf}

@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from support.common import create_tables, make_processor, produce_json, run_batch, table_ids
 
@@ -16,8 +15,6 @@ from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
-
-pytestmark = pytest.mark.kafka
 
 
 def test_broker_killed_mid_transaction_then_retry_delivers_exactly_once(

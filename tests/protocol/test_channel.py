@@ -13,8 +13,6 @@ from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
 
-pytestmark = pytest.mark.kafka
-
 
 def test_control_topic_is_created_with_one_partition_and_checked(
     bootstrap_servers: str, make_topic: Callable[..., str]

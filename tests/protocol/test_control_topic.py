@@ -25,8 +25,6 @@ from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
-pytestmark = pytest.mark.kafka
-
 
 def _coordinator_watermark(conf: dict[str, Any], sink: str, control: str) -> int | None:
     holder = Consumer({**conf, "group.id": channel.coordinator_group(sink)})

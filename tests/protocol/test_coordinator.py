@@ -29,8 +29,6 @@ from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
-pytestmark = pytest.mark.kafka
-
 
 @dataclass
 class Sink:

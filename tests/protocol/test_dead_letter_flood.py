@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 from support.common import create_tables, end_offset, make_processor, produce_json, read_slice
 
@@ -21,8 +20,6 @@ from fanout_sink.protocol import channel
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform import deadletter
-
-pytestmark = pytest.mark.kafka
 
 
 def _worker(

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from support.common import (
     commit_checkpoint_batch,
     create_tables,
@@ -32,8 +31,6 @@ from support.common import (
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.protocol import channel
 from fanout_sink.spark import planning
-
-pytestmark = pytest.mark.kafka
 
 PROCS = Path(__file__).parents[1] / "support"
 

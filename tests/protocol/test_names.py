@@ -51,7 +51,6 @@ def test_sink_x_coordinator_and_sink_x_use_different_groups() -> None:
     assert channel.sink_group("x-coordinator") != channel.coordinator_group("x")
 
 
-@pytest.mark.kafka
 def test_sinks_whose_dashed_names_collide_do_not_fence_each_other(
     bootstrap_servers: str, catalog: Any, make_topic: Callable[..., str]
 ) -> None:
@@ -90,7 +89,6 @@ def test_sinks_whose_dashed_names_collide_do_not_fence_each_other(
     second.close()
 
 
-@pytest.mark.kafka
 def test_coordinator_resumes_from_the_legacy_named_group_when_the_new_one_is_empty(
     bootstrap_servers: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -21,8 +21,6 @@ from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
-pytestmark = pytest.mark.kafka
-
 
 def _data_files(catalog: Any) -> set[Path]:
     folder = Path(catalog.load_table("sink.a").location().removeprefix("file://")) / "data"

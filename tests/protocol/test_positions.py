@@ -37,8 +37,6 @@ from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
 
-pytestmark = pytest.mark.kafka
-
 
 def _starting(option: str, topic: str) -> dict[int, int]:
     return {int(p): o for p, o in json.loads(option)[topic].items()}

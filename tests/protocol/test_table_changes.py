@@ -38,8 +38,6 @@ from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import TableRows
 
-pytestmark = pytest.mark.kafka
-
 
 class _Crash(Exception):
     """Stands in for the coordinator process dying at a fault point."""

@@ -27,8 +27,6 @@ from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 
-pytestmark = pytest.mark.kafka
-
 
 def _control_events(bootstrap: str, topic: str, sink: str) -> list[ev.Payload]:
     reader = channel.ControlReader(channel.SinkChannel(sink, {"bootstrap.servers": bootstrap}, topic))

@@ -11,8 +11,6 @@ import pytest
 
 from fanout_sink.spark import planning
 
-pytestmark = pytest.mark.spark
-
 TOPIC = "orders"
 
 

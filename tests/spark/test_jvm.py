@@ -19,7 +19,7 @@ import pytest
 
 from fanout_sink.spark import jvm
 
-pytestmark = pytest.mark.spark
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 _CHILD = textwrap.dedent(
     """

@@ -43,8 +43,6 @@ def _stray(table: Any, name: str, age_s: float) -> Path:
     return path
 
 
-@pytest.mark.spark
-@pytest.mark.kafka
 def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
     spark: Any,
     spark_catalog: str,

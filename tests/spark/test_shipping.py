@@ -65,7 +65,6 @@ def test_a_cluster_run_ships_the_pack_and_a_loopback_master_keeps_the_driver_on_
     assert local == {**remote, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
 
-@pytest.mark.cluster
 @pytest.mark.timeout(1200)
 def test_the_pack_holds_the_project_and_its_dependencies_but_not_pyspark(executor_pack: Path) -> None:
     with tarfile.open(executor_pack) as archive:

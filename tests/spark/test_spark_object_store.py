@@ -36,7 +36,7 @@ from fanout_sink.devtools.stack.object_store import ObjectStoreState
 from fanout_sink.devtools.stack.postgres import PostgresState
 from fanout_sink.devtools.stack.rest_catalog import RestCatalogState
 
-pytestmark = [pytest.mark.stores, pytest.mark.spark]
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = ROOT / "tests" / "support" / "spark_s3_child.py"
@@ -129,7 +129,6 @@ def shared_run(
     return SharedRun(catalogs, namespace, sql, answer["stream"], topic, checkpoint)
 
 
-@pytest.mark.kafka
 @pytest.mark.parametrize("kind", ["rest", "postgres", "sqlite"])
 def test_spark_and_pyiceberg_share_tables_on_s3(shared_run: SharedRun, kind: str) -> None:
     catalog = load_catalog(shared_run.catalogs[kind])
@@ -150,7 +149,6 @@ def test_spark_and_pyiceberg_share_tables_on_s3(shared_run: SharedRun, kind: str
     ]
 
 
-@pytest.mark.kafka
 def test_planner_reads_and_moves_an_s3a_checkpoint(
     shared_run: SharedRun, object_store: ObjectStoreState
 ) -> None:

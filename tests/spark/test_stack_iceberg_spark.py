@@ -5,11 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
-
-pytestmark = pytest.mark.spark
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
-
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
 def test_spark_kafka_source_reads_committed_records(

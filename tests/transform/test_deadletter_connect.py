@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 
 from fanout_sink.catalog import CatalogSettings
@@ -16,8 +15,6 @@ from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import from_messages
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor
-
-pytestmark = pytest.mark.kafka
 
 # Kafka Connect's org.apache.kafka.connect.runtime.errors.Stage constants.
 CONNECT_STAGES = {

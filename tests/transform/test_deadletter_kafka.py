@@ -6,7 +6,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 
 from fanout_sink.catalog import CatalogSettings
@@ -14,8 +13,6 @@ from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import from_messages
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor
-
-pytestmark = pytest.mark.kafka
 
 
 def test_dead_letters_round_trip_in_a_transaction(

@@ -196,7 +196,6 @@ def _produce(bootstrap: str, topic: str, values: list[bytes]) -> list[Any]:
     return from_messages(read_to_end(bootstrap, [topic]))
 
 
-@pytest.mark.kafka
 def test_protobuf(
     catalog_settings: CatalogSettings,
     catalog: Any,
@@ -261,7 +260,6 @@ def test_protobuf(
     assert process.last_stats.reconciles()
 
 
-@pytest.mark.kafka
 def test_json_schema(
     catalog_settings: CatalogSettings,
     catalog: Any,
