@@ -44,6 +44,10 @@ _PROJECT_FILES = ("pyproject.toml", "README.md")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?")
 _INSTALL_TIMEOUT_S = 1200
 _COMPLETE = ".complete"
+_NOT_FOR_EXECUTORS = "devtools"
+"""``fanout_sink/devtools`` (the local servers, the demo, the chaos runner, the benchmarks and their
+poms) stays out of the pack: executors run the product's tasks, never these. Leaving them out also
+keeps an edit to a benchmark from rebuilding the pack."""
 
 
 def project_root() -> Path:
@@ -77,13 +81,15 @@ def executor_requirements(root: Path | None = None) -> list[str]:
     return pinned
 
 
-def _source_files(root: Path) -> list[Path]:
-    """What the wheel is built from. Links are followed: ``protocol/event_schemas`` links to the
-    repository's ``schemas/events``, and a copy of the link alone would dangle."""
+def source_files(root: Path) -> list[Path]:
+    """What the pack's wheel is built from: the package without ``devtools``. Links are followed:
+    ``protocol/event_schemas`` links to the repository's ``schemas/events``, and a copy of the link
+    alone would dangle."""
     package = sorted(
         Path(folder, name)
         for folder, folders, names in os.walk(root / "fanout_sink", followlinks=True)
         if "__pycache__" not in Path(folder).parts
+        and Path(folder).relative_to(root).parts[1:2] != (_NOT_FOR_EXECUTORS,)
         for name in names
     )
     return [root / name for name in _PROJECT_FILES if (root / name).is_file()] + package
@@ -93,7 +99,7 @@ def fingerprint(root: Path, requirements: list[str]) -> str:
     """Changes with any packed source file, the pins or the interpreter; nothing else."""
     digest = hashlib.sha256()
     digest.update(f"{sys.version}\n{sys.base_prefix}\n{sorted(requirements)}\n".encode())
-    for path in _source_files(root):
+    for path in source_files(root):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -115,7 +121,7 @@ def _run(command: list[str], what: str) -> None:
 
 def _copy_project(root: Path, into: Path) -> None:
     """A copy of just what the wheel needs, so that building it leaves nothing in the checkout."""
-    for path in _source_files(root):
+    for path in source_files(root):
         target = into / path.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
