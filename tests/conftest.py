@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,10 +34,24 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
     broker.stop()
 
 
+@pytest.fixture(scope="session")
+def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """The suite's secured broker, shared by the TLS, secrets and pre-flight tests (none stops it):
+    PLAINTEXT for the tests' own clients, SASL_PLAINTEXT, SSL with mTLS and SASL_SSL. Its one SASL user
+    is ``tls_broker.sasl_user``, its client key is encrypted with ``tls_broker.tls_files
+    .client_key_password``; both are random hex that a test may search every output for."""
+    sasl_user = SaslUser("sink", secrets.token_hex(16))
+    folder = tmp_path_factory.mktemp("kafka-tls")
+    broker = KafkaBroker(folder, sasl_user=sasl_user, tls=True, key_password=secrets.token_hex(16))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[Callable[..., KafkaBroker]]:
-    """Private brokers for tests that restart or kill them, or need a SASL or TLS listener
-    (``broker_factory(sasl_user=SaslUser(...), tls=True)``); all are stopped at the end of the test."""
+    """Private brokers for tests that restart or kill them (``tls_broker`` is the shared SASL and TLS
+    one); all are stopped at the end of the test."""
     started: list[KafkaBroker] = []
 
     def make(

@@ -1,20 +1,18 @@
 """The app over Kafka TLS, configured with librdkafka's property names only, for both Kafka clients.
 
-A real broker with a private CA offers an SSL listener that requires a client certificate (mTLS) and
-a SASL_SSL listener (SCRAM-SHA-256). The client key is encrypted the way OpenSSL 3 does by default
-(PKCS#8, PBES2), which Java's PEM reader cannot read by itself. The sink's ``kafka:`` section names
-only the TLS listener, so every client must speak TLS for the run to land its rows: Spark's Java
-Kafka source planning the offsets, and librdkafka in the workers, the coordinator, the range reader,
-the transactions and the pre-flight checks.
+A real broker with a private CA (the suite's shared ``tls_broker``) offers an SSL listener that
+requires a client certificate (mTLS) and a SASL_SSL listener (SCRAM-SHA-256). The client key is
+encrypted the way OpenSSL 3 does by default (PKCS#8, PBES2), which Java's PEM reader cannot read by
+itself. The sink's ``kafka:`` section names only the TLS listener, so every client must speak TLS
+for the run to land its rows: Spark's Java Kafka source planning the offsets, and librdkafka in the
+workers, the coordinator, the range reader, the transactions and the pre-flight checks.
 """
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,19 +22,8 @@ from support.sink_app import SinkRun
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
-from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
+from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.devtools.stack.certificates import make_tls_files
-
-SASL_USER = SaslUser("sink", secrets.token_urlsafe(12))
-
-
-@pytest.fixture(scope="module")
-def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A broker with PLAINTEXT (for the test's own producer), SSL with mTLS and SASL_SSL listeners."""
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-tls"), sasl_user=SASL_USER, tls=True)
-    broker.start()
-    yield broker
-    broker.stop()
 
 
 def _topics(broker: KafkaBroker) -> dict[str, str]:
@@ -59,14 +46,15 @@ def _listener(broker: KafkaBroker, protocol: str) -> tuple[dict[str, str], dict[
         }
         env = {"KAFKA_KEY_PASSWORD": files.client_key_password}
     else:
+        assert broker.sasl_user is not None
         kafka = {
             "bootstrap.servers": broker.sasl_ssl_bootstrap_servers,
             "ssl.ca.location": str(files.ca),
             "sasl.mechanism": "SCRAM-SHA-256",
-            "sasl.username": SASL_USER.username,
+            "sasl.username": broker.sasl_user.username,
             "sasl.password": "${KAFKA_PASSWORD}",
         }
-        env = {"KAFKA_PASSWORD": SASL_USER.password}
+        env = {"KAFKA_PASSWORD": broker.sasl_user.password}
     return {"security.protocol": protocol, **kafka}, env
 
 

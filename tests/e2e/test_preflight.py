@@ -1,8 +1,9 @@
 """``fanout-sink run`` stops before anything starts or is created when the broker, the credentials,
 the topics, the catalog or the warehouse are wrong, with one line naming the cause and one fix line.
 
-Real: the CLI in a child process, the shared broker, a private SASL broker (``broker_factory``), a
-closed port (nothing listens on it), a catalog section without a URI, and a warehouse below a file.
+Real: the CLI in a child process, the shared broker, the shared SASL and TLS broker
+(``tls_broker``), a closed port (nothing listens on it), a catalog section without a URI, and a
+warehouse below a file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
-from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser, free_port
+from fanout_sink.devtools.stack.broker import KafkaBroker, free_port
 
 
 def _run(tmp_path: Path, kafka: dict[str, str], **sections: Any) -> tuple[int, list[str]]:
@@ -59,12 +60,10 @@ def test_an_unreachable_broker_fails_in_seconds_with_cause_and_fix(tmp_path: Pat
     assert "unreachable" in cause and servers in cause and 'kafka."bootstrap.servers"' in cause
 
 
-def test_a_wrong_sasl_password_is_reported_as_authentication(
-    tmp_path: Path, broker_factory: Callable[..., KafkaBroker]
-) -> None:
-    broker = broker_factory(sasl_user=SaslUser("sink", "right-password"))
+def test_a_wrong_sasl_password_is_reported_as_authentication(tmp_path: Path, tls_broker: KafkaBroker) -> None:
+    assert tls_broker.sasl_user is not None and tls_broker.sasl_user.password != "wrong-password"
     kafka = {
-        "bootstrap.servers": broker.sasl_bootstrap_servers,
+        "bootstrap.servers": tls_broker.sasl_bootstrap_servers,
         "security.protocol": "SASL_PLAINTEXT",
         "sasl.mechanism": "PLAIN",
         "sasl.username": "sink",

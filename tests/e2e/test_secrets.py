@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.cli import main
 from fanout_sink.devtools.chaos.app_process import child_env
-from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
+from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.devtools.topics import read_to_end
 
 GOOD, BAD = 40, 3
@@ -115,21 +115,22 @@ def _message_bytes(message: Message) -> bytes:
 
 @pytest.mark.usefixtures("own_spark")
 def test_marker_secrets_reach_no_output_of_a_sasl_run(
-    broker_factory: Callable[..., KafkaBroker],
+    tls_broker: KafkaBroker,
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    password = _marker("sasl")
+    broker = tls_broker
+    assert broker.sasl_user is not None
+    password = broker.sasl_user.password  # random hex: searched for whole, like the markers
     catalog_secrets = {
         "s3.access-key-id": _marker("s3id"),
         "s3.secret-access-key": _marker("s3secret"),
         "adls.account-key": _marker("adls"),
     }
     registry_auth = f"registry:{_marker('registry')}"
-    key_password = _marker("keypass")
+    key_password = broker.tls_files.client_key_password
     markers = [password, key_password, *catalog_secrets.values(), registry_auth.partition(":")[2]]
-    broker = broker_factory(sasl_user=SaslUser("sink", password), tls=True, key_password=key_password)
     tls = broker.tls_files
     key = serialization.load_pem_private_key(tls.client_key.read_bytes(), key_password.encode())
     decrypted = key.private_bytes(
