@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import secrets
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Message
-from confluent_kafka.admin import AdminClient, NewTopic
-from support.common import embedded_catalog_settings
+from support.common import create_topic, embedded_catalog_settings, register_spark_catalog
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
 from fanout_sink.devtools.topics import read_to_end
 
 pytest_plugins = [
+    "support.sink_factory",
     "support.stores_fixtures",
     "support.cluster_fixtures",
     "support.expiry_fixtures",
@@ -76,13 +75,9 @@ def bootstrap_servers(kafka_broker: KafkaBroker) -> str:
 @pytest.fixture(scope="session")
 def make_topic(bootstrap_servers: str) -> Callable[..., str]:
     """Creates a uniquely named topic on the shared broker and returns its name."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
 
     def create(prefix: str = "t", partitions: int = 1, config: dict[str, str] | None = None) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
-        futures[name].result(timeout=30)
-        return name
+        return create_topic(bootstrap_servers, prefix, partitions, config)
 
     return create
 
@@ -121,8 +116,4 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def spark_catalog(spark: Any, catalog_settings: CatalogSettings) -> str:
     """Registers this test's catalog in the shared Spark session and returns its name."""
-    from fanout_sink.catalog import spark_catalog_conf
-
-    for key, value in spark_catalog_conf(catalog_settings).items():
-        spark.conf.set(key, value)
-    return catalog_settings.name
+    return register_spark_catalog(spark, catalog_settings)

@@ -7,21 +7,16 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
-from support.common import create_tables, make_processor, produce_json, run_batch, run_planned_batch
+from support.common import make_processor, produce_json, run_planned_batch
+from support.sink_factory import SinkFactory
 
-from fanout_sink.catalog import CatalogSettings
 from fanout_sink.cli import main
 from fanout_sink.protocol import table_state
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.protocol.worker import SliceWorker
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "status.md"
 
@@ -42,53 +37,27 @@ def documented_keys() -> dict[str, set[str]]:
     return sections
 
 
-def write_config(path: Path, sink: str, conf: dict[str, str], source: dict[str, Any], settings: Any) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": sink,
-                "kafka": conf,
-                "source": {**source, "format": "json"},
-                "control": {"topic": f"{sink}-control", "commit-interval": "30s"},
-                "catalog": settings.model_dump(),
-                "tables": {"sink.a": {"when": "table == 'a'"}},  # ignored by status
-            }
-        )
-    )
-    return path
-
-
 def test_status_shows_table_commits_and_source_lag(
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
-    catalog: Any,
-    catalog_settings: CatalogSettings,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sink = f"st{uuid.uuid4().hex[:6]}"
-    conf = {"bootstrap.servers": bootstrap_servers}
-    topic = make_topic("src", partitions=2)
-    create_tables(catalog, ["a", "b"])
+    sink = sink_factory(partitions={"src": 2}, tables="ab", prefix="st")
+    topic = sink.topic
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
     produce_json(bootstrap_servers, topic, 1, [{"id": i, "table": "b"} for i in range(4, 7)])
-    worker = SliceWorker(SinkChannel(sink, conf, f"{sink}-control"))
-    run_batch(worker, bootstrap_servers, {topic: 2}, make_processor(catalog))
-    worker.close()
-    coordinator = Coordinator(SinkChannel(sink, conf, f"{sink}-control"), catalog, source_topics=[topic])
-    coordinator.open()
+    sink.batch()
+    coordinator = sink.coordinator()
     result = coordinator.commit_round()
     coordinator.close()
     produce_json(bootstrap_servers, topic, 1, [{"id": 99, "table": "b"}])  # not delivered yet: lag 1
     produce_json(bootstrap_servers, topic, 0, [{"id": 98, "table": "a"}])  # delivered, not committed
-    pending_worker = SliceWorker(SinkChannel(sink, conf, f"{sink}-control"))
+    pending_worker = sink.worker()
     run_planned_batch(pending_worker, bootstrap_servers, {(topic, 0): (4, 5)}, make_processor(catalog))
     pending_worker.close()
     maintained_ms = int(time.time() * 1000) - 60_000
     with catalog.load_table("sink.b").transaction() as txn:
         txn.set_properties({table_state.MAINTENANCE_LAST_RUN_MS: str(maintained_ms)})
 
-    config = write_config(tmp_path / "sink.yaml", sink, conf, {"topics": [topic]}, catalog_settings)
+    config = sink.config_file
     assert main(["status", "--config", str(config), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert (status["source_pattern"], status["source_topics"]) == (None, [topic])
@@ -120,12 +89,8 @@ def test_status_shows_table_commits_and_source_lag(
 
 
 def test_status_of_a_pattern_source_shows_the_topics_it_matches_now(
-    bootstrap_servers: str,
-    catalog_settings: CatalogSettings,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    bootstrap_servers: str, sink_factory: SinkFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sink = f"sp{uuid.uuid4().hex[:6]}"
     prefix = f"pat{uuid.uuid4().hex[:6]}"
     topics = {f"{prefix}.a": 2, f"{prefix}.b": 1, f"{prefix}.ab": 1, f"x{prefix}.a": 1}
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
@@ -136,10 +101,7 @@ def test_status_of_a_pattern_source_shows_the_topics_it_matches_now(
     produce_json(bootstrap_servers, f"{prefix}.ab", 0, [{"id": 4, "table": "a"}])
     # Spark's subscribePattern matches whole names: .ab and x<prefix>.a are not subscribed.
     pattern = prefix + r"\.[ab]"
-    source = {"pattern": pattern}
-    config = write_config(
-        tmp_path / "sink.yaml", sink, {"bootstrap.servers": bootstrap_servers}, source, catalog_settings
-    )
+    config = sink_factory(topics={}, prefix="sp", source={"pattern": pattern}).config_file
 
     assert main(["status", "--config", str(config), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)

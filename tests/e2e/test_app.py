@@ -10,36 +10,53 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.common import embedded_catalog_settings
-from support.sink_app import SinkRun
+from support.common import register_spark_catalog
+from support.sink_factory import SinkFactory, SinkUnderTest, new_sink
 
-from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
 
 pytestmark = pytest.mark.usefixtures("own_spark")
 
 
 @pytest.fixture
-def sink_run(
-    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
-) -> SinkRun:
-    return SinkRun(tmp_path, bootstrap_servers, catalog_settings, make_topic)
+def sink_run(sink_factory: SinkFactory) -> SinkUnderTest:
+    return sink_factory()
 
 
-def test_available_now_into_static_and_dynamic_tables_read_both_ways(
-    sink_run: SinkRun, spark: Any, spark_catalog: str
-) -> None:
-    sink_run.produce(1500)
-    profiles = sink_run.tmp_path / "profiles"
-    log = sink_run.run(
+@dataclass(frozen=True)
+class DeliveredRun:
+    """A sink after one ``--available-now`` run delivered every record produced before it."""
+
+    sink: SinkUnderTest
+    log: str
+    profiles: Path
+
+
+@pytest.fixture(scope="module")
+def delivered(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str) -> DeliveredRun:
+    """1500 shop events delivered by one run capped at 800 records per micro-batch, at DEBUG, every
+    task profiled. One app run (a Spark start) for the tests that look at a delivered run and do not
+    change it: the run's own log, tables and profiles, and its checkpoint copied to another sink."""
+    folder = tmp_path_factory.mktemp("delivered")
+    sink = new_sink(bootstrap_servers, folder)
+    sink.produce(1500)
+    profiles = folder / "profiles"
+    log = sink.run(
         "--available-now", "--max-offsets-per-trigger", "800", "--log-level", "DEBUG",
         env={"FANOUT_SINK_PROFILE": str(profiles)},
     )  # fmt: skip
+    return DeliveredRun(sink, log, profiles)
+
+
+def test_available_now_into_static_and_dynamic_tables_read_both_ways(
+    delivered: DeliveredRun, spark: Any
+) -> None:
+    sink_run, log, profiles = delivered.sink, delivered.log, delivered.profiles
     assert "batch 0:" in log and "batch 1:" in log, "the cap splits the run into several micro-batches"
     # Every task ran under cProfile: one dump per topic-partition and batch, loadable by pstats.
     dumps = sorted(p.name for p in profiles.iterdir())
@@ -54,7 +71,7 @@ def test_available_now_into_static_and_dynamic_tables_read_both_ways(
     sink_run.run("--available-now")
     sink_run.assert_exact()
 
-    orders = f"{spark_catalog}.shop.orders"
+    orders = f"{register_spark_catalog(spark, sink_run.settings)}.shop.orders"
     spark_ids = {row.id for row in spark.sql(f"SELECT id FROM {orders}").collect()}
     assert spark_ids == sink_run.expected["shop.orders"]
     summaries = spark.sql(f"SELECT summary FROM {orders}.snapshots ORDER BY committed_at").collect()
@@ -67,7 +84,7 @@ def test_available_now_into_static_and_dynamic_tables_read_both_ways(
     }
 
 
-def test_driver_killed_mid_run_then_restarted(sink_run: SinkRun) -> None:
+def test_driver_killed_mid_run_then_restarted(sink_run: SinkUnderTest) -> None:
     sink_run.produce(2400)
     env = child_env({"FANOUT_SINK_FAULTS": "worker.after-commit=sleep:1"})
     app = subprocess.Popen(
@@ -89,7 +106,9 @@ def test_driver_killed_mid_run_then_restarted(sink_run: SinkRun) -> None:
     sink_run.assert_exact()
 
 
-def test_executor_python_worker_killed_mid_batch_in_local_cluster(sink_run: SinkRun, tmp_path: Path) -> None:
+def test_executor_python_worker_killed_mid_batch_in_local_cluster(
+    sink_run: SinkUnderTest, tmp_path: Path
+) -> None:
     sink_run.produce(900)
     marker = tmp_path / "worker-killed"
     sink_run.run(
@@ -102,7 +121,7 @@ def test_executor_python_worker_killed_mid_batch_in_local_cluster(sink_run: Sink
     sink_run.assert_exact()
 
 
-def _start_streaming(sink_run: SinkRun) -> subprocess.Popen[str]:
+def _start_streaming(sink_run: SinkUnderTest) -> subprocess.Popen[str]:
     app = subprocess.Popen(
         sink_run.command("--trigger-interval", "1s"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env(),
@@ -120,11 +139,9 @@ def _read_until(app: subprocess.Popen[str], marker: str, timeout_s: float = 300)
     return seen
 
 
-def test_sigterm_finishes_the_batch_commits_and_exits_zero(
-    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
-) -> None:
+def test_sigterm_finishes_the_batch_commits_and_exits_zero(sink_factory: SinkFactory) -> None:
     """With a commit interval far beyond the test, the tables can only be filled by the stop's commit."""
-    sink_run = SinkRun(tmp_path, bootstrap_servers, catalog_settings, make_topic, commit_interval="1h")
+    sink_run = sink_factory(commit_interval="1h")
     sink_run.produce(600)
     app = _start_streaming(sink_run)
     _read_until(app, "batch 0:")
@@ -136,30 +153,21 @@ def test_sigterm_finishes_the_batch_commits_and_exits_zero(
 
 
 def test_checkpoint_ahead_of_the_sink_group_is_moved_aside(
-    tmp_path: Path, bootstrap_servers: str, make_topic: Callable[..., str]
+    tmp_path: Path, sink_factory: SinkFactory, delivered: DeliveredRun
 ) -> None:
     """A checkpoint that claims more than the sink group delivered (here: copied from another sink)
     must not make the sink skip records: the group wins, and the operator is told."""
-    first = SinkRun(tmp_path / "a", bootstrap_servers, _settings(tmp_path / "a"), make_topic)
-    first.produce(500)
-    first.run("--available-now")
-    second = SinkRun(
-        tmp_path / "b", bootstrap_servers, _settings(tmp_path / "b"), make_topic, topics=first.topics
-    )
+    first = delivered.sink
+    second = sink_factory(folder=tmp_path / "b", topics=first.topics)
     second.expected = first.expected
-    shutil.copytree(tmp_path / "a" / "checkpoints" / first.name, tmp_path / "b" / "checkpoints" / second.name)
+    shutil.copytree(first.checkpoint, tmp_path / "b" / "checkpoints" / second.name)
     log = second.run("--available-now")
     assert "ahead of the sink-managed group" in log
     second.assert_exact()
     assert list((tmp_path / "b" / "checkpoints").glob(f"{second.name}.stale-*")), "the old checkpoint is kept"
 
 
-def _settings(folder: Path) -> CatalogSettings:
-    folder.mkdir(parents=True, exist_ok=True)
-    return embedded_catalog_settings(folder)
-
-
-def test_spark_submit_runs_the_same_app(sink_run: SinkRun) -> None:
+def test_spark_submit_runs_the_same_app(sink_run: SinkUnderTest) -> None:
     """The cluster entry point: spark-submit owns the master and the jars, the app does the rest."""
     import fanout_sink.submit
     from fanout_sink import jars
@@ -170,7 +178,7 @@ def test_spark_submit_runs_the_same_app(sink_run: SinkRun) -> None:
     submit = Path(sys.executable).parent / "spark-submit"
     result = subprocess.run(
         [str(submit), "--master", "local[2]", "--jars", connector_jars, fanout_sink.submit.__file__,
-         "--config", str(sink_run.config), "--available-now"],
+         "--config", str(sink_run.config_file), "--available-now"],
         capture_output=True, text=True, timeout=420, check=False,
         env=child_env({"PYSPARK_PYTHON": sys.executable}),
     )  # fmt: skip

@@ -4,14 +4,11 @@ a failed task's traceback once, at the batch that retried it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.sink_app import SinkRun
-
-from fanout_sink.catalog import CatalogSettings
+from support.sink_factory import SinkFactory
 
 pytestmark = pytest.mark.usefixtures("own_spark")
 
@@ -19,15 +16,9 @@ _JVM_NOTICE = "WARNING: Using incubator modules"  # the JVM's own, before any lo
 
 
 def test_json_log_with_a_failed_task_shows_its_traceback_once(
-    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+    tmp_path: Path, sink_factory: SinkFactory
 ) -> None:
-    sink = SinkRun(
-        tmp_path,
-        bootstrap_servers,
-        catalog_settings,
-        make_topic,
-        overrides={"logging": {"format": "json"}},
-    )
+    sink = sink_factory(overrides={"logging": {"format": "json"}})
     sink.produce(200)
     armed = tmp_path / "armed"
     armed.touch()  # the first task to pass the point fails, once; the batch's retry delivers

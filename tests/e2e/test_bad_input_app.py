@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from support.bad_records import (
     sink_settings,
 )
 from support.common import sink_group_offset
-from support.sink_app import SinkRun
+from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.transform.records import DeadLetter
@@ -76,32 +75,28 @@ def _produce(bootstrap: str, topic: str) -> Produced:
     return produced
 
 
-def _sink(
-    tmp_path: Path,
-    bootstrap: str,
-    settings: CatalogSettings,
-    make_topic: Callable[..., str],
-    **overrides: Any,
-) -> tuple[SinkRun, str]:
-    topic = make_topic("corpus", partitions=2, config={"max.message.bytes": MAX_MESSAGE})
-    sink = sink_settings(**overrides)
-    sink["source"] = {**sink["source"], "topics": [topic]}
-    sink["kafka"] = {"bootstrap.servers": bootstrap, "message.max.bytes": MAX_MESSAGE}
-    run = SinkRun(tmp_path, bootstrap, settings, make_topic, topics={"corpus": topic}, overrides=sink)
-    return run, topic
+def _sink(sink_factory: SinkFactory, **overrides: Any) -> tuple[SinkUnderTest, str]:
+    """The corpus sink (``sink_settings``) on a two-partition topic; topic and clients allow the
+    corpus's multi-MB record."""
+    sections = sink_settings(**overrides)
+    run = sink_factory(
+        partitions={"corpus": 2},
+        topic_config={"max.message.bytes": MAX_MESSAGE},
+        kafka={"message.max.bytes": MAX_MESSAGE},
+        source=sections.pop("source"),
+        overrides=sections,
+    )
+    return run, run.topic
 
 
 def test_tolerance_all_dead_letters_every_bad_record_once(
-    tmp_path: Path,
     bootstrap_servers: str,
-    catalog_settings: CatalogSettings,
     make_topic: Callable[..., str],
     read_topic: Callable[..., list[Message]],
+    sink_factory: SinkFactory,
 ) -> None:
     dlq = make_topic("corpus-dlq", config={"max.message.bytes": MAX_MESSAGE})
-    sink_run, topic = _sink(
-        tmp_path, bootstrap_servers, catalog_settings, make_topic, **{"dead-letter": {"topic": dlq}}
-    )
+    sink_run, topic = _sink(sink_factory, **{"dead-letter": {"topic": dlq}})
     produced = _produce(bootstrap_servers, topic)
     log = sink_run.run("--available-now")
 
@@ -129,13 +124,10 @@ def test_tolerance_all_dead_letters_every_bad_record_once(
 
 
 def test_tolerance_none_stops_at_the_first_bad_record_and_again_after_restart(
-    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+    bootstrap_servers: str, catalog_settings: CatalogSettings, sink_factory: SinkFactory
 ) -> None:
     sink_run, topic = _sink(
-        tmp_path,
-        bootstrap_servers,
-        catalog_settings,
-        make_topic,
+        sink_factory,
         source={"topics": [], "format": "json", "tombstones": "skip"},
         errors={"tolerance": "none"},
         **{"dead-letter": None},

@@ -17,22 +17,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka.admin import AdminClient, NewTopic
-from support.sink_app import SinkRun
+from support.common import create_topic
+from support.sink_factory import SinkFactory
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.devtools.stack.certificates import make_tls_files
-
-
-def _topics(broker: KafkaBroker) -> dict[str, str]:
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    topics = {"orders": f"orders-{uuid.uuid4().hex[:8]}", "clicks": f"clicks-{uuid.uuid4().hex[:8]}"}
-    futures = admin.create_topics([NewTopic(topics["orders"], 3), NewTopic(topics["clicks"], 2)])
-    for future in futures.values():
-        future.result(30)
-    return topics
 
 
 def _listener(broker: KafkaBroker, protocol: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -61,14 +52,10 @@ def _listener(broker: KafkaBroker, protocol: str) -> tuple[dict[str, str], dict[
 @pytest.mark.usefixtures("own_spark")
 @pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
 def test_the_app_lands_exact_rows_over_tls_with_both_kafka_clients(
-    tls_broker: KafkaBroker, catalog_settings: CatalogSettings, tmp_path: Path, protocol: str
+    tls_broker: KafkaBroker, sink_factory: SinkFactory, protocol: str
 ) -> None:
     kafka, env = _listener(tls_broker, protocol)
-    topics = _topics(tls_broker)
-    sink = SinkRun(
-        tmp_path, tls_broker.bootstrap_servers, catalog_settings, make_topic=lambda *a, **k: "",
-        topics=topics, overrides={"kafka": kafka},
-    )  # fmt: skip
+    sink = sink_factory(bootstrap=tls_broker.bootstrap_servers, overrides={"kafka": kafka})
     sink.produce(300)  # over PLAINTEXT: the test's producer, not the sink
     log = sink.run("--available-now", env=env)
     assert "final commit round" in log
@@ -104,7 +91,7 @@ def test_a_tls_mistake_fails_before_start_naming_the_broker_and_the_key(
     sink = {
         "name": f"tls-{uuid.uuid4().hex[:6]}",
         "kafka": kafka,
-        "source": {"topics": [_topics(tls_broker)["orders"]]},
+        "source": {"topics": [create_topic(tls_broker.bootstrap_servers, "orders", 3)]},
         "catalog": catalog_settings.model_dump(exclude_none=True),
         "tables": {"a.b": {}},
     }

@@ -20,16 +20,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from support.sink_app import STATIC, SinkRun
+from support.sink_factory import STATIC, SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config.loading import load_config
 from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
-from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state
-from fanout_sink.protocol.channel import ControlReader, SinkChannel, sink_group
+from fanout_sink.protocol.channel import ControlReader
 from fanout_sink.protocol.orphans import normalise
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
@@ -62,18 +60,14 @@ committed by the rewrite itself, never announced on the control topic."""
 
 def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
     tmp_path: Path,
-    bootstrap_servers: str,
     catalog_settings: CatalogSettings,
     make_topic: Callable[..., str],
+    sink_factory: SinkFactory,
     spark: Any,
     spark_catalog: str,
 ) -> None:
     topic = make_topic("events", partitions=2)
-    sink_run = SinkRun(
-        tmp_path,
-        bootstrap_servers,
-        catalog_settings,
-        make_topic,
+    sink_run = sink_factory(
         topics={"orders": topic, "clicks": topic},
         commit_interval="1s",
         overrides={
@@ -96,7 +90,7 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
     outside: list[list[TableMaintenance]] = []
     # One table per outside run, in turn: each run costs a minute of a loaded 2-core box.
     maintainer = _Background(
-        lambda: outside.append(_maintain(spark, sink_run.config, [TABLES[len(outside) % len(TABLES)]])),
+        lambda: outside.append(maintain(spark, sink_run.config, [TABLES[len(outside) % len(TABLES)]])),
         every_s=3.0,
     )
     armed = dict.fromkeys(FAULT_POINTS, 0)
@@ -171,7 +165,7 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
     # The final run, once every aborted file is older than the safety age.
     _wait_older_than(aborted, ORPHAN_AGE_S)
     left = {path for path in aborted if os.path.exists(path)}
-    final = _maintain(spark, sink_run.config)
+    final = maintain(spark, sink_run.config, None)
     assert left <= _orphans(final), "the final run removed the aborted files still there"
     assert not {path for path in aborted if os.path.exists(path)}, "every aborted file is gone"
 
@@ -242,10 +236,6 @@ class _FileWatch(_Background):
         self._scan()
 
 
-def _maintain(spark: Any, config_file: Path, tables: list[str] | None = None) -> list[TableMaintenance]:
-    return maintain(spark, load_config(config_file), tables)
-
-
 def _orphans(results: Iterable[TableMaintenance]) -> set[str]:
     return {normalise(path) for result in results for path in result.orphans_removed}
 
@@ -255,11 +245,9 @@ def _referenced(table: Any) -> list[str]:
     return [normalise(task.file.file_path) for task in table.scan().plan_files()]
 
 
-def _committed_control_events(sink_run: SinkRun) -> list[ev.Payload]:
+def _committed_control_events(sink_run: SinkUnderTest) -> list[ev.Payload]:
     """Every committed event of the sink (``read_committed``: aborted attempts' events are invisible)."""
-    reader = ControlReader(
-        SinkChannel(sink_run.name, {"bootstrap.servers": sink_run.bootstrap}, f"{sink_run.name}-control")
-    )
+    reader = ControlReader(sink_run.channel)
     try:
         reader.seek(0)
         return [item.event.payload for item in reader.read_until(reader.end_offset())]
@@ -275,13 +263,11 @@ def _wait_committed(catalog: Any, sink: str, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def _wait_caught_up(sink_run: SinkRun, topic: str, timeout_s: float) -> None:
+def _wait_caught_up(sink_run: SinkUnderTest, topic: str, timeout_s: float) -> None:
     """Until the sink group has every produced record (SIGTERM ends the stream after its batch)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        positions = source_positions(
-            KafkaClientFactory({"bootstrap.servers": sink_run.bootstrap}), sink_group(sink_run.name), [topic]
-        )
+        positions = source_positions(sink_run.channel.clients, sink_run.channel.sink_group, [topic])
         if all(position.caught_up for position in positions):
             return
         assert time.monotonic() < deadline, f"the sink did not catch up: {positions}"

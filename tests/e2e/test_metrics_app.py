@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
-from support.sink_app import SinkRun
+from support.sink_factory import SinkFactory
 
-from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import free_port
 
@@ -53,15 +52,11 @@ def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
 
 
 def test_metrics_scraped_during_a_run_match_the_tables(
-    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+    tmp_path: Path, bootstrap_servers: str, make_topic: Callable[..., str], sink_factory: SinkFactory
 ) -> None:
     dlq = make_topic("dlq")
     port = free_port()
-    sink_run = SinkRun(
-        tmp_path,
-        bootstrap_servers,
-        catalog_settings,
-        make_topic,
+    sink_run = sink_factory(
         commit_interval="1s",
         overrides={"metrics": {"port": port}, "dead-letter": {"topic": dlq}},
     )

@@ -14,7 +14,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from support.registry import Registry, compile_protos, message_class
-from support.sink_app import SinkRun
+from support.sink_factory import SinkFactory
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 
@@ -24,7 +24,10 @@ SOURCES = Path(__file__).resolve().parents[2] / "schemas" / "sources"
 
 
 def test_protobuf_orders_land_through_the_app(
-    tmp_path: Path, bootstrap_servers: str, catalog_settings: CatalogSettings, make_topic: Callable[..., str]
+    bootstrap_servers: str,
+    catalog_settings: CatalogSettings,
+    make_topic: Callable[..., str],
+    sink_factory: SinkFactory,
 ) -> None:
     registry = Registry()
     try:
@@ -43,11 +46,7 @@ def test_protobuf_orders_land_through_the_app(
         assert producer.flush(30) == 0
         source = {"topics": [topic], "format": "confluent-protobuf", "schema-registry": {"url": registry.url}}
         tables = {"shop.pb_orders": {"select": "{id: id, customer: customer.id, status: status, ts: ts}"}}
-        sink = SinkRun(
-            tmp_path,
-            bootstrap_servers,
-            catalog_settings,
-            make_topic,
+        sink = sink_factory(
             topics={"orders": topic},
             overrides={"source": source, "tables": tables, "dynamic": None},
         )

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
-from support.common import create_tables, make_processor, produce_json, read_slice, run_batch, table_ids
+from support.common import produce_json, read_slice, table_ids
+from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
 from fanout_sink.config.models import ControlSettings, DeadLetterSettings
@@ -21,15 +22,12 @@ from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.protocol.worker import SliceWorker
 
 
-def _coordinator_watermark(conf: dict[str, Any], sink: str, control: str) -> int | None:
-    holder = Consumer({**conf, "group.id": channel.coordinator_group(sink)})
+def _coordinator_watermark(sink: SinkUnderTest) -> int | None:
+    holder = Consumer({**sink.kafka, "group.id": sink.channel.coordinator_group})
     try:
-        offset = holder.committed([TopicPartition(control, 0)], timeout=30)[0].offset
+        offset = holder.committed([TopicPartition(sink.control_topic, 0)], timeout=30)[0].offset
     finally:
         holder.close()
     return int(offset) if offset >= 0 else None
@@ -39,31 +37,29 @@ def _table_of(i: int) -> str:
     return "abc"[(i // 3) % 3]
 
 
-def _deliver(conf: dict[str, Any], sink: str, control: str, topic: str, catalog: Any, ids: range) -> None:
+def _sink(sink_factory: SinkFactory) -> SinkUnderTest:
+    """A sink of one source topic with three partitions, and tables a, b and c."""
+    return sink_factory(partitions={"src": 3}, tables="abc", prefix="s")
+
+
+def _deliver(sink: SinkUnderTest, ids: range) -> None:
     """Id ``i`` goes to source partition ``i % 3`` and table ``_table_of(i)``; one worker batch, so
     one transaction per partition with a ``DataWritten`` for each of the three tables."""
     for partition in range(3):
         values = [{"id": i, "table": _table_of(i)} for i in ids if i % 3 == partition]
-        produce_json(conf["bootstrap.servers"], topic, partition, values)
-    worker = SliceWorker(SinkChannel(sink, conf, control))
-    run_batch(worker, conf["bootstrap.servers"], {topic: 3}, make_processor(catalog))
-    worker.close()
+        produce_json(sink.bootstrap, sink.topic, partition, values)
+    sink.batch()
 
 
 def test_a_control_read_failing_mid_round_keeps_the_events_it_already_read(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """Real: broker, control topic, worker transactions, SQLite catalog. Simulated: the consumer
     error, raised once by the ``control.before-poll`` fault point after some control events were
     handed out (what a broker going away between two fetches looks like to the reader)."""
-    sink = f"s{uuid.uuid4().hex[:6]}"
-    conf = {"bootstrap.servers": bootstrap_servers}
-    control = f"{sink}-control"
-    topic = make_topic("src", partitions=3)
-    create_tables(catalog, "abc")
-    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
-    coordinator.open()
-    _deliver(conf, sink, control, topic, catalog, range(30))
+    sink = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    _deliver(sink, range(30))
     # Three worker transactions: DataWritten a/b/c + DataComplete + a marker each.
     assert coordinator._reader is not None and coordinator._reader.end_offset() == 3 * 5
 
@@ -77,14 +73,14 @@ def test_a_control_read_failing_mid_round_keeps_the_events_it_already_read(
     with faults.register("control.before-poll", broker_goes_away), pytest.raises(KafkaException):
         coordinator.commit_round()
     assert failed
-    assert _coordinator_watermark(conf, sink, control) is None  # the failed round acknowledged nothing
+    assert _coordinator_watermark(sink) is None  # the failed round acknowledged nothing
 
     result = coordinator.commit_round()
     coordinator.close()
     assert {t: o.outcome for t, o in result.tables.items()} == {f"sink.{t}": "committed" for t in "abc"}
     for name in "abc":
         assert table_ids(catalog, name) == [i for i in range(30) if _table_of(i) == name]
-    assert _coordinator_watermark(conf, sink, control) == result.round_end
+    assert _coordinator_watermark(sink) == result.round_end
 
 
 def _delete_before(bootstrap: str, topic: str, offset: int) -> None:
@@ -94,24 +90,19 @@ def _delete_before(bootstrap: str, topic: str, offset: int) -> None:
 
 
 def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """Real: broker, control topic, AdminClient.delete_records past the coordinator's committed low
     watermark (standing in for retention after a long outage), catalog. Nothing simulated."""
-    sink = f"s{uuid.uuid4().hex[:6]}"
-    conf = {"bootstrap.servers": bootstrap_servers}
-    control = f"{sink}-control"
-    topic = make_topic("src", partitions=3)
-    create_tables(catalog, "abc")
-    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
-    coordinator.open()
-    _deliver(conf, sink, control, topic, catalog, range(30))
+    sink = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    _deliver(sink, range(30))
     watermark = coordinator.commit_round().low_watermark
-    _deliver(conf, sink, control, topic, catalog, range(30, 60))  # pending: never committed
+    _deliver(sink, range(30, 60))  # pending: never committed
     coordinator.close()
-    _delete_before(bootstrap_servers, control, watermark + 2)
+    _delete_before(bootstrap_servers, sink.control_topic, watermark + 2)
 
-    restarted = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
+    restarted = sink.coordinator(opened=False)
     with pytest.raises(
         ControlTopicError, match=rf"needs events from offset {watermark} on.*starts at offset {watermark + 2}"
     ):
@@ -119,11 +110,10 @@ def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
     restarted.close()
 
     # Accepting the loss deliberately, as the error's fix says: the coordinator group moves to the log start.
-    holder = Consumer({**conf, "group.id": channel.coordinator_group(sink)})
-    holder.commit(offsets=[TopicPartition(control, 0, watermark + 2)], asynchronous=False)
+    holder = Consumer({**sink.kafka, "group.id": sink.channel.coordinator_group})
+    holder.commit(offsets=[TopicPartition(sink.control_topic, 0, watermark + 2)], asynchronous=False)
     holder.close()
-    accepted = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
-    accepted.open()
+    accepted = sink.coordinator()
     accepted.commit_round()
     accepted.close()
     assert table_ids(catalog, "a")[: len([i for i in range(30) if _table_of(i) == "a"])] == [
@@ -132,30 +122,24 @@ def test_deleted_control_events_a_table_still_needs_stop_the_coordinator(
 
 
 def test_an_expired_coordinator_group_resumes_from_the_low_watermark_its_last_round_recorded(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """Real: broker, catalog, delete-records of acknowledged events only (what retention does on a
     healthy sink). Simulated: the coordinator group's offset expiring after a long downtime is done by
     deleting the group, which is what the broker's expiry leaves behind (a group without offsets)."""
-    sink = f"s{uuid.uuid4().hex[:6]}"
-    conf = {"bootstrap.servers": bootstrap_servers}
-    control = f"{sink}-control"
-    topic = make_topic("src", partitions=3)
-    create_tables(catalog, "abc")
-    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
-    coordinator.open()
-    _deliver(conf, sink, control, topic, catalog, range(30))
+    sink = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    _deliver(sink, range(30))
     watermark = coordinator.commit_round().low_watermark
     coordinator.close()
-    _deliver(conf, sink, control, topic, catalog, range(30, 60))  # while the app is down
-    _delete_before(bootstrap_servers, control, watermark)
-    admin = AdminClient(conf)
-    for future in admin.delete_consumer_groups([channel.coordinator_group(sink)]).values():
+    _deliver(sink, range(30, 60))  # while the app is down
+    _delete_before(bootstrap_servers, sink.control_topic, watermark)
+    admin = AdminClient(sink.kafka)
+    for future in admin.delete_consumer_groups([sink.channel.coordinator_group]).values():
         future.result(30)
-    assert _coordinator_watermark(conf, sink, control) is None
+    assert _coordinator_watermark(sink) is None
 
-    restarted = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
-    restarted.open()  # before: ControlTopicError ("acknowledged nothing ... log now starts at")
+    restarted = sink.coordinator()  # before: ControlTopicError ("acknowledged nothing ... log now starts at")
     restarted.commit_round()
     restarted.close()
     for name in "abc":
@@ -257,29 +241,18 @@ def test_existing_sink_topics_are_checked_at_start(
 
 
 def test_vtts_is_known_again_right_after_a_coordinator_restart(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory
 ) -> None:
     """Real: broker, worker transactions, coordinator processes' state lost by closing them (what
     a restarted driver starts from). Before, VTTS stayed unknown after a restart until every
     partition that was behind reported again, because reports below the low watermark are not
     re-read; the last round's ``CommitComplete`` (always at or above it) now carries what they said."""
-    sink = f"s{uuid.uuid4().hex[:6]}"
-    conf = {"bootstrap.servers": bootstrap_servers}
-    control = f"{sink}-control"
-    topic = make_topic("src", partitions=2)
-    create_tables(catalog, "ab")
-
-    def coordinator() -> Coordinator:
-        opened = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
-        opened.open()
-        return opened
-
+    sink = sink_factory(partitions={"src": 2}, tables="ab", prefix="s")
+    topic, coordinator = sink.topic, sink.coordinator
     first = coordinator()
     for partition in range(2):
         produce_json(bootstrap_servers, topic, partition, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
-    worker = SliceWorker(SinkChannel(sink, conf, control))
-    run_batch(worker, bootstrap_servers, {topic: 2}, make_processor(catalog))
-    worker.close()
+    sink.batch()
     claimed = first.commit_round().vtts_ms
     first.close()
     assert claimed is not None

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -15,67 +12,33 @@ from support.common import (
     ARROW_SCHEMA,
     NAMESPACE,
     TABLE_SCHEMA,
-    create_tables,
     make_processor,
     produce_json,
-    run_batch,
     table_ids,
 )
+from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
 from fanout_sink.errors import ProducerFencedError
 from fanout_sink.protocol import channel, table_state
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.protocol.worker import SliceWorker
 
 
-@dataclass
-class Sink:
-    name: str
-    conf: dict[str, Any]
-    control: str
-    topics: dict[str, int]
-    catalog: Any
-
-    def worker(self) -> SliceWorker:
-        return SliceWorker(SinkChannel(self.name, self.conf, self.control))
-
-    def coordinator(self, **kwargs: Any) -> Coordinator:
-        coordinator = Coordinator(
-            SinkChannel(self.name, self.conf, self.control),
-            self.catalog,
-            source_topics=list(self.topics),
-            **kwargs,
-        )
-        coordinator.open()
-        return coordinator
-
-    def batch(self, worker: SliceWorker | None = None) -> None:
-        own = worker or self.worker()
-        run_batch(own, self.conf["bootstrap.servers"], self.topics, make_processor(self.catalog))
-        if worker is None:
-            own.close()
+def _sink(sink_factory: SinkFactory, topics: int, partitions: int) -> SinkUnderTest:
+    """A sink of ``topics`` source topics of ``partitions`` each, with tables a, b and c."""
+    return sink_factory(partitions={f"src{i}": partitions for i in range(topics)}, tables="abc", prefix="s")
 
 
-def _sink(bootstrap: str, make_topic: Callable[..., str], catalog: Any, topics: int, partitions: int) -> Sink:
-    name = f"s{uuid.uuid4().hex[:6]}"
-    names = {make_topic(f"src{i}", partitions=partitions): partitions for i in range(topics)}
-    create_tables(catalog, ["a", "b", "c"])
-    return Sink(name, {"bootstrap.servers": bootstrap}, f"{name}-control", names, catalog)
-
-
-def _produce(sink: Sink, ids: range, tables: str = "abc") -> dict[str, list[int]]:
+def _produce(sink: SinkUnderTest, ids: range, tables: str = "abc") -> dict[str, list[int]]:
     """Spread ids over every source partition, routed round-robin to ``tables``; returns ids per table."""
     expected: dict[str, list[int]] = {t: [] for t in "abc"}
-    partitions = [(t, p) for t, n in sink.topics.items() for p in range(n)]
+    partitions = [(t, p) for t, n in sink.partitions.items() for p in range(n)]
     per_partition: dict[tuple[str, int], list[dict[str, Any]]] = {tp: [] for tp in partitions}
     for i in ids:
         table = tables[i % len(tables)]
         per_partition[partitions[i % len(partitions)]].append({"id": i, "table": table})
         expected[table].append(i)
     for (topic, partition), values in per_partition.items():
-        produce_json(sink.conf["bootstrap.servers"], topic, partition, values)
+        produce_json(sink.bootstrap, topic, partition, values)
     return expected
 
 
@@ -83,10 +46,8 @@ def _snapshots(catalog: Any, name: str) -> int:
     return len(catalog.load_table(f"{NAMESPACE}.{name}").snapshots())
 
 
-def test_happy_path_two_topics_three_partitions_three_tables(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
-) -> None:
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=2, partitions=3)
+def test_happy_path_two_topics_three_partitions_three_tables(sink_factory: SinkFactory, catalog: Any) -> None:
+    sink = _sink(sink_factory, topics=2, partitions=3)
     coordinator = sink.coordinator()
     expected = _produce(sink, range(60))
     sink.batch()
@@ -108,11 +69,11 @@ def test_happy_path_two_topics_three_partitions_three_tables(
     assert {t: _snapshots(catalog, t) for t in "abc"} == before
 
     # The low watermark went to the coordinator's own group, and CommitToTable/CommitComplete were published.
-    holder = Consumer({**sink.conf, "group.id": channel.coordinator_group(sink.name)})
-    watermark = holder.committed([TopicPartition(sink.control, 0)], timeout=30)[0].offset
+    holder = Consumer({**sink.kafka, "group.id": channel.coordinator_group(sink.name)})
+    watermark = holder.committed([TopicPartition(sink.control_topic, 0)], timeout=30)[0].offset
     holder.close()
     assert coordinator.last_round is not None and watermark == coordinator.last_round.round_end
-    reader = channel.ControlReader(channel.SinkChannel(sink.name, sink.conf, sink.control))
+    reader = channel.ControlReader(sink.channel)
     reader.seek(0)
     kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
     reader.close()
@@ -128,11 +89,11 @@ def test_happy_path_two_topics_three_partitions_three_tables(
 
 
 def test_vtts_is_held_back_by_a_partition_that_is_behind_and_unreported(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    sink = _sink(sink_factory, topics=1, partitions=2)
     coordinator = sink.coordinator()
-    topic = next(iter(sink.topics))
+    topic = sink.topic
     produce_json(bootstrap_servers, topic, 0, [{"id": 1, "table": "a"}])
     worker = sink.worker()
     sink.batch(worker)
@@ -154,9 +115,9 @@ def test_vtts_is_held_back_by_a_partition_that_is_behind_and_unreported(
 
 
 def test_catalog_conflict_between_load_and_commit_is_retried_after_a_recheck(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    sink = _sink(sink_factory, topics=1, partitions=1)
     coordinator = sink.coordinator()
     expected = _produce(sink, range(10), tables="a")
     sink.batch()
@@ -181,9 +142,9 @@ def test_catalog_conflict_between_load_and_commit_is_retried_after_a_recheck(
 
 
 def test_events_arriving_after_their_round_closed_go_into_the_next_round(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    sink = _sink(sink_factory, topics=1, partitions=1)
     coordinator = sink.coordinator()
     expected = _produce(sink, range(8), tables="ab")
     rounds = []
@@ -201,12 +162,10 @@ def test_events_arriving_after_their_round_closed_go_into_the_next_round(
     coordinator.close()
 
 
-def test_table_dropped_and_recreated_under_the_sink(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
-) -> None:
+def test_table_dropped_and_recreated_under_the_sink(sink_factory: SinkFactory, catalog: Any) -> None:
     """Files in flight across the recreation (written and announced for the old uuid) are rewritten
     into the new table: their rows were delivered after all, and the new table has the same columns."""
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    sink = _sink(sink_factory, topics=1, partitions=1)
     coordinator = sink.coordinator()
     older = _produce(sink, range(6), tables="a")
     sink.batch()  # files written for the old table's uuid
@@ -223,12 +182,10 @@ def test_table_dropped_and_recreated_under_the_sink(
     coordinator.close()
 
 
-def test_two_coordinators_of_one_sink_never_append_twice(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
-) -> None:
+def test_two_coordinators_of_one_sink_never_append_twice(sink_factory: SinkFactory, catalog: Any) -> None:
     """I3: the first coordinator loads a table, the second starts (fencing it) and commits everything,
     then the first tries to commit its stale transaction."""
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    sink = _sink(sink_factory, topics=1, partitions=2)
     first = sink.coordinator(max_parallel_commits=1)
     expected = _produce(sink, range(20), tables="ab")
     sink.batch()
@@ -257,10 +214,10 @@ def test_two_coordinators_of_one_sink_never_append_twice(
 
 
 def test_event_decoding_ignores_other_sinks_on_a_shared_control_topic(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
-    other = Sink(f"o{sink.name}", sink.conf, sink.control, sink.topics, catalog)
+    sink = _sink(sink_factory, topics=1, partitions=1)
+    other = sink_factory(topics=sink.topics, prefix="o", overrides={"control": {"topic": sink.control_topic}})
     coordinator = sink.coordinator()
     expected = _produce(sink, range(5), tables="c")
     other.batch()  # another sink, same control topic and source: its events are not ours
@@ -272,11 +229,11 @@ def test_event_decoding_ignores_other_sinks_on_a_shared_control_topic(
 
 
 def test_coordinator_thread_commits_on_its_interval_and_at_stop(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    sink_factory: SinkFactory, catalog: Any
 ) -> None:
     import time
 
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=2)
+    sink = _sink(sink_factory, topics=1, partitions=2)
     coordinator = sink.coordinator(commit_interval_s=0.5)
     coordinator.start()
     expected = _produce(sink, range(12), tables="ab")
@@ -294,17 +251,17 @@ def test_coordinator_thread_commits_on_its_interval_and_at_stop(
 
 
 def test_many_files_travel_in_several_events_and_land_in_one_snapshot(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import IdentityTransform
 
-    sink = _sink(bootstrap_servers, make_topic, catalog, topics=1, partitions=1)
+    sink = _sink(sink_factory, topics=1, partitions=1)
     spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="id"))
     catalog.create_table("sink.p", schema=TABLE_SCHEMA, partition_spec=spec)  # one file per id
-    topic = next(iter(sink.topics))
+    topic = sink.topic
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "p"} for i in range(10)])
-    worker = SliceWorker(SinkChannel(sink.name, sink.conf, sink.control), max_files_per_event=3)
+    worker = sink.worker(max_files_per_event=3)
     sink.batch(worker)
     worker.close()
     coordinator = sink.coordinator()
@@ -313,7 +270,7 @@ def test_many_files_travel_in_several_events_and_land_in_one_snapshot(
     assert result.tables["sink.p"].files == 10
     assert table_ids(catalog, "p") == list(range(10))
     assert len(catalog.load_table("sink.p").snapshots()) == 1
-    reader = channel.ControlReader(channel.SinkChannel(sink.name, sink.conf, sink.control))
+    reader = channel.ControlReader(sink.channel)
     reader.seek(0)
     kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
     reader.close()

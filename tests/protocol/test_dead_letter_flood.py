@@ -9,28 +9,27 @@ raises ``BufferError`` from ``produce`` once the queue holds that many undeliver
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Producer
-from support.common import create_tables, end_offset, make_processor, produce_json, read_slice
+from support.common import end_offset, produce_json
+from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.protocol import channel
-from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform import deadletter
 
 
-def _worker(
-    bootstrap: str, make_topic: Callable[..., str], catalog: Any, kafka: dict[str, str]
-) -> tuple[str, SliceWorker]:
-    sink = f"s{uuid.uuid4().hex[:6]}"
-    control, dlq = f"{sink}-control", make_topic("dlq")
-    conf = {"bootstrap.servers": bootstrap, **kafka}
-    channel.ensure_control_topic(channel.SinkChannel(sink, conf, control))
-    create_tables(catalog, ["a"])
-    return dlq, SliceWorker(SinkChannel(sink, conf, control), dead_letter_topic=dlq)
+def _sink(
+    make_topic: Callable[..., str], sink_factory: SinkFactory, kafka: dict[str, str], **source: Any
+) -> tuple[SinkUnderTest, str, SliceWorker]:
+    """A dead-letter topic, then a sink with table a (``source``: how ``sink_factory`` makes its one
+    source topic) and its control topic; the sink, the dead-letter topic and a worker writing to it."""
+    dlq = make_topic("dlq")
+    sink = sink_factory(tables="a", prefix="s", kafka=kafka, **source)
+    channel.ensure_control_topic(sink.channel)
+    return sink, dlq, sink.worker(dead_letter_topic=dlq)
 
 
 def _dead_letters(read_topic: Callable[..., list[Any]], topic: str, count: int) -> list[Any]:
@@ -43,20 +42,14 @@ def _dead_letters(read_topic: Callable[..., list[Any]], topic: str, count: int) 
 
 
 def test_more_dead_letters_than_the_producer_queue_holds_commit_each_once(
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
-    catalog: Any,
-    read_topic: Callable[..., list[Any]],
+    make_topic: Callable[..., str], sink_factory: SinkFactory, read_topic: Callable[..., list[Any]]
 ) -> None:
-    dlq, worker = _worker(bootstrap_servers, make_topic, catalog, {"queue.buffering.max.messages": "200"})
-    source = make_topic("src")
+    queue = {"queue.buffering.max.messages": "200"}
+    sink, dlq, worker = _sink(make_topic, sink_factory, queue, partitions={"src": 1})
     bad = [f"bad-{i}".encode() for i in range(1000)]
-    produce_json(bootstrap_servers, source, 0, [{"id": 1, "table": "a"}, *bad])
-    end = end_offset(bootstrap_servers, source, 0)
+    produce_json(sink.bootstrap, sink.topic, 0, [{"id": 1, "table": "a"}, *bad])
 
-    result = worker.commit_slice(
-        source, 0, 0, end, read_slice(bootstrap_servers, source, 0, 0, end), make_processor(catalog)
-    )
+    result = sink.deliver(worker, end_offset(sink.bootstrap, sink.topic, 0))
 
     assert result.transaction_committed and result.dead_lettered == len(bad)
     assert sorted(m.value() for m in _dead_letters(read_topic, dlq, len(bad))) == sorted(bad)
@@ -64,23 +57,17 @@ def test_more_dead_letters_than_the_producer_queue_holds_commit_each_once(
 
 
 def test_a_dead_letter_larger_than_the_message_limit_is_truncated_with_headers(
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
-    catalog: Any,
-    read_topic: Callable[..., list[Any]],
+    make_topic: Callable[..., str], sink_factory: SinkFactory, read_topic: Callable[..., list[Any]]
 ) -> None:
-    dlq, worker = _worker(bootstrap_servers, make_topic, catalog, {})
-    source = make_topic("big", config={"max.message.bytes": str(3 * 1024 * 1024)})
+    big_topic = {"max.message.bytes": str(3 * 1024 * 1024)}
+    sink, dlq, worker = _sink(make_topic, sink_factory, {}, partitions={"big": 1}, topic_config=big_topic)
     big = b"not json " + b"x" * (2 * 1024 * 1024)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "message.max.bytes": 3_000_000})
+    producer = Producer({"bootstrap.servers": sink.bootstrap, "message.max.bytes": 3_000_000})
     for value in (big, b"small bad"):
-        producer.produce(source, value=value, partition=0)
+        producer.produce(sink.topic, value=value, partition=0)
     producer.flush(30)
-    end = end_offset(bootstrap_servers, source, 0)
 
-    result = worker.commit_slice(
-        source, 0, 0, end, read_slice(bootstrap_servers, source, 0, 0, end), make_processor(catalog)
-    )
+    result = sink.deliver(worker, end_offset(sink.bootstrap, sink.topic, 0))
 
     assert result.transaction_committed and result.dead_lettered == 2
     truncated, small = _dead_letters(read_topic, dlq, 2)

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.common import create_tables, make_processor, produce_json, run_batch, table_ids
+from support.common import create_tables, produce_json, table_ids
+from support.sink_factory import SinkFactory
 
 from fanout_sink import faults
 from fanout_sink.protocol import orphans
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.protocol.worker import SliceWorker
 
 
 def _data_files(catalog: Any) -> set[Path]:
@@ -60,28 +56,24 @@ def test_an_orphan_deleted_by_another_process_since_the_listing_is_neither_remov
 
 
 def test_aborted_attempts_go_pending_and_fresh_files_stay(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink = f"s{uuid.uuid4().hex[:6]}"
-    conf = {"bootstrap.servers": bootstrap_servers}
-    control = f"{sink}-control"
-    topic = make_topic("src")
-    create_tables(catalog, "a")
-    coordinator = Coordinator(SinkChannel(sink, conf, control), catalog, source_topics=[topic])
-    coordinator.open()
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")
+    topic = sink.topic
+    coordinator = sink.coordinator()
 
     def deliver(fail: bool = False) -> None:
-        worker = SliceWorker(SinkChannel(sink, conf, control))
+        worker = sink.worker()
         try:
             if not fail:
-                run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
+                sink.batch(worker)
                 return
 
             def crash(**_: Any) -> None:
                 raise RuntimeError("simulated: the attempt dies after writing its files")
 
             with faults.register("worker.after-write-files", crash), pytest.raises(RuntimeError):
-                run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
+                sink.batch(worker)
         finally:
             worker.close()
 
@@ -102,7 +94,7 @@ def test_aborted_attempts_go_pending_and_fresh_files_stay(
     results = orphans.clean_tables(
         catalog,
         {"sink.a": timedelta(hours=1)},
-        lambda: orphans.pending_files(SinkChannel(sink, conf, control)),
+        lambda: orphans.pending_files(sink.channel),
     )
     result = results["sink.a"]
     assert result.error is None

@@ -13,29 +13,20 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from support.common import (
-    create_tables,
-    make_processor,
-    produce_json,
-    read_slice,
-    sink_group_offset,
-    write_checkpoint_batch,
-)
-from support.expiry_fixtures import Expired, deliver, idle_log, new_topic, sink_config
+from support.common import make_processor, produce_json, read_slice, sink_group_offset, write_checkpoint_batch
+from support.expiry_fixtures import Expired, idle_log
+from support.sink_factory import SinkFactory
 
-from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.chaos import maintenance
 from fanout_sink.protocol import channel, legacy_names
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
+
+EARLIEST, LATEST = {"starting-offsets": "earliest"}, {"starting-offsets": "latest"}
 
 
 def _starting(option: str, topic: str) -> dict[int, int]:
@@ -43,20 +34,17 @@ def _starting(option: str, topic: str) -> dict[int, int]:
 
 
 def test_expired_offsets_fall_back_to_the_legacy_named_group(
-    expiring_broker: str, catalog_settings: CatalogSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    expiring_broker: str, sink_factory: SinkFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An existing deployment's offsets live in the '-' named group and the control topic has no
     DataComplete for the partition: the legacy group's offset is restored under the new name."""
-    bootstrap, sink = expiring_broker, f"l{uuid.uuid4().hex[:6]}"
-    topic = new_topic(bootstrap, 1)
+    made = sink_factory(bootstrap=expiring_broker, partitions={"src": 1}, prefix="l", source=EARLIEST)
+    bootstrap, sink, topic, config = expiring_broker, made.name, made.topic, made.config
     produce_json(bootstrap, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
-    channel.ensure_control_topic(
-        channel.SinkChannel(sink, {"bootstrap.servers": bootstrap}, f"{sink}-control")
-    )
+    channel.ensure_control_topic(made.channel)
     legacy = Consumer({"bootstrap.servers": bootstrap, "group.id": legacy_names.legacy_sink_group(sink)})
     legacy.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
     legacy.close()
-    config = sink_config(bootstrap, sink, topic, catalog_settings, tmp_path, "earliest")
     with caplog.at_level(logging.INFO):
         starting = planning.plan_start(config, {topic: 1})
     assert _starting(starting, topic) == {0: 4}
@@ -65,20 +53,15 @@ def test_expired_offsets_fall_back_to_the_legacy_named_group(
 
 
 def test_partition_never_written_keeps_the_checkpoint_position_under_latest(
-    bootstrap_servers: str,
-    catalog: Any,
-    catalog_settings: CatalogSettings,
-    tmp_path: Path,
+    bootstrap_servers: str, sink_factory: SinkFactory
 ) -> None:
     """Partition 1 never had a record; with `latest`, records produced to it while the app was down
     must still be read: the checkpoint (which has partition 1 at 0) is kept, not moved aside."""
-    sink = f"n{uuid.uuid4().hex[:6]}"
-    topic = new_topic(bootstrap_servers, 2)
-    config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "latest")
-    create_tables(catalog, ["a", "b"])
+    sink = sink_factory(partitions={"src": 2}, prefix="n", tables="ab", source=LATEST)
+    topic, config = sink.topic, sink.config
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(5)])
-    worker = SliceWorker(SinkChannel(sink, config.kafka, config.control_topic))
-    deliver(worker, bootstrap_servers, topic, 0, 5, catalog)
+    worker = sink.worker()
+    sink.deliver(worker, 5)
     worker.close()
     checkpoint = Path(config.checkpoint_location)
     write_checkpoint_batch(checkpoint, 0, {topic: {0: 5, 1: 0}}, starts={topic: {0: 0, 1: 0}})
@@ -92,19 +75,15 @@ def test_partition_never_written_keeps_the_checkpoint_position_under_latest(
 
 
 def test_truncated_control_history_trusts_the_checkpoint_else_warns(
-    bootstrap_servers: str,
-    catalog_settings: CatalogSettings,
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+    bootstrap_servers: str, sink_factory: SinkFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No sink-group offset, nothing in the control topic, whose history was cut (delete_records):
     partition 0 is in the checkpoint (its position is trusted), partition 1 is not (the configured
     start, with a WARNING naming it)."""
-    sink = f"t{uuid.uuid4().hex[:6]}"
-    topic = new_topic(bootstrap_servers, 2)
-    config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "earliest")
+    sink = sink_factory(partitions={"src": 2}, prefix="t", source=EARLIEST)
+    topic, config = sink.topic, sink.config
     conf = {"bootstrap.servers": bootstrap_servers}
-    channel.ensure_control_topic(SinkChannel.from_config(config))
+    channel.ensure_control_topic(sink.channel)
     produce_json(bootstrap_servers, config.control_topic, 0, [{"noise": i} for i in range(3)])
     admin = AdminClient(conf)
     admin.delete_records([TopicPartition(config.control_topic, 0, 3)])[
@@ -123,14 +102,13 @@ def test_truncated_control_history_trusts_the_checkpoint_else_warns(
 
 
 def test_checkpoint_claiming_deliveries_the_sink_never_made_is_moved_aside(
-    bootstrap_servers: str, catalog_settings: CatalogSettings, tmp_path: Path
+    bootstrap_servers: str, sink_factory: SinkFactory
 ) -> None:
     """A copied checkpoint (another sink's) moved a partition this sink never delivered from 0 to 4:
     that claim is ahead of the sink, so the checkpoint goes and the stream starts where it began."""
-    sink = f"c{uuid.uuid4().hex[:6]}"
-    topic = new_topic(bootstrap_servers, 1)
-    config = sink_config(bootstrap_servers, sink, topic, catalog_settings, tmp_path, "latest")
-    channel.ensure_control_topic(SinkChannel.from_config(config))
+    sink = sink_factory(partitions={"src": 1}, prefix="c", source=LATEST)
+    topic, config = sink.topic, sink.config
+    channel.ensure_control_topic(sink.channel)
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
     checkpoint = Path(config.checkpoint_location)
     write_checkpoint_batch(checkpoint, 0, {topic: {0: 4}}, starts={topic: {0: 0}})
@@ -158,7 +136,7 @@ def test_expired_sink_group_offsets_are_recovered_from_the_control_topic_and_res
 
     assert (s.checkpoint / "commits" / "0").exists(), "the checkpoint was moved aside"
     assert _starting(starting, s.topic) == {0: 6}
-    assert sink_group_offset(s.bootstrap, s.sink, s.topic, 0) == 6
+    assert sink_group_offset(s.bootstrap, s.name, s.topic, 0) == 6
 
 
 def test_idle_partition_offset_survives_retention_while_the_coordinator_runs(expired: Expired) -> None:
@@ -167,7 +145,7 @@ def test_idle_partition_offset_survives_retention_while_the_coordinator_runs(exp
     coordinator re-committed it (interval 10 s, under the broker's one-minute retention)."""
     s = expired.idle
 
-    assert sink_group_offset(s.bootstrap, s.sink, s.topic, 0, stable=False) == 3
+    assert sink_group_offset(s.bootstrap, s.name, s.topic, 0, stable=False) == 3
     child = expired.idle_coordinator
     output = "" if child.poll() is None else idle_log(s).read_text()[-3000:]
     assert child.returncode is None, f"the coordinator exited {child.returncode}: {output}"
@@ -184,7 +162,7 @@ def test_positions_survive_expiry_and_retention_together_through_the_last_round(
 
     starting = planning.plan_start(s.config, {s.topic: 1})
 
-    assert sink_group_offset(s.bootstrap, s.sink, s.topic, 0) == 9
+    assert sink_group_offset(s.bootstrap, s.name, s.topic, 0) == 9
     assert _starting(starting, s.topic) == {0: 9}
 
 
@@ -202,7 +180,7 @@ def test_a_replayed_slice_after_the_offset_expired_while_running_is_not_delivere
     )
 
     assert not replay.transaction_committed and replay.skipped_delivered == 6
-    assert sink_group_offset(s.bootstrap, s.sink, s.topic, 0) == 6
+    assert sink_group_offset(s.bootstrap, s.name, s.topic, 0) == 6
 
 
 @pytest.mark.chaos

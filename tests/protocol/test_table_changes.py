@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +19,15 @@ from support.common import (
     ARROW_SCHEMA,
     NAMESPACE,
     TABLE_SCHEMA,
-    create_tables,
     make_processor,
     produce_json,
     run_batch,
     table_ids,
 )
+from support.sink_factory import SinkFactory
 
 from fanout_sink import faults, status
-from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config.loading import parse_config
 from fanout_sink.protocol import table_state
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import TableRows
 
@@ -47,32 +40,20 @@ def _crash(**_: Any) -> None:
     raise _Crash("simulated coordinator death")
 
 
-def _new_sink(make_topic: Callable[..., str]) -> tuple[str, str, str]:
-    name = f"s{uuid.uuid4().hex[:6]}"
-    return name, make_topic("src", partitions=1), f"{name}-control"
-
-
-def _coordinator(name: str, conf: dict[str, Any], control: str, catalog: Any, topic: str) -> Coordinator:
-    coordinator = Coordinator(SinkChannel(name, conf, control), catalog, source_topics=[topic])
-    coordinator.open()
-    return coordinator
-
-
 def test_floor_survives_expiry_of_the_sinks_snapshots(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """Scenario 5. Real: broker, catalog, another writer's append, ``expire_snapshots`` of PyIceberg.
     Simulated: the coordinator dies after its table commit and before it moves its low watermark
     (a raising fault-point callback), so the next coordinator re-reads the same control events."""
-    conf = {"bootstrap.servers": bootstrap_servers}
-    name, topic, control = _new_sink(make_topic)
-    create_tables(catalog, ["a"])
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")
+    name, topic = sink.name, sink.topic
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(5)])
-    worker = SliceWorker(SinkChannel(name, conf, control))
+    worker = sink.worker()
     run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
     worker.close()
 
-    first = _coordinator(name, conf, control, catalog, topic)
+    first = sink.coordinator()
     with faults.register("coordinator.before-complete", _crash), pytest.raises(_Crash):
         first.commit_round()  # table committed, low watermark still 0
     first.close()
@@ -85,7 +66,7 @@ def test_floor_survives_expiry_of_the_sinks_snapshots(
     table = catalog.load_table(f"{NAMESPACE}.a")
     assert len(table.snapshots()) == 1, "only the other writer's snapshot is left"
 
-    second = _coordinator(name, conf, control, catalog, topic)  # re-reads from control offset 0
+    second = sink.coordinator()  # re-reads from control offset 0
     result = second.commit_round()
     second.close()
     assert result.tables[f"{NAMESPACE}.a"].outcome == "already-committed"
@@ -94,23 +75,21 @@ def test_floor_survives_expiry_of_the_sinks_snapshots(
 
 
 def test_files_written_before_a_partition_spec_change_are_committed_under_their_own_spec(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """Scenario 6, first half. Real: broker, catalog, ``update_spec`` committed between the worker's
     write and the coordinator's commit, and PyIceberg scans (no Spark) that read every row back."""
-    conf = {"bootstrap.servers": bootstrap_servers}
-    name, topic, control = _new_sink(make_topic)
-    catalog.create_namespace_if_not_exists(NAMESPACE)
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")  # a: unpartitioned, then partitioned
+    topic = sink.topic
     spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="id"))
     catalog.create_table(f"{NAMESPACE}.p", schema=TABLE_SCHEMA, partition_spec=spec)
-    create_tables(catalog, ["a"])  # unpartitioned, then partitioned
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "pa"[i % 2]} for i in range(6)])
-    worker = SliceWorker(SinkChannel(name, conf, control))
+    worker = sink.worker()
     run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))  # written under spec 0
     for table_name in ("p", "a"):
         with catalog.load_table(f"{NAMESPACE}.{table_name}").update_spec() as update:
             update.add_identity("topic")
-    coordinator = _coordinator(name, conf, control, catalog, topic)
+    coordinator = sink.coordinator()
     result = coordinator.commit_round()
     assert {t: o.outcome for t, o in result.tables.items()} == {"sink.a": "committed", "sink.p": "committed"}
 
@@ -133,17 +112,16 @@ def test_files_written_before_a_partition_spec_change_are_committed_under_their_
 
 
 def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, caplog: pytest.LogCaptureFixture
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Scenario 6, second half. Real: broker, catalog, and a permanently broken table (its current
     metadata file deleted, as a bad manual clean-up would). Nothing simulated."""
-    conf = {"bootstrap.servers": bootstrap_servers}
-    name, topic, control = _new_sink(make_topic)
-    create_tables(catalog, ["a", "b"])
+    sink = sink_factory(partitions={"src": 1}, tables="ab", prefix="s")
+    topic = sink.topic
     broken = catalog.load_table(f"{NAMESPACE}.b")  # still cached by the worker below
     Path(broken.metadata_location.removeprefix("file://")).unlink()
-    coordinator = _coordinator(name, conf, control, catalog, topic)
-    worker = SliceWorker(SinkChannel(name, conf, control))
+    coordinator = sink.coordinator()
+    worker = sink.worker()
     expected: list[int] = []
     processor = make_processor(catalog)
 
@@ -173,34 +151,24 @@ def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
     assert len(errors) == 3
     assert "3 round(s) in a row" in errors[-1] and "fix:" in errors[-1] and "oldest pending" in errors[-1]
     assert coordinator.failing["sink.b"].rounds == 3
-    pending = status.pending_tables(
-        catalog, SinkChannel(name, conf, control)
-    )  # what `fanout-sink status` shows
+    pending = status.pending_tables(catalog, sink.channel)  # what `fanout-sink status` shows
     assert [(p.table, p.file_events) for p in pending] == [("sink.b", 3)]
 
 
 def test_rows_after_a_drop_and_recreate_land_in_the_new_table_while_the_old_one_is_cached(
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
-    catalog_settings: CatalogSettings,
-    catalog: Any,
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """Scenario 7, worker side. Real: broker, catalog, the sink's own processor with its
     ``TableManager`` cache (300 s), and a drop + recreate of the table between two batches."""
-    conf = {"bootstrap.servers": bootstrap_servers}
-    name, topic, control = _new_sink(make_topic)
-    config = parse_config(
-        {
-            "name": name,
-            "source": {"topics": [topic]},
-            "catalog": catalog_settings.model_dump(),
-            "tables": {"sink.a": {"select": "{id: id, topic: topic}"}},
-        },
-        "test",
+    sink = sink_factory(
+        partitions={"src": 1},
+        prefix="s",
+        overrides={"tables": {"sink.a": {"select": "{id: id, topic: topic}"}}, "dynamic": None},
     )
-    processor = build_processor(config, catalog)
-    worker = SliceWorker(SinkChannel(name, conf, control))
-    coordinator = _coordinator(name, conf, control, catalog, topic)
+    topic = sink.topic
+    processor = build_processor(sink.config, catalog)
+    worker = sink.worker()
+    coordinator = sink.coordinator()
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "topic": "t"} for i in range(3)])
     run_batch(worker, bootstrap_servers, {topic: 1}, processor)  # creates and caches sink.a
     coordinator.commit_round()
@@ -219,15 +187,14 @@ def test_rows_after_a_drop_and_recreate_land_in_the_new_table_while_the_old_one_
 
 
 def test_files_for_a_dropped_table_that_do_not_fit_its_successor_are_named_in_an_error(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, caplog: pytest.LogCaptureFixture
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Scenario 7, coordinator side. Real: broker, catalog, files announced for the old table, then
     a drop and a recreate with a required column the rows do not have."""
-    conf = {"bootstrap.servers": bootstrap_servers}
-    name, topic, control = _new_sink(make_topic)
-    create_tables(catalog, ["a"])
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")
+    topic = sink.topic
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in range(4)])
-    worker = SliceWorker(SinkChannel(name, conf, control))
+    worker = sink.worker()
     run_batch(worker, bootstrap_servers, {topic: 1}, make_processor(catalog))
     worker.close()
     catalog.drop_table(f"{NAMESPACE}.a")
@@ -236,7 +203,7 @@ def test_files_for_a_dropped_table_that_do_not_fit_its_successor_are_named_in_an
         schema=Schema(*TABLE_SCHEMA.fields, NestedField(3, "region", StringType(), required=True)),
     )
     caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
-    coordinator = _coordinator(name, conf, control, catalog, topic)
+    coordinator = sink.coordinator()
     result = coordinator.commit_round()
     coordinator.close()
     assert result.tables[f"{NAMESPACE}.a"].outcome == "already-committed"
@@ -246,16 +213,15 @@ def test_files_for_a_dropped_table_that_do_not_fit_its_successor_are_named_in_an
 
 
 def test_rows_an_old_table_already_holds_are_not_rewritten_into_its_successor_after_a_restart(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """Scenario 7 across a coordinator restart. Real: broker, catalog, a table swap (the old table
     renamed aside, a new one created under the name), a new coordinator re-reading from the low
     watermark. Simulated: table b's commit fails through a fault-point callback, which holds the low
     watermark below events table a already committed."""
-    conf = {"bootstrap.servers": bootstrap_servers}
-    name, topic, control = _new_sink(make_topic)
-    create_tables(catalog, ["a", "b"])
-    worker = SliceWorker(SinkChannel(name, conf, control))
+    sink = sink_factory(partitions={"src": 1}, tables="ab", prefix="s")
+    topic = sink.topic
+    worker = sink.worker()
     processor = make_processor(catalog)
     produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "b"} for i in range(2)])
     run_batch(worker, bootstrap_servers, {topic: 1}, processor)
@@ -267,7 +233,7 @@ def test_rows_an_old_table_already_holds_are_not_rewritten_into_its_successor_af
         if table == f"{NAMESPACE}.b":
             raise _Crash("catalog refuses table b")
 
-    first = _coordinator(name, conf, control, catalog, topic)
+    first = sink.coordinator()
     with faults.register("coordinator.before-table-commit", fail_b):
         result = first.commit_round()
     first.close()
@@ -278,7 +244,7 @@ def test_rows_an_old_table_already_holds_are_not_rewritten_into_its_successor_af
     catalog.rename_table(f"{NAMESPACE}.a", f"{NAMESPACE}.a_old")
     catalog.create_table(f"{NAMESPACE}.a", schema=old.schema())
 
-    second = _coordinator(name, conf, control, catalog, topic)  # re-reads from b's pending event
+    second = sink.coordinator()  # re-reads from b's pending event
     result = second.commit_round()
     second.close()
     assert result.tables[f"{NAMESPACE}.b"].outcome == "committed"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -10,26 +9,24 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from support.common import (
-    create_tables,
     end_offset,
     make_processor,
     produce_json,
     read_slice,
-    sink_group_offset,
 )
+from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
 from fanout_sink.errors import OffsetGapError, ProducerFencedError
-from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 
 
-def _control_events(bootstrap: str, topic: str, sink: str) -> list[ev.Payload]:
-    reader = channel.ControlReader(channel.SinkChannel(sink, {"bootstrap.servers": bootstrap}, topic))
+def _control_events(sink: SinkUnderTest) -> list[ev.Payload]:
+    """The sink's control events after its coordinator group's committed offset."""
+    reader = channel.ControlReader(sink.channel)
     recovery.seek_to_low_watermark(reader)
     try:
         return [e.event.payload for e in reader.read_until(reader.end_offset())]
@@ -37,23 +34,17 @@ def _control_events(bootstrap: str, topic: str, sink: str) -> list[ev.Payload]:
         reader.close()
 
 
-def _setup(bootstrap: str, make_topic: Callable[..., str], catalog: Any) -> tuple[str, str, str, SliceWorker]:
-    sink = f"s{uuid.uuid4().hex[:6]}"
-    source = make_topic("src")
-    control = f"{sink}-control"
-    channel.ensure_control_topic(channel.SinkChannel("test", {"bootstrap.servers": bootstrap}, control))
-    create_tables(catalog, ["a", "b"])
-    return sink, source, control, SliceWorker(SinkChannel(sink, {"bootstrap.servers": bootstrap}, control))
-
-
-def _committed(bootstrap: str, sink: str, topic: str) -> int | None:
-    return sink_group_offset(bootstrap, sink, topic, 0)
+def _setup(sink_factory: SinkFactory) -> tuple[SinkUnderTest, str, SliceWorker]:
+    """A sink of one single-partition source topic, with tables a and b, its control topic and a worker."""
+    sink = sink_factory(partitions={"src": 1}, tables="ab", prefix="s")
+    channel.ensure_control_topic(sink.channel)
+    return sink, sink.topic, sink.worker()
 
 
 def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink, source, control, worker = _setup(bootstrap_servers, make_topic, catalog)
+    sink, source, worker = _setup(sink_factory)
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(10)])
     raw = read_slice(bootstrap_servers, source, 0, 0, 10)
     process = make_processor(catalog)
@@ -61,8 +52,8 @@ def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
     result = worker.commit_slice(source, 0, 0, 10, raw, process)
     assert result.transaction_committed
     assert result.rows == {"sink.a": 5, "sink.b": 5}
-    assert _committed(bootstrap_servers, sink, source) == 10
-    payloads = _control_events(bootstrap_servers, control, sink)
+    assert sink.committed(source, 0) == 10
+    payloads = _control_events(sink)
     written = [p for p in payloads if isinstance(p, ev.DataWritten)]
     assert sorted(p.table.identifier for p in written) == ["sink.a", "sink.b"]
     assert all(
@@ -79,24 +70,19 @@ def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(10, 15)])
     overlap = worker.commit_slice(source, 0, 5, 15, read_slice(bootstrap_servers, source, 0, 5, 15), process)
     assert overlap.skipped_delivered == 5 and overlap.rows == {"sink.a": 5}
-    assert _committed(bootstrap_servers, sink, source) == 15
-    assert (
-        len([p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)])
-        == 3
-    )
+    assert sink.committed(source, 0) == 15
+    assert len([p for p in _control_events(sink) if isinstance(p, ev.DataWritten)]) == 3
     worker.close()
 
 
 def test_a_source_is_read_only_where_the_sink_group_has_not_delivered(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """A task hands the worker a reader: a replayed slice reads nothing, a partly delivered one
     reads from the committed offset on (fencing and the stable read come first)."""
-    sink, source, _control, worker = _setup(bootstrap_servers, make_topic, catalog)
+    sink, source, worker = _setup(sink_factory)
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(15)])
-    reader = RangeReader(
-        KafkaClientFactory({"bootstrap.servers": bootstrap_servers}), channel.sink_group(sink)
-    )
+    reader = RangeReader(sink.channel.clients, sink.channel.sink_group)
     reads: list[tuple[int, int]] = []
 
     def read(first: int, until: int) -> pa.Table:
@@ -112,32 +98,30 @@ def test_a_source_is_read_only_where_the_sink_group_has_not_delivered(
     assert (overlap.records_in, overlap.skipped_delivered) == (5, 0)
     assert overlap.rows == {"sink.a": 3, "sink.b": 2}  # ids 10-14 only
     assert reads == [(0, 10), (10, 15)], "the replay read nothing, the overlap only what was left"
-    assert _committed(bootstrap_servers, sink, source) == 15
+    assert sink.committed(source, 0) == 15
     reader.close()
     worker.close()
 
 
 def test_gap_fails_loudly_naming_the_offsets(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink, source, _control, worker = _setup(bootstrap_servers, make_topic, catalog)
+    sink, source, worker = _setup(sink_factory)
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(20)])
     process = make_processor(catalog)
     worker.commit_slice(source, 0, 0, 10, read_slice(bootstrap_servers, source, 0, 0, 10), process)
     with pytest.raises(OffsetGapError, match=rf"gap in {source}\[0\].*up to offset 10.*\[12, 20\)"):
         worker.commit_slice(source, 0, 12, 20, read_slice(bootstrap_servers, source, 0, 12, 20), process)
-    assert _committed(bootstrap_servers, sink, source) == 10
+    assert sink.committed(source, 0) == 10
     worker.close()
 
 
 def test_holes_from_aborted_records_commit_the_planned_end_and_dead_letters_ride_along(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, make_topic: Callable[..., str], sink_factory: SinkFactory, catalog: Any
 ) -> None:
-    sink, source, control, _ = _setup(bootstrap_servers, make_topic, catalog)
+    sink, source, _ = _setup(sink_factory)
     dlq = make_topic("dlq")
-    worker = SliceWorker(
-        SinkChannel(sink, {"bootstrap.servers": bootstrap_servers}, control), dead_letter_topic=dlq
-    )
+    worker = sink.worker(dead_letter_topic=dlq)
     produce_json(
         bootstrap_servers, source, 0, [{"id": 1, "table": "a"}, b"not json", {"id": 2, "table": "skip"}]
     )
@@ -157,7 +141,7 @@ def test_holes_from_aborted_records_commit_the_planned_end_and_dead_letters_ride
 
     result = worker.commit_slice(source, 0, 0, end, raw, make_processor(catalog))
     assert (result.rows, result.dead_lettered, result.filtered) == ({"sink.a": 1}, 1, 1)
-    assert _committed(bootstrap_servers, sink, source) == end
+    assert sink.committed(source, 0) == end
 
     reader = Consumer(
         {
@@ -188,16 +172,15 @@ def test_holes_from_aborted_records_commit_the_planned_end_and_dead_letters_ride
     empty = read_slice(bootstrap_servers, source, 0, end, later)
     assert empty.num_rows == 0
     worker.commit_slice(source, 0, end, later, empty, make_processor(catalog))
-    assert _committed(bootstrap_servers, sink, source) == later
+    assert sink.committed(source, 0) == later
     worker.close()
 
 
 def test_zombie_attempt_is_fenced_and_the_newer_attempt_delivers_once(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     """I3: attempt 1 stalls after writing its files; attempt 2 runs the same slice; attempt 1 wakes up."""
-    sink, source, control, zombie = _setup(bootstrap_servers, make_topic, catalog)
-    conf = {"bootstrap.servers": bootstrap_servers}
+    sink, source, zombie = _setup(sink_factory)
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(6)])
     raw = read_slice(bootstrap_servers, source, 0, 0, 6)
     process = make_processor(catalog)
@@ -208,14 +191,14 @@ def test_zombie_attempt_is_fenced_and_the_newer_attempt_delivers_once(
         if started:
             return
         started.append(True)
-        successor = SliceWorker(SinkChannel(sink, conf, control))
+        successor = sink.worker()
         successor_results.append(successor.commit_slice(source, 0, 0, 6, raw, process))
         successor.close()
 
     with faults.register("worker.after-write-files", successor_runs), pytest.raises(ProducerFencedError):
         zombie.commit_slice(source, 0, 0, 6, raw, process)
     assert successor_results[0].transaction_committed
-    written = [p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)]
+    written = [p for p in _control_events(sink) if isinstance(p, ev.DataWritten)]
     assert len(written) == 1 and sum(f.record_count for f in written[0].files) == 6
     # The fenced producer was dropped: the zombie's next call fences back and finds the slice delivered.
     assert zombie.commit_slice(source, 0, 0, 6, raw, process).skipped_delivered == 6
@@ -223,14 +206,13 @@ def test_zombie_attempt_is_fenced_and_the_newer_attempt_delivers_once(
 
 
 def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
-    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any, caplog: pytest.LogCaptureFixture
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Executor 1 commits batch 1, executor 2 commits batch 2 (fencing executor 1's cached producer),
     executor 1 gets batch 3: it must deliver it, not fail the task."""
-    sink, source, control, first = _setup(bootstrap_servers, make_topic, catalog)
+    sink, source, first = _setup(sink_factory)
     process = make_processor(catalog)
-    conf = {"bootstrap.servers": bootstrap_servers}
-    second = SliceWorker(SinkChannel(sink, conf, control))
+    second = sink.worker()
     caplog.set_level("INFO", logger="fanout_sink.protocol.worker")
     for batch, worker in enumerate((first, second, first)):
         produce_json(bootstrap_servers, source, 0, [{"id": batch * 10 + i, "table": "a"} for i in range(3)])
@@ -239,9 +221,9 @@ def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
             source, 0, start, end, read_slice(bootstrap_servers, source, 0, start, end), process
         )
         assert result.transaction_committed and result.rows == {"sink.a": 3}
-    assert _committed(bootstrap_servers, sink, source) == 9
+    assert sink.committed(source, 0) == 9
     assert "was fenced since its last use" in caplog.text
-    written = [p for p in _control_events(bootstrap_servers, control, sink) if isinstance(p, ev.DataWritten)]
+    written = [p for p in _control_events(sink) if isinstance(p, ev.DataWritten)]
     assert [w.next_offset for w in written] == [3, 6, 9]
     first.close()
     second.close()

@@ -13,16 +13,17 @@ import datetime as dt
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.protocol.channel import sink_group
@@ -54,6 +55,23 @@ def embedded_catalog_settings(folder: Path) -> CatalogSettings:
         uri=f"sqlite:///{folder / 'catalog.db'}",
         warehouse=f"file://{folder / 'warehouse'}",
     )
+
+
+def register_spark_catalog(spark: Any, settings: CatalogSettings) -> str:
+    """Register a catalog in a Spark session (the suite shares one) and return its name."""
+    for key, value in spark_catalog_conf(settings).items():
+        spark.conf.set(key, value)
+    return settings.name
+
+
+def create_topic(
+    bootstrap: str, prefix: str, partitions: int = 1, config: Mapping[str, str] | None = None
+) -> str:
+    """Create a uniquely named topic and return its name."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # referenced until its future resolves
+    admin.create_topics([NewTopic(name, partitions, 1, config=dict(config or {}))])[name].result(30)
+    return name
 
 
 def create_tables(catalog: Any, names: Iterable[str]) -> None:
@@ -214,10 +232,6 @@ def table_ids(catalog: Any, name: str) -> list[int]:
     """Every id in a table, sorted, with duplicates kept (a duplicate must fail the comparison)."""
     table = catalog.load_table(f"{NAMESPACE}.{name}")
     return sorted(table.scan().to_arrow()["id"].to_pylist())
-
-
-def catalog_from(settings: dict[str, Any]) -> Any:
-    return load_catalog(CatalogSettings(**settings))
 
 
 def sink_group_offset(

@@ -7,8 +7,8 @@ on a private broker with the chaos run's retention (``kills.BROKER_PROPERTIES``)
 tests run. The ``expired`` fixture then polls until every awaited offset is really gone: usually
 already, or after the rest of the minute when only these tests were selected.
 
-Each scenario has its own sink, topic and embedded catalog; the arrangement is the "given" part of
-the test named in its docstring, the tests do the rest.
+Each scenario has its own sink (``support.sink_factory``), topic and embedded catalog; the arrangement
+is the "given" part of the test named in its docstring, the tests do the rest.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import contextlib
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,62 +24,23 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from support.common import (
-    create_tables,
-    embedded_catalog_settings,
-    make_processor,
-    produce_json,
-    read_slice,
-    write_checkpoint_batch,
-)
+from confluent_kafka.admin import AdminClient
+from support.common import create_topic, produce_json, write_checkpoint_batch
+from support.sink_factory import SinkUnderTest, new_sink
 
-from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config.loading import parse_config
-from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.chaos import kills
 from fanout_sink.devtools.stack.broker import KafkaBroker, stop_pid
 from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import channel
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceWorker
 
 USERS = ("expiring_broker", "expired")
 """The fixtures whose use makes the session arrange the scenarios at its start."""
-
-
-def sink_config(
-    bootstrap: str, sink: str, topic: str, settings: CatalogSettings, tmp: Path, start: str
-) -> SinkConfig:
-    return parse_config(
-        {
-            "name": sink,
-            "kafka": {"bootstrap.servers": bootstrap},
-            "source": {"topics": [topic], "format": "json", "starting-offsets": start},
-            "catalog": settings.model_dump(),
-            "tables": {"sink.a": {"when": "table == 'a'"}},
-            "spark": {"checkpoint-location": str(tmp / "checkpoints")},
-        }
-    )
-
-
-def new_topic(bootstrap: str, partitions: int) -> str:
-    name = f"src-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
-    return name
-
-
-def deliver(worker: SliceWorker, bootstrap: str, topic: str, partition: int, end: int, catalog: Any) -> None:
-    """Deliver ``[0, end)`` of a partition in one committed worker transaction."""
-    raw = read_slice(bootstrap, topic, partition, 0, end)
-    assert worker.commit_slice(topic, partition, 0, end, raw, make_processor(catalog)).transaction_committed
+EARLIEST = {"starting-offsets": "earliest"}
 
 
 def _wait_until_expired(
@@ -95,27 +55,6 @@ def _wait_until_expired(
             time.sleep(1)
     finally:
         consumer.close()
-
-
-@dataclass(frozen=True)
-class Situation:
-    """One scenario's sink on the expiring broker, with its own topic, config and embedded catalog."""
-
-    bootstrap: str
-    sink: str
-    topic: str
-    config: SinkConfig
-    catalog: Any
-
-    @property
-    def checkpoint(self) -> Path:
-        return Path(self.config.checkpoint_location)
-
-    def deliver(self, worker: SliceWorker, end: int) -> None:
-        deliver(worker, self.bootstrap, self.topic, 0, end, self.catalog)
-
-    def worker(self) -> SliceWorker:
-        return SliceWorker(SinkChannel(self.sink, self.config.kafka, self.config.control_topic))
 
 
 @dataclass(frozen=True)
@@ -134,23 +73,17 @@ class Expired:
 
     bootstrap: str
     memberless: Memberless
-    recovered: Situation
-    last_round: Situation
-    replayed: Situation
+    recovered: SinkUnderTest
+    last_round: SinkUnderTest
+    replayed: SinkUnderTest
     replay_worker: SliceWorker
-    idle: Situation
+    idle: SinkUnderTest
     idle_coordinator: subprocess.Popen[bytes]
 
 
-def _situation(bootstrap: str, prefix: str, folder: Path) -> Situation:
-    folder.mkdir()
-    sink = f"{prefix}{uuid.uuid4().hex[:6]}"
-    topic = new_topic(bootstrap, 1)
-    settings = embedded_catalog_settings(folder)
-    catalog = load_catalog(settings)
-    create_tables(catalog, ["a", "b"])
-    config = sink_config(bootstrap, sink, topic, settings, folder, "earliest")
-    return Situation(bootstrap, sink, topic, config, catalog)
+def _scenario_sink(bootstrap: str, prefix: str, folder: Path) -> SinkUnderTest:
+    """A scenario's sink: one single-partition topic, tables a and b in its own embedded catalog."""
+    return new_sink(bootstrap, folder, partitions={"src": 1}, prefix=prefix, tables="ab", source=EARLIEST)
 
 
 def canary_group(sink: str) -> str:
@@ -169,13 +102,13 @@ def _commit(consumer: Consumer, topic: str, offsets: dict[int, int]) -> None:
 
 def _arrange_memberless(bootstrap: str) -> Memberless:
     """Commit offsets 0 on two partitions for a group that never joins (as the sink group is)."""
-    group, topic = f"fanout-sink-m{uuid.uuid4().hex[:6]}", new_topic(bootstrap, 2)
+    group, topic = f"fanout-sink-m{uuid.uuid4().hex[:6]}", create_topic(bootstrap, "src", 2)
     _commit(Consumer({"bootstrap.servers": bootstrap, "group.id": group}), topic, {0: 0, 1: 0})
     positions = source_positions(KafkaClientFactory({"bootstrap.servers": bootstrap}), group, [topic])
     return Memberless(bootstrap, group, topic, [p.committed for p in positions])
 
 
-def _arrange_recovered(s: Situation) -> None:
+def _arrange_recovered(s: SinkUnderTest) -> None:
     """Deliver [0, 6); the checkpoint committed batch 0 at 6."""
     produce_json(s.bootstrap, s.topic, 0, [{"id": i, "table": "a"} for i in range(6)])
     with contextlib.closing(s.worker()) as worker:
@@ -183,40 +116,31 @@ def _arrange_recovered(s: Situation) -> None:
     write_checkpoint_batch(s.checkpoint, 0, {s.topic: {0: 6}})
 
 
-def _arrange_idle(s: Situation, cleanup: contextlib.ExitStack) -> subprocess.Popen[bytes]:
+def _arrange_idle(s: SinkUnderTest, cleanup: contextlib.ExitStack) -> subprocess.Popen[bytes]:
     """Deliver [0, 3), commit a canary group at 3, start a coordinator that refreshes every 10 s. It
     runs for the whole session, so it runs in a child process: in this one, other tests' fault
     callbacks (``faults.register``, process-wide) would fire in its thread too."""
     produce_json(s.bootstrap, s.topic, 0, [{"id": i, "table": "a"} for i in range(3)])
     with contextlib.closing(s.worker()) as worker:
         s.deliver(worker, 3)
-    _commit(Consumer({**s.config.kafka, "group.id": canary_group(s.sink)}), s.topic, {0: 3})
-    config = {
-        "bootstrap": s.bootstrap,
-        "sink": s.sink,
-        "control": s.config.control_topic,
-        "topics": [s.topic],
-        "catalog": s.config.catalog.model_dump(),
-        "serve": {"commit_interval_s": 1.0, "offsets_refresh_interval_s": 10.0},
-    }
+    _commit(Consumer({**s.config.kafka, "group.id": canary_group(s.name)}), s.topic, {0: 3})
+    serve = {"commit_interval_s": 1.0, "offsets_refresh_interval_s": 10.0}
     idle_log(s).parent.mkdir(parents=True, exist_ok=True)
     with idle_log(s).open("wb") as log:
         child = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("run_coordinator.py")), json.dumps(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            s.child_command("coordinator", json.dumps(serve)), stdout=log, stderr=subprocess.STDOUT
         )
     cleanup.callback(child.wait)  # runs last: callbacks run in reverse
     cleanup.callback(stop_pid, child.pid, 60.0)
     return child
 
 
-def idle_log(s: Situation) -> Path:
+def idle_log(s: SinkUnderTest) -> Path:
     """Where the idle scenario's coordinator process writes its output."""
     return s.checkpoint.parent / "idle-coordinator.log"
 
 
-def _arrange_last_round(s: Situation) -> None:
+def _arrange_last_round(s: SinkUnderTest) -> None:
     """Deliver [0, 6) and [6, 9); the checkpoint committed only batch 0 (at 6); a coordinator round
     runs, then retention deletes the control events below its low watermark."""
     produce_json(s.bootstrap, s.topic, 0, [{"id": i, "table": "a"} for i in range(9)])
@@ -224,10 +148,7 @@ def _arrange_last_round(s: Situation) -> None:
         s.deliver(worker, 6)
         s.deliver(worker, 9)
     write_checkpoint_batch(s.checkpoint, 0, {s.topic: {0: 6}})
-    coordinator = Coordinator(
-        SinkChannel(s.sink, s.config.kafka, s.config.control_topic), s.catalog, source_topics=[s.topic]
-    )
-    coordinator.open()
+    coordinator = s.coordinator()
     watermark = coordinator.commit_round().low_watermark
     coordinator.close()
     cut = TopicPartition(s.config.control_topic, 0, watermark)
@@ -235,7 +156,7 @@ def _arrange_last_round(s: Situation) -> None:
     admin.delete_records([cut])[cut].result(30)
 
 
-def _arrange_replayed(s: Situation, cleanup: contextlib.ExitStack) -> SliceWorker:
+def _arrange_replayed(s: SinkUnderTest, cleanup: contextlib.ExitStack) -> SliceWorker:
     """Deliver [0, 6) with a worker that stays open (the sink keeps running)."""
     produce_json(s.bootstrap, s.topic, 0, [{"id": i, "table": "a"} for i in range(6)])
     worker = s.worker()
@@ -252,7 +173,7 @@ def _arrange(cleanup: contextlib.ExitStack) -> Expired:
     cleanup.callback(broker.stop)
     bootstrap = broker.start().bootstrap_servers
     memberless = _arrange_memberless(bootstrap)  # the first commit: expired by the others' wait
-    idle, recovered, last_round, replayed = (_situation(bootstrap, p, root / p) for p in "iery")
+    idle, recovered, last_round, replayed = (_scenario_sink(bootstrap, p, root / p) for p in "iery")
     idle_coordinator = _arrange_idle(idle, cleanup)
     _arrange_recovered(recovered)
     _arrange_last_round(last_round)
@@ -314,7 +235,7 @@ def expired(request: pytest.FixtureRequest) -> Expired:
     """Every scenario, once the broker expired each one's awaited offset."""
     scenarios = _start(request.config).future.result(timeout=300)
     for s in (scenarios.recovered, scenarios.last_round, scenarios.replayed):
-        _wait_until_expired(scenarios.bootstrap, channel.sink_group(s.sink), s.topic, 0)
+        _wait_until_expired(scenarios.bootstrap, channel.sink_group(s.name), s.topic, 0)
     idle = scenarios.idle
-    _wait_until_expired(scenarios.bootstrap, canary_group(idle.sink), idle.topic, 0)
+    _wait_until_expired(scenarios.bootstrap, canary_group(idle.name), idle.topic, 0)
     return scenarios

@@ -37,6 +37,7 @@ FIXTURE_MARKERS: dict[str, str] = {
     "expired": "kafka",
     "tls_broker": "kafka",
     "own_broker": "kafka",
+    "sink_factory": "kafka",  # its sinks' topics are on a broker (the shared one unless told otherwise)
     "spark": "spark",
     "own_spark": "own_spark",
     "object_store_process": "stores",

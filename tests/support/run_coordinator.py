@@ -1,10 +1,10 @@
 """Child process: open the sink's coordinator and run one commit round, tables one at a time.
 
-Usage: python run_coordinator.py '<json: bootstrap, sink, control, topics, catalog[, serve]>'. Tests set
-FANOUT_SINK_FAULTS to kill it between two tables' commits. With ``serve`` (``commit_interval_s``,
-``offsets_refresh_interval_s``) it runs the coordinator's thread until SIGTERM instead, and exits 1 as
-soon as the coordinator fails: a long-running coordinator in its own process is out of reach of the
-in-process fault callbacks other tests register meanwhile.
+Usage: python run_coordinator.py <sink.yaml> ['<json: serve>'] (``support.sink_factory`` writes the
+YAML). Tests set FANOUT_SINK_FAULTS to kill it between two tables' commits. With ``serve``
+(``commit_interval_s``, ``offsets_refresh_interval_s``) it runs the coordinator's thread until SIGTERM
+instead, and exits 1 as soon as the coordinator fails: a long-running coordinator in its own process
+is out of reach of the in-process fault callbacks other tests register meanwhile.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import signal
 import sys
 import threading
 
-from common import catalog_from
-
+from fanout_sink.catalog import load_catalog
+from fanout_sink.config.loading import load_config
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 
@@ -35,12 +35,12 @@ def serve(coordinator: Coordinator) -> int:
 
 
 def main() -> int:
-    cfg = json.loads(sys.argv[1])
-    intervals = cfg.get("serve", {})
+    config = load_config(sys.argv[1])
+    intervals = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     coordinator = Coordinator(
-        SinkChannel(cfg["sink"], {"bootstrap.servers": cfg["bootstrap"]}, cfg["control"]),
-        catalog_from(cfg["catalog"]),
-        source_topics=list(cfg["topics"]),
+        SinkChannel.from_config(config),
+        load_catalog(config.catalog),
+        source_topics=sorted(set(config.source.topics)),
         max_parallel_commits=1,
         **intervals,
     )

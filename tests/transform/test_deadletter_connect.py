@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Producer
+from support.sink_factory import SinkFactory
 
-from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import DeadLetterSettings
 from fanout_sink.devtools.raw_slices import from_messages
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor
@@ -28,32 +28,31 @@ CONNECT_HEADERS = [
 
 
 def test_connect_headers_beside_ours_decode_as_connect_tooling_reads_them(
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
-    catalog_settings: CatalogSettings,
-    catalog: Any,
-    read_topic: Callable[..., list[Any]],
+    make_topic: Callable[..., str], sink_factory: SinkFactory, read_topic: Callable[..., list[Any]]
 ) -> None:
-    source, dlq = make_topic("orders", partitions=2), make_topic("dlq")
-    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    dlq = make_topic("dlq")
+    routes = {"tables": {"analytics.orders": {"when": "type == 'order'"}}, "dynamic": None}
+    sink = sink_factory(
+        partitions={"orders": 2},
+        name="shop",
+        source={"tombstones": "dead-letter"},
+        overrides={
+            **routes,
+            "unmatched": {"action": "dead-letter"},
+            "dead-letter": {"topic": dlq, "connect-headers": True},
+        },
+    )
+    source = sink.topic
+    producer = Producer({"bootstrap.servers": sink.bootstrap})
     producer.produce(source, key=b"k0", value=json.dumps({"type": "order", "id": 1}).encode(), partition=1)
     producer.produce(source, key=b"k1", value=b"{not json", partition=1, headers=[("trace", b"t1")])
     producer.produce(source, key=b"k2", value=json.dumps({"type": "refund", "id": 2}).encode(), partition=1)
     producer.produce(source, key=b"k3", value=None, partition=1)
     producer.flush(30)
     raw = from_messages(read_topic(source))
-    settings: dict[str, Any] = {
-        "name": "shop",
-        "kafka": {"bootstrap.servers": bootstrap_servers},
-        "source": {"topics": [source], "tombstones": "dead-letter"},
-        "catalog": catalog_settings.model_dump(),
-        "tables": {"analytics.orders": {"when": "type == 'order'"}},
-        "unmatched": {"action": "dead-letter"},
-        "dead-letter": {"topic": dlq, "connect-headers": True},
-    }
-    out = build_processor(parse_config(settings, "test"), catalog)(raw)
+    out = build_processor(sink.config, sink.catalog)(raw)
     assert len(out.dead_letters) == 3, (raw.num_rows, out.dead_letters)
-    txn = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": f"{dlq}-worker"})
+    txn = Producer({"bootstrap.servers": sink.bootstrap, "transactional.id": f"{dlq}-worker"})
     txn.init_transactions(30)
     txn.begin_transaction()
     deadletter.publish(txn, dlq, out.dead_letters, 1_000_000)
@@ -94,8 +93,8 @@ def test_connect_headers_beside_ours_decode_as_connect_tooling_reads_them(
     assert dict(letters[0].headers())["trace"] == b"t1", "the source record's headers stay"
 
     # Off by default: our headers only.
-    settings["dead-letter"] = {"topic": dlq}
-    plain = build_processor(parse_config(settings, "test"), catalog)(raw)
+    without = sink.config.model_copy(update={"dead_letter": DeadLetterSettings(topic=dlq)})
+    plain = build_processor(without, sink.catalog)(raw)
     assert not [n for letter in plain.dead_letters for n, _ in letter.headers if n.startswith("__connect")]
 
 
