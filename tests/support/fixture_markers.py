@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -129,23 +128,31 @@ def own_stores() -> None:
 
 
 _SHIMS: dict[frozenset[str], Path] = {}
+_JAVA_HOME = "FANOUT_SINK_TEST_JAVA_HOME"
+"""The child's own ``JAVA_HOME`` while the shim stands in for it."""
 
 
 def _java_shim(tmp_path_factory: pytest.TempPathFactory, refused: frozenset[str]) -> Path:
     """A JDK home whose ``bin/java`` refuses the command lines that start what ``refused`` names and
-    runs the real ``java`` for everything else (``java -version``, Maven, a test's own small JVM)."""
+    runs, for everything else (``java -version``, Maven, a test's own small JVM), the ``java`` the child
+    would have run without it: its ``JAVA_HOME``'s, else the next one on its PATH (none, if none)."""
     if refused not in _SHIMS:
-        real = shutil.which("java")
+        folder = tmp_path_factory.mktemp("java-guard")
+        java = folder / "bin" / "java"
         cases = "".join(
             f"    *{shlex.quote(word)}*) echo {shlex.quote(_refusal(what))} >&2; exit 97;;\n"
             for what in sorted(refused)
             for word in _JAVA_MAIN_CLASSES[what]
         )
-        run = f'exec {shlex.quote(real)} "$@"' if real else "echo 'no java on PATH' >&2; exit 127"
-        folder = tmp_path_factory.mktemp("java-guard")
-        java = folder / "bin" / "java"
         java.parent.mkdir()
-        java.write_text(f'#!/bin/sh\ncase "$*" in\n{cases}esac\n{run}\n')
+        java.write_text(
+            f'#!/bin/sh\ncase "$*" in\n{cases}esac\n'
+            f'PATH="${{PATH#{java.parent}:}}"; export PATH\n'
+            f'if [ -n "${{{_JAVA_HOME}:-}}" ]; then\n'
+            f'    JAVA_HOME="${_JAVA_HOME}"; export JAVA_HOME; exec "$JAVA_HOME/bin/java" "$@"\n'
+            f"fi\n"
+            f'exec java "$@"\n'
+        )
         java.chmod(0o755)
         _SHIMS[refused] = folder
     return _SHIMS[refused]
@@ -179,8 +186,8 @@ def _guard_children(monkeypatch: pytest.MonkeyPatch, refused: frozenset[str], ho
             given = kwargs.get("env")
             env = dict(os.environ if given is None else given)
             env["PATH"] = f"{home / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-            if "JAVA_HOME" in env:
-                env["JAVA_HOME"] = str(home)
+            if env.get("JAVA_HOME"):
+                env[_JAVA_HOME], env["JAVA_HOME"] = env["JAVA_HOME"], str(home)
             kwargs["env"] = env
         original(self, *args, **kwargs)
 
