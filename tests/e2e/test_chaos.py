@@ -179,7 +179,7 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
 
     Real: every kind's breakage (see ``kills``); the app's producer queue is 1000 messages so that a
     flood of 3000 dead letters overflows it. Not here, to keep the suite short: ``offset-expiry`` (a
-    minute of downtime; the broker setting it relies on is tested in tests/protocol/test_positions.py),
+    minute of downtime; the broker setting it relies on is tested in tests/protocol/test_recovery.py),
     ``snapshot-expiry`` (the ``coordinator`` kind's kill plus the catalog steps tested above) and
     ``maintain`` (a second JVM for a minute or two; tests/e2e/test_maintenance_app.py runs maintenance
     next to the app from two processes). The long run, every kind, is a command:

@@ -2,7 +2,7 @@
 
 The broker expires a memberless group's offsets a minute after their last commit at the earliest
 (``offsets.retention.minutes`` cannot go lower). The scenarios that need it (tests/protocol/
-test_positions.py) are therefore arranged at the start of the pytest session, in a background thread,
+test_recovery.py) are therefore arranged at the start of the pytest session, in a background thread,
 on a private broker with the chaos run's retention (``kills.BROKER_PROPERTIES``), while the other
 tests run. The ``expired`` fixture then polls until every awaited offset is really gone: usually
 already, or after the rest of the minute when only these tests were selected.
