@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -65,17 +67,83 @@ TIERS = {
 default, what CI runs): everything, the app runs, the storage servers, the cluster and chaos too."""
 
 
-def _tier(args: list[str]) -> tuple[str, list[str]]:
-    """The ``--tier`` chosen (``full`` without one) and the arguments left for pytest."""
+LANES = ("chaos or cluster or stores", "not (chaos or cluster or stores)")
+"""The full tier runs as two pytest processes at once, split by marker. The suite mostly waits (commit
+intervals, broker restarts, JVMs starting: about a third of one core per run), so the chaos run, the
+cluster and the storage servers wait alongside the rest instead of after it. Each lane has its own
+broker and Spark session (session fixtures are per process); nothing is shared but the jar cache,
+which is filled before the lanes start."""
+
+_SUMMARY = re.compile(r"^=+ (.*) in [0-9.]+s")
+_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)")
+
+
+def choose_run(args: list[str]) -> tuple[str, int, list[str]]:
+    """The ``--tier`` chosen (``full`` without one), the lanes, and the arguments left for pytest."""
     parser = argparse.ArgumentParser(prog="bootstrap test", add_help=False, allow_abbrev=False)
     parser.add_argument("--tier", choices=TIERS, default="full")
+    parser.add_argument("--lanes", type=int, choices=(1, len(LANES)), default=None)
     known, rest = parser.parse_known_args(args)
-    return str(known.tier), rest
+    # Lanes only for the whole suite: a run narrowed by pytest arguments is one process, as typed.
+    lanes = known.lanes or (len(LANES) if known.tier == "full" and not rest else 1)
+    return str(known.tier), lanes, rest
+
+
+def closing_counts(log: str) -> dict[str, int]:
+    """The outcome counts of pytest's closing line in ``log`` (empty when it has none)."""
+    for line in reversed(log.splitlines()):
+        match = _SUMMARY.match(line.strip())
+        if match:
+            found: dict[str, int] = {}
+            for number, kind in _COUNT.findall(match.group(1)):
+                key = "error" if kind.startswith("error") else kind
+                found[key] = found.get(key, 0) + int(number)
+            return found
+    return {}
+
+
+def _run_lanes(pytest_args: list[str]) -> int:
+    """Every lane at once: the first one's output as it comes, the others' once it ended, then one
+    line with the totals. Exit 0 only when every lane passed (pytest's 5, no test collected, fails)."""
+    jar_sets = ["spark-connectors", "spark-object-store", "kafka-broker", "s3proxy", "nessie"]
+    code = _run([str(_bin("fanout-sink")), "jars", "--set", *jar_sets])
+    if code != 0:
+        return code
+    folder = ROOT / ".pytest-lanes"
+    folder.mkdir(exist_ok=True)
+    logs = [folder / f"lane-{number + 1}.log" for number in range(len(LANES))]
+    processes = []
+    for lane, log in zip(LANES, logs, strict=True):
+        cmd = [str(_bin("python")), "-m", "pytest", "-m", lane, *pytest_args]
+        _say(f"{log.stem}: $ " + " ".join(cmd))
+        with log.open("w") as out:
+            processes.append(subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+    with logs[0].open() as first:  # follow the first lane's log while it runs
+        while processes[0].poll() is None:
+            sys.stdout.write(first.read())
+            sys.stdout.flush()
+            time.sleep(1)
+        sys.stdout.write(first.read())
+    codes = [process.wait() for process in processes]
+    for log in logs[1:]:
+        _say(f"{log.stem}, its output:")
+        print(log.read_text(), flush=True)
+    totals: dict[str, int] = {}
+    for lane, log, code in zip(LANES, logs, codes, strict=True):
+        counts = closing_counts(log.read_text())
+        _say(f"{log.stem} (-m {lane!r}): exit {code}, {counts or 'no closing line'}")
+        for key, value in counts.items():
+            totals[key] = totals.get(key, 0) + value
+    failed = totals.get("failed", 0) + totals.get("error", 0)
+    print(f"tests: {totals.get('passed', 0)} passed, {failed} failed", flush=True)
+    if 5 in codes:
+        _say("a lane collected no tests: that counts as a failure")
+    return next((code for code in codes if code != 0), 0)
 
 
 def run_tests(args: list[str]) -> int:
     """Lint, type-check, then the tier's pytest run; the first failing step decides the exit code."""
-    tier, pytest_args = _tier(args)
+    tier, lanes, pytest_args = choose_run(args)
     if TIERS[tier]:
         pytest_args = ["-m", TIERS[tier], *pytest_args]
     checks = [
@@ -87,6 +155,8 @@ def run_tests(args: list[str]) -> int:
         code = _run(check)
         if code != 0:
             return code
+    if lanes > 1:
+        return _run_lanes(pytest_args)
     code = _run([str(_bin("python")), "-m", "pytest", *pytest_args])
     if code == 5:
         _say("pytest collected no tests: that counts as a failure")
