@@ -106,8 +106,10 @@ def _run_lanes(pytest_args: list[str]) -> int:
     """Every lane at once: the first one's output as it comes, the others' once it ended, then one
     line with the totals. Exit 0 only when every lane passed (pytest's 5, no test collected, fails)."""
     jar_sets = ["spark-connectors", "spark-object-store", "kafka-broker", "s3proxy", "nessie"]
-    code = _run([str(_bin("fanout-sink")), "jars", "--set", *jar_sets])
-    if code != 0:
+    fetch = [str(_bin("fanout-sink")), "jars", "--set", *jar_sets]
+    _say("$ " + " ".join(fetch))
+    code = subprocess.run(fetch, cwd=ROOT, stdout=subprocess.DEVNULL, check=False).returncode
+    if code != 0:  # its error went to stderr
         return code
     folder = ROOT / ".pytest-lanes"
     folder.mkdir(exist_ok=True)
