@@ -206,7 +206,8 @@ def jar_sets() -> dict[str, JarSet]:
 
 def _jars(args: argparse.Namespace) -> int:
     sets = jar_sets()
-    paths = [str(path) for name in args.set for path in jars.jars(sets[name])]
+    names = JAR_SETS if args.all else args.set
+    paths = [str(path) for name in names for path in jars.jars(sets[name])]
     print(",".join(paths) if args.comma else "\n".join(paths))
     return 0
 
@@ -344,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     jars_cmd = commands.add_parser("jars", help="fetch JVM jars from Maven Central (cached) and list them")
     jars_cmd.add_argument("--set", nargs="+", choices=JAR_SETS, default=["spark-connectors"])
+    jars_cmd.add_argument(
+        "--all", action="store_true", help="every jar set (what a parallel test run fetches before it starts)"
+    )
     jars_cmd.add_argument(
         "--comma", action="store_true", help="one comma-separated line, as spark-submit --jars takes"
     )
