@@ -151,7 +151,32 @@ class HadoopCheckpoint:
                 "  fix: move the checkpoint aside by hand (or delete it) and restart; the sink group's "
                 "offsets say where to resume"
             )
+        # An object store has no folders: a rename is copies and deletes, and a store may keep an
+        # empty folder entry behind (S3Proxy's filesystem backend does under load). Only files matter
+        # to Spark, so any file still here means something else writes this checkpoint.
+        left = self.file_paths()
+        if left:
+            raise CheckpointError(
+                f"Spark's checkpoint {self.location} still holds {len(left)} file(s) after it was moved "
+                f"to {target.toString()}: {', '.join(left[:5])}. Another query may be writing it.\n"
+                "  fix: stop every query that uses this checkpoint location, move what is left aside "
+                "by hand and restart; the sink group's offsets say where to resume"
+            )
         return str(target.toString())
+
+    def file_paths(self) -> list[str]:
+        """Every file below the checkpoint's root (an empty folder entry holds none)."""
+
+        def listed() -> list[str]:
+            if not self._fs.exists(self._root):
+                return []
+            found = self._fs.listFiles(self._root, True)
+            paths: list[str] = []
+            while found.hasNext():
+                paths.append(str(found.next().getPath().toString()))
+            return paths
+
+        return self._call("list", listed)
 
 
 def open_checkpoint(location: str, spark: Any = None) -> CheckpointFiles:

@@ -156,7 +156,7 @@ def test_planner_reads_and_moves_an_s3a_checkpoint(
 
     assert answer["ends"] == [[topic, 0, 5], [topic, 1, 3]]
     assert answer["ranges"] == [[topic, 0, 0, 5], [topic, 1, 0, 3]]
-    assert answer["exists_after_move"] is False
+    assert answer["files_left_after_move"] == []
     store = object_store.filesystem()
     folder = checkpoint[len("s3a://") :].rsplit("/", 1)[0]
     moved = [info.base_name for info in store.get_file_info(fs.FileSelector(folder))]

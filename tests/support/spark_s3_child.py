@@ -49,7 +49,7 @@ def _stream(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "ends": [[t, p, o] for (t, p), o in sorted(ends.items())],
         "ranges": [[t, p, s, e] for (t, p), (s, e) in sorted(ranges.items())],
-        "exists_after_move": planning.open_checkpoint(checkpoint, spark).exists(),
+        "files_left_after_move": planning.HadoopCheckpoint(checkpoint, spark).file_paths(),
     }
 
 
