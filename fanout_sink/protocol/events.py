@@ -32,10 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from fanout_sink.errors import EventVersionError
 
 MAGIC = b"FSNK"
-VERSION = 2
+VERSION = 3
 """2: ``DataComplete.min_timestamp_ms``; ``CommitComplete.partition_times``, ``reports_below``,
-``low_watermark`` and ``delivered``; ``CommitToTable.control_offset``."""
-READABLE_VERSIONS = (1, 2)
+``low_watermark`` and ``delivered``; ``CommitToTable.control_offset``. 3: ``DataWritten.key`` and
+``deleted_keys`` (change tables)."""
+READABLE_VERSIONS = (1, 2, 3)
 _HEADER = struct.Struct(">4sH")
 _NAMESPACE = "fanout_sink.events"
 # Named types first: later schemas refer to earlier ones by name.
@@ -94,6 +95,14 @@ class DataFileRecord(_Model):
     sort_order_id: int | None = None
 
 
+class KeyFile(_Model):
+    """A Parquet file of a change table's deleted keys: read by the coordinator, never committed."""
+
+    file_path: str
+    record_count: int
+    file_size_in_bytes: int
+
+
 class StartCommit(_Model):
     type: Literal["StartCommit"] = "StartCommit"
     commit_id: str
@@ -106,6 +115,10 @@ class DataWritten(_Model):
     topic: str
     partition: int
     next_offset: int
+    key: tuple[str, ...] = ()
+    """Since version 3: a change table's key columns; empty for appends."""
+    deleted_keys: tuple[KeyFile, ...] = ()
+    """Since version 3: files of the keys whose last change in the slice deletes them."""
 
 
 class DataComplete(_Model):
@@ -233,6 +246,8 @@ def _payload_to_avro(payload: Payload) -> tuple[str, dict[str, Any]]:
     data = payload.model_dump(exclude={"type"})
     if isinstance(payload, DataWritten):
         data["files"] = [_file_to_avro(f) for f in payload.files]
+        data["key"] = list(payload.key)
+        data["deleted_keys"] = [k.model_dump() for k in payload.deleted_keys]
     if isinstance(payload, CommitComplete):
         data["partition_times"] = [p.model_dump() for p in payload.partition_times]
     # A union of records needs the branch named explicitly: fastavro's tuple notation.

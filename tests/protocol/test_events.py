@@ -37,6 +37,15 @@ PAYLOADS: list[ev.Payload] = [
         next_offset=17,
     ),
     ev.DataWritten(table=TABLE, files=(), topic="o", partition=0, next_offset=0),
+    ev.DataWritten(
+        table=TABLE,
+        files=(FILE,),
+        topic="o",
+        partition=1,
+        next_offset=30,
+        key=("tenant", "id"),
+        deleted_keys=(ev.KeyFile(file_path="file:///w/k.parquet", record_count=3, file_size_in_bytes=512),),
+    ),
     ev.DataComplete(topic="orders", partition=3, next_offset=99, max_timestamp_ms=1_700_000_000_000),
     ev.DataComplete(topic="orders", partition=3, next_offset=99),
     ev.CommitToTable(commit_id="c1", table=TABLE, snapshot_id=123456789012345, vtts_ms=5),
@@ -104,3 +113,22 @@ def test_events_of_version_1_on_the_control_topic_stay_readable() -> None:
         record["payload"] = (f"fanout_sink.events.{payload.type}", avro)
         fastavro.schemaless_writer(out, ev.envelope_schema(1), record)
         assert ev.decode(out.getvalue()) == event
+
+
+def test_data_written_of_version_2_reads_as_an_append() -> None:
+    """A version-2 ``DataWritten`` (no key, no deleted keys) is an append after the upgrade."""
+    import io
+
+    import fastavro
+
+    payload = ev.DataWritten(table=TABLE, files=(), topic="o", partition=2, next_offset=17)
+    event = ev.Event(sink="s", payload=payload)
+    avro = payload.model_dump(exclude={"type", "key", "deleted_keys"})
+    out = io.BytesIO()
+    out.write(ev.MAGIC + struct.pack(">H", 2))
+    record = {"sink": "s", "event_id": event.event_id, "event_time_ms": event.event_time_ms}
+    record["payload"] = ("fanout_sink.events.DataWritten", avro)
+    fastavro.schemaless_writer(out, ev.envelope_schema(2), record)
+    decoded = ev.decode(out.getvalue()).payload
+    assert isinstance(decoded, ev.DataWritten)
+    assert decoded == payload and decoded.key == () and decoded.deleted_keys == ()
