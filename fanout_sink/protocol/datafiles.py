@@ -50,6 +50,35 @@ def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
     return files
 
 
+def write_key_file(table: Table, keys: pa.Table) -> ev.KeyFile:
+    """Write a change table's deleted keys beside its data files, for the coordinator to resolve.
+
+    Deletes are resolved into position deletes only when the table is committed (the rows they hit
+    are known then, not now), so the keys travel as a file: a slice may delete many keys and the
+    control topic's messages stay small. The file is never part of the table; once the round that
+    resolved it is committed, orphan cleanup takes it like any unreferenced file.
+    """
+    buffer = pa.BufferOutputStream()
+    pq.write_table(keys, buffer)
+    data = buffer.getvalue().to_pybytes()
+    path = table.location_provider().new_data_location(f"deleted-keys-{uuid.uuid4()}.parquet")
+    with table.io.new_output(path).create(overwrite=False) as stream:
+        stream.write(data)
+    return ev.KeyFile(file_path=path, record_count=keys.num_rows, file_size_in_bytes=len(data))
+
+
+def read_key_files(table: Table, key: Sequence[str], files: Sequence[ev.KeyFile]) -> pa.Table:
+    """The deleted keys of ``files`` as one table of the ``key`` columns in ``table``'s current types
+    (a key column may have been widened since the worker wrote them)."""
+    target = table.schema().as_arrow()
+    schema = pa.schema([target.field(name) for name in key])
+    parts = []
+    for key_file in files:
+        with table.io.new_input(key_file.file_path).open() as stream:
+            parts.append(pq.read_table(stream).select(list(key)).cast(schema))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
 def rewrite_data_files(table: Table, paths: Sequence[str]) -> list[DataFile]:
     """The rows of data files written for another table (a dropped one) as new files of ``table``.
 

@@ -83,3 +83,25 @@ def test_each_call_writes_new_file_names(catalog: Any) -> None:
     second = {f.file_path for f in datafiles.write_data_files(table, _rows())}
     assert first and second and not first & second
     assert datafiles.write_data_files(table, _rows().slice(0, 0)) == []
+
+
+def test_deleted_keys_round_trip_through_a_key_file_in_the_tables_current_types(catalog: Any) -> None:
+    schema = Schema(
+        NestedField(1, "tenant", StringType(), required=True),
+        NestedField(2, "id", LongType(), required=True),
+        NestedField(3, "name", StringType(), required=False),
+        identifier_field_ids=[1, 2],
+    )
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.keys", schema=schema)
+    keys = pa.table({"tenant": ["a", "b"], "id": pa.array([1, 2], pa.int32()), "name": ["x", "y"]})
+
+    written = datafiles.write_key_file(table, keys.select(["tenant", "id"]))
+
+    assert written.record_count == 2 and written.file_size_in_bytes > 0
+    assert written.file_path.startswith(table.location())
+    assert not any(written.file_path == f.file_path for f in table.inspect.files().to_pylist())
+    read = datafiles.read_key_files(table, ["tenant", "id"], [written, written])
+    assert read.schema.field("id").type == pa.int64()
+    assert read.to_pylist() == [{"tenant": "a", "id": 1}, {"tenant": "b", "id": 2}] * 2
+    assert datafiles.read_key_files(table, ["id"], []).num_rows == 0
