@@ -32,10 +32,21 @@ class DeadLetter:
 
 @dataclass
 class TableRows:
-    """Rows for one table, converted to ``table``'s current schema (a PyIceberg ``Table``)."""
+    """Rows for one table, converted to ``table``'s current schema (a PyIceberg ``Table``).
+
+    For an append table ``rows`` are all the slice's rows for it. For a change table (``changes:``)
+    they hold at most one row per key: the key's last change in the slice (highest Kafka offset)
+    when that change is an insert, update or snapshot read; keys whose last change is a delete are
+    in ``deleted_keys`` instead, so the worker resolves both against the table in one commit.
+    """
 
     table: Table
     rows: pa.Table
+    key: tuple[str, ...] = ()
+    """A change table's key columns (its identifier fields, top-level names); () for an append table."""
+    deleted_keys: pa.Table | None = None
+    """A change table's keys (columns ``key``, in the table's Arrow types) whose last change in the slice
+    is a delete; never overlapping the keys of ``rows``."""
 
 
 @dataclass
