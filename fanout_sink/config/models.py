@@ -340,6 +340,49 @@ class MaintenanceSettings(_Section):
         return self.model_copy(update={name: getattr(other, name) for name in other.model_fields_set})
 
 
+class ChangeSettings(_Section):
+    """``changes:`` the table holds each key's latest state instead of every record (CDC, upsert).
+
+    ``format: upsert``: each record replaces the row with its key; a record for which ``delete-when``
+    is true deletes its key instead. ``format: debezium``: the record is a Debezium change event
+    (``op``, ``before``, ``after``); ``when`` reads the event, ``select`` the row image. ``key`` names
+    the table's key columns (top-level, primitive), which become its identifier fields.
+    """
+
+    format: Literal["upsert", "debezium"] = Field(examples=["debezium"])
+    key: list[str] = Field(min_length=1, examples=[["id"]])
+    delete_when: str | None = Field(default=None, examples=["status == 'closed'"])
+    """Evaluated on the record as ``when`` sees it (before ``select``), so a flag the table does
+    not keep can still mark deletes."""
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _IDENT_PART.match(name):
+                raise ValueError(
+                    f"key column {name!r} is not a top-level column name (letters, digits, _); "
+                    "key columns are top-level and primitive, e.g. key: [id]"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError(f"key {value} names a column twice; e.g. key: [tenant, id]")
+        return value
+
+    @field_validator("delete_when")
+    @classmethod
+    def _delete_when(cls, value: str | None) -> str | None:
+        return _check_jmespath(value, "\"status == 'closed'\"")
+
+    @model_validator(mode="after")
+    def _check(self) -> ChangeSettings:
+        if self.format == "debezium" and self.delete_when is not None:
+            raise ValueError(
+                "delete-when is only for format upsert: Debezium events say deletes themselves (op d); "
+                "remove delete-when"
+            )
+        return self
+
+
 class TableSettings(_Section):
     """One entry of ``tables:``, keyed ``<namespace>.<table>``."""
 
@@ -354,6 +397,8 @@ class TableSettings(_Section):
     evolution: Evolution = Field(default_factory=EvolutionSettings, examples=[{"add-columns": True}])
     conversion: ConversionSettings = Field(default_factory=ConversionSettings)
     maintenance: MaintenanceSettings | None = Field(default=None, examples=[{"min-input-files": 10}])
+    changes: ChangeSettings | None = Field(default=None, examples=[{"format": "debezium", "key": ["id"]}])
+    """Unset: an append table (every routed record is a new row)."""
 
     @field_validator("when")
     @classmethod
@@ -558,6 +603,13 @@ class SinkConfig(_Section):
                     f"@{key}: sends records to the dead-letter topic, but dead-letter.topic is not set; "
                     "e.g. dead-letter: {topic: shop-events-dlq}"
                 )
+        changing = [name for name, table in self.tables.items() if table.changes is not None]
+        if changing and self.source.tombstones == "dead-letter":
+            raise ValueError(
+                f"@source.tombstones: dead-letter, but {changing[0]} has changes: Debezium and compacted "
+                "upsert topics follow every delete with a tombstone (a null value), which belongs to no "
+                "route; set source.tombstones: skip (they are counted as filtered)"
+            )
         if self.unmatched.action == "table":
             table = self.unmatched.table
             if table not in self.tables:

@@ -4,7 +4,7 @@ Header keys (values are UTF-8 text):
 
 =============================  ===============================================================
 ``fanout-sink.reason``          what went wrong and, where it helps, what to do
-``fanout-sink.stage``           ``decode``, ``route``, ``convert`` or ``tombstone``
+``fanout-sink.stage``           ``decode``, ``route``, ``convert``, ``tombstone`` or ``truncate``
 ``fanout-sink.sink``            the sink's ``name``
 ``fanout-sink.source.topic``    source topic
 ``fanout-sink.source.partition`` source partition
@@ -62,6 +62,7 @@ CONNECT_STAGES = {
     "route": "TRANSFORMATION",
     "convert": "TASK_PUT",
     "tombstone": "TASK_PUT",
+    "truncate": "TASK_PUT",
 }
 """Our stage as the name of Connect's ``Stage`` enum constant where Connect would have failed."""
 CONNECT_EXCEPTION = "fanout_sink.errors.RecordError"
@@ -72,7 +73,7 @@ CONNECT_EXCEPTION = "fanout_sink.errors.RecordError"
 _RECORD_OVERHEAD = 512
 _HEADER_OVERHEAD = 10
 
-STAGES = ("decode", "route", "convert", "tombstone")
+STAGES = ("decode", "route", "convert", "tombstone", "truncate")
 _MAX_REASON = 4000
 
 

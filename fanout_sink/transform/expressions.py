@@ -120,6 +120,19 @@ class RecordView:
             None if self._python is None else [self._python[p] for p in listed],
         )
 
+    def with_records(self, positions: np.ndarray, records: pa.Table) -> RecordView:
+        """The records at ``positions`` with their fields replaced by ``records`` (one row each) and
+        their Kafka metadata kept: a change event's row image, which ``select`` reads as a record.
+        Its ``decoded.rows`` are ``positions``."""
+        take = pa.array(positions, pa.int64())
+        listed = positions.tolist()
+        return RecordView(
+            Decoded(records, positions),
+            self.meta.take(take),
+            None if self.headers is None else [self.headers[p] for p in listed],
+            None if self._raw_headers is None else self._raw_headers.take(take),
+        )
+
     @property
     def records(self) -> pa.Table:
         return self.decoded.records

@@ -33,6 +33,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType
 
@@ -148,6 +149,76 @@ def _apply(table: Table, changes: _Changes) -> None:
             update.make_column_optional(path)
 
 
+def key_path(name: str) -> str:
+    """The YAML path of a table's key, as configuration errors name it."""
+    return f'tables."{name}".changes.key'
+
+
+def _key_type_problem(dtype: pa.DataType) -> str | None:
+    if pa.types.is_nested(dtype):
+        return f"is a {dtype}, not a primitive column"
+    if pa.types.is_floating(dtype):
+        return f"is a {dtype}: Iceberg does not allow floating-point identifier fields"
+    if pa.types.is_null(dtype):
+        return "has no type yet (null in every first row)"
+    return None
+
+
+def iceberg_schema(name: str, schema: pa.Schema, settings: TableSettings) -> Schema | pa.Schema:
+    """The schema a new table is created with: an append table's as it is; a change table's with
+    its key columns required and as its identifier fields (how Iceberg, Spark's MERGE and readers
+    know a row's key)."""
+    if settings.changes is None:
+        return schema
+    key = settings.changes.key
+    fields = []
+    for column in schema:
+        if column.name in key:
+            problem = _key_type_problem(column.type)
+            if problem is not None:
+                raise TableError(
+                    f"table {name}: key column {column.name!r} {problem}; {key_path(name)} must name "
+                    "top-level primitive columns (e.g. integers, strings, dates)"
+                )
+        fields.append(column.with_nullable(False) if column.name in key else column)
+    missing = [k for k in key if k not in schema.names]
+    if missing:
+        raise TableError(
+            f"table {name}: key column(s) {missing} are not among its columns {schema.names}; "
+            f"fix {key_path(name)} or select the key columns"
+        )
+    converted = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(pa.schema(fields)))
+    ids = [converted.find_field(k).field_id for k in key]
+    return Schema(*converted.fields, identifier_field_ids=ids)
+
+
+def check_key(name: str, table: Table, settings: TableSettings) -> None:
+    """Raise :class:`TableError` when an existing table's identifier fields are not the configured key.
+
+    The key decides which row a change replaces; a table keyed otherwise (or not at all) would be
+    changed by the wrong rows, so the sink stops instead of guessing.
+    """
+    if settings.changes is None:
+        return
+    key = settings.changes.key
+    have = sorted(table.schema().identifier_field_names())
+    if have == sorted(key):
+        return
+    if not have:
+        fix = (
+            f"make them its identifier fields (Spark SQL: ALTER TABLE {name} SET IDENTIFIER FIELDS "
+            f"{', '.join(key)}; the columns must be required), or change {key_path(name)}"
+        )
+        raise TableError(
+            f"table {name} exists without identifier fields, but {key_path(name)} is {key}; {fix}"
+        )
+    raise TableError(
+        f"table {name} has identifier fields {have}, but {key_path(name)} is {key}; set {key_path(name)} "
+        f"to {have}, or change the table's identifier fields (Spark SQL: ALTER TABLE {name} SET "
+        f"IDENTIFIER FIELDS ...)"
+    )
+
+
 class TableManager:
     """Loads, creates and evolves the sink's tables; caches loaded tables for the process."""
 
@@ -209,7 +280,9 @@ class TableManager:
         if table is not None:
             return table
         try:
-            return self._remember(name, self.catalog.load_table(name))
+            loaded = self.catalog.load_table(name)
+            check_key(name, loaded, settings)
+            return self._remember(name, loaded)
         except NoSuchTableError:
             if not settings.auto_create:
                 raise TableError(
@@ -229,6 +302,7 @@ class TableManager:
             if not self.catalog.table_exists(name):
                 raise
             table = self.catalog.load_table(name)
+        check_key(name, table, settings)
         return self._remember(name, table)
 
     def _declared_schema(self, name: str, settings: TableSettings) -> pa.Schema | None:
@@ -240,7 +314,8 @@ class TableManager:
         except FanoutSinkError as exc:
             raise TableError(f"table {name}: schema file {path}: {exc}") from None
 
-    def _create(self, name: str, settings: TableSettings, schema: pa.Schema) -> Table:
+    def _create(self, name: str, settings: TableSettings, arrow_schema: pa.Schema) -> Table:
+        schema = iceberg_schema(name, arrow_schema, settings)
         namespace = tuple(name.split(".")[:-1])
         try:
             self.catalog.create_namespace_if_not_exists(namespace)

@@ -1,0 +1,94 @@
+"""A change table's records (``changes:``): which are upserts and deletes, and each key's last change.
+
+A change table keeps one row per key. Within a slice (one topic-partition, offsets ascending) a
+key may change several times; only its last change -- the highest offset -- reaches the table:
+its row when that change is an upsert, its key in the deleted keys when it is a delete. The other
+changes of the key are *superseded*: they were true once, but the table never shows them. All of
+this is whole-column Arrow: one ``group_by(key).aggregate(max)`` per table and slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fanout_sink.config.models import ChangeSettings
+from fanout_sink.transform import debezium
+from fanout_sink.transform.convert import Matching
+from fanout_sink.transform.expressions import Predicate, RecordView
+
+_ORDER = " order"
+"""The position column of :func:`last_change_wins`; a space keeps it from meeting a key column."""
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A table's records as changes: the row image of each upsert or delete, ``select``-able."""
+
+    images: RecordView
+    """One record per upsert or delete."""
+    positions: np.ndarray
+    """Each image's position in the table's view."""
+    deletes: np.ndarray
+    """Per image: whether it deletes its key."""
+    truncates: np.ndarray
+    """Positions (in the table's view) of Debezium truncate events."""
+    bad: list[tuple[int, str]]
+    """Positions (in the table's view) of records that are no change, with the reason."""
+
+
+def read_changes(
+    view: RecordView, settings: ChangeSettings, delete_when: Predicate | None, vectorised: bool
+) -> Changes:
+    """The changes in ``view`` (one table's records): Debezium events by their ``op``; upsert
+    records are upserts unless ``delete_when`` (evaluated on the record, as ``when`` is) holds."""
+    if settings.format == "debezium":
+        ops = debezium.classify(view.records, view.decoded.python)
+        images, positions = debezium.row_images(view.records, view.decoded.python, ops.upserts, ops.deletes)
+        deletes = np.isin(positions, ops.deletes)
+        return Changes(view.with_records(positions, images), positions, deletes, ops.truncates, ops.bad)
+    deletes = (
+        delete_when.mask(view, vectorised) if delete_when is not None else np.zeros(len(view), dtype=bool)
+    )
+    return Changes(view, np.arange(len(view)), deletes, np.zeros(0, dtype=np.int64), [])
+
+
+def null_keys(rows: pa.Table, key: tuple[str, ...], matching: Matching) -> list[tuple[int, str, str]]:
+    """Rows of ``rows`` (a change table's rows before conversion) without a value for a key column:
+    ``(position, column, reason)``. A change without its key cannot be applied to any row."""
+    found: dict[int, tuple[str, str]] = {}
+    for column in key:
+        source = matching.find(rows.column_names, column, column)
+        if source is None:
+            missing = np.arange(rows.num_rows)
+            reason = f"key column {column!r} is missing"
+        else:
+            missing = np.flatnonzero(np.asarray(rows.column(source).is_null().to_numpy(zero_copy_only=False)))
+            reason = f"key column {column!r} is null"
+        for position in missing.tolist():
+            found.setdefault(position, (column, reason))
+    return sorted((p, c, f"{r}; every change needs its key to be applied") for p, (c, r) in found.items())
+
+
+def last_change_wins(
+    upsert_keys: pa.Table, upsert_order: np.ndarray, delete_keys: pa.Table, delete_order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which upserts and deletes are their key's last change: positions into each.
+
+    ``*_keys`` hold the key columns in the table's types (no nulls), ``*_order`` each change's
+    position in the slice (distinct; higher is later). A key's changes are compared across both.
+    """
+    keys = pa.concat_tables([upsert_keys, delete_keys.select(upsert_keys.column_names)])
+    order = np.concatenate([upsert_order, delete_order]).astype(np.int64)
+    if keys.num_rows == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    grouped = keys.append_column(_ORDER, pa.array(order)).group_by(keys.column_names, use_threads=False)
+    latest = grouped.aggregate([(_ORDER, "max")]).column(f"{_ORDER}_max")
+    wins = np.flatnonzero(
+        pc.is_in(pa.array(order), value_set=latest.combine_chunks()).to_numpy(zero_copy_only=False)
+    )
+    split = len(upsert_order)
+    return wins[wins < split], wins[wins >= split] - split

@@ -1,0 +1,348 @@
+"""Change tables (``changes:``) through the slice processor: upsert and Debezium records become each
+key's last change, deletes, dead letters or filtered records, and the counts still reconcile (I5)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.common import embedded_catalog_settings
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.devtools.raw_slices import make_raw_slice
+from fanout_sink.errors import ConfigError, RecordError, TableError
+from fanout_sink.transform import deadletter
+from fanout_sink.transform.changes import last_change_wins
+from fanout_sink.transform.processor import RoutingProcessor, build_processor
+from fanout_sink.transform.records import RoutedSlice
+
+TOPIC, PARTITION, START = "dbserver.crm.customers", 3, 100
+
+
+def _config(catalog_settings: CatalogSettings, dead_letter: bool = True, **tables: Any) -> SinkConfig:
+    data: dict[str, Any] = {
+        "name": "cdc",
+        "source": {"topics": [TOPIC]},
+        "catalog": catalog_settings.model_dump(),
+        "tables": tables
+        or {
+            "crm.customers": {
+                "when": "source.table == 'customers'",
+                "changes": {"format": "debezium", "key": ["id"]},
+            },
+            "crm.accounts": {
+                "when": "kind == 'account'",
+                "select": "{id: id, owner: owner, balance: balance, status: status}",
+                "changes": {"format": "upsert", "key": ["id"], "delete-when": "status == 'closed'"},
+            },
+        },
+    }
+    if dead_letter:
+        data["dead-letter"] = {"topic": "cdc-dlq"}
+    return parse_config(data, "sink.yaml")
+
+
+def _event(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    source = {"connector": "postgresql", "db": "crm", "table": "customers", "lsn": 1}
+    return {"op": op, "before": before, "after": after, "source": source, "ts_ms": 1_700_000_000_000}
+
+
+def _run(process: RoutingProcessor, records: list[Any]) -> RoutedSlice:
+    values = [None if r is None else r if isinstance(r, bytes) else json.dumps(r).encode() for r in records]
+    out = process(make_raw_slice(values, topic=TOPIC, partition=PARTITION, start_offset=START))
+    assert process.last_stats.reconciles(), process.last_stats
+    return out
+
+
+def _offsets(out: RoutedSlice) -> list[int]:
+    return [int(dict(d.headers)[deadletter.SOURCE_OFFSET]) for d in out.dead_letters]
+
+
+def test_debezium_events_become_each_keys_last_change(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    process = build_processor(_config(catalog_settings), catalog)
+    out = _run(
+        process,
+        [
+            _event("r", None, {"id": 1, "name": "ann"}),  # snapshot read
+            _event("c", None, {"id": 2, "name": "bob"}),
+            _event("u", {"id": 1, "name": "ann"}, {"id": 1, "name": "anne"}),
+            _event("d", {"id": 2, "name": "bob"}, None),
+            _event("d", {"id": 3, "name": "cy"}, None),  # a delete of a key this slice never saw
+            _event("c", None, {"id": 4, "name": "dee"}),
+            _event("d", {"id": 4, "name": "dee"}, None),
+            _event("c", None, {"id": 4, "name": "dee again"}),  # re-inserted after its delete
+        ],
+    )
+    customers = out.tables["crm.customers"]
+    assert customers.key == ("id",)
+    assert sorted(customers.rows.to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "name": "anne"},
+        {"id": 4, "name": "dee again"},
+    ]
+    assert customers.deleted_keys is not None
+    assert sorted(customers.deleted_keys.column("id").to_pylist()) == [2, 3]
+    assert customers.deleted_keys.schema == pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    stats = process.last_stats
+    assert (stats.rows, stats.deletes, stats.superseded, stats.dead_letters) == (2, 2, 4, 0)
+    assert customers.table.schema().identifier_field_names() == {"id"}
+    assert customers.table.schema().find_field("id").required
+
+
+def test_upsert_records_and_delete_when(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    """delete-when reads the record as ``when`` does: ``closed`` deletes even though the last
+    change of key 8 is a closed account with a new balance."""
+    process = build_processor(_config(catalog_settings), catalog)
+    account = {"kind": "account", "owner": "o", "balance": 10}
+    out = _run(
+        process,
+        [
+            {**account, "id": 7, "status": "open"},
+            {**account, "id": 8, "status": "open"},
+            {**account, "id": 7, "status": "open", "balance": 20},
+            {**account, "id": 8, "status": "closed", "balance": 0},
+            {**account, "id": 9, "status": "closed"},
+        ],
+    )
+    accounts = out.tables["crm.accounts"]
+    assert accounts.rows.to_pylist() == [{"id": 7, "owner": "o", "balance": 20, "status": "open"}]
+    assert accounts.deleted_keys is not None
+    assert sorted(accounts.deleted_keys.column("id").to_pylist()) == [8, 9]
+    assert (process.last_stats.superseded, process.last_stats.deletes) == (2, 2)
+
+
+def test_tombstones_are_filtered_and_truncates_are_dead_lettered_with_a_warning(
+    catalog_settings: CatalogSettings, catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    process = build_processor(_config(catalog_settings), catalog)
+    with caplog.at_level(logging.WARNING, logger="fanout_sink.transform.processor"):
+        out = _run(
+            process,
+            [
+                _event("c", None, {"id": 1, "name": "a"}),
+                _event("d", {"id": 1, "name": "a"}, None),
+                None,  # Debezium's tombstone after a delete, for log compaction
+                _event("t", None, None),
+                _event("c", None, {"id": 2, "name": "b"}),
+            ],
+        )
+    assert out.tables["crm.customers"].rows.to_pylist() == [{"id": 2, "name": "b"}]
+    stats = process.last_stats
+    assert (stats.filtered, stats.truncates, stats.dead_letters, stats.superseded) == (1, 1, 1, 1)
+    assert _offsets(out) == [START + 3]
+    headers = dict(out.dead_letters[0].headers)
+    assert headers[deadletter.STAGE] == b"truncate" and headers[deadletter.TABLE] == b"crm.customers"
+    assert f"truncate event {TOPIC}[{PARTITION}]@{START + 3} not applied" in caplog.text
+    assert "crm.customers" in caplog.text
+
+
+def test_truncate_without_a_dead_letter_topic_is_filtered_and_still_warned(
+    catalog_settings: CatalogSettings, catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    tables = {"crm.customers": {"changes": {"format": "debezium", "key": ["id"]}}}
+    process = build_processor(_config(catalog_settings, dead_letter=False, **tables), catalog)
+    with caplog.at_level(logging.WARNING):
+        out = _run(process, [_event("t", None, None), _event("c", None, {"id": 1})])
+    assert out.dead_letters == [] and process.last_stats.filtered == 1 and process.last_stats.truncates == 1
+    assert f"@{START} not applied" in caplog.text
+
+
+def test_null_keys_and_non_events_are_bad_records(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    process = build_processor(_config(catalog_settings), catalog)
+    out = _run(
+        process,
+        [
+            _event("c", None, {"id": None, "name": "no key"}),
+            _event("x", None, {"id": 1}),  # no Debezium op
+            {"source": {"table": "customers"}, "after": {"id": 2}},  # no op at all
+            _event("d", None, None),  # a delete without its before image: no key
+            _event("c", None, {"id": 3, "name": "fine"}),
+            {"kind": "account", "owner": "o"},  # an upsert record without its key
+        ],
+    )
+    assert out.tables["crm.customers"].rows.to_pylist() == [{"id": 3, "name": "fine"}]
+    assert _offsets(out) == [START, START + 1, START + 2, START + 3, START + 5]
+    reasons = [dict(d.headers)[deadletter.REASON].decode() for d in out.dead_letters]
+    assert "key column 'id' is null" in reasons[0]
+    assert "op is 'x'" in reasons[1] and "op is None" in reasons[2]
+    assert "key column 'id' is null" in reasons[4]
+    assert dict(out.dead_letters[0].headers)[deadletter.COLUMN] == b"id"
+
+
+def test_a_null_key_stops_the_sink_under_tolerance_none(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    process = build_processor(_config(catalog_settings, dead_letter=False), catalog)
+    with pytest.raises(RecordError, match=rf"{TOPIC}\[{PARTITION}\]@{START + 1}.*key column 'id' is null"):
+        _run(process, [_event("c", None, {"id": 1}), _event("u", None, {"id": None})])
+
+
+def test_a_bad_update_leaves_the_keys_earlier_change_standing(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    """A dead-lettered change is no change: the key's last good change wins."""
+    process = build_processor(_config(catalog_settings), catalog)
+    _run(process, [_event("c", None, {"id": 1, "n": 1})])  # creates the table: n is a long
+    out = _run(process, [_event("u", None, {"id": 1, "n": 2}), _event("u", None, {"id": 1, "n": "many"})])
+    assert out.tables["crm.customers"].rows.to_pylist() == [{"id": 1, "n": 2}]
+    assert _offsets(out) == [START + 1]
+
+
+def test_an_existing_table_keyed_otherwise_is_refused_naming_the_yaml_path(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    catalog.create_namespace("crm")
+    catalog.create_table("crm.customers", schema=pa.schema([pa.field("id", pa.int64(), nullable=False)]))
+    process = build_processor(_config(catalog_settings), catalog)
+    with pytest.raises(
+        TableError, match=r'exists without identifier fields, but tables."crm.customers".changes.key'
+    ):
+        _run(process, [_event("c", None, {"id": 1})])
+    other = _config(
+        catalog_settings, **{"crm.customers": {"changes": {"format": "debezium", "key": ["name"]}}}
+    )
+    keyed = build_processor(
+        _config(catalog_settings, **{"crm.people": {"changes": {"format": "debezium", "key": ["id"]}}}),
+        catalog,
+    )
+    _run(keyed, [_event("c", None, {"id": 1, "name": "a"})])
+    renamed = other.model_copy(update={"tables": {"crm.people": other.tables["crm.customers"]}})
+    with pytest.raises(
+        TableError,
+        match=r"has identifier fields \['id'\], but tables.\"crm.people\".changes.key is \['name'\]",
+    ):
+        _run(
+            build_processor(renamed, load_catalog(catalog_settings)),
+            [_event("c", None, {"id": 2, "name": "b"})],
+        )
+
+
+@pytest.mark.parametrize(
+    ("after", "problem"),
+    [({"id": {"a": 1}}, "not a primitive column"), ({"id": 1.5}, "floating-point")],
+)
+def test_key_columns_must_be_primitive_and_not_floating(
+    catalog_settings: CatalogSettings, catalog: Any, after: dict[str, Any], problem: str
+) -> None:
+    process = build_processor(_config(catalog_settings), catalog)
+    with pytest.raises(TableError, match=rf"key column 'id' .*{problem}.*changes.key"):
+        _run(process, [_event("c", None, after)])
+
+
+def test_a_key_the_rows_lack_is_refused_at_create(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    tables = {
+        "crm.customers": {"select": "{name: after.name}", "changes": {"format": "upsert", "key": ["id"]}}
+    }
+    process = build_processor(_config(catalog_settings, **tables), catalog)
+    out = _run(process, [{"after": {"id": 1, "name": "a"}}])
+    assert "key column 'id' is missing" in dict(out.dead_letters[0].headers)[deadletter.REASON].decode()
+
+
+@pytest.mark.parametrize(
+    ("changes", "where", "message"),
+    [
+        ({"format": "debezium", "key": []}, 'tables."crm.c".changes.key', "at least 1 item"),
+        ({"format": "upsert", "key": ["a.b"]}, 'tables."crm.c".changes.key', "not a top-level column"),
+        ({"format": "upsert", "key": ["id", "id"]}, 'tables."crm.c".changes.key', "names a column twice"),
+        ({"format": "cdc", "key": ["id"]}, 'tables."crm.c".changes.format', "'upsert' or 'debezium'"),
+        (
+            {"format": "upsert", "key": ["id"], "delete-when": "a =="},
+            'tables."crm.c".changes.delete-when',
+            "not a valid jmespath",
+        ),
+        (
+            {"format": "debezium", "key": ["id"], "delete-when": "a"},
+            'tables."crm.c".changes',
+            "only for format upsert",
+        ),
+        ({"format": "upsert", "key": ["id"], "delete": "a"}, 'tables."crm.c".changes.delete', "unknown key"),
+    ],
+)
+def test_config_errors_name_the_yaml_path(changes: dict[str, Any], where: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(
+            {"name": "s", "source": {"topics": ["t"]}, "tables": {"crm.c": {"changes": changes}}}, "sink.yaml"
+        )
+    assert f"sink.yaml: {where}" in str(raised.value) and message in str(raised.value)
+
+
+def test_tombstones_cannot_be_dead_lettered_beside_change_tables() -> None:
+    data = {
+        "name": "s",
+        "source": {"topics": ["t"], "tombstones": "dead-letter"},
+        "dead-letter": {"topic": "d"},
+        "tables": {"crm.c": {"changes": {"format": "upsert", "key": ["id"]}}},
+    }
+    with pytest.raises(
+        ConfigError, match=r"source.tombstones: .*crm.c has changes.*set source.tombstones: skip"
+    ):
+        parse_config(data, "sink.yaml")
+
+
+# --------------------------------------------------------------------------------------------
+# Last change wins, against a model
+
+
+def test_last_change_wins_across_upserts_and_deletes() -> None:
+    upserts = pa.table({"k": [1, 2, 1]})
+    deletes = pa.table({"k": [2, 3]})
+    won, deleted = last_change_wins(upserts, np.array([0, 1, 5]), deletes, np.array([3, 4]))
+    assert (won.tolist(), deleted.tolist()) == ([2], [0, 1])
+    # A composite key: (1, a) and (1, b) are different keys.
+    upserts = pa.table({"k": [1, 2, 1], "t": ["a", "a", "b"]})
+    deletes = pa.table({"t": ["a", "b"], "k": [2, 3]})  # column order does not matter
+    won, deleted = last_change_wins(upserts, np.array([0, 1, 5]), deletes, np.array([3, 4]))
+    assert (won.tolist(), deleted.tolist()) == ([0, 2], [0, 1])
+
+
+_change = st.tuples(st.sampled_from(["c", "u", "d"]), st.integers(0, 6), st.integers(0, 1000))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.lists(_change, min_size=1, max_size=40), slices=st.integers(1, 4))
+def test_the_table_after_any_slices_is_the_model(
+    tmp_path_factory: pytest.TempPathFactory, changes: list[tuple[str, int, int]], slices: int
+) -> None:
+    """Replaying the slices' rows and deleted keys in order gives the model: a dict per key with
+    the last change applied (deletes of absent keys are no-ops, updates of absent keys insert)."""
+    catalog_settings = embedded_catalog_settings(tmp_path_factory.mktemp("model"))
+    process = build_processor(_config(catalog_settings), load_catalog(catalog_settings))
+    model: dict[int, int] = {}
+    table: dict[int, int] = {}
+    size = -(-len(changes) // slices)
+    for start in range(0, len(changes), size):
+        part = changes[start : start + size]
+        events = []
+        for op, key, value in part:
+            row = {"id": key, "v": value}
+            events.append(_event(op, row, None) if op == "d" else _event(op, None, row))
+            if op == "d":
+                model.pop(key, None)
+            else:
+                model[key] = value
+        out = process(
+            make_raw_slice(
+                [json.dumps(e).encode() for e in events], topic=TOPIC, partition=0, start_offset=start
+            )
+        )
+        stats = process.last_stats
+        assert stats.reconciles() and stats.dead_letters == 0
+        rows = out.tables["crm.customers"]
+        deleted = [] if rows.deleted_keys is None else rows.deleted_keys.column("id").to_pylist()
+        upserted = {r["id"]: r["v"] for r in rows.rows.to_pylist()}
+        assert not set(deleted) & set(upserted)
+        assert len(upserted) == rows.rows.num_rows  # one row per key
+        for key in deleted:
+            table.pop(key, None)
+        table.update(upserted)
+        assert stats.rows + stats.deletes == len({key for _, key, _ in part})
+    assert table == model
