@@ -53,19 +53,28 @@ def unwrap_connect_json(decoded: Decoded) -> Decoded:
         return decoded
     if decoded.routed is not None:  # only the routing fields were parsed: parse every field now
         full = decoded.subset(np.arange(len(decoded.rows)))
-        decoded = Decoded(full.records, decoded.rows[full.rows], decoded.failures, lossy=full.lossy)
+        decoded = Decoded(
+            full.records, decoded.rows[full.rows], decoded.failures, lossy=full.lossy, _python=full.python
+        )
+    annotations = _annotations(decoded)
     payload = decoded.records.column("payload").combine_chunks()
     if "payload" in decoded.lossy or not pa.types.is_struct(payload.type):
-        objects = [record.get("payload") for record in decoded.python()]
-        records, lossy = arrow_from_python([o if isinstance(o, dict) else {} for o in objects])
-    else:
-        fields = list(payload.type)
-        arrays = [payload.field(i) for i in range(len(fields))]
-        if payload.null_count:
-            arrays = [pc.if_else(payload.is_valid(), a, pa.nulls(len(a), a.type)) for a in arrays]
-        records, lossy = pa.Table.from_arrays(arrays, schema=pa.schema(fields)), frozenset()
-    annotations = _annotations(decoded)
-    return Decoded(_annotate(records, annotations), decoded.rows, decoded.failures, lossy=lossy)
+        # The events' fields differ in type: from the records as Python objects, as the decoder would.
+        objects = [p if isinstance(p, dict) else {} for p in (r.get("payload") for r in decoded.python())]
+        records, lossy = arrow_from_python(objects)
+        return Decoded(
+            _annotate(records, annotations),
+            decoded.rows,
+            decoded.failures,
+            lossy=lossy,
+            _python_cache=objects,
+        )
+    fields = list(payload.type)
+    arrays = [payload.field(i) for i in range(len(fields))]
+    if payload.null_count:
+        arrays = [pc.if_else(payload.is_valid(), a, pa.nulls(len(a), a.type)) for a in arrays]
+    records = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    return Decoded(_annotate(records, annotations), decoded.rows, decoded.failures)
 
 
 def _annotations(decoded: Decoded) -> dict[str, dict[bytes, bytes]]:
@@ -77,6 +86,9 @@ def _annotations(decoded: Decoded) -> dict[str, dict[bytes, bytes]]:
     """
     found: dict[str, set[tuple[tuple[bytes, bytes], ...]]] = {}
     for field, name, scale, precision in _schema_columns(decoded):
+        if name is None:  # a plain column here; if annotated elsewhere in the batch, they disagree
+            found.setdefault(field, set()).add(())
+            continue
         entry = {CONNECT_NAME: name.encode()}
         if scale is not None:
             entry[CONNECT_SCALE] = scale.encode()
@@ -86,7 +98,8 @@ def _annotations(decoded: Decoded) -> dict[str, dict[bytes, bytes]]:
     result: dict[str, dict[bytes, bytes]] = {}
     for field, variants in found.items():
         if len(variants) == 1:
-            result[field] = dict(next(iter(variants)))
+            if variant := next(iter(variants)):
+                result[field] = dict(variant)
         else:
             log.warning(
                 "Connect schemas of one batch disagree on column %s's logical type: read as sent", field
@@ -94,12 +107,12 @@ def _annotations(decoded: Decoded) -> dict[str, dict[bytes, bytes]]:
     return result
 
 
-_Column = tuple[str, str, str | None, str | None]
-"""A row column's (field, logical type name, scale, precision) in a Connect schema."""
+_Column = tuple[str, str | None, str | None, str | None]
+"""A row column's (field, logical type name or None, scale, precision) in a Connect schema."""
 
 
 def _schema_columns(decoded: Decoded) -> list[_Column]:
-    """The distinct annotated columns of the row-image sections of the batch's Connect schemas.
+    """The distinct columns of the row-image sections of the batch's Connect schemas.
 
     Whole-column when the schemas parsed as one Arrow struct (one table's events); otherwise from
     the records as Python objects.
@@ -118,7 +131,7 @@ def _schema_columns(decoded: Decoded) -> list[_Column]:
                 "scale": _parameter(columns, "scale"),
                 "precision": _parameter(columns, "connect.decimal.precision"),
             }
-        ).filter(pc.is_valid(pc.struct_field(columns, "name")))
+        )
         distinct = table.group_by(table.column_names).aggregate([])
         return [
             (r["field"], r["name"], r["scale"], r["precision"])
@@ -135,13 +148,14 @@ def _schema_columns(decoded: Decoded) -> list[_Column]:
             if not isinstance(section, dict) or section.get("field") not in IMAGES:
                 continue
             for column in section.get("fields") or []:
-                if isinstance(column, dict) and isinstance(column.get("name"), str):
+                if isinstance(column, dict) and isinstance(column.get("field"), str):
                     parameters = column.get("parameters") or {}
                     scale, precision = parameters.get("scale"), parameters.get("connect.decimal.precision")
+                    name = column.get("name")
                     found.add(
                         (
-                            str(column.get("field")),
-                            column["name"],
+                            column["field"],
+                            name if isinstance(name, str) else None,
                             None if scale is None else str(scale),
                             None if precision is None else str(precision),
                         )
@@ -231,6 +245,8 @@ def row_images(
         return _no_columns(0), positions
     images = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
     order = np.argsort(positions, kind="stable")
+    if images.num_columns == 0:  # no event had an image: ``take`` would drop the rows too
+        return _no_columns(len(positions)), positions[order]
     return images.take(pa.array(order, pa.int64())), positions[order]
 
 

@@ -40,6 +40,7 @@ def _values(*records: Any) -> list[bytes | None]:
 def test_every_example_is_tested() -> None:
     tested = {"static-multi-table.yaml", "filter-projection.yaml", "dynamic.yaml", "dead-letter.yaml"}
     tested |= {"protobuf.yaml", "json-schema.yaml"}
+    tested.add("cdc.yaml")
     tested.add("shop-demo.yaml")  # run end to end by tests/e2e/test_demo.py
     assert {p.name for p in EXAMPLES.glob("*.yaml")} == tested
 
@@ -136,6 +137,46 @@ def test_dynamic(catalog_settings: CatalogSettings, catalog: Any) -> None:
     # A new field evolves the auto-created table.
     out = process(make_raw_slice(_values({**row, "extra": True}), topic="Shop-Orders"))
     assert out.tables["raw.shop_orders"].rows.column("extra").to_pylist() == [True]
+
+
+def test_cdc(catalog_settings: CatalogSettings, catalog: Any) -> None:
+    config = _load("cdc.yaml", catalog_settings)
+    process = build_processor(config, catalog)
+
+    def event(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+        return {"op": op, "before": before, "after": after, "source": {"table": "customers"}, "ts_ms": 1}
+
+    ann, bob = {"id": 1, "name": "ann"}, {"id": 2, "name": "bob"}
+    out = process(
+        make_raw_slice(
+            _values(
+                event("r", None, ann),
+                event("c", None, bob),
+                event("u", ann, {**ann, "name": "anne"}),
+                event("d", bob, None),
+                None,  # the tombstone after the delete
+                event("t", None, None),  # a truncate: not applied, dead-lettered
+            ),
+            topic="dbserver1.crm.customers",
+        )
+    )
+    customers = out.tables["crm.customers"]
+    assert customers.rows.to_pylist() == [{"id": 1, "name": "anne"}]
+    assert customers.deleted_keys is not None and customers.deleted_keys.to_pylist() == [{"id": 2}]
+    assert customers.table.schema().identifier_field_names() == {"id"}
+    assert [str(f.transform) for f in customers.table.spec().fields] == ["bucket[16]"]
+    assert deadletter.header(out.dead_letters[0], deadletter.STAGE) == "truncate"
+    assert process.last_stats.filtered == 1 and process.last_stats.reconciles()
+    account = {"kind": "account", "owner": "o", "balance": 5, "status": "open"}
+    out = process(
+        make_raw_slice(
+            _values({**account, "id": 7}, {**account, "id": 8}, {**account, "id": 8, "status": "closed"}),
+            topic="crm-accounts",
+        )
+    )
+    accounts = out.tables["crm.accounts"]
+    assert accounts.rows.to_pylist() == [{"id": 7, "owner": "o", "balance": 5, "status": "open"}]
+    assert accounts.deleted_keys is not None and accounts.deleted_keys.to_pylist() == [{"id": 8}]
 
 
 def test_dead_letter(catalog_settings: CatalogSettings, catalog: Any) -> None:
