@@ -346,18 +346,22 @@ class ChangeSettings(_Section):
     ``format: upsert``: each record replaces the row with its key; a record for which ``delete-when``
     is true deletes its key instead. ``format: debezium``: the record is a Debezium change event
     (``op``, ``before``, ``after``); ``when`` reads the event, ``select`` the row image. ``key`` names
-    the table's key columns (top-level, primitive), which become its identifier fields.
+    the table's key columns (top-level, primitive), which become its identifier fields; unset, they
+    are the fields of each record's Kafka message key (a JSON object, as Debezium keys every event
+    by the row's primary key), so one ``dynamic`` route replicates tables of different keys.
     """
 
     format: Literal["upsert", "debezium"] = Field(examples=["debezium"])
-    key: list[str] = Field(min_length=1, examples=[["id"]])
+    key: list[str] | None = Field(default=None, min_length=1, examples=[["id"]])
     delete_when: str | None = Field(default=None, examples=["status == 'closed'"])
     """Evaluated on the record as ``when`` sees it (before ``select``), so a flag the table does
     not keep can still mark deletes."""
 
     @field_validator("key")
     @classmethod
-    def _key(cls, value: list[str]) -> list[str]:
+    def _key(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
         for name in value:
             if not _IDENT_PART.match(name):
                 raise ValueError(
@@ -447,6 +451,8 @@ class DynamicSettings(_Section):
     properties: dict[str, str] = Field(default_factory=dict)
     evolution: Evolution = Field(default_factory=EvolutionSettings.all_on, examples=[True])
     conversion: ConversionSettings = Field(default_factory=ConversionSettings)
+    changes: ChangeSettings | None = Field(default=None, examples=[{"format": "debezium"}])
+    """Every dynamically named table is a change table (``key`` unset: from the message keys)."""
 
     @field_validator("table")
     @classmethod
@@ -479,6 +485,7 @@ class DynamicSettings(_Section):
             auto_create=self.auto_create,
             evolution=self.evolution,
             conversion=self.conversion,
+            changes=self.changes,
         )
 
 
@@ -604,6 +611,8 @@ class SinkConfig(_Section):
                     "e.g. dead-letter: {topic: shop-events-dlq}"
                 )
         changing = [name for name, table in self.tables.items() if table.changes is not None]
+        if self.dynamic is not None and self.dynamic.changes is not None:
+            changing.append("dynamic")
         if changing and self.source.tombstones == "dead-letter":
             raise ValueError(
                 f"@source.tombstones: dead-letter, but {changing[0]} has changes: Debezium and compacted "

@@ -19,6 +19,7 @@ from fanout_sink.config.models import ChangeSettings
 from fanout_sink.transform import debezium
 from fanout_sink.transform.convert import Matching
 from fanout_sink.transform.expressions import Predicate, RecordView
+from fanout_sink.transform.formats.json import JsonDecoder
 
 _ORDER = " order"
 """The position column of :func:`last_change_wins`; a space keeps it from meeting a key column."""
@@ -54,6 +55,33 @@ def read_changes(
         delete_when.mask(view, vectorised) if delete_when is not None else np.zeros(len(view), dtype=bool)
     )
     return Changes(view, np.arange(len(view)), deletes, np.zeros(0, dtype=np.int64), [])
+
+
+def message_key_columns(view: RecordView) -> tuple[tuple[str, ...], list[tuple[int, str]]]:
+    """The key columns named by the records' Kafka message keys, and the records (positions in
+    ``view``) whose message key is no JSON object, with the reason.
+
+    Debezium keys each event by its row's primary key: ``{"id": 1}``, or Connect's
+    ``{"schema": ..., "payload": {"id": 1}}``. The key columns are the fields those objects hold
+    (in their order); their values are read from the row image like any key's.
+    """
+    keys = view.meta.column("key").combine_chunks()
+    decoded = debezium.unwrap_connect_json(JsonDecoder()(keys.cast(pa.binary()), None))
+    hint = "with no changes.key set, the key columns are the fields of the message key"
+    bad = [
+        (int(p), f"the Kafka message key is no JSON object ({reason}); {hint}")
+        for p, reason in decoded.failures
+    ]
+    names = tuple(
+        name
+        for name in decoded.records.column_names
+        if decoded.records.column(name).null_count < len(decoded.rows)
+    )
+    if not names:
+        good = decoded.rows.tolist()
+        bad += [(int(p), f"the Kafka message key names no field; {hint}") for p in good]
+        bad.sort()
+    return names, bad
 
 
 def null_keys(rows: pa.Table, key: tuple[str, ...], matching: Matching) -> list[tuple[int, str, str]]:

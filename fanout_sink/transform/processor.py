@@ -37,7 +37,7 @@ from pyiceberg.table import Table
 from fanout_sink.config.models import SinkConfig, TableSettings
 from fanout_sink.errors import RecordError, TableError
 from fanout_sink.transform import deadletter
-from fanout_sink.transform.changes import last_change_wins, null_keys, read_changes
+from fanout_sink.transform.changes import last_change_wins, message_key_columns, null_keys, read_changes
 from fanout_sink.transform.convert import Matching, convert
 from fanout_sink.transform.debezium import unwrap_connect_json
 from fanout_sink.transform.expressions import Predicate, Projection, RecordView
@@ -45,7 +45,7 @@ from fanout_sink.transform.formats import build_decoder
 from fanout_sink.transform.formats.decoded import Decoded, Decoder
 from fanout_sink.transform.records import RAW_RECORD_SCHEMA, RoutedSlice, TableRows
 from fanout_sink.transform.routing import UNMATCHED_REASON, Router
-from fanout_sink.transform.tables import TableManager
+from fanout_sink.transform.tables import TableKey, TableManager
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,9 @@ class RoutingProcessor:
         self.tables = TableManager(catalog, config)
         self._projections: dict[str, Projection] = {}
         self._predicates: dict[str, Predicate] = {}
-        self.unwraps = any(
-            t.changes is not None and t.changes.format == "debezium" for t in config.tables.values()
-        )
+        declared = [t.changes for t in config.tables.values()]
+        dynamic = [config.dynamic.changes] if config.dynamic is not None else []
+        self.unwraps = any(c is not None and c.format == "debezium" for c in declared + dynamic)
         """Whether records in Kafka Connect's ``{"schema", "payload"}`` JSON wrapper are unwrapped."""
         self.last_stats = SliceStats()
 
@@ -292,13 +292,16 @@ class RoutingProcessor:
         view: RecordView,
         origin: np.ndarray,
         failures: list[_Failure],
+        key: tuple[str, ...] | None = None,
     ) -> Table | None:
         """The table, loaded or created from ``rows``; ``None`` when a dynamic table cannot be (its
-        records, whose raw indices are ``origin``, are then dead letters)."""
+        records, whose raw indices are ``origin``, are then dead letters). A change table's ``key``
+        is its identifier fields (checked, or set on create)."""
         try:
             # A projection names the table's fields; without one, the records' own fields do.
             carried = view.decoded.carries if settings.select is None else None
-            return self.tables.ensure(name, settings, sample=rows, carried=carried)
+            table_key = None if key is None else TableKey.configured(name, self.config, key)
+            return self.tables.ensure(name, settings, sample=rows, carried=carried, key=table_key)
         except TableError as exc:
             if name in self.config.tables:
                 raise
@@ -317,7 +320,15 @@ class RoutingProcessor:
     ) -> None:
         """A change table's slice: each key's last change, as rows (upserts) and deleted keys."""
         assert settings.changes is not None
-        key = tuple(settings.changes.key)
+        if settings.changes.key is not None:
+            key = tuple(settings.changes.key)
+        else:
+            key, keyless_messages = message_key_columns(sub)
+            failures.extend(_Failure(int(origins[p]), "decode", r, table=name) for p, r in keyless_messages)
+            if keyless_messages:
+                keep = np.ones(len(sub), dtype=bool)
+                keep[[p for p, _ in keyless_messages]] = False
+                sub, origins = sub.subset(np.flatnonzero(keep)), origins[keep]
         delete_when = settings.changes.delete_when
         predicate = self._predicate(delete_when) if delete_when is not None else None
         changes = read_changes(sub, settings.changes, predicate, self.vectorised)
@@ -338,7 +349,7 @@ class RoutingProcessor:
         upserts, deletes = rows.filter(pa.array(~deleting)), rows.filter(pa.array(deleting))
         upsert_origin, delete_origin = origin[~deleting], origin[deleting]
         sample = upserts if upserts.num_rows else rows
-        table = self._table(name, settings, sample, changes.images, origin, failures)
+        table = self._table(name, settings, sample, changes.images, origin, failures, key)
         if table is None:
             return
         if upserts.num_rows:

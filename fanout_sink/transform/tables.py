@@ -149,9 +149,26 @@ def _apply(table: Table, changes: _Changes) -> None:
             update.make_column_optional(path)
 
 
-def key_path(name: str) -> str:
-    """The YAML path of a table's key, as configuration errors name it."""
-    return f'tables."{name}".changes.key'
+@dataclass(frozen=True)
+class TableKey:
+    """A change table's key columns and where they were decided, for the errors that name it."""
+
+    columns: tuple[str, ...]
+    origin: str
+    """The YAML path of the key (``tables."crm.customers".changes.key``), or the message keys."""
+
+    @classmethod
+    def configured(cls, name: str, config: SinkConfig, columns: tuple[str, ...]) -> TableKey:
+        """A key set by ``changes.key`` (or, with no key set, taken from the Kafka message keys)."""
+        declared = name in config.tables
+        section = f'tables."{name}".changes' if declared else "dynamic.changes"
+        settings = config.tables[name] if declared else None
+        changes = settings.changes if settings is not None else None
+        if changes is None and config.dynamic is not None:
+            changes = config.dynamic.changes
+        if changes is not None and changes.key is None:
+            return cls(columns, f"the Kafka message keys' fields ({section}.key is unset)")
+        return cls(columns, f"{section}.key")
 
 
 def _key_type_problem(dtype: pa.DataType) -> str | None:
@@ -164,58 +181,55 @@ def _key_type_problem(dtype: pa.DataType) -> str | None:
     return None
 
 
-def iceberg_schema(name: str, schema: pa.Schema, settings: TableSettings) -> Schema | pa.Schema:
+def iceberg_schema(name: str, schema: pa.Schema, key: TableKey | None) -> Schema | pa.Schema:
     """The schema a new table is created with: an append table's as it is; a change table's with
     its key columns required and as its identifier fields (how Iceberg, Spark's MERGE and readers
     know a row's key)."""
-    if settings.changes is None:
+    if key is None:
         return schema
-    key = settings.changes.key
     fields = []
     for column in schema:
-        if column.name in key:
+        if column.name in key.columns:
             problem = _key_type_problem(column.type)
             if problem is not None:
                 raise TableError(
-                    f"table {name}: key column {column.name!r} {problem}; {key_path(name)} must name "
-                    "top-level primitive columns (e.g. integers, strings, dates)"
+                    f"table {name}: key column {column.name!r} {problem}; the key ({key.origin}) must "
+                    "name top-level primitive columns (e.g. integers, strings, dates)"
                 )
-        fields.append(column.with_nullable(False) if column.name in key else column)
-    missing = [k for k in key if k not in schema.names]
+        fields.append(column.with_nullable(False) if column.name in key.columns else column)
+    missing = [k for k in key.columns if k not in schema.names]
     if missing:
         raise TableError(
             f"table {name}: key column(s) {missing} are not among its columns {schema.names}; "
-            f"fix {key_path(name)} or select the key columns"
+            f"fix the key ({key.origin}) or select the key columns"
         )
     converted = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(pa.schema(fields)))
-    ids = [converted.find_field(k).field_id for k in key]
+    ids = [converted.find_field(k).field_id for k in key.columns]
     return Schema(*converted.fields, identifier_field_ids=ids)
 
 
-def check_key(name: str, table: Table, settings: TableSettings) -> None:
-    """Raise :class:`TableError` when an existing table's identifier fields are not the configured key.
+def check_key(name: str, table: Table, key: TableKey | None) -> None:
+    """Raise :class:`TableError` when an existing table's identifier fields are not the key.
 
     The key decides which row a change replaces; a table keyed otherwise (or not at all) would be
     changed by the wrong rows, so the sink stops instead of guessing.
     """
-    if settings.changes is None:
+    if key is None:
         return
-    key = settings.changes.key
     have = sorted(table.schema().identifier_field_names())
-    if have == sorted(key):
+    if have == sorted(key.columns):
         return
+    wanted = list(key.columns)
     if not have:
-        fix = (
-            f"make them its identifier fields (Spark SQL: ALTER TABLE {name} SET IDENTIFIER FIELDS "
-            f"{', '.join(key)}; the columns must be required), or change {key_path(name)}"
-        )
         raise TableError(
-            f"table {name} exists without identifier fields, but {key_path(name)} is {key}; {fix}"
+            f"table {name} exists without identifier fields, but its key is {wanted} ({key.origin}); "
+            f"make them its identifier fields (Spark SQL: ALTER TABLE {name} SET IDENTIFIER FIELDS "
+            f"{', '.join(wanted)}; the columns must be required), or change the key"
         )
     raise TableError(
-        f"table {name} has identifier fields {have}, but {key_path(name)} is {key}; set {key_path(name)} "
-        f"to {have}, or change the table's identifier fields (Spark SQL: ALTER TABLE {name} SET "
-        f"IDENTIFIER FIELDS ...)"
+        f"table {name} has identifier fields {have}, but its key is {wanted} ({key.origin}); make "
+        f"them agree: change the key to {have}, or the table's identifier fields (Spark SQL: ALTER "
+        f"TABLE {name} SET IDENTIFIER FIELDS ...)"
     )
 
 
@@ -270,19 +284,28 @@ class TableManager:
         settings: TableSettings,
         sample: pa.Table | None = None,
         carried: Carried | None = None,
+        key: TableKey | None = None,
     ) -> Table:
         """The table, loaded or (when allowed) created; raises :class:`TableError` otherwise.
 
         Without a ``schema`` file the table's schema is inferred from ``sample``, the first rows
-        routed to it; ``carried`` tells which fields its records hold (:mod:`.inference`).
+        routed to it; ``carried`` tells which fields its records hold (:mod:`.inference`). A change
+        table's ``key`` becomes a new table's identifier fields and must be an existing table's.
         """
-        table = self.cached(name)
-        if table is not None:
-            return table
+        table = self.cached(name) or self._load_or_create(name, settings, sample, carried, key)
+        check_key(name, table, key)
+        return table
+
+    def _load_or_create(
+        self,
+        name: str,
+        settings: TableSettings,
+        sample: pa.Table | None,
+        carried: Carried | None,
+        key: TableKey | None,
+    ) -> Table:
         try:
-            loaded = self.catalog.load_table(name)
-            check_key(name, loaded, settings)
-            return self._remember(name, loaded)
+            return self._remember(name, self.catalog.load_table(name))
         except NoSuchTableError:
             if not settings.auto_create:
                 raise TableError(
@@ -293,8 +316,9 @@ class TableManager:
             if sample is None:
                 raise TableError(f"table {name} has no schema file and no rows to infer a schema from")
             schema = Inference.for_table(settings, carried).schema(sample)
+        created = iceberg_schema(name, schema, key)
         try:
-            table = self._create(name, settings, schema)
+            table = self._create(name, settings, created)
         except TableAlreadyExistsError:
             table = self.catalog.load_table(name)
         except Exception:
@@ -302,7 +326,6 @@ class TableManager:
             if not self.catalog.table_exists(name):
                 raise
             table = self.catalog.load_table(name)
-        check_key(name, table, settings)
         return self._remember(name, table)
 
     def _declared_schema(self, name: str, settings: TableSettings) -> pa.Schema | None:
@@ -314,8 +337,7 @@ class TableManager:
         except FanoutSinkError as exc:
             raise TableError(f"table {name}: schema file {path}: {exc}") from None
 
-    def _create(self, name: str, settings: TableSettings, arrow_schema: pa.Schema) -> Table:
-        schema = iceberg_schema(name, arrow_schema, settings)
+    def _create(self, name: str, settings: TableSettings, schema: Schema | pa.Schema) -> Table:
         namespace = tuple(name.split(".")[:-1])
         try:
             self.catalog.create_namespace_if_not_exists(namespace)

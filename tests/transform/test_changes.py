@@ -204,7 +204,10 @@ def test_an_existing_table_keyed_otherwise_is_refused_naming_the_yaml_path(
     catalog.create_table("crm.customers", schema=pa.schema([pa.field("id", pa.int64(), nullable=False)]))
     process = build_processor(_config(catalog_settings), catalog)
     with pytest.raises(
-        TableError, match=r'exists without identifier fields, but tables."crm.customers".changes.key'
+        TableError,
+        match=r"exists without identifier fields, but its key is \['id'\] "
+        r"\(tables.\"crm.customers\".changes.key\); make them its identifier fields "
+        r"\(Spark SQL: ALTER TABLE crm.customers SET IDENTIFIER FIELDS id;",
     ):
         _run(process, [_event("c", None, {"id": 1})])
     other = _config(
@@ -218,7 +221,8 @@ def test_an_existing_table_keyed_otherwise_is_refused_naming_the_yaml_path(
     renamed = other.model_copy(update={"tables": {"crm.people": other.tables["crm.customers"]}})
     with pytest.raises(
         TableError,
-        match=r"has identifier fields \['id'\], but tables.\"crm.people\".changes.key is \['name'\]",
+        match=r"has identifier fields \['id'\], but its key is \['name'\] "
+        r"\(tables.\"crm.people\".changes.key\)",
     ):
         _run(
             build_processor(renamed, load_catalog(catalog_settings)),
@@ -346,3 +350,94 @@ def test_the_table_after_any_slices_is_the_model(
         table.update(upserted)
         assert stats.rows + stats.deletes == len({key for _, key, _ in part})
     assert table == model
+
+
+# --------------------------------------------------------------------------------------------
+# One dynamic route, many tables: key columns from the Kafka message keys
+
+
+def test_a_dynamic_route_replicates_tables_keyed_by_their_message_keys(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    config = parse_config(
+        {
+            "name": "cdc",
+            "source": {"pattern": "^dbserver1\\..*"},
+            "catalog": catalog_settings.model_dump(),
+            "dynamic": {
+                "table": "join('.', ['crm', source.table])",
+                "auto-create": True,
+                "changes": {"format": "debezium"},
+            },
+            "dead-letter": {"topic": "dlq"},
+        },
+        "sink.yaml",
+    )
+    process = build_processor(config, catalog)
+
+    def event(table: str, op: str, row: dict[str, Any]) -> bytes:
+        before, after = (row, None) if op == "d" else (None, row)
+        return json.dumps({"op": op, "before": before, "after": after, "source": {"table": table}}).encode()
+
+    customers = make_raw_slice(
+        [
+            event("customers", "c", {"id": 1, "name": "a"}),
+            event("customers", "c", {"id": 2, "name": "b"}),
+            event("customers", "d", {"id": 1, "name": "a"}),
+            event("customers", "c", {"id": 3}),
+        ],
+        topic="dbserver1.crm.customers",
+        keys=[b'{"id": 1}', b'{"id": 2}', b'{"id": 1}', None],
+    )
+    out = process(customers)
+    assert process.last_stats.reconciles()
+    table = out.tables["crm.customers"]
+    assert table.key == ("id",) and table.table.schema().identifier_field_names() == {"id"}
+    assert table.rows.to_pylist() == [{"id": 2, "name": "b"}]
+    assert table.deleted_keys is not None and table.deleted_keys.to_pylist() == [{"id": 1}]
+    assert _offsets(out) == [3]  # no message key
+    assert "message key is no JSON object" in dict(out.dead_letters[0].headers)[deadletter.REASON].decode()
+
+    # Connect's JSON wrapper around a composite key.
+    key_schema = {
+        "type": "struct",
+        "fields": [{"type": "int32", "field": "order_id"}, {"type": "int32", "field": "line"}],
+    }
+    lines = [
+        {"order_id": 5, "line": 1, "qty": 2},
+        {"order_id": 5, "line": 2, "qty": 1},
+        {"order_id": 5, "line": 1, "qty": 3},
+    ]
+    out = process(
+        make_raw_slice(
+            [event("order_lines", "c", line) for line in lines],
+            topic="dbserver1.crm.order_lines",
+            keys=[
+                json.dumps(
+                    {"schema": key_schema, "payload": {"order_id": x["order_id"], "line": x["line"]}}
+                ).encode()
+                for x in lines
+            ],
+        )
+    )
+    table = out.tables["crm.order_lines"]
+    assert table.key == ("order_id", "line")
+    assert table.table.schema().identifier_field_names() == {"order_id", "line"}
+    assert sorted(table.rows.to_pylist(), key=lambda r: r["line"]) == [
+        {"order_id": 5, "line": 1, "qty": 3},
+        {"order_id": 5, "line": 2, "qty": 1},
+    ]
+
+    # Message keys that name other fields than the table's identifier fields: its records are
+    # dead letters (as any record a dynamic table cannot take), saying which key disagrees.
+    out = process(
+        make_raw_slice(
+            [event("customers", "c", {"id": 9, "cid": 9})],
+            topic="dbserver1.crm.customers",
+            keys=[b'{"cid": 9}'],
+        )
+    )
+    assert out.tables == {} and process.last_stats.reconciles()
+    reason = dict(out.dead_letters[0].headers)[deadletter.REASON].decode()
+    assert "has identifier fields ['id'], but its key is ['cid']" in reason
+    assert "the Kafka message keys' fields (dynamic.changes.key is unset)" in reason
