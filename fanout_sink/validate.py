@@ -16,6 +16,9 @@ its route, as far as the config tells the types:
   fields have no type before records arrive, so only their names are checked;
 - ``partition-by`` differing from an existing table's spec: a warning (the sink writes with the
   table's own spec and never changes it);
+- a change table's ``changes.key``: an existing table's identifier fields must be it, a table to
+  be created must have the key columns (top-level, primitive, not floating point) in its schema
+  file or among its ``select``'s columns: problems, as ``run`` stops on them;
 - dynamic routes: the name ``dynamic.table`` gives each source topic's records when it reads only
   Kafka metadata (a rejected name is a warning; names read from record fields are checked per record).
 
@@ -37,13 +40,14 @@ from pyiceberg.exceptions import NoSuchTableError
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig, TableSettings
-from fanout_sink.errors import ConfigError, PreflightError
+from fanout_sink.errors import ConfigError, PreflightError, TableError
 from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA
 from fanout_sink.preflight import BROKER_TIMEOUT_S, CHECKS, Finding, Preflight
 from fanout_sink.transform.convert import Matching, placeholder_rows, type_mismatches
 from fanout_sink.transform.expressions import META_FIELDS, NameExpression, Projection, RecordView
 from fanout_sink.transform.formats.decoded import Decoded
 from fanout_sink.transform.routing import NameRules, normalise_table_name
+from fanout_sink.transform.tables import TableKey, check_key, iceberg_schema
 
 
 @dataclass(frozen=True)
@@ -195,12 +199,14 @@ def _check_table(
             route = _route_rows(settings, source)
             if route is not None and route[1]:
                 findings += _check_partition_columns(key, "the route", route[0].column_names, settings)
+                findings += _check_key_columns(key, "the route", route[0].column_names, settings)
             return findings or [
                 Finding("ok", f"table {name}: does not exist yet; created from its first rows")
             ]
         target = avro_to_arrow_schema(load_avro_schema(config.resolve(settings.schema_file)))
         what = f"{key}.schema"
         findings += _check_partition_columns(key, what, target.names, settings)
+        findings += _check_key(config, name, target, None, settings)
         findings.append(
             Finding("ok", f"table {name}: does not exist yet; created from {settings.schema_file}")
         )
@@ -208,6 +214,7 @@ def _check_table(
         target = table.schema().as_arrow()
         what = f"table {name}"
         findings += _check_partitions(key, name, table, settings)
+        findings += _check_key(config, name, None, table, settings)
     route = _route_rows(settings, source)
     if route is None:
         findings.append(Finding("ok", f"table {name}: the route's columns are known only from records"))
@@ -283,6 +290,41 @@ def _check_partition_columns(
         for part in settings.partition_by
         if part.column.split(".")[0] not in columns
     ]
+
+
+def _check_key_columns(key: str, what: str, columns: list[str], settings: TableSettings) -> list[Finding]:
+    """A change table to be created from its route: each key column must be one of its columns."""
+    wanted = settings.changes.key if settings.changes is not None else None
+    missing = [k for k in wanted or [] if k not in columns]
+    if not missing:
+        return []
+    return [
+        Finding(
+            "problem",
+            f"{key}.changes.key: names {_listed(missing)}, which {what} does not give: no change could "
+            "be applied",
+            f"key by some of {', '.join(columns) or '(no columns)'}, or select the key columns",
+        )
+    ]
+
+
+def _check_key(
+    config: SinkConfig, name: str, schema: pa.Schema | None, table: Any, settings: TableSettings
+) -> list[Finding]:
+    """A change table's key against the table (its identifier fields) or the schema it is to be
+    created from (key columns present, primitive); the same checks ``run`` makes."""
+    if settings.changes is None or settings.changes.key is None:
+        return []
+    table_key = TableKey.configured(name, config, tuple(settings.changes.key))
+    try:
+        if table is not None:
+            check_key(name, table, table_key)
+        elif schema is not None:
+            iceberg_schema(name, schema, table_key)
+    except TableError as exc:
+        problem, _, fix = str(exc).partition("; ")
+        return [Finding("problem", f'tables."{name}".changes.key: {problem}', fix)]
+    return []
 
 
 def _check_partitions(key: str, name: str, table: Any, settings: TableSettings) -> list[Finding]:

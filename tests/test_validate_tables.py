@@ -110,3 +110,32 @@ def test_values_a_select_computes_from_placeholders_are_not_taken_for_records(
     catalog.create_table("a.t", Schema(NestedField(1, "id", LongType())))
     findings = _check(catalog, catalog_settings, tmp_path, tables={"a.t": {"select": "{id: to_string(id)}"}})
     assert _problems(findings) == []
+
+
+def test_a_change_tables_key_is_checked_against_the_table_or_what_creates_it(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path
+) -> None:
+    catalog.create_namespace("a")
+    catalog.create_table("a.t", Schema(NestedField(1, "id", LongType(), required=True)))
+    keyed = Schema(NestedField(1, "id", LongType(), required=True), identifier_field_ids=[1])
+    catalog.create_table("a.k", keyed)
+    (tmp_path / "k.avsc").write_text(
+        '{"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}, '
+        '{"name": "score", "type": "double"}]}'
+    )
+    changes = {"format": "upsert", "key": ["id"]}
+    tables = {
+        "a.t": {"changes": changes},  # exists without identifier fields
+        "a.k": {"changes": changes},  # keyed by id: fine
+        "a.new": {"select": "{name: name}", "changes": changes},  # the route lacks the key
+        "a.file": {"schema": "k.avsc", "changes": {"format": "upsert", "key": ["score"]}},  # a double
+    }
+    problems = _problems(_check(catalog, catalog_settings, tmp_path, tables=tables))
+    assert problems == [
+        "tables.\"a.t\".changes.key: table a.t exists without identifier fields, but its key is ['id'] "
+        '(tables."a.t".changes.key)',
+        "tables.\"a.new\".changes.key: names column 'id', which the route does not give: no change "
+        "could be applied",
+        "tables.\"a.file\".changes.key: table a.file: key column 'score' is a double: Iceberg does not "
+        "allow floating-point identifier fields",
+    ]
