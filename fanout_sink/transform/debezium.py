@@ -243,11 +243,21 @@ def row_images(
     positions = np.concatenate([upserts, deletes]).astype(np.int64)
     if not parts:
         return _no_columns(0), positions
-    images = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+    images = parts[0] if len(parts) == 1 else _concat(parts)
     order = np.argsort(positions, kind="stable")
     if images.num_columns == 0:  # no event had an image: ``take`` would drop the rows too
         return _no_columns(len(positions)), positions[order]
     return images.take(pa.array(order, pa.int64())), positions[order]
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    """``after`` and ``before`` images as one table; when a column's type differs between them
+    (a bad event's text id beside good integer ids), from Python objects as the decoder would."""
+    try:
+        return pa.concat_tables(parts, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        table, _ = arrow_from_python([row for part in parts for row in part.to_pylist()])
+        return table
 
 
 def _no_columns(rows: int) -> pa.Table:

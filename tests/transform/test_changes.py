@@ -441,3 +441,43 @@ def test_a_dynamic_route_replicates_tables_keyed_by_their_message_keys(
     reason = dict(out.dead_letters[0].headers)[deadletter.REASON].decode()
     assert "has identifier fields ['id'], but its key is ['cid']" in reason
     assert "the Kafka message keys' fields (dynamic.changes.key is unset)" in reason
+
+
+_any_record = st.one_of(
+    st.builds(
+        lambda op, k: _event(op, {"id": k}, None) if op == "d" else _event(op, None, {"id": k}),
+        st.sampled_from(["c", "r", "u", "d"]),
+        st.one_of(st.integers(0, 5), st.none(), st.just("x")),
+    ),
+    st.sampled_from([_event("t", None, None), _event("m", None, None), None, b"{not json", b"[1]"]),
+    st.builds(
+        lambda k, closed: {
+            "kind": "account",
+            "id": k,
+            "owner": "o",
+            "status": "closed" if closed else "open",
+        },
+        st.one_of(st.integers(0, 5), st.none()),
+        st.booleans(),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=st.lists(_any_record, min_size=1, max_size=30))
+def test_each_change_record_has_exactly_one_outcome(
+    tmp_path_factory: pytest.TempPathFactory, records: list[Any]
+) -> None:
+    """Good and bad changes, tombstones, truncates, non-events: the counts reconcile, each dead
+    letter is a different record, and rows and deleted keys never share a key."""
+    catalog_settings = embedded_catalog_settings(tmp_path_factory.mktemp("outcomes"))
+    process = build_processor(_config(catalog_settings), load_catalog(catalog_settings))
+    out = _run(process, records)  # asserts reconciles()
+    offsets = _offsets(out)
+    assert len(offsets) == len(set(offsets))
+    for rows in out.tables.values():
+        kept = set(rows.rows.column("id").to_pylist())
+        deleted = set() if rows.deleted_keys is None else set(rows.deleted_keys.column("id").to_pylist())
+        assert not kept & deleted and len(kept) == rows.rows.num_rows and None not in kept | deleted
+    stats = process.last_stats
+    assert stats.truncates == sum(isinstance(r, dict) and r.get("op") == "t" for r in records)
