@@ -16,6 +16,11 @@ import pyarrow as pa
 
 from fanout_sink.errors import SchemaError
 
+CONNECT_NAME = b"connect.name"
+"""Arrow field metadata key: the Kafka Connect logical type an Avro field is annotated with
+(``"connect.name": "io.debezium.time.Date"`` on a plain ``int``, as Connect's AvroConverter writes
+Debezium's types). The field keeps its Avro type; :mod:`fanout_sink.transform.debezium` reads it."""
+
 
 def avro_to_arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None) -> tuple[pa.DataType, bool]:
     """Arrow type of a (fastavro-parsed or JSON) Avro schema and whether it is nullable."""
@@ -64,7 +69,7 @@ def avro_to_arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None)
         fields = []
         for f in schema["fields"]:
             dtype, nullable = avro_to_arrow_type(f["type"], named)
-            fields.append(pa.field(f["name"], dtype, nullable=nullable))
+            fields.append(pa.field(f["name"], dtype, nullable=nullable, metadata=_connect_name(f["type"])))
         struct = pa.struct(fields)
         _name(named, schema, struct)
         return struct, False
@@ -84,6 +89,20 @@ def avro_to_arrow_type(schema: Any, named: dict[str, pa.DataType] | None = None)
     if isinstance(kind, str | list | dict):
         return avro_to_arrow_type(kind, named)
     raise SchemaError(f"unsupported Avro schema {schema!r}")
+
+
+def _connect_name(schema: Any) -> dict[bytes, bytes] | None:
+    """The Connect logical type of a field's (non-null) type that Avro itself leaves untyped."""
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        schema = branches[0] if len(branches) == 1 else None
+    if (
+        not isinstance(schema, dict)
+        or "logicalType" in schema
+        or not isinstance(schema.get("connect.name"), str)
+    ):
+        return None
+    return {CONNECT_NAME: schema["connect.name"].encode()}
 
 
 def _name(named: dict[str, pa.DataType], schema: dict[str, Any], dtype: pa.DataType) -> None:

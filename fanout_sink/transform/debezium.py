@@ -8,7 +8,9 @@ and keeps what the wrapper's schema says of the row's columns (their Connect log
 ``io.debezium.time.Date`` on an ``int32``) as Arrow field metadata of ``before``/``after``, so
 that :func:`row_images` can give each column its real type (:func:`apply_logical_types`): dates,
 timestamps, times and decimals instead of the integers, strings and base64 text they travel as.
-Registry formats (Avro, Protobuf, JSON Schema) decode to the same event shape without a wrapper.
+Registry formats (Avro, Protobuf, JSON Schema) decode to the same event shape without a wrapper;
+Avro's ``connect.name`` annotations become the same field metadata
+(:data:`~fanout_sink.avro_schema.CONNECT_NAME`).
 
 Everything is whole-column Arrow but for ``Decimal``: its base64 big-endian bytes are read per
 value (Arrow has no base64 kernel), only for the columns that are decimals.
@@ -27,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fanout_sink.avro_schema import CONNECT_NAME
 from fanout_sink.transform.formats.decoded import Decoded, arrow_from_python
 
 log = logging.getLogger(__name__)
@@ -34,8 +37,6 @@ log = logging.getLogger(__name__)
 IMAGES = ("before", "after")
 """The event fields that hold a row image."""
 
-CONNECT_NAME = b"connect.name"
-"""Field metadata key: the Connect logical type's name (``io.debezium.time.Date``)."""
 CONNECT_SCALE = b"connect.scale"
 CONNECT_PRECISION = b"connect.precision"
 

@@ -20,11 +20,12 @@ from fastavro import parse_schema, schemaless_writer
 from pyiceberg.types import DateType, DecimalType, TimestampType, TimestamptzType, TimeType
 from support.registry import Registry, wire
 
+from fanout_sink.avro_schema import CONNECT_NAME
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform import deadletter
-from fanout_sink.transform.debezium import CONNECT_NAME, CONNECT_SCALE, apply_logical_types
+from fanout_sink.transform.debezium import CONNECT_SCALE, apply_logical_types
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
 from fanout_sink.transform.records import RoutedSlice
 
@@ -285,6 +286,19 @@ VALUE = {
         {"name": "id", "type": "int"},
         {"name": "name", "type": ["null", "string"], "default": None},
         {"name": "birth", "type": ["null", {"type": "int", "logicalType": "date"}], "default": None},
+        # Debezium's own types as Connect's AvroConverter writes them: plain Avro, named by connect.name.
+        {
+            "name": "since",
+            "type": {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"},
+        },
+        {
+            "name": "seen",
+            "type": [
+                "null",
+                {"type": "long", "connect.version": 1, "connect.name": "io.debezium.time.MicroTimestamp"},
+            ],
+            "default": None,
+        },
         {
             "name": "balance",
             "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}],
@@ -327,7 +341,9 @@ def test_confluent_avro_debezium_events(
 ) -> None:
     source = {"format": "confluent-avro", "schema-registry": {"url": registry.url}}
     process = _processor(catalog_settings, catalog, **source)
-    row = {"id": 1, "name": "a", "birth": date(2022, 1, 8), "balance": Decimal("12.50")}
+    row = {"id": 1, "name": "a", "birth": date(2022, 1, 8), "since": 19_000, "seen": 1_700_000_000_123_456}
+    row["balance"] = Decimal("12.50")
+    expected = {**row, "since": date(2022, 1, 8), "seen": datetime(2023, 11, 14, 22, 13, 20, 123456)}
     values: list[bytes | None] = [
         _avro(_event("c", None, row)),
         _avro(_event("u", row, {**row, "name": "b"})),
@@ -339,9 +355,11 @@ def test_confluent_avro_debezium_events(
     out = process(make_raw_slice(values, topic=TOPIC))
     assert process.last_stats.reconciles()
     customers = out.tables["crm.customers"]
-    assert customers.rows.to_pylist() == [{**row, "name": "b"}]
+    assert customers.rows.to_pylist() == [{**expected, "name": "b"}]
     assert customers.deleted_keys is not None and customers.deleted_keys.to_pylist() == [{"id": 2}]
     assert customers.table.schema().find_field("balance").field_type == DecimalType(10, 2)
+    assert customers.table.schema().find_field("since").field_type == DateType()
+    assert customers.table.schema().find_field("seen").field_type == TimestampType()
     assert customers.table.schema().identifier_field_names() == {"id"}
     assert [dict(d.headers)[deadletter.STAGE] for d in out.dead_letters] == [b"decode"]
     assert process.last_stats.filtered == 1
