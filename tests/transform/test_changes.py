@@ -98,10 +98,13 @@ def test_debezium_events_become_each_keys_last_change(
     assert customers.table.schema().find_field("id").required
 
 
-def test_upsert_records_and_delete_when(catalog_settings: CatalogSettings, catalog: Any) -> None:
+@pytest.mark.parametrize("vectorised", [True, False], ids=["arrow", "per-record"])
+def test_upsert_records_and_delete_when(
+    catalog_settings: CatalogSettings, catalog: Any, vectorised: bool
+) -> None:
     """delete-when reads the record as ``when`` does: ``closed`` deletes even though the last
-    change of key 8 is a closed account with a new balance."""
-    process = build_processor(_config(catalog_settings), catalog)
+    change of key 8 is a closed account with a new balance. Arrow and per-record jmespath agree."""
+    process = build_processor(_config(catalog_settings), catalog, vectorised=vectorised)
     account = {"kind": "account", "owner": "o", "balance": 10}
     out = _run(
         process,
