@@ -326,8 +326,7 @@ class RoutingProcessor:
             key, keyless_messages = message_key_columns(sub)
             failures.extend(_Failure(int(origins[p]), "decode", r, table=name) for p, r in keyless_messages)
             if keyless_messages:
-                keep = np.ones(len(sub), dtype=bool)
-                keep[[p for p, _ in keyless_messages]] = False
+                keep = _all_but(len(sub), [p for p, _ in keyless_messages])
                 sub, origins = sub.subset(np.flatnonzero(keep)), origins[keep]
         delete_when = settings.changes.delete_when
         predicate = self._predicate(delete_when) if delete_when is not None else None
@@ -341,8 +340,7 @@ class RoutingProcessor:
         keyless = null_keys(rows, key, matching)
         failures.extend(_Failure(int(origin[p]), "convert", r, table=name, column=c) for p, c, r in keyless)
         if keyless:
-            keep = np.ones(rows.num_rows, dtype=bool)
-            keep[[p for p, _, _ in keyless]] = False
+            keep = _all_but(rows.num_rows, [p for p, _, _ in keyless])
             rows, origin, deleting = rows.filter(pa.array(keep)), origin[keep], deleting[keep]
         if rows.num_rows == 0:
             return
@@ -385,6 +383,13 @@ class RoutingProcessor:
             return
         reason = "truncate event (op t) not applied: the sink never empties a table on its own"
         failures.extend(_Failure(int(i), "truncate", reason, table=name, policy=True) for i in origin)
+
+
+def _all_but(n: int, positions: list[int]) -> np.ndarray:
+    """A mask of ``n`` rows keeping all but ``positions``."""
+    keep = np.ones(n, dtype=bool)
+    keep[positions] = False
+    return keep
 
 
 def build_processor(config: SinkConfig, catalog: Catalog, vectorised: bool = True) -> RoutingProcessor:
