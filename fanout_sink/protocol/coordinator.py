@@ -42,9 +42,8 @@ from fanout_sink.errors import FanoutSinkError, ProducerFencedError, TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel, datafiles, recovery, table_state
+from fanout_sink.protocol import channel, datafiles, recovery, row_delta, table_state
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol.append import SpecPreservingAppend
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 
@@ -65,6 +64,10 @@ class TableCommit:
     files: int = 0
     rows: int = 0
     stale_files: int = 0  # written for another table uuid: never appended
+    inserted: int = 0  # change tables: keys new to the table
+    updated: int = 0  # change tables: keys whose live row was replaced
+    deleted: int = 0  # change tables: live rows removed by deleted keys
+    delete_files: int = 0  # change tables: position-delete files committed
     attempts: int = 0
     error: str | None = None
 
@@ -465,6 +468,29 @@ class Coordinator:
         )
         return rewritten
 
+    def _resolve(
+        self, table: Table, changes: list[PendingFiles]
+    ) -> tuple[list[DataFile], row_delta.Resolution]:
+        """A change table's events of this round, in control-topic order (a partition's slices in
+        offset order), resolved into position deletes against the table as loaded for this attempt."""
+        keys = {p.event.key for p in changes}
+        if len(keys) > 1:
+            raise TableError(
+                f"change events for table {'.'.join(table.name())} carry different keys {sorted(keys)}: "
+                "the route's changes.key changed while files were in flight.\n  fix: restore the "
+                "previous key until these events are committed, then change it (and the table's "
+                "identifier fields) in one step"
+            )
+        (key,) = keys
+        sets = [
+            row_delta.ChangeSet(
+                data_files=[datafiles.from_record(r, table) for r in p.event.files],
+                deleted_keys=datafiles.read_key_files(table, key, p.event.deleted_keys),
+            )
+            for p in sorted(changes, key=lambda p: p.offset)
+        ]
+        return [f for change in sets for f in change.data_files], row_delta.resolve(table, key, sets)
+
     def _commit_table(
         self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
     ) -> TableCommit:
@@ -496,25 +522,39 @@ class Coordinator:
             todo = [p for p in items if p.offset >= floor]
             stale = self.state.owed([p for p in todo if p.event.table.uuid != table_uuid])
             outcome.stale_files = sum(len(p.event.files) for p in stale)
-            files = [
-                datafiles.from_record(record, table)
-                for p in todo
-                if p.event.table.uuid == table_uuid
-                for record in p.event.files
+            current = [p for p in todo if p.event.table.uuid == table_uuid]
+            appends = [
+                datafiles.from_record(r, table) for p in current if not p.event.key for r in p.event.files
             ]
             if stale:
-                files += self._rewrite_stale(table, stale)
-            if not files:
+                appends += self._rewrite_stale(table, stale)
+            changes = [p for p in current if p.event.key]
+            if not appends and not changes:
                 outcome.outcome = "already-committed"
                 return outcome
             properties = table_state.summary_properties(
                 self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts
             )
+            added, resolution = appends, None
+            if changes:
+                changed, resolution = self._resolve(table, changes)
+                added = appends + changed
+            snapshot_properties = dict(properties)
+            if resolution is not None:
+                snapshot_properties.update(
+                    table_state.change_properties(
+                        self.sink, resolution.inserted, resolution.updated, resolution.deleted
+                    )
+                )
+                fault_point("coordinator.after-resolve", table=identifier)
             txn = _no_retry_transaction(table)
-            # Each file under the spec it was written with: the spec may have changed since.
-            with SpecPreservingAppend(txn, table.io, properties) as append:
-                for data_file in files:
-                    append.append_data_file(data_file)
+            # Each file under the spec it was written with: the spec may have changed since. Data
+            # and position deletes in one snapshot, the one that records the control offset (I4).
+            with row_delta.RowDelta(txn, table.io, snapshot_properties) as delta:
+                for data_file in added:
+                    delta.append_data_file(data_file)
+                for delete_file in resolution.delete_files if resolution else ():
+                    delta.add_delete_file(delete_file)
             # The same state as table properties, in the same metadata commit: it outlives the
             # snapshot when others commit on top and the sink's snapshots are expired.
             txn.set_properties(properties)
@@ -531,8 +571,11 @@ class Coordinator:
                 continue
             fault_point("coordinator.after-table-commit", table=identifier)
             outcome.outcome = "committed"
-            outcome.files = len(files)
-            outcome.rows = sum(data_file.record_count for data_file in files)
+            outcome.files = len(added)
+            outcome.rows = sum(data_file.record_count for data_file in added)
+            if resolution is not None:
+                outcome.inserted, outcome.updated = resolution.inserted, resolution.updated
+                outcome.deleted, outcome.delete_files = resolution.deleted, len(resolution.delete_files)
             outcome.error = None
             snapshot = committed.current_snapshot()
             outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None

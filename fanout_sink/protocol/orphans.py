@@ -110,16 +110,20 @@ def list_files(io: FileIO, location: str) -> list[ListedFile]:
 
 
 def pending_files(sink: SinkChannel) -> set[str]:
-    """Normalised paths of every data file announced by a committed ``DataWritten`` event of
-    ``sink`` at or above the coordinator group's low watermark: what the coordinator may still append."""
+    """Normalised paths of every data file (and deleted-keys file) announced by a committed
+    ``DataWritten`` event of ``sink`` at or above the coordinator group's low watermark: what the
+    coordinator may still append or read."""
     reader = ControlReader(sink)
     try:
         recovery.seek_to_low_watermark(reader)
         return {
-            normalise(record.file_path)
+            normalise(path)
             for item in reader.read_until(reader.end_offset())
             if isinstance(item.event.payload, ev.DataWritten)
-            for record in item.event.payload.files
+            for path in [
+                *(record.file_path for record in item.event.payload.files),
+                *(keys.file_path for keys in item.event.payload.deleted_keys),
+            ]
         }
     finally:
         reader.close()

@@ -5,7 +5,10 @@ Each append of the coordinator records, in its snapshot summary:
 - ``fanout-sink.<sink>.control-offsets``: JSON ``{"<control partition>": <next control offset>}``,
   the control offset below which every event for this table has been appended (invariant I4);
 - ``fanout-sink.<sink>.commit-id``: the uuid of the commit round;
-- ``fanout-sink.<sink>.vtts``: valid-through timestamp, epoch milliseconds (absent when unknown).
+- ``fanout-sink.<sink>.vtts``: valid-through timestamp, epoch milliseconds (absent when unknown);
+- on a change table, ``fanout-sink.<sink>.inserted-rows``, ``updated-rows`` and ``deleted-rows``: what
+  the commit did per key, beside Iceberg's own ``added-records`` and ``added-position-deletes``
+  (snapshot summary only: they describe one commit, not the table's state).
 
 The table itself is the only place these can live without a second commit that could be lost in a
 crash: they are committed atomically with the files. Other writers (another sink, compaction, a
@@ -67,6 +70,15 @@ def summary_properties(
     if vtts_ms is not None:
         props[key(sink, "vtts")] = str(vtts_ms)
     return props
+
+
+def change_properties(sink: str, inserted: int, updated: int, deleted: int) -> dict[str, str]:
+    """A change commit's row counts, for its snapshot summary."""
+    return {
+        key(sink, "inserted-rows"): str(inserted),
+        key(sink, "updated-rows"): str(updated),
+        key(sink, "deleted-rows"): str(deleted),
+    }
 
 
 def stale_properties(table: Table, sink: str, vtts_ms: int | None) -> tuple[str, ...]:

@@ -71,6 +71,8 @@ class SliceResult:
     skipped_delivered: int = 0
     rows: dict[str, int] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)
+    deleted_keys: dict[str, int] = field(default_factory=dict)
+    """Per change table, the keys the slice deletes (resolved against the table at commit)."""
     dead_lettered: int = 0
     filtered: int = 0
     transaction_committed: bool = False
@@ -288,22 +290,38 @@ class SliceWorker:
         """Route the slice and write its data files; the events that will announce them."""
         routed = process(raw)
         result.filtered = routed.filtered
-        result.rows, result.files = {}, {}
+        result.rows, result.files, result.deleted_keys = {}, {}, {}
         written: list[ev.DataWritten] = []
         for identifier, table_rows in routed.tables.items():
-            data_files = datafiles.write_data_files(table_rows.table, table_rows.rows)
+            table = table_rows.table
+            data_files = datafiles.write_data_files(table, table_rows.rows)
             result.rows[identifier] = table_rows.rows.num_rows
             result.files[identifier] = len(data_files)
-            records = [datafiles.to_record(f, table_rows.table) for f in data_files]
-            # Several events for many files, so that no message outgrows the broker's size limit.
-            for i in range(0, len(records), self.max_files_per_event):
+            records = [datafiles.to_record(f, table) for f in data_files]
+            deleted = table_rows.deleted_keys
+            key_files: tuple[ev.KeyFile, ...] = ()
+            if table_rows.key and deleted is not None and deleted.num_rows:
+                key_files = (datafiles.write_key_file(table, deleted),)
+                result.deleted_keys[identifier] = deleted.num_rows
+            # Several events for many files, so that no message outgrows the broker's size limit;
+            # the deleted keys ride on the first (a slice's keys are unique, so order among its
+            # events does not matter), and a slice of deletes only still gets one event.
+            batches = [
+                records[i : i + self.max_files_per_event]
+                for i in range(0, len(records), self.max_files_per_event)
+            ]
+            if key_files and not batches:
+                batches = [[]]
+            for i, batch in enumerate(batches):
                 written.append(
                     ev.DataWritten(
-                        table=table_ref(table_rows.table),
-                        files=tuple(records[i : i + self.max_files_per_event]),
+                        table=table_ref(table),
+                        files=tuple(batch),
                         topic=topic,
                         partition=partition,
                         next_offset=end,
+                        key=table_rows.key,
+                        deleted_keys=key_files if i == 0 else (),
                     )
                 )
         return routed, written
