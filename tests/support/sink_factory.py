@@ -55,6 +55,7 @@ from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.worker import SliceResult, SliceWorker
 from fanout_sink.spark import planning
+from fanout_sink.transform.records import SliceProcessor
 
 STATIC = {"shop.orders": "order", "shop.payments": "payment", "shop.clicks": "click"}
 """The shop sink's static tables and the event type each one takes."""
@@ -158,12 +159,12 @@ class SinkUnderTest:
     def _channel(self, timeout_s: float | None) -> SinkChannel:
         return self.channel if timeout_s is None else replace(self.channel, timeout_s=timeout_s)
 
-    def batch(self, worker: SliceWorker | None = None) -> list[SliceResult]:
+    def batch(self, worker: SliceWorker | None = None, process: SliceProcessor | None = None) -> list[SliceResult]:
         """One micro-batch over every source partition (``support.common.run_batch``); with a worker
-        of its own unless one is given."""
+        of its own unless one is given, and ``support.common.make_processor`` unless ``process`` is."""
         own = worker or self.worker()
         try:
-            return run_batch(own, self.bootstrap, self.partitions, make_processor(self.catalog))
+            return run_batch(own, self.bootstrap, self.partitions, process or make_processor(self.catalog))
         finally:
             if worker is None:
                 own.close()
