@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles
@@ -53,6 +54,12 @@ class SpecPreservingAppend(_FastAppendFiles):
             added.append(writer.to_manifest_file())
         return self._process_manifests(added + self._existing_manifests())
 
+    def _collect(self, collector: SnapshotSummaryCollector, schema: Schema) -> None:
+        """Count every added file into the summary, each under its own spec."""
+        for spec_id, files in self._by_spec().items():
+            for data_file in files:
+                collector.add_file(data_file=data_file, partition_spec=self.spec(spec_id), schema=schema)
+
     def _summary(self, snapshot_properties: dict[str, str] | None = None) -> Summary:
         metadata = self._transaction.table_metadata
         limit = int(
@@ -62,10 +69,7 @@ class SpecPreservingAppend(_FastAppendFiles):
             )
         )
         collector = SnapshotSummaryCollector(partition_summary_limit=limit)
-        schema = metadata.schema()
-        for spec_id, files in self._by_spec().items():
-            for data_file in files:
-                collector.add_file(data_file=data_file, partition_spec=self.spec(spec_id), schema=schema)
+        self._collect(collector, metadata.schema())
         parent = (
             metadata.snapshot_by_id(self._parent_snapshot_id)
             if self._parent_snapshot_id is not None

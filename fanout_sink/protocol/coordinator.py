@@ -550,7 +550,8 @@ class Coordinator:
             txn = _no_retry_transaction(table)
             # Each file under the spec it was written with: the spec may have changed since. Data
             # and position deletes in one snapshot, the one that records the control offset (I4).
-            with row_delta.RowDelta(txn, table.io, snapshot_properties) as delta:
+            delta = row_delta.RowDelta(txn, table.io, snapshot_properties)
+            with delta:
                 for data_file in added:
                     delta.append_data_file(data_file)
                 for delete_file in resolution.delete_files if resolution else ():

@@ -60,7 +60,9 @@ def _state(sink: SinkUnderTest, table: str) -> dict[int, int]:
     """The table's rows as key -> value; a key twice fails (a change must never leave two rows)."""
     rows = sink.catalog.load_table(f"sink.{table}").scan().to_arrow().to_pylist()
     keys = [r["id"] for r in rows]
-    assert len(keys) == len(set(keys)), f"sink.{table}: duplicate keys {sorted(k for k in keys if keys.count(k) > 1)}"
+    assert len(keys) == len(set(keys)), (
+        f"sink.{table}: duplicate keys {sorted(k for k in keys if keys.count(k) > 1)}"
+    )
     return {r["id"]: r["v"] for r in rows}
 
 
@@ -69,7 +71,9 @@ def _assert_model(sink: SinkUnderTest, model: Model) -> None:
         assert _state(sink, table) == expected, f"sink.{table} differs from the model"
 
 
-def _random_changes(rng: random.Random, model: Model, count: int, keys: int) -> list[tuple[str, int, int | None]]:
+def _random_changes(
+    rng: random.Random, model: Model, count: int, keys: int
+) -> list[tuple[str, int, int | None]]:
     changes: list[tuple[str, int, int | None]] = []
     for _ in range(count):
         table = rng.choice("ab")

@@ -159,7 +159,9 @@ class SinkUnderTest:
     def _channel(self, timeout_s: float | None) -> SinkChannel:
         return self.channel if timeout_s is None else replace(self.channel, timeout_s=timeout_s)
 
-    def batch(self, worker: SliceWorker | None = None, process: SliceProcessor | None = None) -> list[SliceResult]:
+    def batch(
+        self, worker: SliceWorker | None = None, process: SliceProcessor | None = None
+    ) -> list[SliceResult]:
         """One micro-batch over every source partition (``support.common.run_batch``); with a worker
         of its own unless one is given, and ``support.common.make_processor`` unless ``process`` is."""
         own = worker or self.worker()
