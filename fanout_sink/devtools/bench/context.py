@@ -33,6 +33,14 @@ def catalog_settings(folder: Path) -> CatalogSettings:
     )
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a measured child: this checkout's code first, no inherited Spark gateway."""
+    root = str(Path(fanout_sink.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 @dataclass(frozen=True)
 class RunContext:
     """One system's run: the shared input and a fresh catalog under ``folder``."""
@@ -78,11 +86,7 @@ class RunContext:
         return VisibleRows(self.catalog_db, CATALOG_NAME)
 
     def child_env(self) -> dict[str, str]:
-        """The environment of a child: this checkout's code first, no inherited Spark gateway."""
-        root = str(Path(fanout_sink.__file__).resolve().parents[1])
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        return env
+        return child_env()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,20 +90,34 @@ def _config(
 
 def produce(bootstrap: str, topic: str, values: list[bytes]) -> float:
     """Seconds to create ``topic`` and produce ``values``: value n to partition n % PARTITIONS."""
+    return produce_chunks(bootstrap, topic, [(None, values)])
+
+
+def produce_chunks(
+    bootstrap: str, topic: str, chunks: Iterable[tuple[list[bytes] | None, list[bytes]]]
+) -> float:
+    """Seconds to create ``topic`` and produce each chunk's values in order. A chunk without keys
+    goes round-robin (value n to partition n % PARTITIONS); with keys, the producer's partitioner
+    places each message by its key, so a key's messages stay in one partition, in order."""
     admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
     producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
         {"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"}
     )
     started = time.monotonic()
-    for n, value in enumerate(values):
-        while True:
-            try:
-                producer.produce(topic, value=value, partition=n % PARTITIONS)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    producer.flush(120)
+    for keys, values in chunks:
+        for n, value in enumerate(values):
+            while True:
+                try:
+                    if keys is None:
+                        producer.produce(topic, value=value, partition=n % PARTITIONS)
+                    else:
+                        producer.produce(topic, value=value, key=keys[n])
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+    if producer.flush(120):
+        raise TimeoutError(f"producing to {topic}: messages still undelivered after 120 s; is the broker up?")
     return time.monotonic() - started
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -56,15 +57,20 @@ def steady_seconds(log: str) -> tuple[float | None, int]:
     return max(batches[-1][0] - first_start, 1e-3), sum(b[1] for b in batches)
 
 
+def app_command(config: Path, master: str, max_offsets_per_trigger: int, extra: list[str]) -> list[str]:
+    """``fanout-sink run`` on ``config`` as a child command line (this interpreter, this checkout)."""
+    return [
+        sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--master", master,
+        "--max-offsets-per-trigger", str(max_offsets_per_trigger), *extra,
+    ]  # fmt: skip
+
+
 def _run(ctx: RunContext, system: str, extra: list[str], continuous: bool) -> SystemRun:
     catalog = ctx.prepare()
     name = ctx.unique_name(system)
     config = ctx.folder / "sink.yaml"
     config.write_text(yaml.safe_dump(sink_config(ctx, name)))
-    command = [
-        sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--master", ctx.master,
-        "--max-offsets-per-trigger", str(ctx.max_offsets_per_trigger), *extra,
-    ]  # fmt: skip
+    command = app_command(config, ctx.master, ctx.max_offsets_per_trigger, extra)
     visible = ctx.visible()
     run = run_child(
         command,

@@ -64,6 +64,7 @@ def expected_landing(values_file: Path, variant: Variant) -> dict[str, TableLand
 
 
 def machine_facts() -> dict[str, str]:
+    """The machine and the releases every benchmark's figures depend on."""
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     memory_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal"))
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
@@ -76,6 +77,12 @@ def machine_facts() -> dict[str, str]:
         "Python": platform.python_version(),
         "PySpark": pyspark.__version__,
         "Java": java.split("\n")[0].replace('"', ""),
+    }
+
+
+def connect_facts() -> dict[str, str]:
+    """The releases the Connect peer runs (fetches its jars when missing)."""
+    return {
         "Iceberg (Connect peer)": connect_peer.iceberg_version(),
         "Kafka Connect": connect_peer.kafka_version(),
     }
@@ -209,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
             key = f"throughput, --cores {args.cores}"
             report.merge(results, "commands", lambda old: {**(old or {}), key: command})
-        data = report.merge(results, "machine", lambda _: machine_facts())
+        data = report.merge(results, "machine", lambda _: {**machine_facts(), **connect_facts()})
     finally:
         if args.work_dir is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)

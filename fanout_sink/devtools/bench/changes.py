@@ -1,0 +1,269 @@
+"""fanout_sink's change path next to Spark ``foreachBatch`` + ``MERGE INTO`` on one Debezium stream.
+
+    python -m fanout_sink.devtools.bench.changes                          # 1M keys, 2M changes
+    python -m fanout_sink.devtools.bench.changes --keys 20000 --events 40000 --out /tmp/changes
+
+The stream (:mod:`.change_stream`) is generated once and produced keyed by id to a fresh topic
+with 2 partitions on the local broker (``fanout-sink stack``, started when down, or
+``--bootstrap-servers``). Each system gets a fresh SQLite catalog whose table already holds the
+source's rows, runs over the whole topic with an available-now trigger as one measured process
+tree (:mod:`.proctree`), and leaves its table to be checked key by key against the model and
+measured before and after maintenance (:mod:`.change_state`) in one Spark session started after
+all systems ran. Results: ``<out>/changes.json`` and ``<out>/changes.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
+from fanout_sink.devtools.bench import change_report, merge_peer, ours
+from fanout_sink.devtools.bench.change_state import examine
+from fanout_sink.devtools.bench.change_stream import (
+    KEY,
+    SOURCE_TABLE,
+    TABLE,
+    ChangePlan,
+    create_table,
+    generate,
+)
+from fanout_sink.devtools.bench.context import child_env
+from fanout_sink.devtools.bench.end_to_end import produce_chunks
+from fanout_sink.devtools.bench.proctree import ChildRun, run_child
+from fanout_sink.devtools.bench.side_by_side import machine_facts
+from fanout_sink.devtools.stack import daemon
+from fanout_sink.kafka.clients import KafkaClientFactory
+
+
+@dataclass(frozen=True)
+class SystemInput:
+    """What one system's run gets: the shared topic and its own folder and catalog."""
+
+    bootstrap: str
+    topic: str
+    folder: Path
+    settings: CatalogSettings
+    cores: int
+    commit_interval_s: float
+    max_offsets_per_trigger: int
+
+    @property
+    def master(self) -> str:
+        return f"local[{self.cores}]"
+
+
+def sink_config(run: SystemInput, name: str) -> dict[str, Any]:
+    """The sink's YAML: the Debezium topic's ``customers`` events into the table, by key."""
+    return {
+        "name": name,
+        "kafka": {"bootstrap.servers": run.bootstrap},
+        "source": {"topics": [run.topic], "format": "json"},
+        "control": {"topic": f"{name}-control", "commit-interval": f"{run.commit_interval_s:g}s"},
+        "catalog": run.settings.model_dump(),
+        "spark": {"master": run.master, "checkpoint-location": str(run.folder / "checkpoints")},
+        "tables": {
+            TABLE: {
+                "when": f"source.table == '{SOURCE_TABLE}'",
+                "changes": {"format": "debezium", "key": [KEY]},
+            }
+        },
+    }
+
+
+def run_ours(run: SystemInput) -> ChildRun:
+    """``fanout-sink run --available-now`` over the topic; a failed run stops the benchmark."""
+    name = f"changes-{uuid.uuid4().hex[:8]}"
+    config = run.folder / "sink.yaml"
+    config.write_text(yaml.safe_dump(sink_config(run, name)))
+    log = run.folder / "app.log"
+    command = ours.app_command(config, run.master, run.max_offsets_per_trigger, ["--available-now"])
+    child = run_child(command, env=child_env(), log=log)
+    if child.returncode != 0:
+        raise child.failure(change_report.OURS, log)
+    return child
+
+
+def run_merge_peer(run: SystemInput) -> ChildRun:
+    return merge_peer.run(
+        run.bootstrap,
+        run.topic,
+        run.settings,
+        run.master,
+        str(run.folder / "checkpoint"),
+        run.max_offsets_per_trigger,
+        child_env(),
+        run.folder / "merge-peer.log",
+    )
+
+
+SYSTEMS: dict[str, tuple[str, Callable[[SystemInput], ChildRun]]] = {
+    "merge": (merge_peer.SYSTEM, run_merge_peer),
+    "ours": (change_report.OURS, run_ours),
+}
+
+
+def change_path_missing() -> str | None:
+    """Why fanout_sink cannot run the stream on this checkout, or None when it can: until the
+    coordinator commits position deletes, a change table's rows would be appended."""
+    from fanout_sink.protocol.coordinator import TableCommit
+
+    if "delete_files" in TableCommit.__dataclass_fields__:
+        return None
+    return (
+        "the coordinator on this checkout commits no position deletes yet (issue 23 item 3 not on "
+        "main); rebase on main once the change path has landed"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    defaults = ChangePlan()
+    parser.add_argument("--keys", type=int, default=defaults.keys, help="source rows before the stream")
+    parser.add_argument("--events", type=int, default=defaults.events, help="change events")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"comma-separated of {', '.join(SYSTEMS)}"
+    )
+    parser.add_argument("--cores", type=int, default=2, help="local[N] for every Spark")
+    parser.add_argument("--commit-interval", type=float, default=10.0, help="the sink's, in seconds")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=400_000)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per timed read; the median is kept")
+    parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"), help="changes.json and .md")
+    parser.add_argument("--work-dir", type=Path, help="run folders (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the run folders")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    keys = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in keys if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(SYSTEMS)}")
+    skipped: dict[str, str] = {}
+    if "ours" in keys and (reason := change_path_missing()) is not None:
+        print(f"{change_report.OURS}: not measured: {reason}", flush=True)
+        skipped[change_report.OURS] = reason
+        keys.remove("ours")
+    command = "python -m fanout_sink.devtools.bench.changes " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    plan = ChangePlan(keys=args.keys, events=args.events, seed=args.seed)
+    started = time.perf_counter()
+    stream = generate(plan)
+    print(
+        f"generated {plan.events:,} changes over {plan.keys:,} keys "
+        f"in {time.perf_counter() - started:.1f} s: "
+        f"{stream.ops}; the model holds {stream.final.num_rows:,} rows",
+        flush=True,
+    )
+    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
+    topic = f"changes-{uuid.uuid4().hex[:8]}"
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="changes-bench-"))
+    results: list[change_report.SystemResult] = []
+    try:
+        produce_s = produce_chunks(bootstrap, topic, stream.batches())
+        print(f"produced to {topic} in {produce_s:.1f} s", flush=True)
+        runs: list[tuple[str, SystemInput, ChildRun]] = []
+        for key in keys:
+            system, start = SYSTEMS[key]
+            folder = work / key
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            settings = CatalogSettings(
+                name=f"cdc_{key}_{uuid.uuid4().hex[:6]}",
+                type="sql",
+                uri=f"sqlite:///{folder / 'catalog.db'}",
+                warehouse=f"file://{folder / 'warehouse'}",
+            )
+            create_table(load_catalog(settings), stream.initial)
+            run = SystemInput(
+                bootstrap,
+                topic,
+                folder,
+                settings,
+                args.cores,
+                args.commit_interval,
+                args.max_offsets_per_trigger,
+            )
+            child = start(run)
+            print(
+                f"{system}: {plan.events / child.wall_s:,.0f} change events/s, {child.cpu_s:.1f} CPU s, "
+                f"peak RSS {child.peak_rss_mb:,.0f} MB",
+                flush=True,
+            )
+            runs.append((system, run, child))
+        results = _examine(runs, stream.final, args)
+    finally:
+        KafkaClientFactory({"bootstrap.servers": bootstrap}).admin().delete_topics([topic])
+        if args.work_dir is None and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    data = {
+        "command": command,
+        "plan": asdict(plan),
+        "ops": stream.ops,
+        "produce_s": round(produce_s, 3),
+        "repeat": args.repeat,
+        "machine": machine_facts(),
+        "systems": [r.to_json(plan.events) for r in results],
+        "skipped": skipped,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "changes.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    text = change_report.markdown(data)
+    (args.out / "changes.md").write_text(text)
+    print(text)
+    return 1 if any(r.replica.check.mismatches or r.replica.after_check.mismatches for r in results) else 0
+
+
+def _examine(
+    runs: list[tuple[str, SystemInput, ChildRun]], model: Any, args: argparse.Namespace
+) -> list[change_report.SystemResult]:
+    """Check and measure every system's table in one Spark session (started after all runs, so it
+    never competes with a measured system); mismatches are printed as they are found."""
+    if not runs:
+        return []
+    from fanout_sink.spark.session import build_spark_session
+
+    spark = build_spark_session(runs[0][1].settings, master=f"local[{args.cores}]", app_name="changes-bench")
+    try:
+        results = []
+        for system, run, child in runs:
+            for key, value in spark_catalog_conf(run.settings).items():
+                spark.conf.set(key, value)
+            replica = examine(load_catalog(run.settings), spark, run.settings.name, model, args.repeat)
+            for moment, check, cost in (
+                ("after the stream", replica.check, replica.before),
+                ("after maintenance", replica.after_check, replica.after),
+            ):
+                print(
+                    f"{system}, {moment}: {check.mismatches:,} keys differ from the model ({check.rows:,} "
+                    f"rows, Spark SQL counts {cost.spark_rows:,}, model {check.expected:,})",
+                    flush=True,
+                )
+                for example in check.examples:
+                    print(f"  {example}", flush=True)
+            results.append(change_report.SystemResult(system, child, replica))
+        return results
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The change benchmark's peer: Spark Structured Streaming ``foreachBatch`` + ``MERGE INTO``.
+
+What a PySpark user writes to replicate a Debezium topic without fanout_sink: each micro-batch is
+parsed with ``from_json``, narrowed to the table's events (``source.table``), deduplicated to the
+last change per key (a window by key ordered by Kafka offset: a key's changes are in one
+partition), and merged into the table: a delete removes the row, anything else updates or inserts
+it. The table is format v2 with merge-on-read for MERGE, UPDATE and DELETE
+(:data:`~.change_stream.MERGE_ON_READ`), so Iceberg 1.11 writes position-delete files, as the
+sink does. Available-now, same session builder, catalog and offsets cap as the sink; ``run``
+starts this module as a child so its JVM and Python are measured as one process tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.devtools.bench.change_stream import COLUMNS, KEY, SOURCE_TABLE, TABLE
+from fanout_sink.devtools.bench.proctree import ChildRun, run_child
+from fanout_sink.spark.session import build_spark_session
+
+SYSTEM = "Spark foreachBatch + MERGE INTO"
+_ROW = (
+    "STRUCT<id BIGINT, name STRING, email STRING, country STRING, status STRING, amount STRING, "
+    "points INT, updated_at STRING>"
+)
+ENVELOPE = f"before {_ROW}, after {_ROW}, source STRUCT<`table` STRING>, op STRING, ts_ms BIGINT"
+"""The part of a Debezium envelope the peer reads, as a Spark DDL schema for ``from_json``."""
+
+
+def merge_statement(table: str, source: str) -> str:
+    """MERGE of the deduplicated changes in view ``source`` (columns: the table's and ``op``)."""
+    assignments = ", ".join(f"t.{c} = s.{c}" for c in COLUMNS if c != KEY)
+    return (
+        f"MERGE INTO {table} t USING {source} s ON t.{KEY} = s.{KEY} "
+        "WHEN MATCHED AND s.op = 'd' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {assignments} "
+        f"WHEN NOT MATCHED AND s.op != 'd' THEN INSERT ({', '.join(COLUMNS)}) "
+        f"VALUES ({', '.join(f's.{c}' for c in COLUMNS)})"
+    )
+
+
+def _job(args: argparse.Namespace) -> None:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    settings = CatalogSettings.model_validate_json(args.catalog)
+    spark = build_spark_session(settings, master=args.master, app_name="bench-merge-peer")
+    table = f"{settings.name}.{TABLE}"
+    latest = Window.partitionBy(KEY).orderBy(F.col("offset").desc())
+    typed = {"amount": "decimal(12,2)", "points": "int", "updated_at": "timestamp"}
+
+    def merge(batch: Any, batch_id: int) -> None:
+        events = (
+            batch.select("offset", F.from_json(F.col("value").cast("string"), ENVELOPE).alias("e"))
+            .where(F.col("e.source.table") == SOURCE_TABLE)
+            .withColumn(KEY, F.coalesce(F.col("e.after.id"), F.col("e.before.id")))
+        )
+        last = events.withColumn("n", F.row_number().over(latest)).where(F.col("n") == 1)
+        rows = last.select(
+            F.col(KEY),
+            *[F.col(f"e.after.{c}").cast(typed.get(c, "string")).alias(c) for c in COLUMNS if c != KEY],
+            F.col("e.op").alias("op"),
+        )
+        rows.createOrReplaceTempView("changes")
+        batch.sparkSession.sql(merge_statement(table, "changes"))
+
+    (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("subscribe", args.topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", str(args.max_offsets))
+        .load()
+        .writeStream.foreachBatch(merge)
+        .option("checkpointLocation", args.checkpoint)
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
+    spark.stop()
+
+
+def run(
+    bootstrap: str,
+    topic: str,
+    settings: CatalogSettings,
+    master: str,
+    checkpoint: str,
+    max_offsets: int,
+    env: dict[str, str],
+    log: Any,
+) -> ChildRun:
+    """Run the peer over the whole topic as a measured child; a failed run stops the benchmark."""
+    command = [
+        sys.executable, "-m", __name__, "--bootstrap", bootstrap, "--topic", topic,
+        "--catalog", settings.model_dump_json(), "--master", master, "--checkpoint", checkpoint,
+        "--max-offsets", str(max_offsets),
+    ]  # fmt: skip
+    child = run_child(command, env=env, log=log)
+    if child.returncode != 0:
+        raise child.failure(SYSTEM, log)
+    return child
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    for flag in ("--bootstrap", "--topic", "--catalog", "--master", "--checkpoint"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--max-offsets", type=int, required=True)
+    _job(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
