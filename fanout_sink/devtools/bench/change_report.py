@@ -139,8 +139,6 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         *_table(systems),
     ]
-    for name, reason in sorted((data.get("skipped") or {}).items()):
-        lines += ["", f"{name}: not measured: {reason}"]
     lines += ["", "## Targets (issue 23)", "", *targets(systems), "", "## Key by key", ""]
     for s in systems:
         for moment, check, cost in (

@@ -19,6 +19,7 @@ from typing import Any
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.bench.change_stream import COLUMNS, KEY, SOURCE_TABLE, TABLE
 from fanout_sink.devtools.bench.proctree import ChildRun, run_child
+from fanout_sink.devtools.bench.spark_writer import for_each_batch_available_now
 from fanout_sink.spark.session import build_spark_session
 
 SYSTEM = "Spark foreachBatch + MERGE INTO"
@@ -67,20 +68,7 @@ def _job(args: argparse.Namespace) -> None:
         rows.createOrReplaceTempView("changes")
         batch.sparkSession.sql(merge_statement(table, "changes"))
 
-    (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("subscribe", args.topic)
-        .option("startingOffsets", "earliest")
-        .option("kafka.isolation.level", "read_committed")
-        .option("maxOffsetsPerTrigger", str(args.max_offsets))
-        .load()
-        .writeStream.foreachBatch(merge)
-        .option("checkpointLocation", args.checkpoint)
-        .trigger(availableNow=True)
-        .start()
-        .awaitTermination()
-    )
+    for_each_batch_available_now(spark, args, merge)
     spark.stop()
 
 

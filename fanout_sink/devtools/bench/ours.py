@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
 from fanout_sink.devtools.bench.landed import landed
 from fanout_sink.devtools.bench.proctree import run_child
@@ -30,17 +31,34 @@ _TIMED_BATCH_LINE = re.compile(
 
 def sink_config(ctx: RunContext, name: str) -> dict[str, Any]:
     """The sink's YAML for this run: one static rule per table on the route field."""
+    tables = {
+        table: {"when": f"{ROUTE_FIELD} == '{table.rsplit('.', 1)[1]}'"}
+        for table in ctx.variant.table_names()
+    }
+    return app_config(
+        name, ctx.bootstrap, ctx.topic, ctx.commit_interval_s, ctx.settings, ctx.master, ctx.folder, tables
+    )
+
+
+def app_config(
+    name: str,
+    bootstrap: str,
+    topic: str,
+    commit_interval_s: float,
+    settings: CatalogSettings,
+    master: str,
+    folder: Path,
+    tables: dict[str, Any],
+) -> dict[str, Any]:
+    """A benchmark sink's YAML: JSON from ``topic`` into ``tables``, checkpoints under ``folder``."""
     return {
         "name": name,
-        "kafka": {"bootstrap.servers": ctx.bootstrap},
-        "source": {"topics": [ctx.topic], "format": "json"},
-        "control": {"topic": f"{name}-control", "commit-interval": f"{ctx.commit_interval_s:g}s"},
-        "catalog": ctx.settings.model_dump(),
-        "spark": {"master": ctx.master, "checkpoint-location": str(ctx.folder / "checkpoints")},
-        "tables": {
-            table: {"when": f"{ROUTE_FIELD} == '{table.rsplit('.', 1)[1]}'"}
-            for table in ctx.variant.table_names()
-        },
+        "kafka": {"bootstrap.servers": bootstrap},
+        "source": {"topics": [topic], "format": "json"},
+        "control": {"topic": f"{name}-control", "commit-interval": f"{commit_interval_s:g}s"},
+        "catalog": settings.model_dump(),
+        "spark": {"master": master, "checkpoint-location": str(folder / "checkpoints")},
+        "tables": tables,
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from fanout_sink.catalog import CatalogSettings
@@ -52,6 +53,15 @@ def _job(args: argparse.Namespace) -> None:
             )
         rows.unpersist()
 
+    for_each_batch_available_now(spark, args, write)
+    spark.stop()
+
+
+def for_each_batch_available_now(
+    spark: Any, args: argparse.Namespace, write: Callable[[Any, int], None]
+) -> None:
+    """A Spark peer's stream: the whole topic from the earliest offset (committed records only), in
+    micro-batches of at most ``args.max_offsets``, each handed to ``write``; returns when done."""
     (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
@@ -66,7 +76,6 @@ def _job(args: argparse.Namespace) -> None:
         .start()
         .awaitTermination()
     )
-    spark.stop()
 
 
 def run(ctx: RunContext) -> SystemRun:
