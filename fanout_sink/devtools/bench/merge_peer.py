@@ -19,7 +19,7 @@ from typing import Any
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.bench.change_stream import COLUMNS, KEY, SOURCE_TABLE, TABLE
 from fanout_sink.devtools.bench.proctree import ChildRun, run_child
-from fanout_sink.devtools.bench.spark_writer import for_each_batch_available_now
+from fanout_sink.devtools.bench.spark_writer import for_each_batch_available_now, peer_arguments
 from fanout_sink.spark.session import build_spark_session
 
 SYSTEM = "Spark foreachBatch + MERGE INTO"
@@ -95,11 +95,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    for flag in ("--bootstrap", "--topic", "--catalog", "--master", "--checkpoint"):
-        parser.add_argument(flag, required=True)
-    parser.add_argument("--max-offsets", type=int, required=True)
-    _job(parser.parse_args(argv))
+    _job(peer_arguments(argv, (__doc__ or "").split("\n")[0]))
     return 0
 
 

@@ -92,12 +92,18 @@ def run(ctx: RunContext) -> SystemRun:
     return SystemRun.of_child(SYSTEM, child, landed(catalog, ctx.variant.table_names()))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for flag in ("--bootstrap", "--topic", "--variant", "--catalog", "--master", "--checkpoint"):
+def peer_arguments(argv: list[str] | None, description: str, *flags: str) -> argparse.Namespace:
+    """A Spark peer child's command line: topic, catalog (JSON), master, checkpoint, offsets cap and
+    the peer's own ``flags`` (all required: the parent always passes them)."""
+    parser = argparse.ArgumentParser(description=description)
+    for flag in ("--bootstrap", "--topic", "--catalog", "--master", "--checkpoint", *flags):
         parser.add_argument(flag, required=True)
     parser.add_argument("--max-offsets", type=int, required=True)
-    _job(parser.parse_args(argv))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _job(peer_arguments(argv, __doc__.split("\n")[0], "--variant"))
     return 0
 
 
