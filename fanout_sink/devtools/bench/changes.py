@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         argv if argv is not None else sys.argv[1:]
     )
     plan = ChangePlan(keys=args.keys, events=args.events, seed=args.seed)
+    load_before = os.getloadavg()[0]  # a shared machine's figures are not a quiet one's: say which
     started = time.perf_counter()
     stream = generate(plan)
     print(
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "produce_s": round(produce_s, 3),
         "repeat": args.repeat,
         "machine": machine_facts(),
+        "load_average": round(load_before, 2),
         "systems": [r.to_json(plan.events) for r in results],
     }
     args.out.mkdir(parents=True, exist_ok=True)
