@@ -84,6 +84,18 @@ class SinkMetrics:
         self.files = Counter(
             "fanout_sink_files_committed", "Data files appended to the table.", table, registry=registry
         )
+        self.changes = Counter(
+            "fanout_sink_rows_changed",
+            "Change tables: keys inserted or updated, and live rows deleted, per committed round.",
+            [*table, "change"],
+            registry=registry,
+        )
+        self.delete_files = Counter(
+            "fanout_sink_delete_files_committed",
+            "Change tables: position-delete files committed with the table's rows.",
+            table,
+            registry=registry,
+        )
         self.failures = Counter(
             "fanout_sink_commit_failures",
             "Commit rounds in which the table's commit failed (its files stay pending and are retried) "
@@ -182,6 +194,14 @@ class SinkMetrics:
                 self.last_commit.labels(self.sink, identifier).set(now)
                 self.rows.labels(self.sink, identifier).inc(outcome.rows)
                 self.files.labels(self.sink, identifier).inc(outcome.files)
+                if outcome.inserted or outcome.updated or outcome.deleted or outcome.delete_files:
+                    for change, count in (
+                        ("inserted", outcome.inserted),
+                        ("updated", outcome.updated),
+                        ("deleted", outcome.deleted),
+                    ):
+                        self.changes.labels(self.sink, identifier, change).inc(count)
+                    self.delete_files.labels(self.sink, identifier).inc(outcome.delete_files)
             elif outcome.outcome in ("failed", "table-missing"):
                 self.failures.labels(self.sink, identifier).inc()
         keeping = {t for t, c in result.tables.items() if c.outcome in _VTTS_KEEPING}

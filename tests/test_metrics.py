@@ -60,6 +60,22 @@ def test_a_failing_table_keeps_its_vtts_while_the_others_follow_the_sink() -> No
     assert value(metrics, "fanout_sink_commit_round_failures_total") == 1
 
 
+def test_a_change_table_counts_inserted_updated_and_deleted_rows() -> None:
+    metrics = SinkMetrics("s", 30.0)
+    change = TableCommit(
+        "c.k", "committed", files=2, rows=9, inserted=4, updated=5, deleted=2, delete_files=1
+    )
+    metrics.round_done(round_of(None, change, TableCommit("a.x", "committed", files=1, rows=3)), [])
+    metrics.round_done(round_of(None, TableCommit("c.k", "committed", files=1, rows=1, updated=1)), [])
+    assert value(metrics, "fanout_sink_rows_changed_total", table="c.k", change="inserted") == 4
+    assert value(metrics, "fanout_sink_rows_changed_total", table="c.k", change="updated") == 6
+    assert value(metrics, "fanout_sink_rows_changed_total", table="c.k", change="deleted") == 2
+    assert value(metrics, "fanout_sink_delete_files_committed_total", table="c.k") == 1
+    assert value(metrics, "fanout_sink_rows_changed_total", table="a.x", change="inserted") is None, (
+        "an append"
+    )
+
+
 def test_batches_count_records_and_dead_letters_per_source_topic() -> None:
     metrics = SinkMetrics("s", 30.0)
     metrics.batch_done(

@@ -49,11 +49,13 @@ class BatchSummary:
         return dict(sorted(total.items()))
 
     def describe(self, batch_id: int, seconds: float) -> str:
+        deleted = self._per_table("deleted_keys")  # change tables only
         return (
             f"batch {batch_id}: {self._total('records_in')} records in, "
             f"{self._total('skipped_delivered')} already delivered, {self._total('dead_lettered')} "
             f"dead-lettered, {self._total('filtered')} filtered, rows {json.dumps(self._per_table('rows'))}, "
-            f"files {json.dumps(self._per_table('files'))} ({seconds:.1f}s, {len(self.reports)} slices, "
+            + (f"deleted keys {json.dumps(deleted)}, " if deleted else "")
+            + f"files {json.dumps(self._per_table('files'))} ({seconds:.1f}s, {len(self.reports)} slices, "
             f"peak worker RSS {max((r.peak_rss_mb for r in self.reports), default=0)} MB), "
             f"{self._total('records_in') / max(seconds, 1e-3):.0f} records/s"
         )
