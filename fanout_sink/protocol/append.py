@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriter
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
@@ -38,21 +38,26 @@ class SpecPreservingAppend(_FastAppendFiles):
         return dict(sorted(by_spec.items()))
 
     def _manifests(self) -> list[ManifestFile]:
-        added = []
-        for spec_id, files in self._by_spec().items():
-            with self.new_manifest_writer(self.spec(spec_id)) as writer:
-                for data_file in files:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=data_file,
-                        )
-                    )
-            added.append(writer.to_manifest_file())
+        added = [
+            self._added_manifest(self.new_manifest_writer(self.spec(spec_id)), files)
+            for spec_id, files in self._by_spec().items()
+        ]
         return self._process_manifests(added + self._existing_manifests())
+
+    def _added_manifest(self, writer: ManifestWriter, files: list[DataFile]) -> ManifestFile:
+        """``files`` as ADDED entries of this snapshot (sequence numbers inherited at commit)."""
+        with writer:
+            for data_file in files:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=self._snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=data_file,
+                    )
+                )
+        return writer.to_manifest_file()
 
     def _collect(self, collector: SnapshotSummaryCollector, schema: Schema) -> None:
         """Count every added file into the summary, each under its own spec."""

@@ -58,13 +58,22 @@ def write_key_file(table: Table, keys: pa.Table) -> ev.KeyFile:
     control topic's messages stay small. The file is never part of the table; once the round that
     resolved it is committed, orphan cleanup takes it like any unreferenced file.
     """
+    path, size = write_parquet(table, keys, f"deleted-keys-{uuid.uuid4()}.parquet")
+    return ev.KeyFile(file_path=path, record_count=keys.num_rows, file_size_in_bytes=size)
+
+
+def write_parquet(table: Table, rows: pa.Table, name: str) -> tuple[str, int]:
+    """``rows`` as one new Parquet file ``name`` under the table's data location: (path, size).
+
+    Written whole from memory and never overwriting, so a name clash fails instead of replacing a
+    file some snapshot may reference."""
     buffer = pa.BufferOutputStream()
-    pq.write_table(keys, buffer)
+    pq.write_table(rows, buffer)
     data = buffer.getvalue().to_pybytes()
-    path = table.location_provider().new_data_location(f"deleted-keys-{uuid.uuid4()}.parquet")
+    path = table.location_provider().new_data_location(name)
     with table.io.new_output(path).create(overwrite=False) as stream:
         stream.write(data)
-    return ev.KeyFile(file_path=path, record_count=keys.num_rows, file_size_in_bytes=len(data))
+    return path, len(data)
 
 
 def read_key_files(table: Table, key: Sequence[str], files: Sequence[ev.KeyFile]) -> pa.Table:
