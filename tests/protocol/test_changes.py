@@ -16,6 +16,7 @@ from typing import Any
 from support.common import produce_json
 from support.sink_factory import SinkFactory, SinkUnderTest
 
+from fanout_sink import faults
 from fanout_sink.protocol import table_state
 from fanout_sink.transform.processor import build_processor
 
@@ -146,3 +147,43 @@ def test_coordinator_killed_after_resolving_and_between_two_change_tables(sink_f
     assert json.loads(sink.run_child("coordinator")) == {"sink.a": "already-committed", "sink.b": "committed"}
     _assert_model(sink, model)
     assert len(sink.catalog.load_table("sink.a").snapshots()) == 2
+
+
+def test_a_compaction_between_resolution_and_commit_makes_the_round_resolve_again(
+    sink_factory: SinkFactory,
+) -> None:
+    """A rewrite of every data file lands after the deletes were resolved against the old files: the
+    commit conflicts, the retry resolves against the rewritten files, and no deleted or replaced row
+    comes back."""
+    sink = _sink(sink_factory, partitions=1)
+    process = build_processor(sink.config, sink.catalog)
+    coordinator = sink.coordinator()
+    model: Model = {"a": {}}
+    _produce(sink, model, [("a", k, k) for k in range(10)])
+    sink.batch(process=process)
+    sink.batch(process=process)
+    coordinator.commit_round()
+    _produce(sink, model, [("a", k, k) for k in range(10, 20)])
+    sink.batch(process=process)
+    coordinator.commit_round()  # two data files now
+    before = len(sink.catalog.load_table("sink.a").inspect.data_files())
+
+    _produce(sink, model, [("a", 3, None), ("a", 12, 1200), ("a", 25, 2500)])
+    sink.batch(process=process)
+    compacted: list[int] = []
+
+    def compact(table: str, **_: object) -> None:
+        if compacted or table != "sink.a":
+            return
+        live = sink.catalog.load_table("sink.a")
+        live.overwrite(live.scan().to_arrow())  # every row rewritten into a new file, same content
+        compacted.append(len(live.inspect.data_files()))
+
+    with faults.register("coordinator.after-resolve", compact):
+        result = coordinator.commit_round()
+    assert compacted == [1] and before == 2, "the rewrite replaced both files by one"
+    outcome = result.tables["sink.a"]
+    assert (outcome.outcome, outcome.attempts) == ("committed", 2)
+    assert (outcome.inserted, outcome.updated, outcome.deleted) == (1, 1, 1)
+    _assert_model(sink, model)
+    coordinator.close()
