@@ -26,6 +26,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
+from support.row_deltas import commit_round, staged
 
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import datafiles, row_delta
@@ -97,17 +98,7 @@ def _change(
 def _commit(
     table: Table, changes: Sequence[row_delta.ChangeSet], key: Sequence[str] = KEY
 ) -> row_delta.Resolution:
-    """Resolve and commit as the coordinator does: data and deletes in one snapshot."""
-    resolution = row_delta.resolve(table, key, changes)
-    txn = table.transaction()
-    with row_delta.RowDelta(txn, table.io, {"test.round": "x"}) as delta:
-        for change in changes:
-            for data_file in change.data_files:
-                delta.append_data_file(data_file)
-        for delete_file in resolution.delete_files:
-            delta.add_delete_file(delete_file)
-    txn.commit_transaction()
-    return resolution
+    return commit_round(table, key, changes, {"test.round": "x"})
 
 
 def _state(table: Table) -> dict[int, Row]:
@@ -298,15 +289,8 @@ def test_a_commit_in_between_fails_the_row_delta_and_resolving_again_gives_the_r
     compacted.overwrite(live)
 
     # PyIceberg's own retry (on by default in this transaction) must not rebase the resolved deletes.
-    txn = stale.transaction()
-    with row_delta.RowDelta(txn, stale.io, {}) as delta:
-        for change in changes:
-            for data_file in change.data_files:
-                delta.append_data_file(data_file)
-        for delete_file in resolution.delete_files:
-            delta.add_delete_file(delete_file)
     with pytest.raises(CommitFailedException):
-        txn.commit_transaction()
+        staged(stale, changes, resolution).commit_transaction()
     assert _state(compacted) == {1: ("eu", 1), 2: ("eu", 2), 3: ("eu", 3), 5: ("eu", 5)}
 
     reloaded = lake.load_table("ns.t")

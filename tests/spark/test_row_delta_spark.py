@@ -16,6 +16,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
+from support.row_deltas import commit_round
 
 from fanout_sink.protocol import datafiles, row_delta
 
@@ -45,16 +46,7 @@ def _round(catalog: Catalog, model: Model, *changes: tuple[Model, list[int]]) ->
     """One coordinator round on the freshly loaded table: resolve, then data + deletes in one snapshot."""
     table = catalog.load_table("ns.t")
     sets = [_change(table, model, upserts, deletes) for upserts, deletes in changes]
-    resolution = row_delta.resolve(table, ["id"], sets)
-    txn = table.transaction()
-    with row_delta.RowDelta(txn, table.io, {}) as delta:
-        for change in sets:
-            for data_file in change.data_files:
-                delta.append_data_file(data_file)
-        for delete_file in resolution.delete_files:
-            delta.add_delete_file(delete_file)
-    txn.commit_transaction()
-    return resolution
+    return commit_round(table, ["id"], sets)
 
 
 def _both(

@@ -12,6 +12,7 @@ commit seconds, files read, delete files and position deletes written, then the 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField, StringType
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.row_deltas import staged
 
 from fanout_sink.protocol import datafiles, row_delta
 
@@ -49,14 +53,7 @@ def _commit(table: Table, changes: list[row_delta.ChangeSet]) -> tuple[row_delta
     started = time.perf_counter()
     resolution = row_delta.resolve(table, ["id"], changes)
     resolved = time.perf_counter()
-    txn = table.transaction()
-    with row_delta.RowDelta(txn, table.io, {}) as delta:
-        for change in changes:
-            for data_file in change.data_files:
-                delta.append_data_file(data_file)
-        for delete_file in resolution.delete_files:
-            delta.add_delete_file(delete_file)
-    txn.commit_transaction()
+    staged(table, changes, resolution).commit_transaction()
     return resolution, resolved - started, time.perf_counter() - resolved
 
 
