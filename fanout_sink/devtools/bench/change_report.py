@@ -51,16 +51,17 @@ def _files(cost: dict[str, Any]) -> str:
 
 def _table(systems: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| system | change events/s | CPU s per 1M | peak RSS tree MB | data / delete files (position "
-        "deletes) after the stream | after maintenance | PyIceberg full scan s before → after | "
+        "| system | change events/s | CPU s per 1M | peak RSS tree MB | snapshots | data / delete files "
+        "(position deletes) after the stream | after maintenance | PyIceberg full scan s before → after | "
         "Spark SQL count s before → after | maintenance s | key mismatches before / after maintenance |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for s in systems:
         before, after = s["before"], s["after"]
         lines.append(
             f"| {s['system']} | {s['events_per_s']:,.0f} | {s['cpu_s_per_million']:,.1f} | "
-            f"{s['peak_rss_mb']:,.0f} | {_files(before)} | {_files(after)} | "
+            f"{s['peak_rss_mb']:,.0f} | {before['files']['snapshots']} | {_files(before)} | "
+            f"{_files(after)} | "
             f"{before['pyiceberg_scan_s']:.3f} → {after['pyiceberg_scan_s']:.3f} | "
             f"{before['spark_count_s']:.3f} → {after['spark_count_s']:.3f} | {s['maintenance_s']:.1f} | "
             f"{_mismatches(s['check'])} / {_mismatches(s['after_check'])} |"
@@ -128,7 +129,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"(plain JSON, PostgreSQL connector shape, 8 columns incl. a `timestamptz` and a decimal amount): "
         + ", ".join(f"{ops[op]:,} `{op}`" for op in ("u", "c", "d"))
         + f" (seed {plan['seed']}; drawn {plan['updates']:.0%} updates / {plan['inserts']:.0%} inserts / "
-        f"{plan['deletes']:.0%} deletes; a change to a deleted key is captured as a re-insert). Keyed by "
+        f"{plan['deletes']:.0%} deletes; a draw on a key deleted by then is drawn again, what is left "
+        "becomes a re-insert). Keyed by "
         f"id on one topic with 2 partitions, produced once ({data['produce_s']:.1f} s); each system reads "
         "it all with an available-now trigger into a fresh SQLite catalog.",
         "",

@@ -96,6 +96,8 @@ class TableFiles:
     data_files: int
     delete_files: int
     position_deletes: int
+    snapshots: int
+    """All the table's snapshots (one per commit until maintenance expires some)."""
 
     @classmethod
     def of(cls, table: Any) -> TableFiles:
@@ -104,6 +106,7 @@ class TableFiles:
             data_files=table.inspect.data_files().num_rows,
             delete_files=deletes.num_rows,
             position_deletes=int(pc.sum(deletes["record_count"]).as_py() or 0) if deletes.num_rows else 0,
+            snapshots=len(table.snapshots()),
         )
 
 

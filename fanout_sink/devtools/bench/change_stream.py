@@ -3,10 +3,11 @@
 A source table ``crm.customers`` of ``keys`` rows (ids 1..K) exists before the stream; both systems
 start from it, loaded into their table (:func:`initial_rows`). Then ``events`` changes follow: by
 default 70% updates of a key that exists at that point, 20% inserts of new keys (K+1, K+2, ...), 10%
-deletes. A key is drawn for an update or delete uniformly among the ids inserted so far, so it may
-already be deleted; the stream stays what Debezium would capture (``before`` is always the row as
-it was): a change to a deleted key becomes an insert of that id again (op ``c``), and the final
-shares are reported (:attr:`ChangeStream.ops`), not assumed.
+deletes. A key is drawn for an update or delete uniformly among the ids inserted so far; a draw
+that hit a key deleted by then is drawn again (a few rounds). The stream stays what Debezium would
+capture (``before`` is always the row as it was): a change left on a deleted key becomes an insert
+of that id again (op ``c``), and the final shares are reported (:attr:`ChangeStream.ops`), not
+assumed.
 
 Everything is generated column-wise (numpy draws, Arrow string joins): the JSON of 2M envelopes is
 built without a Python object per record. The envelopes are Debezium's plain JSON (the converter's
@@ -53,6 +54,7 @@ _FIRST = ["Ada", "Ben", "Chloe", "Dmitri", "Emma", "Farid", "Grace", "Hiro", "In
 _LAST = ["Nakamura", "Okafor", "Petrov", "Quinn", "Rossi", "Schmidt", "Tanaka", "Usman", "Vargas", "Weber"]
 _COUNTRIES = ["DE", "FR", "NL", "PL", "SE", "ES", "IT", "US", "GB", "JP"]
 _STATUSES = ["active", "pending", "suspended", "vip"]
+_REDRAWS = 8
 _BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the first change; the initial rows are older
 _SOURCE = '"source":{"version":"2.7.3.Final","connector":"postgresql","name":"dbserver1","ts_ms":'
 
@@ -207,10 +209,17 @@ def generate(plan: ChangePlan) -> ChangeStream:
     inserted_before = np.cumsum(inserting) - inserting
     key = np.empty(n, dtype=np.int64)
     key[inserting] = k + 1 + np.arange(int(inserting.sum()))
-    others = ~inserting
-    # Uniform among the ids that exist at that point: 1..K and the new ids inserted before.
-    key[others] = 1 + np.floor(rng.random(int(others.sum())) * (k + inserted_before[others])).astype(np.int64)
-    op, previous_event = _relabel(key, drawn)
+    # Uniform among the ids that exist at that point: 1..K and the new ids inserted before. A draw
+    # that hit a key deleted by then is drawn again, a few rounds, so the shares stay near the plan's.
+    stray = ~inserting
+    for _ in range(_REDRAWS):
+        key[stray] = 1 + np.floor(rng.random(int(stray.sum())) * (k + inserted_before[stray])).astype(
+            np.int64
+        )
+        op, previous_event = _relabel(key, drawn)
+        stray = op != drawn
+        if not stray.any():
+            break
 
     ids = np.concatenate([np.arange(1, k + 1, dtype=np.int64), key])
     updated_ms = np.concatenate([_BASE_MS - 1000 * np.arange(k, 0, -1), _BASE_MS + 5 * np.arange(n)])
