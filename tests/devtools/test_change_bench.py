@@ -19,7 +19,7 @@ import pytest
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.bench import change_report, changes
-from fanout_sink.devtools.bench.change_state import check_state
+from fanout_sink.devtools.bench.change_state import ReadCost, Replica, StateCheck, TableFiles, check_state
 from fanout_sink.devtools.bench.change_stream import (
     KEY,
     TABLE,
@@ -28,6 +28,7 @@ from fanout_sink.devtools.bench.change_stream import (
     create_table,
     generate,
 )
+from fanout_sink.devtools.bench.proctree import ChildRun
 from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform.processor import build_processor
 
@@ -129,51 +130,53 @@ def test_the_key_by_key_check_counts_every_kind_of_mismatch(stream: ChangeStream
     assert f"id {changed[KEY]}: amount" in text
 
 
-def _system(name: str, events_per_s: float, mismatches: int) -> dict[str, Any]:
-    check = {"rows": 10, "expected": 10, "missing": mismatches, "extra": 0, "duplicated": 0, "differing": 0}
-    check |= {"mismatches": mismatches, "examples": ["id 7: missing"] if mismatches else []}
-    files = {"data_files": 3, "delete_files": 2, "position_deletes": 40, "snapshots": 4}
-    cost = {"files": files, "pyiceberg_scan_s": 0.2, "spark_count_s": 0.5, "spark_rows": 10}
-    after = {**cost, "files": {**files, "delete_files": 0, "position_deletes": 0}, "pyiceberg_scan_s": 0.15}
-    return {
-        "system": name,
-        "events_per_s": events_per_s,
-        "cpu_s_per_million": 100.0,
-        "peak_rss_mb": 900.0,
-        "check": check,
-        "after_check": check,
-        "before": cost,
-        "after": after,
-        "maintenance_s": 3.0,
-    }
+EVENTS = 20
+
+
+def _system(name: str, wall_s: list[float], mismatches: int = 0, earlier: int = 0) -> dict[str, Any]:
+    """A system's JSON as the benchmark writes it: rounds of ``wall_s``, ``mismatches`` missing keys
+    in its last table, ``earlier`` in its first round's."""
+
+    def check(missing: int) -> StateCheck:
+        return StateCheck(10 - missing, 10, missing, 0, 0, 0, ["id 7: missing"] if missing else [])
+
+    def cost(delete_files: int, scan_s: float, spark_rows: int = 10) -> ReadCost:
+        return ReadCost(TableFiles(3, delete_files, 20 * delete_files, 4), scan_s, 0.5, spark_rows)
+
+    runs = [ChildRun(w, 2.0, 900.0, 0.0, 0, "") for w in wall_s]
+    replica = Replica(check(mismatches), cost(2, 0.2), 3.0, cost(0, 0.15), check(mismatches))
+    earlier_checks = [check(earlier)] + [check(0)] * (len(wall_s) - 2)
+    return change_report.SystemResult(name, runs, replica, earlier_checks).to_json(EVENTS)
 
 
 def _data(systems: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "command": "python -m fanout_sink.devtools.bench.changes --keys 10",
-        "plan": {"keys": 10, "events": 20, "updates": 0.7, "inserts": 0.2, "deletes": 0.1, "seed": 1},
+        "plan": {"keys": 10, "events": EVENTS, "updates": 0.7, "inserts": 0.2, "deletes": 0.1, "seed": 1},
         "ops": {"u": 14, "c": 4, "d": 2},
         "produce_s": 0.1,
         "repeat": 3,
+        "rounds": 3,
         "systems": systems,
     }
 
 
+PEER = "Spark foreachBatch + MERGE INTO"
+
+
 def test_the_report_gives_verdicts_only_on_tables_that_match_the_model() -> None:
-    good = change_report.markdown(
-        _data([_system("Spark foreachBatch + MERGE INTO", 1000, 0), _system(change_report.OURS, 2500, 0)])
-    )
+    peer = _system(PEER, [0.02, 0.01, 0.04])
+    good = change_report.markdown(_data([peer, _system(change_report.OURS, [0.008] * 3)]))
     assert "| change events/s >= 2x Spark foreachBatch + MERGE INTO | 2.50x | met |" in good
+    assert f"| {PEER} | 1,000 (500-2,000) | 100,000.0 | 900 | 4 | 3 / 2 (40) | 3 / 0 (0) |" in good
     assert "| PyIceberg full scan before maintenance <= 2x after | 0.200 s vs 0.150 s (1.33x) | met |" in good
-    bad = change_report.markdown(
-        _data([_system("Spark foreachBatch + MERGE INTO", 1000, 0), _system(change_report.OURS, 2500, 3)])
-    )
-    assert "| change events/s >= 2x the peer |  | not measured |" in bad
-    assert "| 900 | 4 | 3 / 2 (40) | 3 / 0 (0) |" in good
-    assert "**3** (3 missing)" in bad and "  - id 7: missing" in bad
-    miscounted = _system(change_report.OURS, 2500, 0)
+    not_measured = "| change events/s >= 2x the peer |  | not measured |"
+    last_bad = change_report.markdown(_data([peer, _system(change_report.OURS, [0.008] * 3, mismatches=3)]))
+    assert not_measured in last_bad
+    assert "**3** (3 missing)" in last_bad and "  - id 7: missing" in last_bad
+    earlier_bad = change_report.markdown(_data([peer, _system(change_report.OURS, [0.008] * 3, earlier=2)]))
+    assert not_measured in earlier_bad and "round 1 after the stream: mismatches **2**" in earlier_bad
+    miscounted = _system(change_report.OURS, [0.008] * 3)
     miscounted["after"]["spark_rows"] = 11
-    odd = change_report.markdown(_data([_system("Spark foreachBatch + MERGE INTO", 1000, 0), miscounted]))
-    assert (
-        "| change events/s >= 2x the peer |  | not measured |" in odd and "**11** counted by Spark SQL" in odd
-    )
+    odd = change_report.markdown(_data([peer, miscounted]))
+    assert not_measured in odd and "**11** counted by Spark SQL" in odd

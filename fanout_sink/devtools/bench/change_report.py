@@ -8,10 +8,11 @@ is called met on its figures.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from fanout_sink.devtools.bench.change_state import Replica
+from fanout_sink.devtools.bench.change_state import Replica, StateCheck
 from fanout_sink.devtools.bench.proctree import ChildRun
 
 OURS = "fanout_sink available-now"
@@ -19,20 +20,36 @@ OURS = "fanout_sink available-now"
 
 @dataclass(frozen=True)
 class SystemResult:
-    """One system's run over the stream and its replica afterwards."""
+    """One system's rounds over the stream, its last table measured, the earlier ones checked."""
 
     system: str
-    run: ChildRun
+    runs: list[ChildRun]
     replica: Replica
+    earlier: list[StateCheck]
+    """The key-by-key check of every round's table but the last (that one is in ``replica``)."""
+
+    @property
+    def mismatches(self) -> int:
+        checks = [*self.earlier, self.replica.check, self.replica.after_check]
+        return sum(check.mismatches for check in checks)
 
     def to_json(self, events: int) -> dict[str, Any]:
+        rates = [events / run.wall_s for run in self.runs]
         return {
             "system": self.system,
-            "wall_s": round(self.run.wall_s, 3),
-            "cpu_s": round(self.run.cpu_s, 3),
-            "peak_rss_mb": round(self.run.peak_rss_mb, 1),
-            "events_per_s": round(events / self.run.wall_s, 1),
-            "cpu_s_per_million": round(self.run.cpu_s * 1e6 / events, 2),
+            "rounds": [
+                {
+                    "wall_s": round(r.wall_s, 3),
+                    "cpu_s": round(r.cpu_s, 3),
+                    "peak_rss_mb": round(r.peak_rss_mb, 1),
+                }
+                for r in self.runs
+            ],
+            "events_per_s": round(statistics.median(rates), 1),
+            "events_per_s_range": [round(min(rates), 1), round(max(rates), 1)],
+            "cpu_s_per_million": round(statistics.median(r.cpu_s * 1e6 / events for r in self.runs), 2),
+            "peak_rss_mb": round(statistics.median(r.peak_rss_mb for r in self.runs), 1),
+            "earlier_mismatches": [check.mismatches for check in self.earlier],
             **self.replica.to_json(),
         }
 
@@ -42,6 +59,12 @@ def _mismatches(check: dict[str, Any]) -> str:
         return "0"
     parts = [f"{check[k]:,} {k}" for k in ("missing", "extra", "duplicated", "differing") if check[k]]
     return f"**{check['mismatches']:,}** ({', '.join(parts)})"
+
+
+def _rate(s: dict[str, Any]) -> str:
+    low, high = s["events_per_s_range"]
+    median = f"{s['events_per_s']:,.0f}"
+    return median if len(s["rounds"]) < 2 else f"{median} ({low:,.0f}-{high:,.0f})"
 
 
 def _files(cost: dict[str, Any]) -> str:
@@ -59,7 +82,7 @@ def _table(systems: list[dict[str, Any]]) -> list[str]:
     for s in systems:
         before, after = s["before"], s["after"]
         lines.append(
-            f"| {s['system']} | {s['events_per_s']:,.0f} | {s['cpu_s_per_million']:,.1f} | "
+            f"| {s['system']} | {_rate(s)} | {s['cpu_s_per_million']:,.1f} | "
             f"{s['peak_rss_mb']:,.0f} | {before['files']['snapshots']} | {_files(before)} | "
             f"{_files(after)} | "
             f"{before['pyiceberg_scan_s']:.3f} → {after['pyiceberg_scan_s']:.3f} | "
@@ -82,9 +105,13 @@ def targets(systems: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {target} | {measured or ''} | {verdict} |")
 
     def correct(s: dict[str, Any] | None) -> bool:
-        return s is not None and all(
-            s[check]["mismatches"] == 0 and s[cost]["spark_rows"] == s[check]["expected"]
-            for check, cost in (("check", "before"), ("after_check", "after"))
+        return (
+            s is not None
+            and not any(s["earlier_mismatches"])
+            and all(
+                s[check]["mismatches"] == 0 and s[cost]["spark_rows"] == s[check]["expected"]
+                for check, cost in (("check", "before"), ("after_check", "after"))
+            )
         )
 
     if ours and peer and correct(ours) and correct(peer):
@@ -134,17 +161,22 @@ def markdown(data: dict[str, Any]) -> str:
         f"id on one topic with 2 partitions, produced once ({data['produce_s']:.1f} s); each system reads "
         "it all with an available-now trigger into a fresh SQLite catalog.",
         "",
-        "change events/s is wall time, Spark start-up included; CPU and RSS cover the whole process tree "
-        "(JVM, Python workers). Files are the current snapshot's. Scan times are medians of "
+        f"{data['rounds']} rounds per system, the order rotated per round; change events/s is the median "
+        "(min-max) of their wall times, Spark start-up included, and the last round's table is measured; "
+        "CPU (median per 1M changes) and peak RSS (median) cover the whole process tree (JVM, Python "
+        "workers). Files are the current snapshot's. Scan times are medians of "
         f"{data['repeat']} runs of a PyIceberg `scan().to_arrow()` and a Spark SQL `count(*)`. Maintenance: "
         "`rewrite_data_files` with `delete-file-threshold=1` and `remove-dangling-deletes`, then "
-        "`rewrite_position_delete_files` with `rewrite-all`. Every "
-        "table is compared key by key with the model (the stream replayed), before and after maintenance.",
+        "`rewrite_position_delete_files` with `rewrite-all`. Every round's table is compared key by key "
+        "with the model (the stream replayed), the last one again after maintenance.",
         "",
         *_table(systems),
     ]
     lines += ["", "## Targets (issue 23)", "", *targets(systems), "", "## Key by key", ""]
     for s in systems:
+        for n, mismatches in enumerate(s["earlier_mismatches"]):
+            shown = f"**{mismatches:,}**" if mismatches else "0"
+            lines.append(f"- {s['system']}, round {n + 1} after the stream: mismatches {shown}")
         for moment, check, cost in (
             ("after the stream", s["check"], s["before"]),
             ("after maintenance", s["after_check"], s["after"]),
@@ -153,8 +185,9 @@ def markdown(data: dict[str, Any]) -> str:
             if cost["spark_rows"] != check["expected"]:
                 spark_rows = f"**{spark_rows}**"
             head = (
-                f"- {s['system']}, {moment}: {check['rows']:,} rows through PyIceberg, {spark_rows} counted "
-                f"by Spark SQL, model {check['expected']:,}; mismatches {_mismatches(check)}"
+                f"- {s['system']}, round {len(s['rounds'])} {moment}: {check['rows']:,} rows through "
+                f"PyIceberg, {spark_rows} counted by Spark SQL, model {check['expected']:,}; "
+                f"mismatches {_mismatches(check)}"
             )
             lines.append(head)
             lines += [f"  - {example}" for example in check["examples"]]

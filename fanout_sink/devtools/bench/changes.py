@@ -28,16 +28,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import yaml
 
 from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
 from fanout_sink.devtools.bench import change_report, merge_peer, ours
-from fanout_sink.devtools.bench.change_state import examine
+from fanout_sink.devtools.bench.change_state import ReadCost, StateCheck, check_state, examine
 from fanout_sink.devtools.bench.change_stream import (
     KEY,
     SOURCE_TABLE,
     TABLE,
     ChangePlan,
+    ChangeStream,
     create_table,
     generate,
 )
@@ -122,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cores", type=int, default=2, help="local[N] for every Spark")
     parser.add_argument("--commit-interval", type=float, default=10.0, help="the sink's, in seconds")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=400_000)
+    parser.add_argument("--rounds", type=int, default=3, help="runs per system, order rotated per round")
     parser.add_argument("--repeat", type=int, default=3, help="runs per timed read; the median is kept")
     parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"), help="changes.json and .md")
@@ -156,35 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         produce_s = produce_chunks(bootstrap, topic, stream.batches())
         print(f"produced to {topic} in {produce_s:.1f} s", flush=True)
-        runs: list[tuple[str, SystemInput, ChildRun]] = []
-        for key in keys:
-            system, start = SYSTEMS[key]
-            folder = work / key
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            settings = CatalogSettings(
-                name=f"cdc_{key}_{uuid.uuid4().hex[:6]}",
-                type="sql",
-                uri=f"sqlite:///{folder / 'catalog.db'}",
-                warehouse=f"file://{folder / 'warehouse'}",
-            )
-            create_table(load_catalog(settings), stream.initial)
-            run = SystemInput(
-                bootstrap,
-                topic,
-                folder,
-                settings,
-                args.cores,
-                args.commit_interval,
-                args.max_offsets_per_trigger,
-            )
-            child = start(run)
-            print(
-                f"{system}: {plan.events / child.wall_s:,.0f} change events/s, {child.cpu_s:.1f} CPU s, "
-                f"peak RSS {child.peak_rss_mb:,.0f} MB",
-                flush=True,
-            )
-            runs.append((system, run, child))
+        runs: dict[str, list[tuple[SystemInput, ChildRun]]] = {key: [] for key in keys}
+        for round_no in range(args.rounds):
+            for key in keys[round_no % len(keys) :] + keys[: round_no % len(keys)]:  # rotated per round
+                runs[key].append(_run(key, round_no, stream, args, bootstrap, topic, work))
         results = _examine(runs, stream.final, args)
     finally:
         KafkaClientFactory({"bootstrap.servers": bootstrap}).admin().delete_topics([topic])
@@ -196,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "ops": stream.ops,
         "produce_s": round(produce_s, 3),
         "repeat": args.repeat,
+        "rounds": args.rounds,
         "machine": machine_facts(),
         "load_average": round(load_before, 2),
         "systems": [r.to_json(plan.events) for r in results],
@@ -205,40 +184,87 @@ def main(argv: list[str] | None = None) -> int:
     text = change_report.markdown(data)
     (args.out / "changes.md").write_text(text)
     print(text)
-    return 1 if any(r.replica.check.mismatches or r.replica.after_check.mismatches for r in results) else 0
+    return 1 if any(r.mismatches for r in results) else 0
+
+
+def _run(
+    key: str,
+    round_no: int,
+    stream: ChangeStream,
+    args: argparse.Namespace,
+    bootstrap: str,
+    topic: str,
+    work: Path,
+) -> tuple[SystemInput, ChildRun]:
+    """One system over the whole topic, into a fresh catalog whose table holds the initial rows."""
+    system, start = SYSTEMS[key]
+    folder = work / f"r{round_no}-{key}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    settings = CatalogSettings(
+        name=f"cdc_{key}_{uuid.uuid4().hex[:6]}",
+        type="sql",
+        uri=f"sqlite:///{folder / 'catalog.db'}",
+        warehouse=f"file://{folder / 'warehouse'}",
+    )
+    create_table(load_catalog(settings), stream.initial)
+    run = SystemInput(
+        bootstrap, topic, folder, settings, args.cores, args.commit_interval, args.max_offsets_per_trigger
+    )
+    child = start(run)
+    print(
+        f"round {round_no + 1} {system}: {stream.plan.events / child.wall_s:,.0f} change events/s, "
+        f"{child.cpu_s:.1f} CPU s, peak RSS {child.peak_rss_mb:,.0f} MB",
+        flush=True,
+    )
+    return run, child
 
 
 def _examine(
-    runs: list[tuple[str, SystemInput, ChildRun]], model: Any, args: argparse.Namespace
+    runs: dict[str, list[tuple[SystemInput, ChildRun]]], model: pa.Table, args: argparse.Namespace
 ) -> list[change_report.SystemResult]:
-    """Check and measure every system's table in one Spark session (started after all runs, so it
-    never competes with a measured system); mismatches are printed as they are found."""
+    """Check every round's table key by key; measure and maintain each system's last one in one
+    Spark session (started after all runs, so it never competes with a measured system).
+    Mismatches are printed as they are found."""
     if not runs:
         return []
     from fanout_sink.spark.session import build_spark_session
 
-    spark = build_spark_session(runs[0][1].settings, master=f"local[{args.cores}]", app_name="changes-bench")
+    first = next(iter(runs.values()))[0][0]
+    spark = build_spark_session(first.settings, master=f"local[{args.cores}]", app_name="changes-bench")
     try:
         results = []
-        for system, run, child in runs:
-            for key, value in spark_catalog_conf(run.settings).items():
-                spark.conf.set(key, value)
-            replica = examine(load_catalog(run.settings), spark, run.settings.name, model, args.repeat)
-            for moment, check, cost in (
-                ("after the stream", replica.check, replica.before),
-                ("after maintenance", replica.after_check, replica.after),
-            ):
-                print(
-                    f"{system}, {moment}: {check.mismatches:,} keys differ from the model ({check.rows:,} "
-                    f"rows, Spark SQL counts {cost.spark_rows:,}, model {check.expected:,})",
-                    flush=True,
-                )
-                for example in check.examples:
-                    print(f"  {example}", flush=True)
-            results.append(change_report.SystemResult(system, child, replica))
+        for key, rounds in runs.items():
+            system = SYSTEMS[key][0]
+            earlier = [
+                check_state(load_catalog(run.settings).load_table(TABLE).scan().to_arrow(), model)
+                for run, _ in rounds[:-1]
+            ]
+            for round_no, check in enumerate(earlier):
+                _print_check(f"{system}, round {round_no + 1}", check, None)
+            last = rounds[-1][0]
+            for conf_key, value in spark_catalog_conf(last.settings).items():
+                spark.conf.set(conf_key, value)
+            replica = examine(load_catalog(last.settings), spark, last.settings.name, model, args.repeat)
+            _print_check(f"{system}, round {len(rounds)}, after the stream", replica.check, replica.before)
+            _print_check(
+                f"{system}, round {len(rounds)}, after maintenance", replica.after_check, replica.after
+            )
+            results.append(change_report.SystemResult(system, [c for _, c in rounds], replica, earlier))
         return results
     finally:
         spark.stop()
+
+
+def _print_check(what: str, check: StateCheck, cost: ReadCost | None) -> None:
+    counted = f", Spark SQL counts {cost.spark_rows:,}" if cost is not None else ""
+    print(
+        f"{what}: {check.mismatches:,} keys differ from the model ({check.rows:,} rows{counted}, "
+        f"model {check.expected:,})",
+        flush=True,
+    )
+    for example in check.examples:
+        print(f"  {example}", flush=True)
 
 
 if __name__ == "__main__":
