@@ -18,8 +18,15 @@ import pytest
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.bench import change_report, changes
-from fanout_sink.devtools.bench.change_state import ReadCost, Replica, StateCheck, TableFiles, check_state
+from fanout_sink.devtools.bench import change_report, changes, merge_peer
+from fanout_sink.devtools.bench.change_state import (
+    ReadCost,
+    Replica,
+    StateCheck,
+    TableFiles,
+    check_state,
+    examine,
+)
 from fanout_sink.devtools.bench.change_stream import (
     KEY,
     TABLE,
@@ -180,3 +187,23 @@ def test_the_report_gives_verdicts_only_on_tables_that_match_the_model() -> None
     miscounted["after"]["spark_rows"] = 11
     odd = change_report.markdown(_data([peer, miscounted]))
     assert not_measured in odd and "**11** counted by Spark SQL" in odd
+
+
+def test_the_merge_peer_and_maintenance_keep_the_model_key_by_key(
+    stream: ChangeStream, spark: Any, spark_catalog: str, catalog: Any
+) -> None:
+    """The peer's micro-batch (parse, last change per key by offset, MERGE) over the stream in three
+    batches, then the benchmark's measurement and maintenance: Spark's position deletes fold away
+    and every key still matches the model."""
+    create_table(catalog, stream.initial)
+    values = stream.values.cast(pa.binary()).to_pylist()
+    third = len(values) // 3 + 1
+    for start in range(0, len(values), third):
+        rows = [(value, start + n) for n, value in enumerate(values[start : start + third])]
+        batch = spark.createDataFrame(rows, "value binary, offset long")
+        merge_peer.merge_batch(batch, f"{spark_catalog}.{TABLE}")
+    replica = examine(catalog, spark, spark_catalog, stream.final, repeat=1)
+    assert replica.check.mismatches == 0, replica.check.examples
+    assert replica.before.files.delete_files > 0 and replica.before.spark_rows == len(stream.final)
+    assert replica.after.files.delete_files == 0 and replica.after.files.data_files == 1
+    assert replica.after_check.mismatches == 0, replica.after_check.examples

@@ -43,32 +43,34 @@ def merge_statement(table: str, source: str) -> str:
     )
 
 
-def _job(args: argparse.Namespace) -> None:
+def merge_batch(batch: Any, table: str) -> None:
+    """Merge one micro-batch of the Kafka source (columns ``value`` and ``offset``) into ``table``:
+    the table's events parsed, the last change per key kept, then one MERGE."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    events = (
+        batch.select("offset", F.from_json(F.col("value").cast("string"), ENVELOPE).alias("e"))
+        .where(F.col("e.source.table") == SOURCE_TABLE)
+        .withColumn(KEY, F.coalesce(F.col("e.after.id"), F.col("e.before.id")))
+    )
+    latest = Window.partitionBy(KEY).orderBy(F.col("offset").desc())
+    last = events.withColumn("n", F.row_number().over(latest)).where(F.col("n") == 1)
+    typed = {"amount": "decimal(12,2)", "points": "int", "updated_at": "timestamp"}
+    rows = last.select(
+        F.col(KEY),
+        *[F.col(f"e.after.{c}").cast(typed.get(c, "string")).alias(c) for c in COLUMNS if c != KEY],
+        F.col("e.op").alias("op"),
+    )
+    rows.createOrReplaceTempView("changes")
+    batch.sparkSession.sql(merge_statement(table, "changes"))
+
+
+def _job(args: argparse.Namespace) -> None:
     settings = CatalogSettings.model_validate_json(args.catalog)
     spark = build_spark_session(settings, master=args.master, app_name="bench-merge-peer")
     table = f"{settings.name}.{TABLE}"
-    latest = Window.partitionBy(KEY).orderBy(F.col("offset").desc())
-    typed = {"amount": "decimal(12,2)", "points": "int", "updated_at": "timestamp"}
-
-    def merge(batch: Any, batch_id: int) -> None:
-        events = (
-            batch.select("offset", F.from_json(F.col("value").cast("string"), ENVELOPE).alias("e"))
-            .where(F.col("e.source.table") == SOURCE_TABLE)
-            .withColumn(KEY, F.coalesce(F.col("e.after.id"), F.col("e.before.id")))
-        )
-        last = events.withColumn("n", F.row_number().over(latest)).where(F.col("n") == 1)
-        rows = last.select(
-            F.col(KEY),
-            *[F.col(f"e.after.{c}").cast(typed.get(c, "string")).alias(c) for c in COLUMNS if c != KEY],
-            F.col("e.op").alias("op"),
-        )
-        rows.createOrReplaceTempView("changes")
-        batch.sparkSession.sql(merge_statement(table, "changes"))
-
-    for_each_batch_available_now(spark, args, merge)
+    for_each_batch_available_now(spark, args, lambda batch, _: merge_batch(batch, table))
     spark.stop()
 
 
