@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +27,15 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, IdentityTransform
-from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
+from pyiceberg.types import (
+    DateType,
+    DecimalType,
+    LongType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+    TimestamptzType,
+)
 from support.row_deltas import commit_round, staged
 
 from fanout_sink.errors import TableError
@@ -57,6 +67,20 @@ def _catalog(folder: Path) -> SqlCatalog:
 @pytest.fixture
 def lake(tmp_path: Path) -> SqlCatalog:
     return _catalog(tmp_path)
+
+
+@pytest.fixture
+def read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths whose key columns resolution reads, in order."""
+    paths: list[str] = []
+    original = row_delta._read_keys
+
+    def spy(io: Any, path: str, *args: Any) -> pa.Table:
+        paths.append(path)
+        return original(io, path, *args)
+
+    monkeypatch.setattr(row_delta, "_read_keys", spy)
+    return paths
 
 
 def _create(catalog: Catalog, partitioned_by: str | None = None, version: int = 2) -> Table:
@@ -299,19 +323,12 @@ def test_a_commit_in_between_fails_the_row_delta_and_resolving_again_gives_the_r
 
 
 def test_resolution_reads_only_files_whose_key_bounds_may_hold_a_key(
-    lake: SqlCatalog, monkeypatch: Any
+    lake: SqlCatalog, read: list[str]
 ) -> None:
     table = _create(lake)
     for start in (0, 100, 150, 200):
         _commit(table, [_change(table, {k: ("eu", k) for k in range(start, start + 10)})])
-    read: list[str] = []
-    original = row_delta._read_keys
-
-    def spy(io: Any, path: str, *args: Any) -> pa.Table:
-        read.append(path)
-        return original(io, path, *args)
-
-    monkeypatch.setattr(row_delta, "_read_keys", spy)
+    read.clear()
     change = _change(table, {105: ("eu", 1)}, deletes=[203])
     resolution = _commit(table, [change])
     assert _counts(resolution) == (0, 1, 1)
@@ -380,3 +397,55 @@ def test_random_change_streams_end_as_the_model_says(
                 sum(1 for k, r in final.items() if r is None and k in before),
             )
             assert _state(table) == model
+
+
+KEY_TYPES: dict[str, tuple[PrimitiveType, pa.DataType, list[Any]]] = {
+    # Strings longer than the 16 characters PyIceberg keeps in bounds: truncated lower and upper.
+    "string": (StringType(), pa.string(), [f"customer-{'x' * 20}-{i:04d}" for i in range(30)]),
+    "date": (DateType(), pa.date32(), [date(2026, 1, 1) + timedelta(days=3 * i) for i in range(30)]),
+    "timestamptz": (
+        TimestamptzType(),
+        pa.timestamp("us", "UTC"),
+        [DAY0 + timedelta(hours=7 * i) for i in range(30)],
+    ),
+    "decimal": (DecimalType(12, 2), pa.decimal128(12, 2), [Decimal(i) / 4 for i in range(30)]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KEY_TYPES))
+def test_key_bound_pruning_never_skips_a_file_holding_the_key(
+    lake: SqlCatalog, kind: str, read: list[str]
+) -> None:
+    iceberg_type, arrow_type, keys = KEY_TYPES[kind]
+    schema = Schema(
+        NestedField(1, "k", iceberg_type, required=True),
+        NestedField(2, "v", LongType(), required=False),
+        identifier_field_ids=[1],
+    )
+    table = lake.create_table("ns.k", schema=schema, properties={"format-version": "2"})
+    arrow = schema.as_arrow()
+
+    def change(values: dict[int, int], deletes: Sequence[int] = ()) -> row_delta.ChangeSet:
+        rows = pa.table(
+            {
+                "k": pa.array([keys[i] for i in values], arrow_type),
+                "v": pa.array(list(values.values()), pa.int64()),
+            },
+            schema=arrow,
+        )
+        return row_delta.ChangeSet(
+            data_files=datafiles.write_data_files(table, rows) if values else [],
+            deleted_keys=pa.table({"k": pa.array([keys[i] for i in deletes], arrow_type)}),
+        )
+
+    for start in range(0, 30, 10):  # three files of ten keys each, disjoint bounds
+        commit_round(table, ["k"], [change({i: 0 for i in range(start, start + 10)})])
+    read.clear()
+    resolution = commit_round(table, ["k"], [change({0: 1, 29: 1}, deletes=[9])])
+    assert _counts(resolution) == (0, 2, 1)
+    rows = table.refresh().scan().to_arrow()
+    assert rows.num_rows == 29
+    assert sorted(rows.filter(pc.equal(rows["v"], 1))["k"].to_pylist()) == sorted([keys[0], keys[29]])
+    # The new file, and the old ones whose bounds may hold a key: the middle file (keys 10-19) is
+    # skipped by its bounds, except for strings whose 16-character bounds all read "customer-xxxxxxx".
+    assert len(read) == (4 if kind == "string" else 3)
