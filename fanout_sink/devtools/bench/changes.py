@@ -88,7 +88,14 @@ def run_ours(run: SystemInput) -> ChildRun:
     child = run_child(command, env=child_env(), log=log)
     if child.returncode != 0:
         raise child.failure(change_report.OURS, log)
+    _drop_topics(run.bootstrap, [f"{name}-control"])  # this run's only: rounds would fill the broker's disk
     return child
+
+
+def _drop_topics(bootstrap: str, topics: list[str]) -> None:
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()  # held: the futures die with it
+    for future in admin.delete_topics(topics).values():
+        future.result(timeout=30)
 
 
 def run_merge_peer(run: SystemInput) -> ChildRun:
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[key].append(_run(key, round_no, stream, args, bootstrap, topic, work))
         results = _examine(runs, stream.final, args)
     finally:
-        KafkaClientFactory({"bootstrap.servers": bootstrap}).admin().delete_topics([topic])
+        _drop_topics(bootstrap, [topic])
         if args.work_dir is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     data = {
