@@ -43,7 +43,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector
 from pyiceberg.types import NestedField, PrimitiveType
 
@@ -177,6 +177,24 @@ def _may_hold(data_file: DataFile, wanted: pa.Table, fields: list[NestedField]) 
     return inside is None or bool(pc.any(inside).as_py())
 
 
+def _plan(table: Table, wanted: pa.Table, fields: list[NestedField]) -> list[FileScanTask]:
+    """The current snapshot's data files the wanted keys may be in, with their delete files."""
+    try:
+        return list(table.scan(row_filter=_key_range(wanted, fields)).plan_files())
+    except ValueError as exc:
+        if "equality deletes" not in str(exc):
+            raise
+        name = ".".join(table.name())
+        raise TableError(
+            f"table {name} has equality-delete files (another writer wrote them: Flink, or a Kafka "
+            "Connect sink in upsert mode); PyIceberg 0.12 cannot read them, so the keys the changes "
+            "replace cannot be found.\n  fix: fold them into the data files with Spark: CALL "
+            f"<catalog>.system.rewrite_data_files(table => '{name}', options => "
+            "map('delete-file-threshold', '1', 'remove-dangling-deletes', 'true')); and let only this "
+            "sink write the table's changes"
+        ) from exc
+
+
 def _live_rows(
     table: Table, wanted: pa.Table, fields: list[NestedField], types: pa.Schema, files: list[DataFile]
 ) -> pa.Table:
@@ -188,7 +206,7 @@ def _live_rows(
         return empty
     found: list[pa.Table] = []
     delete_paths: set[str] = set()
-    for task in table.scan(row_filter=_key_range(wanted, fields)).plan_files():
+    for task in _plan(table, wanted, fields):
         if not _may_hold(task.file, wanted, fields):
             continue
         keys = _read_keys(table.io, task.file.file_path, fields, types, len(files))

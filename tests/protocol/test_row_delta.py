@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import DataFileContent, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, IdentityTransform
+from pyiceberg.typedef import Record
 from pyiceberg.types import (
     DateType,
     DecimalType,
@@ -449,3 +450,25 @@ def test_key_bound_pruning_never_skips_a_file_holding_the_key(
     # The new file, and the old ones whose bounds may hold a key: the middle file (keys 10-19) is
     # skipped by its bounds, except for strings whose 16-character bounds all read "customer-xxxxxxx".
     assert len(read) == (4 if kind == "string" else 3)
+
+
+def test_a_table_with_equality_deletes_is_refused_with_how_to_fold_them(lake: SqlCatalog) -> None:
+    table = _create(lake)
+    _commit(table, [_change(table, {1: ("eu", 1)})])
+    # Another engine's equality-delete file (RowDelta itself only takes position deletes).
+    equality = DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES,
+        file_path=f"{table.location()}/data/foreign-eq-deletes.parquet",
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        record_count=1,
+        file_size_in_bytes=1,
+        equality_ids=[1],
+    )
+    equality.spec_id = 0
+    txn = table.transaction()
+    with row_delta.RowDelta(txn, table.io, {}) as delta:
+        delta._added_delete_files.append(equality)
+    txn.commit_transaction()
+    with pytest.raises(TableError, match=r"(?s)equality-delete files.*rewrite_data_files"):
+        row_delta.resolve(table, KEY, [_change(table, {1: ("eu", 2)})])
