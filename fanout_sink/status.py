@@ -46,6 +46,9 @@ class TableStatus:
     data_files: int
     data_bytes: int
     average_file_bytes: int | None
+    delete_files: int
+    """Position-delete files of the current snapshot (change tables); maintenance folds them."""
+    position_deletes: int
     snapshots: int
     last_maintenance_ms: int | None
     """When ``fanout-sink maintain`` last finished on the table; ``None``: never."""
@@ -99,6 +102,8 @@ def table_states(catalog: Catalog, sink: str, now_ms: int) -> list[TableStatus]:
                 data_files=stats.files,
                 data_bytes=stats.bytes,
                 average_file_bytes=stats.average_bytes,
+                delete_files=stats.delete_files,
+                position_deletes=stats.position_deletes,
                 snapshots=len(listed.table.metadata.snapshots),
                 last_maintenance_ms=int(last_run) if last_run is not None else None,
             )
@@ -108,11 +113,14 @@ def table_states(catalog: Catalog, sink: str, now_ms: int) -> list[TableStatus]:
 
 @dataclass(frozen=True)
 class DataFileStats:
-    """The data files of a table's current snapshot: how many, their bytes, their rows."""
+    """The data files of a table's current snapshot: how many, their bytes, their rows; and its
+    position-delete files with the rows they delete."""
 
     files: int
     bytes: int
     records: int
+    delete_files: int = 0
+    position_deletes: int = 0
 
     @property
     def average_bytes(self) -> int | None:
@@ -121,9 +129,10 @@ class DataFileStats:
 
 def data_file_stats(table: Table) -> DataFileStats:
     """From the current snapshot's summary (``total-data-files``, ``total-files-size``,
-    ``total-records``), which every Iceberg writer keeps: reading it costs nothing, while listing the
-    files means reading every manifest, hundreds per table before compaction. A summary without
-    the totals (a writer that omits them) falls back to that listing.
+    ``total-records``, ``total-delete-files``, ``total-position-deletes``), which every Iceberg writer
+    keeps: reading it costs nothing, while listing the files means reading every manifest, hundreds
+    per table before compaction. A summary without the totals (a writer that omits them) falls back
+    to that listing.
     """
     snapshot = table.current_snapshot()
     if snapshot is None:
@@ -134,12 +143,19 @@ def data_file_stats(table: Table) -> DataFileStats:
     ]
     if all(value is not None for value in totals):
         files, size, records = (int(value) for value in totals if value is not None)
-        return DataFileStats(files, size, records)
+        # Writers that write deletes keep these totals; a table of older appends may lack them: none.
+        delete_totals = (
+            int(summary.get(k, 0)) if summary else 0 for k in ("total-delete-files", "total-position-deletes")
+        )
+        return DataFileStats(files, size, records, *delete_totals)
     listed = table.inspect.data_files(snapshot.snapshot_id)
+    deletes = table.inspect.delete_files(snapshot.snapshot_id)
     return DataFileStats(
         listed.num_rows,
         int(pc.sum(listed["file_size_in_bytes"]).as_py() or 0),
         int(pc.sum(listed["record_count"]).as_py() or 0),
+        deletes.num_rows,
+        int(pc.sum(deletes["record_count"]).as_py() or 0),
     )
 
 
@@ -244,8 +260,9 @@ def render_text(status: SinkStatus) -> str:
         lines += [
             f"  {t.table}: commit {t.commit_id} snapshot {t.snapshot_id} at {_time(t.committed_at_ms)} "
             f"vtts {_time(t.vtts_ms)}{_age(t.vtts_age_s)} control-offsets {offsets}",
-            f"    {t.data_files} data files, average {_size(t.average_file_bytes)}, {t.snapshots} snapshots, "
-            f"last maintenance {maintained}",
+            f"    {t.data_files} data files, average {_size(t.average_file_bytes)}, "
+            + (f"{t.delete_files} delete files ({t.position_deletes} rows), " if t.delete_files else "")
+            + f"{t.snapshots} snapshots, last maintenance {maintained}",
         ]
     if status.pending:
         lines += ["", "pending (announced on the control topic, not in the table yet):"]

@@ -17,6 +17,7 @@ from support.sink_factory import SinkFactory
 
 from fanout_sink.cli import main
 from fanout_sink.protocol import table_state
+from fanout_sink.transform.processor import build_processor
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "status.md"
 
@@ -86,6 +87,34 @@ def test_status_shows_table_commits_and_source_lag(
     assert f"sink.a: commit {result.commit_id}" in text and f"{topic}[1]: committed 3 end 4 lag 1" in text
     assert "1 data files, average" in text and "last maintenance never" in text
     assert "s ago)" in text and "sink.a: 1 file event(s)" in text
+
+
+def test_status_counts_a_change_tables_delete_files(
+    bootstrap_servers: str, sink_factory: SinkFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    route = {
+        "when": "table == 'a'",
+        "select": "{id: id, v: v}",
+        "changes": {"format": "upsert", "key": ["id"]},
+    }
+    sink = sink_factory(partitions={"src": 1}, prefix="std", overrides={"tables": {"sink.a": route}})
+    process = build_processor(sink.config, sink.catalog)
+    coordinator = sink.coordinator()
+    for version in range(3):  # the second and third rounds update keys 0-4: position deletes
+        produce_json(
+            bootstrap_servers, sink.topic, 0, [{"table": "a", "id": i, "v": version} for i in range(5)]
+        )
+        sink.batch(process=process)
+        coordinator.commit_round()
+    coordinator.close()
+    listed = sink.catalog.load_table("sink.a").inspect.delete_files()
+
+    assert main(["status", "--config", str(sink.config_file), "--json"]) == 0
+    (table,) = json.loads(capsys.readouterr().out)["tables"]
+    assert (table["delete_files"], table["position_deletes"]) == (listed.num_rows, 10)
+    assert table["delete_files"] >= 2 and table["data_files"] == 3
+    assert main(["status", "--config", str(sink.config_file)]) == 0
+    assert f"{listed.num_rows} delete files (10 rows)" in capsys.readouterr().out
 
 
 def test_status_of_a_pattern_source_shows_the_topics_it_matches_now(

@@ -298,6 +298,15 @@ class MaintenanceSettings(_Section):
     table's ``write.target-file-size-bytes`` (else Iceberg's 512 MB); ``max-snapshot-age`` and
     ``min-snapshots-to-keep`` unset: the table's ``history.expire.max-snapshot-age-ms`` and
     ``history.expire.min-snapshots-to-keep`` (else 5 days and 1, Iceberg's defaults).
+
+    Change tables (merge-on-read position deletes): compaction also rewrites a data file with at least
+    ``delete-file-threshold`` delete files, or whose file-scoped deletes cover at least
+    ``delete-ratio-threshold`` of its rows (Iceberg's ``rewrite_data_files`` options). The default 1
+    folds every delete at each run, unlike Iceberg's (never): PyIceberg reads all delete files of a
+    scan and cannot push filters into data files that have deletes, so each delete left costs every
+    reader, and a table that keeps receiving changes would otherwise grow delete files without end.
+    Raise it for large tables with sparse changes, where rewriting a file for a few deletes costs more
+    than reading them.
     """
 
     interval: Duration | None = Field(default=None, examples=["1h"])
@@ -308,6 +317,8 @@ class MaintenanceSettings(_Section):
     max_snapshot_age: Duration | None = Field(default=None, examples=["5d"])
     min_snapshots_to_keep: int | None = Field(default=None, ge=1, examples=[1])
     orphan_older_than: Duration = Field(default=timedelta(days=3), examples=["3d"])
+    delete_file_threshold: int = Field(default=1, ge=1, examples=[1])
+    delete_ratio_threshold: float = Field(default=0.3, gt=0, le=1, examples=[0.3])
 
     @field_validator("interval", "orphan_older_than")
     @classmethod

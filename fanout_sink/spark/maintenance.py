@@ -5,7 +5,11 @@ where it pays, decided from PyIceberg metadata before Spark is asked to do anyth
 
 - compaction (Iceberg's ``rewrite_data_files``, bin-pack or sorted by ``sort-order``) when some
   partition holds at least ``min-input-files`` files below 75% of the target size (Iceberg's own
-  ``min-file-size-bytes`` default, so the procedure picks the same files);
+  ``min-file-size-bytes`` default, so the procedure picks the same files), or when some data file
+  carries position deletes at or over ``delete-file-threshold`` / ``delete-ratio-threshold``: the
+  rewrite folds them into the data (merge-on-read change tables) and drops the deletes left dangling;
+- ``rewrite_position_delete_files`` when delete files remain that compaction did not fold and some
+  data file has several of them, or some are dangling (they name no live data file);
 - ``rewrite_manifests`` when the current snapshot has at least ``rewrite-manifests-min-count`` manifests;
 - ``expire_snapshots`` when snapshots older than the age exist beyond the kept count. The sink's floor
   (``table_state``) must outlive its snapshots, so table properties that do not carry it as far as
@@ -32,6 +36,7 @@ from typing import Any, Literal
 
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table import Table
 
 from fanout_sink.catalog import load_catalog
@@ -39,6 +44,7 @@ from fanout_sink.config.models import MaintenanceSettings, SinkConfig
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import orphans, table_state
 from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.row_delta import FILE_PATH_ID
 
 log = logging.getLogger("fanout_sink.maintenance")
 
@@ -50,7 +56,7 @@ SMALL_FILE_RATIO = 0.75
 """Below this share of the target a file is worth rewriting (Iceberg's ``min-file-size-bytes`` default)."""
 SHORT_ORPHAN_AGE = timedelta(hours=1)
 
-StepName = Literal["load", "compact", "manifests", "expire", "orphans", "last-run"]
+StepName = Literal["load", "compact", "deletes", "manifests", "expire", "orphans", "last-run"]
 StepAction = Literal["ran", "skipped", "failed", "dry-run"]
 
 
@@ -63,6 +69,10 @@ class Figures:
     snapshots: int
     manifests: int
     """Of the current snapshot, those listing live files (see :func:`live_manifests`)."""
+    delete_files: int = 0
+    """Position-delete files of the current snapshot (merge-on-read change tables)."""
+    position_deletes: int = 0
+    """Rows those files delete."""
 
 
 @dataclass(frozen=True)
@@ -107,11 +117,17 @@ def figures(table: Table) -> Figures:
     if snapshot is None:
         return Figures(0, 0, len(table.metadata.snapshots), 0)
     summary = snapshot.summary
+
+    def total(key: str) -> int:
+        return int(summary.get(key, 0)) if summary is not None else 0
+
     return Figures(
-        data_files=int(summary.get("total-data-files", 0)) if summary is not None else 0,
-        bytes=int(summary.get("total-files-size", 0)) if summary is not None else 0,
+        data_files=total("total-data-files"),
+        bytes=total("total-files-size"),
         snapshots=len(table.metadata.snapshots),
         manifests=live_manifests(table),
+        delete_files=total("total-delete-files"),
+        position_deletes=total("total-position-deletes"),
     )
 
 
@@ -157,6 +173,76 @@ def compaction_candidates(table: Table, target: int, min_input_files: int) -> in
     return int(pc.max(counts["spec_id_count"]).as_py())
 
 
+@dataclass(frozen=True)
+class DeleteLoad:
+    """How the live position deletes of a table weigh on its data files, matched as readers match
+    them (PyIceberg's delete index: partition, sequence number and ``file_path`` bounds, the rules
+    of Iceberg Java's ``DeleteFileIndex``), so the decision agrees with what ``rewrite_data_files``
+    will select."""
+
+    delete_files: int
+    position_deletes: int
+    data_files_with_deletes: int
+    over_threshold: int
+    """Data files that ``rewrite_data_files`` rewrites for their deletes alone: at least
+    ``delete-file-threshold`` delete files, or file-scoped deletes covering at least
+    ``delete-ratio-threshold`` of their rows (Iceberg counts only file-scoped ones for the ratio)."""
+    dangling: int
+    """Delete files matched to no live data file: every row they name is gone already."""
+    most_per_data_file: int
+    """The most delete files a reader opens for one data file (one per data file is the least:
+    more are what ``rewrite_position_delete_files`` merges)."""
+
+
+NO_DELETES = DeleteLoad(0, 0, 0, 0, 0, 0)
+
+
+def _file_scoped_to(delete_file: DataFile, path: str) -> bool:
+    """True when ``delete_file``'s ``file_path`` bounds are both ``path`` (Iceberg's file-scoped)."""
+    lower, upper = delete_file.lower_bounds or {}, delete_file.upper_bounds or {}
+    bound = path.encode()
+    return lower.get(FILE_PATH_ID) == bound and upper.get(FILE_PATH_ID) == bound
+
+
+def delete_load(table: Table, file_threshold: int, ratio_threshold: float) -> DeleteLoad:
+    """The current snapshot's position deletes against ``delete-file-threshold`` and
+    ``delete-ratio-threshold``, from PyIceberg metadata only (manifests; no data is read).
+
+    Equality deletes (never written by this sink) make PyIceberg's planning raise; the error says so."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return NO_DELETES
+    live: dict[str, DataFile] = {}
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content == ManifestContent.DELETES:
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                live[entry.data_file.file_path] = entry.data_file
+    if not live:
+        return NO_DELETES
+    matched: set[str] = set()
+    with_deletes = over = most = 0
+    for task in table.scan().plan_files():
+        if not task.delete_files:
+            continue
+        with_deletes += 1
+        most = max(most, len(task.delete_files))
+        matched.update(d.file_path for d in task.delete_files)
+        scoped = sum(d.record_count for d in task.delete_files if _file_scoped_to(d, task.file.file_path))
+        ratio = (
+            min(scoped, task.file.record_count) / task.file.record_count if task.file.record_count else 0.0
+        )
+        if len(task.delete_files) >= file_threshold or ratio >= ratio_threshold:
+            over += 1
+    return DeleteLoad(
+        delete_files=len(live),
+        position_deletes=sum(d.record_count for d in live.values()),
+        data_files_with_deletes=with_deletes,
+        over_threshold=over,
+        dangling=len(live.keys() - matched),
+        most_per_data_file=most,
+    )
+
+
 def expirable_snapshots(table: Table, older_than_ms: int, keep: int) -> int:
     """How many snapshots ``expire_snapshots(older_than, retain_last=keep)`` would remove."""
     metadata = table.metadata
@@ -186,6 +272,11 @@ def _quote(identifier: str) -> str:
 
 def _sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _options(options: dict[str, str]) -> str:
+    """A procedure's ``options`` argument: ``map('k', 'v', ...)``."""
+    return "map(" + ", ".join(f"{_sql_string(k)}, {_sql_string(v)}" for k, v in options.items()) + ")"
 
 
 def _row(spark: Any, sql: str) -> dict[str, Any]:
@@ -249,19 +340,32 @@ class _TableRun:
         table = self.catalog.load_table(self.identifier)
         target = target_file_size(table, settings)
         found = compaction_candidates(table, target, settings.min_input_files)
-        if found < settings.min_input_files:
+        deletes = delete_load(table, settings.delete_file_threshold, settings.delete_ratio_threshold)
+        thresholds = (
+            f"delete-file-threshold {settings.delete_file_threshold} "
+            f"or delete-ratio-threshold {settings.delete_ratio_threshold:g}"
+        )
+        if found < settings.min_input_files and deletes.over_threshold == 0:
             self.record(
                 "compact",
                 "skipped",
                 f"at most {found} small file(s) in a partition, "
-                f"below min-input-files {settings.min_input_files}",
+                f"below min-input-files {settings.min_input_files}"
+                + (
+                    f"; {deletes.data_files_with_deletes} data file(s) with deletes, none at {thresholds}"
+                    if deletes.delete_files
+                    else ""
+                ),
                 started,
             )
             return
+        reasons = []
+        if found >= settings.min_input_files:
+            reasons.append(f"{found} small files in one partition (target {target} bytes)")
+        if deletes.over_threshold:
+            reasons.append(f"{deletes.over_threshold} data file(s) with deletes at {thresholds}")
         if dry_run:
-            self.record(
-                "compact", "dry-run", f"{found} small files in one partition (target {target} bytes)", started
-            )
+            self.record("compact", "dry-run", "; ".join(reasons), started)
             return
         self.refresh()
         options = {
@@ -269,16 +373,49 @@ class _TableRun:
             "min-input-files": str(settings.min_input_files),
             "partial-progress.enabled": "true",
         }
-        option_map = ", ".join(f"{_sql_string(k)}, {_sql_string(v)}" for k, v in options.items())
+        if deletes.delete_files:  # a v2 table with deletes: fold them, drop the ones left dangling
+            options |= {
+                "delete-file-threshold": str(settings.delete_file_threshold),
+                "delete-ratio-threshold": str(settings.delete_ratio_threshold),
+                "remove-dangling-deletes": "true",
+            }
         sort = ""
         if settings.sort_order is not None:
             sort = f", strategy => 'sort', sort_order => {_sql_string(settings.sort_order)}"
         row = _row(
             self.spark,
             f"CALL {self.procedures}.rewrite_data_files(table => {self.argument}{sort}, "
-            f"options => map({option_map}))",
+            f"options => {_options(options)})",
         )
-        self.record("compact", "ran", _counts(row), started)
+        self.record("compact", "ran", "; ".join(reasons) + ": " + _counts(row), started)
+
+    def compact_deletes(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+        """``rewrite_position_delete_files`` for the delete files compaction left, where it pays: a
+        data file that readers open several delete files for (the sink writes one per partition and
+        round; the rewrite leaves one per data file), or dangling ones (the rewrite drops rows that
+        name files no longer live). ``rewrite-all``, since Iceberg's own selection by file count per
+        partition also rewrites delete files that are one per data file already."""
+        started = time.monotonic()
+        table = self.catalog.load_table(self.identifier)
+        deletes = delete_load(table, settings.delete_file_threshold, settings.delete_ratio_threshold)
+        found = (
+            f"{deletes.delete_files} delete file(s) ({deletes.position_deletes} position deletes), "
+            f"{deletes.dangling} dangling, at most {deletes.most_per_data_file} per data file"
+        )
+        if deletes.most_per_data_file < 2 and deletes.dangling == 0:
+            self.record("deletes", "skipped", found, started)
+            return
+        if dry_run:
+            self.record("deletes", "dry-run", found, started)
+            return
+        self.refresh()
+        options = {"rewrite-all": "true", "partial-progress.enabled": "true"}
+        row = _row(
+            self.spark,
+            f"CALL {self.procedures}.rewrite_position_delete_files(table => {self.argument}, "
+            f"options => {_options(options)})",
+        )
+        self.record("deletes", "ran", f"{found}: {_counts(row)}", started)
 
     def rewrite_manifests(self, settings: MaintenanceSettings, dry_run: bool) -> None:
         started = time.monotonic()
@@ -401,6 +538,7 @@ def maintain(
             continue
         before[identifier] = measured
         run.guarded("compact", run.compact, settings, dry_run)
+        run.guarded("deletes", run.compact_deletes, settings, dry_run)
         run.guarded("manifests", run.rewrite_manifests, settings, dry_run)
         run.guarded("expire", run.expire, settings, dry_run)
     ages = {identifier: config.maintenance_for(identifier).orphan_older_than for identifier in identifiers}
@@ -458,12 +596,14 @@ def maintain(
             floor_written=run.floor_written,
         )
         log.info(
-            "maintenance %s done in %.1fs: data files %d -> %d, bytes %d -> %d, snapshots %d -> %d, "
-            "manifests %d -> %d, orphans %s %d%s",
+            "maintenance %s done in %.1fs: data files %d -> %d, delete files %d -> %d, bytes %d -> %d, "
+            "snapshots %d -> %d, manifests %d -> %d, orphans %s %d%s",
             identifier,
             outcome.duration_s,
             outcome.before.data_files,
             after.data_files,
+            outcome.before.delete_files,
+            after.delete_files,
             outcome.before.bytes,
             after.bytes,
             outcome.before.snapshots,
@@ -486,7 +626,13 @@ def render_text(results: Sequence[TableMaintenance]) -> str:
     for r in results:
         lines.append(
             f"{r.table}: data files {r.before.data_files} -> {r.after.data_files}, "
-            f"bytes {r.before.bytes} -> {r.after.bytes}, "
+            + (
+                f"delete files {r.before.delete_files} -> {r.after.delete_files} (position deletes "
+                f"{r.before.position_deletes} -> {r.after.position_deletes}), "
+                if r.before.delete_files or r.after.delete_files
+                else ""
+            )
+            + f"bytes {r.before.bytes} -> {r.after.bytes}, "
             f"snapshots {r.before.snapshots} -> {r.after.snapshots}, "
             f"manifests {r.before.manifests} -> {r.after.manifests}, orphans {len(r.orphans_removed)}, "
             f"{r.duration_s:.1f}s"

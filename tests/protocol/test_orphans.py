@@ -16,6 +16,7 @@ from support.sink_factory import SinkFactory
 
 from fanout_sink import faults
 from fanout_sink.protocol import orphans
+from fanout_sink.transform.processor import build_processor
 
 
 def _data_files(catalog: Any) -> set[Path]:
@@ -106,3 +107,55 @@ def test_aborted_attempts_go_pending_and_fresh_files_stay(
     coordinator.commit_round()  # the pending files land: nothing was lost
     coordinator.close()
     assert sorted(table_ids(catalog, "a")) == list(range(20))
+
+
+def test_a_change_tables_delete_files_are_kept_and_its_rows_read_the_same(
+    bootstrap_servers: str, sink_factory: SinkFactory
+) -> None:
+    """A change table committed by the coordinator with position deletes over three rounds: every
+    data and delete file of every snapshot survives cleanup (with its metadata), the stray goes,
+    and the table reads the same rows."""
+    route = {
+        "when": "table == 'a'",
+        "select": "{id: id, v: v}",
+        "changes": {"format": "upsert", "key": ["id"], "delete-when": "op == 'd'"},
+    }
+    sink = sink_factory(partitions={"src": 1}, prefix="odel", overrides={"tables": {"sink.a": route}})
+    process = build_processor(sink.config, sink.catalog)
+    coordinator = sink.coordinator()
+    rounds = [
+        [{"table": "a", "id": i, "v": i, "op": "u"} for i in range(20)],
+        [{"table": "a", "id": i, "v": -i, "op": "d" if i % 3 == 0 else "u"} for i in range(0, 20, 2)],
+        [{"table": "a", "id": i, "v": 10 * i, "op": "u"} for i in range(0, 20, 5)],
+    ]
+    for changes in rounds:
+        produce_json(bootstrap_servers, sink.topic, 0, changes)
+        sink.batch(process=process)
+        coordinator.commit_round()
+    coordinator.close()
+    table = sink.catalog.load_table("sink.a")
+    live_deletes = {orphans.normalise(p) for p in table.inspect.delete_files()["file_path"].to_pylist()}
+    every_file = {orphans.normalise(p) for p in table.inspect.all_files()["file_path"].to_pylist()}
+    assert len(live_deletes) >= 2 and live_deletes <= every_file
+    assert every_file <= orphans.reachable_files(table)
+    rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    folder = Path(table.location().removeprefix("file://"))
+    everything = {p for p in folder.rglob("*") if p.is_file()}
+    _age(everything, 3 * 3600)
+    stray = folder / "data" / "stray.parquet"
+    stray.write_bytes(b"an aborted attempt's file")
+    _age({stray}, 3 * 3600)
+
+    result = orphans.clean_tables(
+        sink.catalog, {"sink.a": timedelta(hours=1)}, lambda: orphans.pending_files(sink.channel)
+    )["sink.a"]
+    assert result.error is None and str(stray) in result.removed
+    assert all(Path(path).exists() for path in every_file)
+    table = sink.catalog.load_table("sink.a")
+    assert all(Path(path).exists() for path in orphans.reachable_files(table))
+    assert sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"]) == rows
+    assert {r["id"]: r["v"] for r in rows} == {
+        **{i: i for i in range(20) if i % 2},
+        **{i: -i for i in range(0, 20, 2) if i % 3},
+        **{i: 10 * i for i in range(0, 20, 5)},
+    }

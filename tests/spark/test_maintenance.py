@@ -79,6 +79,7 @@ def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
     assert sorted(dry) == ["sink.events", "sink.quiet"]
     assert {s.name: s.action for s in dry["sink.events"].steps} == {
         "compact": "dry-run",
+        "deletes": "skipped",
         "manifests": "skipped",
         "expire": "dry-run",
         "orphans": "dry-run",
@@ -90,6 +91,7 @@ def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
     ran = results["sink.events"]
     assert {s.name: s.action for s in ran.steps} == {
         "compact": "ran",
+        "deletes": "skipped",
         "manifests": "skipped",
         "expire": "ran",
         "orphans": "ran",
@@ -226,6 +228,113 @@ def test_a_stopping_app_skips_the_remaining_steps_and_records_no_run(
     stopping.set()
     (result,) = maintain(_StubSpark(), _config(catalog_settings), stop=stopping)
     assert {s.name: (s.action, s.detail) for s in result.steps} == {
-        name: ("skipped", "the app is stopping") for name in ("compact", "manifests", "expire", "orphans")
+        name: ("skipped", "the app is stopping")
+        for name in ("compact", "deletes", "manifests", "expire", "orphans")
     }
     assert table_state.MAINTENANCE_LAST_RUN_MS not in catalog.load_table("sink.t").metadata.properties
+
+
+def _rows_both_ways(spark: Any, catalog: Any, qualified: str) -> list[tuple[int, str]]:
+    """The table's rows through PyIceberg, asserted equal to Spark SQL's, sorted."""
+    ours = sorted(
+        (r["id"], r["topic"]) for r in catalog.load_table("sink.changes").scan().to_arrow().to_pylist()
+    )
+    spark.sql(f"REFRESH TABLE {qualified}")
+    theirs = sorted((r["id"], r["topic"]) for r in spark.sql(f"SELECT id, topic FROM {qualified}").collect())
+    assert ours == theirs
+    return ours
+
+
+def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
+    spark: Any,
+    spark_catalog: str,
+    catalog: Any,
+    catalog_settings: CatalogSettings,
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+) -> None:
+    """A v2 table changed by DELETE, UPDATE and MERGE in merge-on-read mode: with thresholds above
+    what it holds, only its delete files are compacted; with the defaults, every delete is folded
+    into the data files. PyIceberg and Spark SQL read the same rows throughout."""
+    catalog.create_namespace_if_not_exists("sink")
+    spec = PartitionSpec(
+        PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="topic")
+    )
+    table = catalog.create_table(
+        "sink.changes", schema=TABLE_SCHEMA, partition_spec=spec, properties={"format-version": "2"}
+    )
+    for i in range(4):  # four data files per partition, committed as the sink commits
+        rows = [{"id": i * 100 + k, "topic": topic} for topic in "ab" for k in range(20)]
+        table.append(
+            pa.Table.from_pylist(rows, ARROW_SCHEMA),
+            snapshot_properties=table_state.summary_properties("s", {0: i + 1}, f"c{i}", None),
+        )
+    qualified = f"`{spark_catalog}`.sink.changes"
+    spark.sql(
+        f"ALTER TABLE {qualified} SET TBLPROPERTIES ('write.delete.mode' = 'merge-on-read', "
+        "'write.update.mode' = 'merge-on-read', 'write.merge.mode' = 'merge-on-read', "
+        # one delete file per partition and statement, as the sink writes them
+        "'write.delete.granularity' = 'partition')"
+    )
+    spark.sql(f"DELETE FROM {qualified} WHERE id % 5 = 0")
+    spark.sql(f"UPDATE {qualified} SET id = id + 1000 WHERE id % 7 = 0")
+    spark.sql(
+        f"MERGE INTO {qualified} t USING (SELECT id, topic FROM {qualified} WHERE id % 3 = 0) s "
+        "ON t.id = s.id AND t.topic = s.topic "
+        "WHEN MATCHED AND s.id % 2 = 0 THEN DELETE WHEN MATCHED THEN UPDATE SET t.id = s.id + 5000"
+    )
+    changed = _rows_both_ways(spark, catalog, qualified)
+    loaded = maintenance.delete_load(
+        catalog.load_table("sink.changes"), file_threshold=1, ratio_threshold=0.3
+    )
+    assert loaded.delete_files >= 4 and loaded.position_deletes > 0 and loaded.dangling == 0
+    assert loaded.most_per_data_file == 3  # the first files: one delete file per statement
+    # every data file was hit, and some that UPDATE wrote were hit by MERGE
+    assert loaded.over_threshold == loaded.data_files_with_deletes > 8
+    assert 0 < maintenance.figures(catalog.load_table("sink.changes")).delete_files == loaded.delete_files
+
+    def config(**keys: Any) -> SinkConfig:
+        return parse_config(
+            {
+                "name": "s",
+                "kafka": {"bootstrap.servers": bootstrap_servers},
+                "source": {"topics": ["t"]},
+                "control": {"topic": make_topic("control")},
+                "catalog": catalog_settings.model_dump(),
+                "maintenance": {"orphan-older-than": "1h", **keys},
+                "tables": {"sink.changes": {}},
+            }
+        )
+
+    # Thresholds above the deletes and no small file (a 1-byte target): only the delete files are
+    # rewritten, to one per data file, none lost.
+    (held,) = maintain(
+        spark,
+        config(**{"target-file-size-bytes": 1, "delete-file-threshold": 100, "delete-ratio-threshold": 1.0}),
+        ["sink.changes"],
+    )
+    steps = {s.name: s for s in held.steps}
+    assert steps["compact"].action == "skipped"
+    assert "none at delete-file-threshold 100" in steps["compact"].detail
+    assert steps["deletes"].action == "ran" and "at most 3 per data file" in steps["deletes"].detail
+    assert "rewritten_delete_files_count" in steps["deletes"].detail
+    assert held.before.delete_files == loaded.delete_files
+    assert held.after.position_deletes == held.before.position_deletes
+    assert held.after.data_files == held.before.data_files
+    merged = maintenance.delete_load(catalog.load_table("sink.changes"), 100, 1.0)
+    assert (merged.most_per_data_file, merged.dangling) == (1, 0), maintenance.render_text([held])
+    assert _rows_both_ways(spark, catalog, qualified) == changed
+
+    # The defaults: every data file with a delete is rewritten and no delete file is left.
+    (folded,) = maintain(spark, config(), ["sink.changes"])
+    steps = {s.name: s for s in folded.steps}
+    assert steps["compact"].action == "ran", steps["compact"].detail
+    assert "data file(s) with deletes at delete-file-threshold 1" in steps["compact"].detail
+    assert "rewritten_data_files_count" in steps["compact"].detail
+    assert steps["deletes"].action == "skipped" and steps["deletes"].detail.startswith("0 delete file(s)")
+    assert (folded.after.delete_files, folded.after.position_deletes) == (0, 0)
+    assert maintenance.delete_load(catalog.load_table("sink.changes"), 1, 0.3) == maintenance.NO_DELETES
+    assert _rows_both_ways(spark, catalog, qualified) == changed
+    report = maintenance.render_text([held, folded])
+    assert f"delete files {held.before.delete_files} -> {held.after.delete_files}" in report
+    assert f"delete files {folded.before.delete_files} -> 0" in report
