@@ -44,7 +44,7 @@ from fanout_sink.config.models import MaintenanceSettings, SinkConfig
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import orphans, table_state
 from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.row_delta import FILE_PATH_ID
+from fanout_sink.protocol.position_deletes import FILE_PATH_ID
 
 log = logging.getLogger("fanout_sink.maintenance")
 

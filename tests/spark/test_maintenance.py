@@ -43,13 +43,34 @@ def _stray(table: Any, name: str, age_s: float) -> Path:
     return path
 
 
+ConfigFactory = Callable[[dict[str, Any], dict[str, Any]], SinkConfig]
+
+
+@pytest.fixture
+def sink_config(
+    catalog_settings: CatalogSettings, bootstrap_servers: str, make_topic: Callable[..., str]
+) -> ConfigFactory:
+    """Sink ``s`` on the test's catalog and a control topic of its own, with the given top-level
+    ``maintenance`` and ``tables`` sections."""
+
+    def make(maintenance_keys: dict[str, Any], tables: dict[str, Any]) -> SinkConfig:
+        return parse_config(
+            {
+                "name": "s",
+                "kafka": {"bootstrap.servers": bootstrap_servers},
+                "source": {"topics": ["t"]},
+                "control": {"topic": make_topic("control")},
+                "catalog": catalog_settings.model_dump(),
+                "maintenance": maintenance_keys,
+                "tables": tables,
+            }
+        )
+
+    return make
+
+
 def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
-    spark: Any,
-    spark_catalog: str,
-    catalog: Any,
-    catalog_settings: CatalogSettings,
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
+    spark: Any, spark_catalog: str, catalog: Any, sink_config: ConfigFactory
 ) -> None:
     create_tables(catalog, ["events", "quiet", "other"])
     events = catalog.load_table("sink.events")
@@ -60,19 +81,12 @@ def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
         _append(quiet, i, table_state.summary_properties("s", {0: i + 1}, f"q{i}", None))
     _append(catalog.load_table("sink.other"), 0, {})  # not the sink's: never maintained
     orphan, fresh = _stray(events, "aborted.parquet", 7200), _stray(events, "in-flight.parquet", 0)
-    config = parse_config(
+    config = sink_config(
+        {"min-input-files": 3, "orphan-older-than": "1h"},
         {
-            "name": "s",
-            "kafka": {"bootstrap.servers": bootstrap_servers},
-            "source": {"topics": ["t"]},
-            "control": {"topic": make_topic("control")},
-            "catalog": catalog_settings.model_dump(),
-            "maintenance": {"min-input-files": 3, "orphan-older-than": "1h"},
-            "tables": {
-                "sink.events": {"maintenance": {"max-snapshot-age": "0s"}},
-                "sink.quiet": {"maintenance": {"min-input-files": 5, "rewrite-manifests-min-count": 2}},
-            },
-        }
+            "sink.events": {"maintenance": {"max-snapshot-age": "0s"}},
+            "sink.quiet": {"maintenance": {"min-input-files": 5, "rewrite-manifests-min-count": 2}},
+        },
     )
 
     dry = {r.table: r for r in maintain(spark, config, dry_run=True)}
@@ -246,12 +260,7 @@ def _rows_both_ways(spark: Any, catalog: Any, qualified: str) -> list[tuple[int,
 
 
 def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
-    spark: Any,
-    spark_catalog: str,
-    catalog: Any,
-    catalog_settings: CatalogSettings,
-    bootstrap_servers: str,
-    make_topic: Callable[..., str],
+    spark: Any, spark_catalog: str, catalog: Any, sink_config: ConfigFactory
 ) -> None:
     """A v2 table changed by DELETE, UPDATE and MERGE in merge-on-read mode: with thresholds above
     what it holds, only its delete files are compacted; with the defaults, every delete is folded
@@ -294,17 +303,7 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
     assert 0 < maintenance.figures(catalog.load_table("sink.changes")).delete_files == loaded.delete_files
 
     def config(**keys: Any) -> SinkConfig:
-        return parse_config(
-            {
-                "name": "s",
-                "kafka": {"bootstrap.servers": bootstrap_servers},
-                "source": {"topics": ["t"]},
-                "control": {"topic": make_topic("control")},
-                "catalog": catalog_settings.model_dump(),
-                "maintenance": {"orphan-older-than": "1h", **keys},
-                "tables": {"sink.changes": {}},
-            }
-        )
+        return sink_config({"orphan-older-than": "1h", **keys}, {"sink.changes": {}})
 
     # Thresholds above the deletes and no small file (a 1-byte target): only the delete files are
     # rewritten, to one per data file, none lost.
