@@ -16,6 +16,10 @@ unless the environment variable ``FANOUT_SINK_FAULTS`` names the point, as a com
   found at the point, removing it first; the chaos runner arms a point this way at a moment of its
   choosing, in a process that was started long before.
 
+A point may be named more than once; its actions run in the order given. That is how one point
+carries two ``when:`` actions with different files (the chaos runner's injected commit failure and
+its coordinator kill both sit before a table's commit), each armed on its own.
+
 In-process tests can also :func:`register` a callback for a point (for example to commit a
 competing snapshot between a table's load and its commit).
 """
@@ -40,20 +44,24 @@ class InjectedFault(FanoutSinkError):
     """Raised by a fault point configured with ``raise``: never seen outside tests and chaos runs."""
 
 
-def _actions() -> dict[str, str]:
+def _actions() -> dict[str, list[str]]:
     spec = os.environ.get(ENV_VAR, "")
-    pairs = (item.split("=", 1) for item in spec.split(",") if "=" in item)
-    return {point.strip(): action.strip() for point, action in pairs}
+    actions: dict[str, list[str]] = {}
+    for point, action in (item.split("=", 1) for item in spec.split(",") if "=" in item):
+        actions.setdefault(point.strip(), []).append(action.strip())
+    return actions
 
 
 def fault_point(name: str, **context: object) -> None:
-    """Run the fault configured for ``name``, if any; ``context`` is passed to registered callbacks."""
+    """Run the faults configured for ``name``, if any; ``context`` is passed to registered callbacks."""
     callback = _callbacks.get(name)
     if callback is not None:
         callback(**context)
-    action = _actions().get(name)
-    if action is None:
-        return
+    for action in _actions().get(name, ()):
+        _act(name, action)
+
+
+def _act(name: str, action: str) -> None:
     if action.startswith("when:"):
         armed, _, action = action[len("when:") :].rpartition(":")
         if action not in {"kill", "raise"} or not armed:

@@ -40,3 +40,19 @@ def test_when_fires_once_per_arming(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv(faults.ENV_VAR, f"p=when:{armed}:sleep:1")
     with pytest.raises(ValueError, match="when:PATH:kill"):
         faults.fault_point("p")
+
+
+def test_a_point_named_twice_runs_each_armed_action(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The chaos runner's commit failure and coordinator kill share the point before a table commit."""
+    fail, other = tmp_path / "fail", tmp_path / "other"
+    point = "coordinator.before-table-commit"
+    monkeypatch.setenv(faults.ENV_VAR, f"{point}=when:{other}:raise,{point}=when:{fail}:raise")
+    faults.fault_point(point)  # neither armed
+    fail.touch()
+    with pytest.raises(faults.InjectedFault):
+        faults.fault_point(point)
+    assert not fail.exists() and not other.exists()
+    other.touch()
+    with pytest.raises(faults.InjectedFault):
+        faults.fault_point(point)
+    assert not other.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from pyiceberg.table.snapshots import ancestors_of
 
-from fanout_sink.devtools.chaos import kills, maintenance, scenario
+from fanout_sink.devtools.bench.change_stream import create_table
+from fanout_sink.devtools.chaos import changes, kills, maintenance, scenario
+from fanout_sink.devtools.chaos.changes import change_traffic
 from fanout_sink.devtools.chaos.runner import ChaosOptions, ChaosRun
 from fanout_sink.devtools.chaos.traffic import flood, record
 from fanout_sink.devtools.chaos.verify import verify
@@ -19,6 +22,7 @@ from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.protocol import table_state
 
 ID_SCHEMA = pa.schema([pa.field("id", pa.string())])
+CHANGE_EVENTS = 2000
 
 
 def _append(
@@ -76,6 +80,64 @@ def test_the_verdict_counts_duplicates_losses_stray_dead_letters_lag_and_offsets
     assert "dead letters: 1 bad records missing, 1 unexpected or repeated" in problems
     assert f"sink group at None for {source}[0], the topic ends at 4" in problems
     assert not verdict.ok
+
+
+def test_the_change_stream_has_a_tombstone_after_each_delete_and_its_model_is_each_keys_last_change() -> None:
+    traffic = change_traffic("cdc", events=400, seed=3)
+
+    assert traffic.keys == change_traffic("cdc", events=400, seed=3).keys, "the seed makes the stream"
+    assert len(traffic) == 400 + traffic.tombstones and traffic.tombstones == traffic.ops["d"] > 0
+    last: dict[bytes, bytes] = {}
+    for index, (key, value) in enumerate(zip(traffic.keys, traffic.values, strict=True)):
+        if value is None:  # a tombstone: right after its key's delete event
+            assert traffic.keys[index - 1] == key and b'"op":"d"' in (traffic.values[index - 1] or b"")
+        else:
+            last[key] = value
+    live = {json.loads(k)["id"] for k, v in last.items() if b'"op":"d"' not in v}
+    untouched = set(traffic.initial["id"].to_pylist()) - {json.loads(k)["id"] for k in last}
+    assert set(traffic.model["id"].to_pylist()) == live | untouched
+
+
+def test_the_verdict_counts_a_change_tables_missing_extra_wrong_value_and_duplicate_keys(
+    bootstrap_servers: str, make_topic: Callable[..., str], catalog: Any
+) -> None:
+    source, dlq, cdc = make_topic("chaos-src"), make_topic("chaos-dlq"), make_topic("chaos-cdc", partitions=2)
+    traffic = change_traffic(cdc, events=60, seed=5)
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for key, value in zip(traffic.keys, traffic.values, strict=True):
+        producer.produce(cdc, value=value, key=key)
+    producer.flush(30)
+    rows = traffic.model.to_pylist()
+    rows[2]["name"] = "Wrong Name"  # a wrong value
+    extra = {**rows[3], "id": 10**9}  # a key the model does not hold
+    landed = pa.Table.from_pylist([*rows[1:], rows[1], extra], schema=traffic.model.schema)  # rows[0] missing
+    create_table(catalog, landed, changes.TABLE)
+
+    verdict = verify(bootstrap_servers, [source], dlq, "s", catalog, traffic)
+
+    counts = (
+        verdict.change_missing,
+        verdict.change_extra,
+        verdict.change_wrong,
+        verdict.change_duplicate_keys,
+    )
+    assert counts == (1, 1, 1, 1)
+    assert (verdict.changes, verdict.change_keys, verdict.change_rows) == (
+        len(traffic),
+        len(rows),
+        len(rows) + 1,
+    )
+    problems = "\n".join(verdict.problems)
+    assert (
+        f"{changes.TABLE}: {len(rows) + 1} rows for {len(rows)} keys: 1 missing, 1 extra, 1 wrong-value"
+        in problems
+    )
+    assert "the model does not apply" not in problems, "the topic holds the stream: the model applies"
+
+    producer.produce(cdc, value=traffic.values[0], key=traffic.keys[0])  # the topic is no longer the stream
+    producer.flush(30)
+    problems = "\n".join(verify(bootstrap_servers, [source], dlq, "s", catalog, traffic).problems)
+    assert f"{cdc}: holds {len(traffic) + 1} messages, the change stream {len(traffic)}; 1 keys'" in problems
 
 
 def test_records_are_reproducible_from_the_seed() -> None:
@@ -184,13 +246,24 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
     ``maintain`` (a second JVM for a minute or two; tests/e2e/test_maintenance_app.py runs maintenance
     next to the app from two processes). The long run, every kind, is a command:
     ``python -m fanout_sink.devtools.chaos --cycles 22 --records 40000``.
+
+    With change traffic: a Debezium stream (with tombstones) into a change table flows beside the
+    records through every breakage; the coordinator kind kills at a seeded one of its points
+    (``kills.COORDINATOR_POINTS``, two of them inside a change table's resolution and commit). The
+    change table must equal the stream's model key by key.
     """
     skipped = {"offset-expiry", "snapshot-expiry", "maintain"}
     kinds = tuple(kind for kind in kills.KINDS if kind not in skipped)
     # Each breakage lands up to 2 s (two triggers) after the app's latest batch, not the command's
     # 6 s: the same moments of a batch, without waiting an average of 3 s per cycle.
     options = ChaosOptions(
-        cycles=len(kinds), records=8000, seed=11, kinds=kinds, work_dir=tmp_path, max_delay_s=2.0
+        cycles=len(kinds),
+        records=8000,
+        seed=11,
+        kinds=kinds,
+        work_dir=tmp_path,
+        max_delay_s=2.0,
+        change_events=CHANGE_EVENTS,
     )
     result = ChaosRun(options).run()
     print(result.line())
@@ -200,3 +273,6 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
     flood = 3 * kills.FLOOD_QUEUE + 1  # the dead-letter-flood kind's burst plus its oversized record
     assert result.verdict.records == 8000 + flood, "every record counted, the flood's included"
     assert result.verdict.dead_lettered > flood and result.verdict.filtered > 0
+    v = result.verdict
+    assert (v.change_missing, v.change_extra, v.change_wrong, v.change_duplicate_keys) == (0, 0, 0, 0)
+    assert v.change_rows == v.change_keys > 0 and v.changes > CHANGE_EVENTS, "the change table is exact"

@@ -261,8 +261,9 @@ def generate(plan: ChangePlan) -> ChangeStream:
     )
 
 
-def create_table(catalog: Any, initial: pa.Table) -> None:
-    """The replica's table, format v2 with merge-on-read, holding the source's rows before the stream."""
-    catalog.create_namespace_if_not_exists(NAMESPACE)
-    table = catalog.create_table(TABLE, schema=SCHEMA, properties=MERGE_ON_READ)
+def create_table(catalog: Any, initial: pa.Table, name: str = TABLE) -> None:
+    """The replica's table, format v2 with merge-on-read, holding the source's rows before the stream
+    (``name``: the chaos run keeps it beside its other tables)."""
+    catalog.create_namespace_if_not_exists(name.split(".")[0])
+    table = catalog.create_table(name, schema=SCHEMA, properties=MERGE_ON_READ)
     table.append(initial.cast(table.schema().as_arrow()))

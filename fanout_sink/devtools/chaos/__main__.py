@@ -17,6 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20_000, help="records to produce (default 20000)")
     parser.add_argument("--seed", type=int, default=1, help="seeds kinds, moments and records (default 1)")
     parser.add_argument(
+        "--change-events",
+        type=int,
+        default=5000,
+        help="Debezium change events beside the records, into a change table checked key by key "
+        "(default 5000; 0: append traffic only)",
+    )
+    parser.add_argument(
         "--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)} (default all)"
     )
     parser.add_argument("--work-dir", type=Path, help="where the run keeps everything (default: a temp dir)")
@@ -26,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    options = ChaosOptions(args.cycles, args.records, args.seed, kinds, args.work_dir)
+    options = ChaosOptions(
+        args.cycles, args.records, args.seed, kinds, args.work_dir, change_events=args.change_events
+    )
     result = ChaosRun(options).run()
     for problem in result.verdict.problems:
         print(f"problem: {problem}", file=sys.stderr)

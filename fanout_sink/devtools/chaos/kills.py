@@ -6,7 +6,10 @@ A few seconds of chaos, then the app's crashes:
 - ``python-worker``: SIGKILL of one busy PySpark Python worker (an executor's task dies mid-slice);
 - ``broker``: the broker stops, stays away for a while, and starts again on the same ports and data;
 - ``catalog-commit``: the next table commit to the catalog fails (an injected fault, the app lives on);
-- ``coordinator``: SIGKILL of the driver right after one table's commit, before the next table's.
+- ``coordinator``: SIGKILL of the driver at one of the coordinator's steps of a table commit
+  (``COORDINATOR_POINTS``, seeded): right after a change table's position deletes were resolved,
+  right before a table's catalog commit, or right after it and before the next table's. With change
+  traffic on, the first two land inside a change table's resolution and commit.
 
 A month of production, compressed (``maintenance`` does what the other parties do):
 
@@ -30,6 +33,8 @@ A month of production, compressed (``maintenance`` does what the other parties d
   files under the old spec, which the coordinator commits after the change.
 - ``table-recreate``: while the app runs, a table is renamed to ``<name>_old_<n>`` and an empty
   table with the same schema is created under the name (a user's table swap) in the real catalog.
+  Append tables only: a swapped change table would split each key's history between two tables at
+  a point no one recorded (the new table holds only later changes), so no per-key verdict is exact.
 - ``dead-letter-flood``: 3 x ``FLOOD_QUEUE`` malformed records land in one partition at once, plus
   one malformed record of ``OVERSIZED_BYTES``. Simulated: the flood's size; the app's ``kafka:``
   section lowers ``queue.buffering.max.messages`` to ``FLOOD_QUEUE`` for the whole run, so that a
@@ -72,12 +77,21 @@ OVERSIZED_BYTES = 1_200_000
 """The oversized bad record: above librdkafka's and the broker's default maximum (about 1 MB)."""
 
 
+COORDINATOR_POINTS = (
+    "coordinator.after-resolve",
+    "coordinator.before-table-commit",
+    "coordinator.after-table-commit",
+)
+"""Where the ``coordinator`` kind kills the driver; ``after-resolve`` is passed by change tables only."""
+
+
 def fault_spec(arm_dir: Path) -> str:
-    """The ``FANOUT_SINK_FAULTS`` value every app start gets: inert until a file is armed."""
+    """The ``FANOUT_SINK_FAULTS`` value every app start gets: inert until a file is armed. The commit
+    failure and a coordinator kill share the point before a table commit, each with its own file."""
     return ",".join(
         [
             f"coordinator.before-table-commit=when:{arm_dir / 'catalog-commit'}:raise",
-            f"coordinator.after-table-commit=when:{arm_dir / 'coordinator'}:kill",
+            *(f"{point}=when:{arm_dir / point}:kill" for point in COORDINATOR_POINTS),
         ]
     )
 

@@ -20,8 +20,9 @@ from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.chaos import kills, maintenance, scenario
+from fanout_sink.devtools.chaos import changes, kills, maintenance, scenario
 from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
+from fanout_sink.devtools.chaos.changes import ChangeTraffic, change_traffic, create_change_table
 from fanout_sink.devtools.chaos.traffic import Traffic, flood
 from fanout_sink.devtools.chaos.verify import Verdict, verify
 from fanout_sink.devtools.stack.broker import KafkaBroker
@@ -64,6 +65,8 @@ class ChaosOptions:
     work_dir: Path | None = None
     max_delay_s: float = 6.0  # a breakage lands up to this long after the app's latest batch
     start_timeout_s: float = 300.0
+    change_events: int = 0
+    """Change traffic (``changes``): Debezium events beside the records; 0 turns it off."""
 
 
 @dataclass
@@ -80,10 +83,17 @@ class ChaosResult:
         v = self.verdict
         kinds = " ".join(f"{kind}={self.kills[kind]}" for kind in self.options.kinds)
         skipped = f" (not landed: {dict(self.skipped)})" if self.skipped else ""
+        change = (
+            f" changes={v.changes} change-rows={v.change_rows}/{v.change_keys} keys: "
+            f"missing={v.change_missing} extra={v.change_extra} wrong={v.change_wrong} "
+            f"duplicate={v.change_duplicate_keys}"
+            if self.options.change_events
+            else ""
+        )
         return (
             f"chaos verdict: {'PASS' if v.ok else 'FAIL'} seed={self.options.seed} "
             f"cycles={self.options.cycles} records={v.records} rows={v.rows} dead-lettered={v.dead_lettered} "
-            f"filtered={v.filtered} kills: {kinds}{skipped} restarts={self.restarts} "
+            f"filtered={v.filtered}{change} kills: {kinds}{skipped} restarts={self.restarts} "
             f"duplicates={v.duplicates} losses={v.losses} snapshots={v.snapshots} seconds={self.seconds:.0f}"
         )
 
@@ -109,6 +119,11 @@ class ChaosRun:
             warehouse=f"file://{self.work_dir / 'warehouse'}",
         )
         self.topics = [f"{self.name}-a", f"{self.name}-b"]
+        self.changes: ChangeTraffic | None = (
+            change_traffic(f"{self.name}-cdc", options.change_events, options.seed)
+            if options.change_events
+            else None
+        )
         self.result = ChaosResult(options, Verdict(), work_dir=self.work_dir)
         self._catalog: Catalog | None = None
         self._serial = 0  # numbers table swaps and floods
@@ -147,6 +162,10 @@ class ChaosRun:
         try:
             bootstrap = self.broker.bootstrap_servers
             self._create_topics(bootstrap)
+            source_topics = self.topics
+            if self.changes is not None:
+                create_change_table(self.catalog_client, self.changes)
+                source_topics = [*self.topics, self.changes.topic]
             config = self.config_file
             # A flood of thousands must overflow the producer queue as 100,000 would by default.
             kafka = (
@@ -157,7 +176,13 @@ class ChaosRun:
             config.write_text(
                 yaml.safe_dump(
                     scenario.sink_config(
-                        self.name, bootstrap, self.topics, self.catalog, self.work_dir, kafka
+                        self.name,
+                        bootstrap,
+                        source_topics,
+                        self.catalog,
+                        self.work_dir,
+                        kafka,
+                        change_table=self.changes is not None,
                     )
                 )
             )
@@ -166,7 +191,9 @@ class ChaosRun:
             app = AppProcess([*command, "--trigger-interval", "1s"], self.work_dir / "app.log", env)
             # A first guess of the pace (about 40 s a cycle); each cycle corrects it from what it saw.
             pace = max(self.options.records / (self.options.cycles * 40.0), MIN_RATE)
-            traffic = Traffic(bootstrap, self.topics, self.options.records, self.options.seed, rate=pace)
+            traffic = Traffic(
+                bootstrap, self.topics, self.options.records, self.options.seed, pace, self.changes
+            )
             traffic.start()
             stuck: ChaosError | None = None
             try:
@@ -177,7 +204,12 @@ class ChaosRun:
                 traffic.stop()
                 app.kill_group()
             self.result.verdict = verify(
-                bootstrap, self.topics, f"{self.name}-dlq", self.name, load_catalog(self.catalog)
+                bootstrap,
+                self.topics,
+                f"{self.name}-dlq",
+                self.name,
+                load_catalog(self.catalog),
+                self.changes,
             )
             if stuck is not None:
                 self.result.verdict.problems.insert(0, f"the run stopped early: {stuck.cause}")
@@ -212,13 +244,13 @@ class ChaosRun:
 
     def _create_topics(self, bootstrap: str) -> None:
         admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
-        futures = admin.create_topics(
-            [
-                NewTopic(topic, partitions, 1, config={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
-                for topic, partitions in zip(self.topics, (3, 2), strict=True)
-            ],
-            operation_timeout=30,
-        )
+        topics = [
+            NewTopic(topic, partitions, 1, config={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+            for topic, partitions in zip(self.topics, (3, 2), strict=True)
+        ]
+        if self.changes is not None:
+            topics.append(NewTopic(self.changes.topic, changes.PARTITIONS, 1))
+        futures = admin.create_topics(topics, operation_timeout=30)
         for future in futures.values():
             future.result(timeout=60)
 
@@ -306,8 +338,14 @@ class ChaosRun:
     def _fail_catalog_commit(self, app: AppProcess) -> bool:
         return self._fire(app, "catalog-commit")
 
-    def _kill_coordinator(self, app: AppProcess) -> bool:
-        fired = self._fire(app, "coordinator")
+    def _kill_coordinator(self, app: AppProcess, point: str | None = None) -> bool:
+        """SIGKILL the driver at ``point``, by default one of ``kills.COORDINATOR_POINTS`` (seeded;
+        the one after a change table's resolution only when there is change traffic)."""
+        if point is None:
+            points = [p for p in kills.COORDINATOR_POINTS if self.changes or p != "coordinator.after-resolve"]
+            point = self.rng.choice(points)
+        fired = self._fire(app, point)
+        log.info("coordinator: killed at %s: %s", point, fired)
         if fired:
             app.wait_exit(60)  # the kill of the driver process; the reap takes the group with it
         return fired
@@ -341,7 +379,7 @@ class ChaosRun:
         return True
 
     def _expire_snapshots(self, app: AppProcess) -> bool:
-        if not self._kill_coordinator(app):
+        if not self._kill_coordinator(app, "coordinator.after-table-commit"):
             return False
         app.kill_group()  # make sure nothing of it still runs while the tables are changed
         name = maintenance.last_committed_table(self.catalog_client, scenario.NAMESPACES)
@@ -362,7 +400,7 @@ class ChaosRun:
         return False
 
     def _recreate_table(self, _app: AppProcess) -> bool:
-        name = self.rng.choice(self._sink_tables())
+        name = self.rng.choice([t for t in self._sink_tables() if t != changes.TABLE])  # see kills
         self._serial += 1
         aside = maintenance.swap_table(self.catalog_client, name, self._serial)
         log.info("table-recreate: %s renamed to %s and created again, empty", name, aside)

@@ -4,7 +4,8 @@ The config and the expectation sit side by side on purpose: a change of a route 
 change of ``expected_tables`` shows up as losses or duplicates in the verdict, never as silence.
 Every record kind exercises something: orders and payments fan out to three tables (two static, one
 dynamic and auto-created), clicks to two, noise to none (filtered), and malformed JSON is
-dead-lettered.
+dead-lettered. With change traffic on, the Debezium events of the change topic go to one change
+table (``changes.ROUTE``; no append route takes them) and its tombstones are skipped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fanout_sink.catalog import CatalogSettings
+from fanout_sink.devtools.chaos import changes
 
 # Static table -> the record types it takes; every routed type also goes to ``region.<region>``.
 ROUTES = {
@@ -52,17 +54,22 @@ def sink_config(
     catalog: CatalogSettings,
     work_dir: Path,
     kafka: dict[str, Any] | None = None,
+    change_table: bool = False,
 ) -> dict[str, Any]:
-    """The sink's YAML; ``kafka`` adds properties to its ``kafka:`` section."""
+    """The sink's YAML; ``kafka`` adds properties to its ``kafka:`` section, ``change_table`` routes
+    the change topic's events (``topics`` holds it) to the change table."""
+    tables: dict[str, Any] = {
+        table: {"when": " || ".join(f"type == '{k}'" for k in kinds)} for table, kinds in ROUTES.items()
+    }
+    if change_table:
+        tables[changes.TABLE] = changes.ROUTE
     return {
         "name": name,
         "kafka": {"bootstrap.servers": bootstrap, **(kafka or {})},
         "source": {"topics": topics, "format": "json"},
         "control": {"topic": f"{name}-control", "commit-interval": "3s", "commit-timeout": "60s"},
         "catalog": catalog.model_dump(),
-        "tables": {
-            table: {"when": " || ".join(f"type == '{k}'" for k in kinds)} for table, kinds in ROUTES.items()
-        },
+        "tables": tables,
         "dynamic": {
             "table": "join('.', ['region', region])",
             "allow": "^region\\.[a-z]+$",

@@ -1,5 +1,9 @@
 """The chaos run's producer: records with unique ids, written at a steerable rate through broker restarts.
 
+With change traffic on (``changes``), the same producer writes the change stream's messages beside the
+records, in the stream's order and spread over the run in step with them (after a share of the records,
+the same share of the changes), so every breakage finds changes in flight too.
+
 The verdict compares tables with what the source topics hold, so this producer only has to be honest
 about what it attempted; it is idempotent (no duplicates from its own retries) and patient (a message
 waits out a broker restart instead of timing out), so the topics hold each record exactly once.
@@ -8,6 +12,7 @@ waits out a broker restart instead of timing out), so the topics hold each recor
 from __future__ import annotations
 
 import json
+import math
 import random
 import threading
 import time
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
 
+from fanout_sink.devtools.chaos.changes import ChangeTraffic
 from fanout_sink.kafka.clients import KafkaClientFactory
 
 # Share of each record kind; ``noise`` matches no route (filtered), ``bad`` is malformed JSON.
@@ -25,6 +31,8 @@ REGIONS = ("eu", "us", "apac")
 @dataclass
 class TrafficStats:
     attempted: int = 0
+    changes: int = 0
+    """Change-stream messages produced (events and tombstones); ``acked`` and ``failed`` count both."""
     acked: int = 0
     failed: int = 0
 
@@ -45,11 +53,21 @@ def record(seq: int, rng: random.Random, prefix: str) -> tuple[str, bytes]:
 
 
 class Traffic:
-    """A background producer of ``total`` records over ``topics``; ``rate`` (records/s) may change."""
+    """A background producer of ``total`` records over ``topics``, and of ``changes`` alongside;
+    ``rate`` (records/s) may change."""
 
-    def __init__(self, bootstrap: str, topics: list[str], total: int, seed: int, rate: float = 1e3) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        total: int,
+        seed: int,
+        rate: float = 1e3,
+        changes: ChangeTraffic | None = None,
+    ) -> None:
         self.topics = topics
         self.total = total
+        self.changes = changes
         self.rate = rate
         self.stats = TrafficStats()
         self._rng = random.Random(seed)
@@ -71,13 +89,21 @@ class Traffic:
 
     @property
     def done(self) -> bool:
-        return self.stats.attempted >= self.total
+        return self.stats.attempted >= self.total and self.stats.changes >= len(self.changes or ())
 
     def _delivered(self, error: KafkaError | None, _message: Message) -> None:
         if error is None:
             self.stats.acked += 1
         else:
             self.stats.failed += 1
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, value, key, on_delivery=self._delivered)
+                return
+            except BufferError:  # the queue is full while the broker is away: wait for room
+                self._producer.poll(0.5)
 
     def _run(self) -> None:
         chunk = 50
@@ -86,14 +112,13 @@ class Traffic:
             for _ in range(min(chunk, self.total - self.stats.attempted)):
                 seq = self.stats.attempted
                 rid, value = record(seq, self._rng, self._prefix)
-                topic = self.topics[seq % len(self.topics)]
-                while True:
-                    try:
-                        self._producer.produce(topic, value, rid.encode(), on_delivery=self._delivered)
-                        break
-                    except BufferError:  # the queue is full while the broker is away: wait for room
-                        self._producer.poll(0.5)
+                self._produce(self.topics[seq % len(self.topics)], value, rid.encode())
                 self.stats.attempted += 1
+            if self.changes is not None:
+                due = math.ceil(len(self.changes) * self.stats.attempted / max(self.total, 1))
+                for index in range(self.stats.changes, due):
+                    self._produce(self.changes.topic, self.changes.values[index], self.changes.keys[index])
+                    self.stats.changes += 1
             self._producer.poll(0)
             self._stop.wait(max(0.0, chunk / max(self.rate, 1.0) - (time.monotonic() - started)))
 

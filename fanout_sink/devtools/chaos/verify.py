@@ -3,6 +3,11 @@
 Ground truth is the source topics themselves (read to their end), not the producer's bookkeeping:
 each record's expected tables follow from its value (``scenario.expected_tables``), so the check
 needs no trust in anything that was killed during the run.
+
+A change table is checked key by key against the change stream's model (missing, extra, wrong-value
+and duplicate keys, each counted), after the change topic was read to its end and found to hold the
+stream exactly: every message, each key's in the stream's order and in one partition. Only then does
+the model say what the table must hold.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from fanout_sink.devtools.chaos import scenario
+from fanout_sink.devtools.bench.change_state import check_state
+from fanout_sink.devtools.chaos import changes, scenario
+from fanout_sink.devtools.chaos.changes import ChangeTraffic
 from fanout_sink.devtools.chaos.maintenance import ASIDE_INFIX
 from fanout_sink.devtools.topics import header_pairs, read_to_end
 from fanout_sink.kafka.clients import KafkaClientFactory
@@ -46,6 +53,16 @@ class Verdict:
     duplicates: int = 0
     losses: int = 0
     snapshots: int = 0
+    changes: int = 0
+    """Change-topic messages (events and tombstones); the counts below are of the change table's keys."""
+    change_keys: int = 0
+    """Keys the model holds: what the change table must hold, one row each."""
+    change_rows: int = 0
+    change_missing: int = 0
+    change_extra: int = 0
+    change_wrong: int = 0
+    """Keys in both whose row differs from the model's in some column."""
+    change_duplicate_keys: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -100,13 +117,22 @@ def control_offset_regressions(table: Any, sink: str) -> tuple[int, list[str]]:
     return len(history), regressions
 
 
-def verify(bootstrap: str, topics: list[str], dead_letter_topic: str, sink: str, catalog: Any) -> Verdict:
+def verify(
+    bootstrap: str,
+    topics: list[str],
+    dead_letter_topic: str,
+    sink: str,
+    catalog: Any,
+    change_traffic: ChangeTraffic | None = None,
+) -> Verdict:
+    """``topics`` are the append traffic's; ``change_traffic`` the change stream, when the run had one."""
     truth = source_truth(bootstrap, topics)
     verdict = Verdict(records=truth.records)
     problems = verdict.problems
+    change_topics = [change_traffic.topic] if change_traffic is not None else []
     # First, while the last commits are fresh: a broker with a short offset retention forgets them.
     for position in source_positions(
-        KafkaClientFactory({"bootstrap.servers": bootstrap}), sink_group(sink), topics
+        KafkaClientFactory({"bootstrap.servers": bootstrap}), sink_group(sink), topics + change_topics
     ):
         if position.committed != position.end:
             problems.append(
@@ -117,6 +143,8 @@ def verify(bootstrap: str, topics: list[str], dead_letter_topic: str, sink: str,
     landed: set[str] = set()
     existing = {".".join(t) for ns in scenario.NAMESPACES for t in _list_tables(catalog, ns)}
     generations = table_generations(existing)
+    if change_traffic is not None:
+        _verify_changes(bootstrap, change_traffic, generations.pop(changes.TABLE, []), sink, catalog, verdict)
     for name in sorted(set(generations) - set(truth.tables)):
         problems.append(f"{name}: a table no record should have created")
     for name, expected in sorted(truth.tables.items()):
@@ -163,6 +191,58 @@ def verify(bootstrap: str, topics: list[str], dead_letter_topic: str, sink: str,
             f"+ filtered {len(truth.filtered)}"
         )
     return verdict
+
+
+def _verify_changes(
+    bootstrap: str, traffic: ChangeTraffic, generations: list[str], sink: str, catalog: Any, verdict: Verdict
+) -> None:
+    """The change topic against the stream, then the change table key by key against the model."""
+    problems = verdict.problems
+    messages = read_to_end(bootstrap, [traffic.topic])
+    verdict.changes = len(messages)
+    found: dict[bytes, list[bytes | None]] = {}
+    partitions: dict[bytes, set[int]] = {}
+    for message in messages:
+        key = message.key() or b""
+        found.setdefault(key, []).append(message.value())
+        partitions.setdefault(key, set()).add(message.partition() or 0)
+    sent: dict[bytes, list[bytes | None]] = {}
+    for key, value in zip(traffic.keys, traffic.values, strict=True):
+        sent.setdefault(key, []).append(value)
+    if found != sent:
+        differing = sorted(k for k in found.keys() | sent.keys() if found.get(k) != sent.get(k))
+        problems.append(
+            f"{traffic.topic}: holds {len(messages)} messages, the change stream {len(traffic)}; "
+            f"{len(differing)} keys' messages differ from the stream (e.g. {differing[:3]}): "
+            "the model does not apply"
+        )
+    split = sorted(k for k, p in partitions.items() if len(p) > 1)
+    if split:
+        problems.append(f"{traffic.topic}: {len(split)} keys in more than one partition, e.g. {split[:3]}")
+
+    verdict.change_keys = len(traffic.model)
+    if not generations:
+        problems.append(f"{changes.TABLE}: missing, {len(traffic.model)} keys expected")
+        verdict.change_missing += len(traffic.model)
+        return
+    if len(generations) > 1:  # no swap renames the change table aside (see kills): its rows split
+        problems.append(f"{changes.TABLE}: held by {generations}, expected one table; the last checked")
+    table = catalog.load_table(generations[-1])
+    check = check_state(table.scan().to_arrow(), traffic.model)
+    verdict.change_rows += check.rows
+    verdict.change_missing += check.missing
+    verdict.change_extra += check.extra
+    verdict.change_wrong += check.differing
+    verdict.change_duplicate_keys += check.duplicated
+    if check.mismatches:
+        problems.append(
+            f"{changes.TABLE}: {check.rows} rows for {check.expected} keys: {check.missing} missing, "
+            f"{check.extra} extra, {check.differing} wrong-value and {check.duplicated} duplicate keys, "
+            f"e.g. {check.examples[:5]}"
+        )
+    snapshots, regressions = control_offset_regressions(table, sink)
+    verdict.snapshots += snapshots
+    problems.extend(f"{changes.TABLE}: {text}" for text in regressions)
 
 
 def table_generations(existing: set[str]) -> dict[str, list[str]]:
