@@ -216,6 +216,21 @@ def uses_s3(props: dict[str, str]) -> bool:
     return is_s3_location(props.get("warehouse")) or any(key.startswith("s3.") for key in props)
 
 
+def _uri_properties(kind: str | None, uri: str, props: dict[str, str]) -> dict[str, str]:
+    """A REST URI's user info as Iceberg Java's basic auth (``rest.auth.basic.*``, names Spark
+    redacts), and the URI without it: a password must not sit in a value Spark shows."""
+    parts = urlsplit(uri)
+    if kind != "rest" or parts.password is None or "rest.auth.type" in props:
+        return {"uri": uri}
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return {
+        "uri": parts._replace(netloc=netloc).geturl(),
+        "rest.auth.type": "basic",
+        "rest.auth.basic.username": unquote(parts.username or ""),
+        "rest.auth.basic.password": unquote(parts.password),
+    }
+
+
 def java_catalog_properties(settings: CatalogSettings) -> dict[str, str]:
     """The catalog's properties with Iceberg Java's names (see :data:`_S3_RENAMED` for what changes)."""
     props = settings.properties()
@@ -235,7 +250,7 @@ def java_catalog_properties(settings: CatalogSettings) -> dict[str, str]:
     else:
         out["type"] = settings.type
         if settings.uri is not None:
-            out["uri"] = settings.uri
+            out.update(_uri_properties(settings.type, settings.uri, out))
     if "s3.sse-kms-key-id" in props and "s3.sse.type" not in props:
         out["s3.sse.type"] = "kms"
     if "client.assume-role.arn" in out:

@@ -257,6 +257,28 @@ def test_every_derived_secret_is_redacted_by_spark() -> None:
     assert found == secrets  # every secret reached Spark, each under a redacted key
 
 
+def test_a_rest_catalogs_url_credentials_and_api_key_header_never_reach_spark_in_clear() -> None:
+    """Issue 24 item 7: Spark hides a conf entry when spark.redaction.regex matches its key or its
+    value; a REST URI's user info goes to Iceberg's basic auth properties, an API key header is secret."""
+    settings = CatalogSettings(
+        name="c",
+        type="rest",
+        uri="https://rest-user:rest-pw@catalog.example/api",
+        **{"header.X-Api-Key": "ak-7f3d9e", "header.X-Client-Version": "1.0"},
+    )
+    conf = {**spark_catalog_conf(settings), **spark_storage_conf(settings)}
+    redaction = re.compile(f"(?i){SECRET_KEY_PATTERN}")
+    shown = {k: v for k, v in conf.items() if not (redaction.search(k) or redaction.search(v))}
+    assert not [k for k, v in shown.items() if "rest-pw" in v or "ak-7f3d9e" in v], shown
+    assert conf["spark.sql.catalog.c.uri"] == "https://catalog.example/api"
+    assert conf["spark.sql.catalog.c.rest.auth.type"] == "basic"
+    assert conf["spark.sql.catalog.c.rest.auth.basic.username"] == "rest-user"
+    assert conf["spark.sql.catalog.c.rest.auth.basic.password"] == "rest-pw"
+    assert shown["spark.sql.catalog.c.header.X-Client-Version"] == "1.0"
+    # A value with credentials in a URL is hidden by value, whatever its key.
+    assert redaction.search("jdbc:postgresql://u:pw@h/db") and not redaction.search("https://h/db")
+
+
 # --------------------------------------------------------------------------------------------
 # PyIceberg's own configuration
 

@@ -283,3 +283,30 @@ def test_maintenance_defaults_and_per_table_overrides() -> None:
         None,
         100,
     )
+
+
+def test_credentials_inside_urls_and_under_api_key_headers_are_redacted() -> None:
+    """Issue 24 item 7: secrets are found by value too (a password in a URL's user info) and under
+    API-key header names, not by secret-looking key names alone."""
+    config = parse_config(
+        _base(
+            source={
+                "topics": ["a"],
+                "format": "confluent-avro",
+                "schema-registry": {"url": "https://registry-user:registry-pw@registry.example:8081"},
+            },
+            catalog={
+                "name": "lake",
+                "type": "rest",
+                "uri": "https://rest-user:rest-pw@catalog.example/api",
+                "header.X-Api-Key": "ak-7f3d9e",
+            },
+        ),
+        "sink.yaml",
+    )
+    for text in (repr(config), str(config), str(config.redacted())):
+        for secret in ("registry-pw", "rest-pw", "ak-7f3d9e"):
+            assert secret not in text, f"{secret} visible in {text[:400]}"
+    redacted = config.redacted()
+    assert redacted["source"]["schema_registry"]["url"] == "https://registry-user:***@registry.example:8081"
+    assert is_secret_key("header.X-Api-Key") and is_secret_key("apikey")
