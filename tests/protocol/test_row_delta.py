@@ -472,3 +472,21 @@ def test_a_table_with_equality_deletes_is_refused_with_how_to_fold_them(lake: Sq
     txn.commit_transaction()
     with pytest.raises(TableError, match=r"(?s)equality-delete files.*rewrite_data_files"):
         row_delta.resolve(table, KEY, [_change(table, {1: ("eu", 2)})])
+
+
+def test_deletes_of_rows_under_an_older_partition_spec_carry_that_spec(lake: SqlCatalog) -> None:
+    table = _create(lake, "region")
+    _commit(table, [_change(table, {1: ("eu", 1), 2: ("us", 2)})])
+    with table.update_spec() as update:
+        update.remove_field("region")
+        update.add_field("ts", DayTransform(), "ts_day")
+    table = lake.load_table("ns.t")
+    resolution = _commit(table, [_change(table, {1: ("us", 10), 3: ("eu", 3)}, deletes=[2])])
+    assert _counts(resolution) == (1, 1, 1)
+    # Both deleted rows live in files of the first spec: their delete files say so, per partition.
+    assert sorted((d.spec_id, d.partition[0]) for d in resolution.delete_files) == [(0, "eu"), (0, "us")]
+    assert _state(table) == {1: ("us", 10), 3: ("eu", 3)}
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    delete_manifests = [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DELETES]
+    assert [m.partition_spec_id for m in delete_manifests] == [0]
