@@ -176,6 +176,10 @@ def test_updates_and_deletes_are_position_deletes_in_the_same_snapshot(lake: Sql
     assert written.column_names == ["file_path", "pos"]
     assert written["pos"].to_pylist() == sorted(written["pos"].to_pylist())
     assert [f.metadata[b"PARQUET:field_id"] for f in written.schema] == [b"2147483546", b"2147483545"]
+    # All three rows are in the one data file of the first round: equal path bounds make the delete
+    # file scoped to it for readers (PyIceberg's delete index, Java's referencedDataFile).
+    (hit,) = set(written["file_path"].to_pylist())
+    assert delete_file.lower_bounds[2147483546] == delete_file.upper_bounds[2147483546] == hit.encode()
 
 
 def test_a_delete_of_an_absent_key_is_a_no_op_and_an_update_of_one_inserts(lake: SqlCatalog) -> None:
