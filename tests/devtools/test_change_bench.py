@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.bench import change_report, changes, merge_peer
+from fanout_sink.devtools.bench import change_report, changes, merge_peer, ours
 from fanout_sink.devtools.bench.change_state import (
     ReadCost,
     Replica,
@@ -141,8 +142,8 @@ EVENTS = 20
 
 
 def _system(name: str, wall_s: list[float], mismatches: int = 0, earlier: int = 0) -> dict[str, Any]:
-    """A system's JSON as the benchmark writes it: rounds of ``wall_s``, ``mismatches`` missing keys
-    in its last table, ``earlier`` in its first round's."""
+    """A system's JSON as the benchmark writes it: rounds of ``wall_s`` (half of it start-up),
+    ``mismatches`` missing keys in its last table, ``earlier`` in its first round's."""
 
     def check(missing: int) -> StateCheck:
         return StateCheck(10 - missing, 10, missing, 0, 0, 0, ["id 7: missing"] if missing else [])
@@ -150,10 +151,10 @@ def _system(name: str, wall_s: list[float], mismatches: int = 0, earlier: int = 
     def cost(delete_files: int, scan_s: float, spark_rows: int = 10) -> ReadCost:
         return ReadCost(TableFiles(3, delete_files, 20 * delete_files, 4), scan_s, 0.5, spark_rows)
 
-    runs = [ChildRun(w, 2.0, 900.0, 0.0, 0, "") for w in wall_s]
+    rounds = [change_report.Round(ChildRun(w, 2.0, 900.0, 0.0, 0, ""), w / 2) for w in wall_s]
     replica = Replica(check(mismatches), cost(2, 0.2), 3.0, cost(0, 0.15), check(mismatches))
     earlier_checks = [check(earlier)] + [check(0)] * (len(wall_s) - 2)
-    return change_report.SystemResult(name, runs, replica, earlier_checks).to_json(EVENTS)
+    return change_report.SystemResult(name, rounds, replica, earlier_checks).to_json(EVENTS)
 
 
 def _data(systems: list[dict[str, Any]]) -> dict[str, Any]:
@@ -175,7 +176,8 @@ def test_the_report_gives_verdicts_only_on_tables_that_match_the_model() -> None
     peer = _system(PEER, [0.02, 0.01, 0.04])
     good = change_report.markdown(_data([peer, _system(change_report.OURS, [0.008] * 3)]))
     assert "| change events/s >= 2x Spark foreachBatch + MERGE INTO | 2.50x | met |" in good
-    assert f"| {PEER} | 1,000 (500-2,000) | 100,000.0 | 900 | 4 | 3 / 2 (40) | 3 / 0 (0) |" in good
+    assert f"| {PEER} | 1,000 (500-2,000) | 2,000 | 100,000.0 | 900 | 4 | 3 / 2 (40) | 3 / 0 (0) |" in good
+    assert "| the same after start-up (launch to first batch left out) | 2.50x | met |" in good
     assert "| PyIceberg full scan before maintenance <= 2x after | 0.200 s vs 0.150 s (1.33x) | met |" in good
     not_measured = "| change events/s >= 2x the peer |  | not measured |"
     last_bad = change_report.markdown(_data([peer, _system(change_report.OURS, [0.008] * 3, mismatches=3)]))
@@ -207,3 +209,20 @@ def test_the_merge_peer_and_maintenance_keep_the_model_key_by_key(
     assert replica.before.files.delete_files > 0 and replica.before.spark_rows == len(stream.final)
     assert replica.after.files.delete_files == 0 and replica.after.files.data_files == 1
     assert replica.after_check.mismatches == 0, replica.after_check.examples
+
+
+def test_start_up_ends_where_each_systems_log_shows_its_first_batch() -> None:
+    app_log = (
+        "2026-11-25 21:23:50,000 INFO fanout_sink.app: batch 0: 0 records in, 0 already delivered, 0 "
+        "dead-lettered, 0 filtered, rows {}, files {} (0.1s, 0 slices, peak worker RSS 0 MB), 0 records/s\n"
+        "2026-11-25 21:23:55,367 INFO fanout_sink.app: batch 1: 3999 records in, 0 already delivered, 0 "
+        'dead-lettered, 0 filtered, rows {"crm.customers": 3358}, files {"crm.customers": 2} '
+        "(4.9s, 2 slices, peak worker RSS 302 MB), 815 records/s\n"
+    )
+    expected = datetime(2026, 11, 25, 21, 23, 55, 367000).timestamp() - 4.9
+    assert ours.first_batch_started(app_log) == pytest.approx(expected)
+    assert (
+        merge_peer.first_batch_started(f"noise\n{merge_peer.FIRST_BATCH_LINE}1767225600.250\n")
+        == 1767225600.25
+    )
+    assert merge_peer.first_batch_started("no batch yet\n") is None

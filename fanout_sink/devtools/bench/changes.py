@@ -111,9 +111,18 @@ def run_merge_peer(run: SystemInput) -> ChildRun:
     )
 
 
-SYSTEMS: dict[str, tuple[str, Callable[[SystemInput], ChildRun]]] = {
-    "merge": (merge_peer.SYSTEM, run_merge_peer),
-    "ours": (change_report.OURS, run_ours),
+@dataclass(frozen=True)
+class System:
+    """A system the benchmark runs: its name, how to run it, where its log says start-up ended."""
+
+    name: str
+    start: Callable[[SystemInput], ChildRun]
+    first_batch_started: Callable[[str], float | None]
+
+
+SYSTEMS = {
+    "merge": System(merge_peer.SYSTEM, run_merge_peer, merge_peer.first_batch_started),
+    "ours": System(change_report.OURS, run_ours, ours.first_batch_started),
 }
 
 
@@ -166,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         produce_s = produce_chunks(bootstrap, topic, stream.batches())
         print(f"produced to {topic} in {produce_s:.1f} s", flush=True)
-        runs: dict[str, list[tuple[SystemInput, ChildRun]]] = {key: [] for key in keys}
+        runs: dict[str, list[tuple[SystemInput, change_report.Round]]] = {key: [] for key in keys}
         for round_no in range(args.rounds):
             for key in keys[round_no % len(keys) :] + keys[: round_no % len(keys)]:  # rotated per round
                 runs[key].append(_run(key, round_no, stream, args, bootstrap, topic, work))
@@ -202,9 +211,9 @@ def _run(
     bootstrap: str,
     topic: str,
     work: Path,
-) -> tuple[SystemInput, ChildRun]:
+) -> tuple[SystemInput, change_report.Round]:
     """One system over the whole topic, into a fresh catalog whose table holds the initial rows."""
-    system, start = SYSTEMS[key]
+    system = SYSTEMS[key]
     folder = work / f"r{round_no}-{key}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -218,17 +227,20 @@ def _run(
     run = SystemInput(
         bootstrap, topic, folder, settings, args.cores, args.commit_interval, args.max_offsets_per_trigger
     )
-    child = start(run)
+    launched = time.time()
+    child = system.start(run)
+    first_batch = system.first_batch_started(child.stderr)
+    done = change_report.Round(child, first_batch - launched if first_batch is not None else None)
     print(
-        f"round {round_no + 1} {system}: {stream.plan.events / child.wall_s:,.0f} change events/s, "
-        f"{child.cpu_s:.1f} CPU s, peak RSS {child.peak_rss_mb:,.0f} MB",
+        f"round {round_no + 1} {system.name}: {stream.plan.events / child.wall_s:,.0f} change events/s "
+        f"({done.startup_text()}), {child.cpu_s:.1f} CPU s, peak RSS {child.peak_rss_mb:,.0f} MB",
         flush=True,
     )
-    return run, child
+    return run, done
 
 
 def _examine(
-    runs: dict[str, list[tuple[SystemInput, ChildRun]]], model: pa.Table, args: argparse.Namespace
+    runs: dict[str, list[tuple[SystemInput, change_report.Round]]], model: pa.Table, args: argparse.Namespace
 ) -> list[change_report.SystemResult]:
     """Check every round's table key by key; measure and maintain each system's last one in one
     Spark session (started after all runs, so it never competes with a measured system).
@@ -242,7 +254,7 @@ def _examine(
     try:
         results = []
         for key, rounds in runs.items():
-            system = SYSTEMS[key][0]
+            system = SYSTEMS[key].name
             earlier = [
                 check_state(load_catalog(run.settings).load_table(TABLE).scan().to_arrow(), model)
                 for run, _ in rounds[:-1]
@@ -257,7 +269,7 @@ def _examine(
             _print_check(
                 f"{system}, round {len(rounds)}, after maintenance", replica.after_check, replica.after
             )
-            results.append(change_report.SystemResult(system, [c for _, c in rounds], replica, earlier))
+            results.append(change_report.SystemResult(system, [r for _, r in rounds], replica, earlier))
         return results
     finally:
         spark.stop()

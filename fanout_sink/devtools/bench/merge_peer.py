@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 from fanout_sink.catalog import CatalogSettings
@@ -23,6 +24,7 @@ from fanout_sink.devtools.bench.spark_writer import for_each_batch_available_now
 from fanout_sink.spark.session import build_spark_session
 
 SYSTEM = "Spark foreachBatch + MERGE INTO"
+FIRST_BATCH_LINE = "merge peer: first batch started at "
 _ROW = (
     "STRUCT<id BIGINT, name STRING, email STRING, country STRING, status STRING, amount STRING, "
     "points INT, updated_at STRING>"
@@ -70,8 +72,24 @@ def _job(args: argparse.Namespace) -> None:
     settings = CatalogSettings.model_validate_json(args.catalog)
     spark = build_spark_session(settings, master=args.master, app_name="bench-merge-peer")
     table = f"{settings.name}.{TABLE}"
-    for_each_batch_available_now(spark, args, lambda batch, _: merge_batch(batch, table))
+    started: list[float] = []
+
+    def merge(batch: Any, _: int) -> None:
+        if not started:  # start-up ends here; the parent reads the line from the log
+            started.append(time.time())
+            print(f"{FIRST_BATCH_LINE}{started[0]:.3f}", flush=True)
+        merge_batch(batch, table)
+
+    for_each_batch_available_now(spark, args, merge)
     spark.stop()
+
+
+def first_batch_started(log: str) -> float | None:
+    """When the peer's first micro-batch started (epoch seconds), from its log."""
+    for line in log.splitlines():
+        if line.startswith(FIRST_BATCH_LINE):
+            return float(line.removeprefix(FIRST_BATCH_LINE))
+    return None
 
 
 def run(

@@ -62,17 +62,28 @@ def app_config(
     }
 
 
-def steady_seconds(log: str) -> tuple[float | None, int]:
-    """(seconds from the first record-carrying batch's start to the last one's end, records in them)."""
-    batches = [
+def _timed_batches(log: str) -> list[tuple[float, int, float]]:
+    """(end as epoch seconds, records, seconds) of every record-carrying batch the app logged."""
+    return [
         (datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(records), float(seconds))
         for stamp, records, seconds, _ in _TIMED_BATCH_LINE.findall(log)
         if int(records) > 0
     ]
+
+
+def steady_seconds(log: str) -> tuple[float | None, int]:
+    """(seconds from the first record-carrying batch's start to the last one's end, records in them)."""
+    batches = _timed_batches(log)
     if not batches:
         return None, 0
     first_start = batches[0][0] - batches[0][2]
     return max(batches[-1][0] - first_start, 1e-3), sum(b[1] for b in batches)
+
+
+def first_batch_started(log: str) -> float | None:
+    """When the first record-carrying batch started (epoch seconds): the app's start-up ends there."""
+    batches = _timed_batches(log)
+    return batches[0][0] - batches[0][2] if batches else None
 
 
 def app_command(config: Path, master: str, max_offsets_per_trigger: int, extra: list[str]) -> list[str]:
