@@ -64,6 +64,7 @@ class Registry:
             i: _Entry(json.dumps(s), "AVRO", ()) for i, s in (schemas or {}).items()
         }
         self._subjects: dict[str, list[int]] = {}  # subject -> schema id of each version (1-based)
+        self._misses: dict[int, int] = {}  # schema id -> 404 answers still owed (a lagging follower)
         registry = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -127,10 +128,25 @@ class Registry:
         version = self._subjects[subject].index(schema_id) + 1
         return {"subject": subject, "version": version, "id": schema_id, **self._by_id[schema_id].body()}
 
+    def publish(self, schema_id: int, schema: dict[str, Any]) -> None:
+        """Serve an Avro schema under ``schema_id`` from now on (a registry restored or caught up)."""
+        with self._lock:
+            self._by_id[schema_id] = _Entry(json.dumps(schema), "AVRO", ())
+
+    def lag(self, schema_id: int, misses: int) -> None:
+        """Answer 404 to the next ``misses`` look-ups of ``schema_id``, as a follower that has not
+        replicated the schema yet does, then serve it."""
+        with self._lock:
+            self._misses[schema_id] = misses
+
     def get(self, parts: list[str]) -> dict[str, Any] | None:
         with self._lock:
             if len(parts) == 3 and parts[:2] == ["schemas", "ids"] and parts[2].isdigit():
-                entry = self._by_id.get(int(parts[2]))
+                schema_id = int(parts[2])
+                if self._misses.get(schema_id, 0) > 0:
+                    self._misses[schema_id] -= 1
+                    return None
+                entry = self._by_id.get(schema_id)
                 return None if entry is None else entry.body()
             if len(parts) == 4 and parts[0] == "subjects" and parts[2] == "versions":
                 versions = self._subjects.get(parts[1], [])

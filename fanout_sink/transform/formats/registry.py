@@ -17,8 +17,10 @@ schema's references with confluent-kafka's own deserializer for that format, nev
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -87,6 +89,20 @@ class RecordReader(Protocol):
 ReaderFactory = Callable[[SchemaRegistryClient], RecordReader]
 
 
+UNKNOWN_ID_WAIT_S = 5.0
+"""How long a look-up answered 404 is retried before its values are dead-lettered: a follower
+replicating a new schema, or a registry being restored, serves it within seconds."""
+UNKNOWN_ID_TTL_S = 60.0
+"""How long a 404 is remembered (values naming the id are dead-lettered without asking again);
+after that the next value asks again, so a schema registered later is read."""
+
+
+@dataclass(frozen=True)
+class _Known:
+    problem: str | None
+    expires: float | None  # monotonic time; None: for good (a usable or an unusable schema)
+
+
 class _WriterSchemas:
     """Writer schemas by id, checked for their type and made usable once (the reader's
     :meth:`~RecordReader.prepare` fetches the references).
@@ -94,48 +110,63 @@ class _WriterSchemas:
     Registry outages raise :class:`SchemaError` (the sink stops and retries rather than
     dead-lettering good records): the client raises ``SchemaRegistryError`` for an HTTP error answer
     and its HTTP library's ``HTTPError`` (httpx or httpx2, whichever confluent-kafka picked) when
-    there is no answer. An unknown id or an unusable schema is the reason every value naming it is
-    dead-lettered, remembered per id.
+    there is no answer. An unusable schema is the reason every value naming it is dead-lettered,
+    remembered per id. An unknown id (404) is asked again for up to :data:`UNKNOWN_ID_WAIT_S` before
+    its values are dead-lettered, and that answer is remembered for :data:`UNKNOWN_ID_TTL_S` only: a
+    lagging follower or a restore must not dead-letter good records for the life of the worker.
     """
 
     def __init__(self, client: SchemaRegistryClient, reader: RecordReader) -> None:
         self._client = client
         self._reader = reader
-        self._ready: dict[int, str | None] = {}
+        self._ready: dict[int, _Known] = {}
         self._lock = threading.Lock()
 
     def problem(self, schema_id: int) -> str | None:
         """Why values with ``schema_id`` cannot be read, or None when they can."""
         with self._lock:
-            if schema_id in self._ready:
-                return self._ready[schema_id]
-        try:
-            schema = self._client.get_schema(schema_id, fmt=self._reader.schema_format)
-        except (SchemaRegistryError, http.HTTPError) as exc:
-            _missing(exc, f"schema id {schema_id}")
-            problem: str | None = (
-                f"unknown schema id {schema_id} in the Schema Registry; "
-                "check source.schema-registry.url points at the producer's registry"
-            )
-        else:
-            problem = self._usable(schema_id, schema)
+            known = self._ready.get(schema_id)
+        if known is not None and (known.expires is None or known.expires > time.monotonic()):
+            return known.problem
+        problem, missing = self._look_up(schema_id)
+        expires = time.monotonic() + UNKNOWN_ID_TTL_S if missing else None
         with self._lock:
-            self._ready[schema_id] = problem
+            self._ready[schema_id] = _Known(problem, expires)
         return problem
 
-    def _usable(self, schema_id: int, schema: Any) -> str | None:
+    def _look_up(self, schema_id: int) -> tuple[str | None, bool]:
+        """The problem of ``schema_id`` (None: usable), and whether the registry did not know it."""
+        deadline = time.monotonic() + UNKNOWN_ID_WAIT_S
+        pause = 0.1
+        while True:
+            try:
+                schema = self._client.get_schema(schema_id, fmt=self._reader.schema_format)
+            except (SchemaRegistryError, http.HTTPError) as exc:
+                _missing(exc, f"schema id {schema_id}")
+                if time.monotonic() + pause > deadline:
+                    return (
+                        f"unknown schema id {schema_id} in the Schema Registry; check "
+                        "source.schema-registry.url points at the producer's registry",
+                        True,
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
+            return self._usable(schema_id, schema)
+
+    def _usable(self, schema_id: int, schema: Any) -> tuple[str | None, bool]:
         kind = str(schema.schema_type or "AVRO")
         expected = self._reader.schema_type
         if kind != expected:
-            return f"schema id {schema_id} is {kind}, not {expected}; is source.format right?"
+            return f"schema id {schema_id} is {kind}, not {expected}; is source.format right?", False
         try:
             self._reader.prepare(schema_id, schema)
         except (SchemaRegistryError, http.HTTPError) as exc:
             _missing(exc, f"the references of schema id {schema_id}")
-            return f"schema id {schema_id} references a schema the registry does not have: {exc}"
+            return f"schema id {schema_id} references a schema the registry does not have: {exc}", True
         except Exception as exc:  # a registered schema the libraries cannot build: many types
-            return f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}"
-        return None
+            return f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}", False
+        return None, False
 
 
 def _missing(exc: Exception, what: str) -> None:
