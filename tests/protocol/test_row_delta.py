@@ -370,16 +370,20 @@ Op = tuple[int, int | None, str]
         min_size=1,
         max_size=4,
     ),
+    compactions=st.lists(st.booleans(), min_size=4, max_size=4),
 )
 def test_random_change_streams_end_as_the_model_says(
-    partitioned_by: str | None, rounds: list[list[list[Op]]]
+    partitioned_by: str | None, rounds: list[list[list[Op]]], compactions: list[bool]
 ) -> None:
-    """Rounds of change sets (each a slice: last change per key kept) committed one after the other:
-    the table equals a dict replaying every change in order, and the counts say what happened."""
+    """Rounds of change sets (each a slice: last change per key kept) committed one after the other,
+    some after a compaction that rewrote every file (positions move, deletes folded): the table
+    equals a dict replaying every change in order, and the counts say what happened."""
     with tempfile.TemporaryDirectory() as folder:
         table = _create(_catalog(Path(folder)), partitioned_by)
         model: dict[int, Row] = {}
-        for round_ in rounds:
+        for round_, compact in zip(rounds, compactions, strict=False):
+            if compact and model:
+                table.overwrite(table.scan().to_arrow().sort_by([("id", "descending")]))
             before = dict(model)
             changes = []
             final: dict[int, Row | None] = {}
