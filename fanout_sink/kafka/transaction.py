@@ -33,6 +33,10 @@ def is_fenced(error: KafkaError) -> bool:
     }
 
 
+_LIBRDKAFKA_BATCH_SIZE = 1_000_000
+"""librdkafka's default ``batch.size``."""
+
+
 class TransactionalProducer:
     """A producer holding one transactional id; creating it fences every older holder of that id.
 
@@ -47,7 +51,11 @@ class TransactionalProducer:
         clients: KafkaClientFactory,
         transactional_id: str,
         fenced_message: str,
+        batch_bytes: int | None = None,
     ) -> None:
+        """``batch_bytes``: the most bytes one produce request may batch per partition, when a topic
+        it writes accepts less than the producer's default batch (the broker refuses a whole batch
+        over the topic's ``max.message.bytes``, however small its messages)."""
         self.transactional_id = transactional_id
         self.timeout_s = timeout_s = clients.timeout_s
         self.usable = True
@@ -55,9 +63,11 @@ class TransactionalProducer:
         # Past this the broker aborts the transaction anyway, so waiting longer for anything is futile.
         self._transaction_timeout_s = int(clients.conf.get("transaction.timeout.ms", 60000)) / 1000
         self._deadline = 0.0
-        self._producer = clients.producer(
-            {"transactional.id": transactional_id}, defaults={"transaction.timeout.ms": 60000}
-        )
+        settings = {"transactional.id": transactional_id}
+        if batch_bytes is not None:
+            configured = int(clients.conf.get("batch.size", _LIBRDKAFKA_BATCH_SIZE))
+            settings["batch.size"] = str(min(configured, batch_bytes))
+        self._producer = clients.producer(settings, defaults={"transaction.timeout.ms": 60000})
         self._producer.init_transactions(timeout_s)
 
     @contextmanager

@@ -49,6 +49,27 @@ SliceSource = Callable[[int, int], pa.Table]
 ``RAW_RECORD_SCHEMA``. The worker calls it at most once, after fencing and reading the delivered
 offset, so a replayed slice reads only what is left (a ``kafka.range_reader.RangeReader`` in a task)."""
 
+EVENT_FRAMING_BYTES = 512
+"""What a Kafka record batch adds around one event besides its key: batch and record headers."""
+
+
+def _without_bounds(record: ev.DataFileRecord) -> ev.DataFileRecord:
+    return record.model_copy(update={"lower_bounds": {}, "upper_bounds": {}})
+
+
+def _without_metrics(record: ev.DataFileRecord) -> ev.DataFileRecord:
+    return record.model_copy(
+        update={
+            "lower_bounds": {},
+            "upper_bounds": {},
+            "column_sizes": {},
+            "value_counts": {},
+            "null_value_counts": {},
+            "nan_value_counts": {},
+        }
+    )
+
+
 TABLE_CHECKS = 3
 """Writes of one slice at most when its tables keep being recreated; the last one goes out unchecked
 (the coordinator rewrites files found for an old table uuid into the new table)."""
@@ -120,6 +141,7 @@ class SliceWorker:
         self._offsets: GroupOffsets | None = None
         self._control_checked = False
         self._dead_letter_max_bytes: int | None = None
+        self._control_max_bytes: int | None = None
 
     def committed_offset(self, topic: str, partition: int) -> int | None:
         """The sink-managed group's stable committed offset for one source partition."""
@@ -139,6 +161,12 @@ class SliceWorker:
             self._dead_letter_max_bytes = max_message_bytes(self.channel.clients, topic)
         return self._dead_letter_max_bytes
 
+    def _control_limit(self) -> int:
+        """The control topic's message size limit, asked once per process."""
+        if self._control_max_bytes is None:
+            self._control_max_bytes = max_message_bytes(self.channel.clients, self.control_topic)
+        return self._control_max_bytes
+
     def _lock(self, txn_id: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(txn_id, threading.Lock())
@@ -146,9 +174,13 @@ class SliceWorker:
     def _producer(self, txn_id: str, topic: str, partition: int) -> TransactionalProducer:
         producer = self._producers.get(txn_id)
         if producer is None:
+            limits = [self._control_limit()]
+            if self.dead_letter_topic is not None:
+                limits.append(self._dead_letter_limit(self.dead_letter_topic))
             producer = TransactionalProducer(
                 self.channel.clients,
                 txn_id,
+                batch_bytes=min(limits),
                 fenced_message=(
                     f"the transaction for {topic}[{partition}] was fenced: a newer attempt for this "
                     f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
@@ -303,28 +335,77 @@ class SliceWorker:
             if table_rows.key and deleted is not None and deleted.num_rows:
                 key_files = (datafiles.write_key_file(table, deleted),)
                 result.deleted_keys[identifier] = deleted.num_rows
-            # Several events for many files, so that no message outgrows the broker's size limit;
-            # the deleted keys ride on the first (a slice's keys are unique, so order among its
-            # events does not matter), and a slice of deletes only still gets one event.
-            batches = [
-                records[i : i + self.max_files_per_event]
-                for i in range(0, len(records), self.max_files_per_event)
-            ]
-            if key_files and not batches:
-                batches = [[]]
-            for i, batch in enumerate(batches):
-                written.append(
-                    ev.DataWritten(
-                        table=table_ref(table),
-                        files=tuple(batch),
-                        topic=topic,
-                        partition=partition,
-                        next_offset=end,
-                        key=table_rows.key,
-                        deleted_keys=key_files if i == 0 else (),
-                    )
-                )
+            written += self._announce(
+                ev.DataWritten(
+                    table=table_ref(table),
+                    files=(),
+                    topic=topic,
+                    partition=partition,
+                    next_offset=end,
+                    key=table_rows.key,
+                    deleted_keys=key_files,
+                ),
+                records,
+            )
         return routed, written
+
+    def _announce(self, first: ev.DataWritten, records: list[ev.DataFileRecord]) -> list[ev.DataWritten]:
+        """``records`` in as few ``DataWritten`` events as fit the control topic (``first`` carries
+        the slice's deleted keys, the others none): a message over the topic's ``max.message.bytes``
+        would fail the transaction on every retry and stall the partition for good. A file whose
+        record alone does not fit travels without its column bounds, then without any column metrics
+        (both optional in Iceberg: readers only prune less)."""
+        budget = self._control_limit() - EVENT_FRAMING_BYTES - len(self.sink.encode())
+        base = self._event_bytes(first)
+        if base > budget:
+            raise FanoutSinkError(
+                f"the control event for {first.table.identifier} from {first.topic}[{first.partition}] needs "
+                f"{base} bytes before any file, more than the control topic {self.control_topic} accepts "
+                f"({self._control_limit()}).\n  fix: raise the topic's max.message.bytes"
+            )
+        groups: list[list[ev.DataFileRecord]] = [[]]
+        size = base
+        for original in records:
+            record, own = self._fitting(first, original, budget - base)
+            if groups[-1] and (size + own > budget or len(groups[-1]) >= self.max_files_per_event):
+                groups.append([])
+                size = base
+            groups[-1].append(record)
+            size += own
+        events = [
+            first.model_copy(
+                update={"files": tuple(files)} if i == 0 else {"files": tuple(files), "deleted_keys": ()}
+            )
+            for i, files in enumerate(groups)
+        ]
+        return [e for e in events if e.files or e.deleted_keys]
+
+    def _event_bytes(self, event: ev.DataWritten) -> int:
+        return len(ev.encode(ev.Event(sink=self.sink, payload=event)))
+
+    def _fitting(
+        self, first: ev.DataWritten, record: ev.DataFileRecord, room: int
+    ) -> tuple[ev.DataFileRecord, int]:
+        """The record (cut down if needed) and the bytes it adds to an event."""
+        empty = self._event_bytes(first)
+        for cut in (record, _without_bounds(record), _without_metrics(record)):
+            own = self._event_bytes(first.model_copy(update={"files": (cut,)})) - empty
+            if own <= room:
+                if cut is not record:
+                    log.warning(
+                        "data file %s of %s: its statistics do not fit one control event (%d bytes "
+                        "allowed); sent without %s, so readers prune this file less",
+                        record.file_path,
+                        first.table.identifier,
+                        room,
+                        "column bounds" if cut.value_counts else "column metrics",
+                    )
+                return cut, own
+        raise FanoutSinkError(
+            f"data file {record.file_path} of {first.table.identifier} does not fit one event of the "
+            f"control topic {self.control_topic} even without column metrics ({self._control_limit()} "
+            "bytes allowed).\n  fix: raise the control topic's max.message.bytes"
+        )
 
     @staticmethod
     def _changed_tables(routed: RoutedSlice) -> dict[str, Table | None]:
