@@ -18,15 +18,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from pyiceberg.expressions import And, EqualTo, LessThan
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
 from support.common import ARROW_SCHEMA, TABLE_SCHEMA, create_tables
+from support.row_deltas import commit_round
 
 from fanout_sink import cli
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.protocol import table_state
+from fanout_sink.protocol import datafiles, row_delta, table_state
 from fanout_sink.spark import maintenance
 from fanout_sink.spark.maintenance import maintain
 
@@ -293,6 +295,8 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
         "WHEN MATCHED AND s.id % 2 = 0 THEN DELETE WHEN MATCHED THEN UPDATE SET t.id = s.id + 5000"
     )
     changed = _rows_both_ways(spark, catalog, qualified)
+    # Iceberg's default again: the delete-file rewrite writes one file per data file.
+    spark.sql(f"ALTER TABLE {qualified} UNSET TBLPROPERTIES ('write.delete.granularity')")
     loaded = maintenance.delete_load(
         catalog.load_table("sink.changes"), file_threshold=1, ratio_threshold=0.3
     )
@@ -307,11 +311,8 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
 
     # Thresholds above the deletes and no small file (a 1-byte target): only the delete files are
     # rewritten, to one per data file, none lost.
-    (held,) = maintain(
-        spark,
-        config(**{"target-file-size-bytes": 1, "delete-file-threshold": 100, "delete-ratio-threshold": 1.0}),
-        ["sink.changes"],
-    )
+    thresholds = {"target-file-size-bytes": 1, "delete-file-threshold": 100, "delete-ratio-threshold": 1.0}
+    (held,) = maintain(spark, config(**thresholds), ["sink.changes"])
     steps = {s.name: s for s in held.steps}
     assert steps["compact"].action == "skipped"
     assert "none at delete-file-threshold 100" in steps["compact"].detail
@@ -322,6 +323,19 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
     assert held.after.data_files == held.before.data_files
     merged = maintenance.delete_load(catalog.load_table("sink.changes"), 100, 1.0)
     assert (merged.most_per_data_file, merged.dangling) == (1, 0), maintenance.render_text([held])
+    assert _rows_both_ways(spark, catalog, qualified) == changed
+
+    # A copy-on-write delete (PyIceberg's, as the coordinator's own rewrites) drops a whole data file
+    # and leaves its delete file dangling: the delete step drops it, whatever the thresholds.
+    with pytest.warns(UserWarning, match="falling back to copy-on-write"):  # the table says merge-on-read
+        catalog.load_table("sink.changes").delete(And(EqualTo("topic", "b"), LessThan("id", 20)))
+    changed = [(i, topic) for i, topic in changed if not (topic == "b" and i < 20)]
+    assert maintenance.delete_load(catalog.load_table("sink.changes"), 100, 1.0).dangling >= 1
+    (dangling,) = maintain(spark, config(**thresholds), ["sink.changes"])
+    steps = {s.name: s for s in dangling.steps}
+    assert steps["deletes"].action == "ran" and "at most 1 per data file" in steps["deletes"].detail
+    assert maintenance.delete_load(catalog.load_table("sink.changes"), 100, 1.0).dangling == 0
+    assert dangling.after.delete_files < dangling.before.delete_files
     assert _rows_both_ways(spark, catalog, qualified) == changed
 
     # The defaults: every data file with a delete is rewritten and no delete file is left.
@@ -337,3 +351,34 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
     report = maintenance.render_text([held, folded])
     assert f"delete files {held.before.delete_files} -> {held.after.delete_files}" in report
     assert f"delete files {folded.before.delete_files} -> 0" in report
+
+
+def test_delete_load_counts_the_sinks_deletes_as_rewrite_data_files_selects_them(catalog: Any) -> None:
+    """The coordinator's deletes, without Spark: a round that hits one data file writes a file-scoped
+    delete file (the ratio applies), a round over two files one partition-scoped file (each data file
+    then reads one more delete file; the ratio ignores it, as Iceberg's does)."""
+    create_tables(catalog, ["keyed"])
+    table = catalog.load_table("sink.keyed")
+
+    def change(ids: range) -> row_delta.ChangeSet:
+        rows = pa.Table.from_pylist([{"id": i, "topic": "new"} for i in ids], ARROW_SCHEMA)
+        return row_delta.ChangeSet(
+            datafiles.write_data_files(table, rows), pa.table({"id": pa.array([], pa.int64())})
+        )
+
+    commit_round(table, ["id"], [change(range(100))])  # data file 1: ids 0-99
+    commit_round(table, ["id"], [change(range(100, 110))])  # data file 2: ids 100-109
+    assert maintenance.delete_load(table.refresh(), 1, 0.3) == maintenance.NO_DELETES
+    commit_round(table.refresh(), ["id"], [change(range(40))])  # 40 of file 1's rows: file-scoped
+    load = maintenance.delete_load(table.refresh(), 2, 0.4)
+    assert (load.delete_files, load.position_deletes, load.data_files_with_deletes) == (1, 40, 1)
+    assert (load.over_threshold, load.dangling, load.most_per_data_file) == (1, 0, 1)  # 40% >= 0.4
+    assert maintenance.delete_load(table, 2, 0.5).over_threshold == 0
+    assert maintenance.delete_load(table, 1, 1.0).over_threshold == 1  # one delete file >= 1
+
+    commit_round(table.refresh(), ["id"], [change([45, 105])])  # files 1 and 2: partition-scoped
+    load = maintenance.delete_load(table.refresh(), 2, 0.5)
+    assert (load.delete_files, load.position_deletes, load.data_files_with_deletes) == (2, 42, 2)
+    assert (load.most_per_data_file, load.over_threshold) == (2, 1)  # file 1: two delete files
+    assert maintenance.delete_load(table, 3, 0.4).over_threshold == 1  # file 1: 40 file-scoped of 100
+    assert maintenance.delete_load(table, 3, 0.41).over_threshold == 0  # the 41st is partition-scoped
