@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -356,27 +356,27 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
 def test_delete_load_counts_the_sinks_deletes_as_rewrite_data_files_selects_them(catalog: Any) -> None:
     """The coordinator's deletes, without Spark: a round that hits one data file writes a file-scoped
     delete file (the ratio applies), a round over two files one partition-scoped file (each data file
-    then reads one more delete file; the ratio ignores it, as Iceberg's does)."""
+    then reads one more delete file; the ratio ignores it, as Iceberg's does). Rounds after the first
+    two only delete, so that no new data file falls inside a partition-scoped file's path bounds."""
     create_tables(catalog, ["keyed"])
     table = catalog.load_table("sink.keyed")
 
-    def change(ids: range) -> row_delta.ChangeSet:
+    def change(ids: range = range(0), deleted: Sequence[int] = ()) -> row_delta.ChangeSet:
         rows = pa.Table.from_pylist([{"id": i, "topic": "new"} for i in ids], ARROW_SCHEMA)
-        return row_delta.ChangeSet(
-            datafiles.write_data_files(table, rows), pa.table({"id": pa.array([], pa.int64())})
-        )
+        files = datafiles.write_data_files(table, rows) if ids else []
+        return row_delta.ChangeSet(files, pa.table({"id": pa.array(deleted, pa.int64())}))
 
     commit_round(table, ["id"], [change(range(100))])  # data file 1: ids 0-99
     commit_round(table, ["id"], [change(range(100, 110))])  # data file 2: ids 100-109
     assert maintenance.delete_load(table.refresh(), 1, 0.3) == maintenance.NO_DELETES
-    commit_round(table.refresh(), ["id"], [change(range(40))])  # 40 of file 1's rows: file-scoped
+    commit_round(table.refresh(), ["id"], [change(deleted=range(40))])  # 40 of file 1's rows: file-scoped
     load = maintenance.delete_load(table.refresh(), 2, 0.4)
     assert (load.delete_files, load.position_deletes, load.data_files_with_deletes) == (1, 40, 1)
     assert (load.over_threshold, load.dangling, load.most_per_data_file) == (1, 0, 1)  # 40% >= 0.4
     assert maintenance.delete_load(table, 2, 0.5).over_threshold == 0
     assert maintenance.delete_load(table, 1, 1.0).over_threshold == 1  # one delete file >= 1
 
-    commit_round(table.refresh(), ["id"], [change([45, 105])])  # files 1 and 2: partition-scoped
+    commit_round(table.refresh(), ["id"], [change(deleted=[45, 105])])  # files 1 and 2: partition-scoped
     load = maintenance.delete_load(table.refresh(), 2, 0.5)
     assert (load.delete_files, load.position_deletes, load.data_files_with_deletes) == (2, 42, 2)
     assert (load.most_per_data_file, load.over_threshold) == (2, 1)  # file 1: two delete files
