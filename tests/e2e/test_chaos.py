@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from pyiceberg.table.snapshots import ancestors_of
 
+from fanout_sink import faults
 from fanout_sink.devtools.bench.change_stream import create_table
 from fanout_sink.devtools.chaos import changes, kills, maintenance, scenario
 from fanout_sink.devtools.chaos.changes import change_traffic
@@ -138,6 +139,22 @@ def test_the_verdict_counts_a_change_tables_missing_extra_wrong_value_and_duplic
     producer.flush(30)
     problems = "\n".join(verify(bootstrap_servers, [source], dlq, "s", catalog, traffic).problems)
     assert f"{cdc}: holds {len(traffic) + 1} messages, the change stream {len(traffic)}; 1 keys'" in problems
+
+
+def test_the_coordinator_kind_can_kill_inside_a_change_tables_resolution_and_commit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The app's fault spec arms each coordinator point on its own file; the commit failure shares the
+    point before a table commit and fires alone when only its file is armed."""
+    spec = kills.fault_spec(tmp_path)
+    for point in ("coordinator.after-resolve", "coordinator.before-table-commit"):
+        assert f"{point}=when:{tmp_path / point}:kill" in spec.split(",")
+    monkeypatch.setenv(faults.ENV_VAR, spec)
+    kills.arm(tmp_path, "catalog-commit")
+    with pytest.raises(faults.InjectedFault):
+        faults.fault_point("coordinator.before-table-commit")
+    assert not (tmp_path / "catalog-commit").exists()
+    faults.fault_point("coordinator.after-resolve")  # not armed: no kill
 
 
 def test_records_are_reproducible_from_the_seed() -> None:

@@ -342,10 +342,11 @@ class ChaosRun:
         """SIGKILL the driver at ``point``, by default one of ``kills.COORDINATOR_POINTS`` (seeded;
         the one after a change table's resolution only when there is change traffic)."""
         if point is None:
-            points = [p for p in kills.COORDINATOR_POINTS if self.changes or p != "coordinator.after-resolve"]
+            changing = self.changes is not None
+            points = [p for p in kills.COORDINATOR_POINTS if changing or p != "coordinator.after-resolve"]
             point = self.rng.choice(points)
         fired = self._fire(app, point)
-        log.info("coordinator: killed at %s: %s", point, fired)
+        log.info("coordinator: armed at %s; the driver passed it and was killed: %s", point, fired)
         if fired:
             app.wait_exit(60)  # the kill of the driver process; the reap takes the group with it
         return fired
