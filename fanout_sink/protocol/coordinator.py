@@ -28,7 +28,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import pyarrow as pa
@@ -68,6 +68,7 @@ class TableCommit:
     updated: int = 0  # change tables: keys whose live row was replaced
     deleted: int = 0  # change tables: live rows removed by deleted keys
     delete_files: int = 0  # change tables: position-delete files committed
+    missing_files: int = 0  # announced but gone (never appended: an ERROR names them)
     attempts: int = 0
     error: str | None = None
 
@@ -468,6 +469,50 @@ class Coordinator:
         )
         return rewritten
 
+    def _present(self, table: Table, items: list[PendingFiles], outcome: TableCommit) -> list[PendingFiles]:
+        """``items`` without the data files that no longer exist, with one ERROR naming them.
+
+        A snapshot that names a missing file fails every scan of the table. Workers rewrite files
+        that waited too long for their transaction, but a paused process can still lose its files to
+        orphan cleanup, or someone deletes them: those rows are lost, the table must stay readable.
+        """
+        paths = [r.file_path for p in items for r in p.event.files]
+        if not paths:
+            return items
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-check") as pool:
+            exists = dict(
+                zip(paths, pool.map(lambda path: table.io.new_input(path).exists(), paths), strict=True)
+            )
+        missing = [path for path, present in exists.items() if not present]
+        if missing and outcome.missing_files != len(missing):  # once per round, not per attempt
+            sources = sorted(
+                {f"{p.event.topic}[{p.event.partition}] up to offset {p.event.next_offset}"
+                 for p in items if any(not exists[r.file_path] for r in p.event.files)}
+            )  # fmt: skip
+            log.error(
+                "table %s: %d data file(s) announced on the control topic do not exist and are NOT "
+                "appended, so that the table stays readable: %s. Their rows (from %s) are not in the "
+                "table.\n  fix: find what deleted them (orphan cleanup with maintenance.orphan-older-than "
+                "shorter than a stalled slice, or a manual delete) and deliver those records again.",
+                ".".join(table.name()),
+                len(missing),
+                ", ".join(missing),
+                "; ".join(sources),
+                extra={"table": ".".join(table.name())},
+            )
+        outcome.missing_files = len(missing)
+        if not missing:
+            return items
+        return [
+            replace(
+                p,
+                event=p.event.model_copy(
+                    update={"files": tuple(r for r in p.event.files if exists[r.file_path])}
+                ),
+            )
+            for p in items
+        ]
+
     def _resolve(
         self, table: Table, changes: list[PendingFiles]
     ) -> tuple[list[DataFile], row_delta.Resolution]:
@@ -522,7 +567,7 @@ class Coordinator:
             todo = [p for p in items if p.offset >= floor]
             stale = self.state.owed([p for p in todo if p.event.table.uuid != table_uuid])
             outcome.stale_files = sum(len(p.event.files) for p in stale)
-            current = [p for p in todo if p.event.table.uuid == table_uuid]
+            current = self._present(table, [p for p in todo if p.event.table.uuid == table_uuid], outcome)
             appends = [
                 datafiles.from_record(r, table) for p in current if not p.event.key for r in p.event.files
             ]

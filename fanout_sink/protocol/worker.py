@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -69,6 +70,9 @@ def _without_metrics(record: ev.DataFileRecord) -> ev.DataFileRecord:
         }
     )
 
+
+STALL_REWRITES = 3
+"""Writes of one slice at most after stalls past half the orphan age, before the worker gives up."""
 
 TABLE_CHECKS = 3
 """Writes of one slice at most when its tables keep being recreated; the last one goes out unchecked
@@ -125,9 +129,17 @@ class SliceWorker:
     """
 
     def __init__(
-        self, sink: SinkChannel, dead_letter_topic: str | None = None, max_files_per_event: int = 100
+        self,
+        sink: SinkChannel,
+        dead_letter_topic: str | None = None,
+        max_files_per_event: int = 100,
+        file_age_limit_s: float | None = None,
     ) -> None:
+        """``file_age_limit_s``: orphan cleanup's safety age (``maintenance.orphan-older-than``, the
+        smallest configured): files written more than half of it before their transaction are
+        written again, since cleanup may delete them before the transaction names them."""
         self.channel = sink
+        self.file_age_limit_s = file_age_limit_s
         self.sink = sink.sink
         self.max_files_per_event = max(1, max_files_per_event)
         self.control_topic = sink.control_topic
@@ -252,9 +264,16 @@ class SliceWorker:
             result.skipped_delivered = raw.num_rows - kept.num_rows
             raw = kept
 
-        for attempt in range(1, TABLE_CHECKS + 1):
+        attempt = stalls = 0
+        while attempt < TABLE_CHECKS:
+            attempt += 1
+            written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
             routed, written = self._write(topic, partition, end, raw, process, result)
             fault_point("worker.after-write-files", topic=topic, partition=partition)
+            if self._stalled(written_at, topic, partition, start, end, stalls):
+                stalls += 1
+                attempt -= 1
+                continue
             # Right before the transaction: are the tables still the ones the files were written
             # for? A processor's cached table outlives a drop and recreate, and files for the old
             # uuid would never be the new table's.
@@ -309,6 +328,36 @@ class SliceWorker:
         result.dead_lettered = len(routed.dead_letters)
         result.transaction_committed = True
         return result
+
+    def _stalled(
+        self, written_at: float, topic: str, partition: int, start: int, end: int, stalls: int
+    ) -> bool:
+        """Whether the slice's files are too old to commit: an unannounced file older than orphan
+        cleanup's safety age may be gone already, and a table whose snapshot names a missing file
+        fails every scan. Half the age leaves the transaction itself ample time."""
+        limit = self.file_age_limit_s
+        age = time.time() - written_at
+        if limit is None or age <= limit / 2:
+            return False
+        if stalls >= STALL_REWRITES:
+            raise FanoutSinkError(
+                f"{topic}[{partition}] [{start}, {end}): the slice's files were {age:.0f} s old before "
+                f"their transaction {stalls + 1} times in a row, more than half of orphan cleanup's "
+                f"safety age ({limit:.0f} s).\n  fix: raise maintenance.orphan-older-than well above "
+                "the time a slice takes (hours or days outside tests)"
+            )
+        log.warning(
+            "%s[%d] [%d, %d): files written %.0f s ago, more than half of maintenance.orphan-older-than "
+            "(%.0f s): orphan cleanup may delete them before the transaction names them; writing them again",
+            topic,
+            partition,
+            start,
+            end,
+            age,
+            limit,
+            extra={"topic": topic, "partition": partition, "offset": start},
+        )
+        return True
 
     def _write(
         self,

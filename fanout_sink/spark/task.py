@@ -56,9 +56,13 @@ def config_key(config: SinkConfig) -> str:
 
 
 def slice_worker(config: SinkConfig) -> SliceWorker:
+    # The smallest safety age any table's orphan cleanup may use: a slice's files must be announced
+    # well within it.
+    ages = [config.maintenance, *(t.maintenance for t in config.tables.values() if t.maintenance)]
     return SliceWorker(
         SinkChannel.from_config(config),
         dead_letter_topic=config.dead_letter.topic if config.dead_letter else None,
+        file_age_limit_s=min(m.orphan_older_than for m in ages).total_seconds(),
     )
 
 
