@@ -240,3 +240,13 @@ def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
     assert not found, "only protocol/recovery.py writes the sink group's offsets:\n" + "\n".join(found)
     senders = {called for called, _ in _calls(RECOVERY)}
     assert {"send_offsets", "group_metadata"} <= senders, "the check no longer sees recovery's own writes"
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by their base name (the test folders are not packages): two
+    ``test_x.py`` in different folders stop the collection of the whole suite."""
+    from collections import Counter
+
+    tests = Path(__file__).resolve().parent
+    names = Counter(p.name for p in tests.rglob("test_*.py") if ".venv" not in p.parts)
+    assert not [n for n, count in names.items() if count > 1], names.most_common(3)
