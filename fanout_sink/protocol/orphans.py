@@ -31,6 +31,7 @@ from datetime import timedelta
 
 from pyarrow import fs as pafs
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
@@ -83,6 +84,19 @@ class OrphanResult:
     """Orphans whose deletion failed (logged; tried again at the next run)."""
     error: str | None = None
     """Why the cleanup of this table did not run (listing or loading failed)."""
+    refused: str | None = None
+    """Why the cleanup of this table must not run (``gc.enabled=false``)."""
+
+
+GC_DISABLED = (
+    "gc.enabled is false: the table's files may belong to another table too (registered in a second "
+    "catalog, a branch), so nothing is deleted, as Iceberg's own procedures refuse"
+)
+
+
+def gc_disabled(table: Table) -> bool:
+    """Whether the table forbids deleting its files (Iceberg's ``gc.enabled``, true by default)."""
+    return table.metadata.properties.get("gc.enabled", "true").strip().lower() == "false"
 
 
 def list_files(io: FileIO, location: str) -> list[ListedFile]:
@@ -174,6 +188,12 @@ def overlapping(table: Table, others: Iterable[Table]) -> list[Table]:
     ]
 
 
+def clock_skew_margin(older_than: timedelta) -> timedelta:
+    """How much older than ``older_than`` an orphan must look: a tenth of the age, at most 10 minutes
+    (a store whose clock runs ahead makes fresh files look old)."""
+    return min(older_than / 10, timedelta(minutes=10))
+
+
 def remove_orphans(
     table: Table,
     older_than: timedelta,
@@ -187,8 +207,11 @@ def remove_orphans(
     ``pending`` comes from :func:`pending_files`, read AFTER ``listed`` (the listing, taken here when
     not given) and BEFORE ``table`` was loaded; ``neighbours`` are tables whose location overlaps.
     """
+    if gc_disabled(table):
+        return OrphanResult(len(listed or ()), refused=GC_DISABLED)
     files = listed if listed is not None else list_files(table.io, table.location())
-    cutoff = time.time() - older_than.total_seconds()
+    # Old enough by a margin: file times come from the store's clock, the cut-off from this host's.
+    cutoff = time.time() - older_than.total_seconds() - clock_skew_margin(older_than).total_seconds()
     reachable = reachable_files(table)
     for neighbour in neighbours:
         reachable |= reachable_files(neighbour)
@@ -226,6 +249,19 @@ def remove_orphans(
     return OrphanResult(len(files), tuple(removed), kept_pending, kept_fresh, tuple(failed))
 
 
+def _all_tables(catalog: Catalog) -> list[Table]:
+    """Every table of the catalog that can be loaded now (one dropped since it was listed is not
+    there to protect, and must not fail the cleanup of all the others)."""
+    found = []
+    for namespace in catalog.list_namespaces():
+        for identifier in catalog.list_tables(namespace):
+            try:
+                found.append(catalog.load_table(identifier))
+            except NoSuchTableError:
+                continue
+    return found
+
+
 def clean_tables(
     catalog: Catalog,
     older_than: Mapping[str, timedelta],
@@ -243,13 +279,16 @@ def clean_tables(
     for identifier in older_than:
         try:
             table = catalog.load_table(identifier)
+            if gc_disabled(table):
+                results[identifier] = OrphanResult(0, refused=GC_DISABLED)
+                continue
             listed[identifier] = list_files(table.io, table.location())
         except Exception as exc:  # one table's store problem must not stop the others
             results[identifier] = OrphanResult(0, error=f"{type(exc).__name__}: {exc}")
     if not listed:
         return results
     protected = pending()
-    everything = [catalog.load_table(i) for ns in catalog.list_namespaces() for i in catalog.list_tables(ns)]
+    everything = _all_tables(catalog)
     for identifier, files in listed.items():
         try:
             table = catalog.load_table(identifier)

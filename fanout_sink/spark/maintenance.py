@@ -440,6 +440,9 @@ class _TableRun:
     def expire(self, settings: MaintenanceSettings, dry_run: bool) -> None:
         started = time.monotonic()
         table = self.catalog.load_table(self.identifier)
+        if orphans.gc_disabled(table):
+            self.record("expire", "skipped", orphans.GC_DISABLED, started)
+            return
         age, keep = max_snapshot_age(table, settings), min_snapshots_to_keep(table, settings)
         older_than_ms = int(time.time() * 1000 - age.total_seconds() * 1000)
         count = expirable_snapshots(table, older_than_ms, keep)
@@ -568,7 +571,9 @@ def maintain(
     for identifier, run in runs.items():
         result = cleaned.get(identifier)
         action: StepAction
-        if failure is not None or result is None or result.error is not None:
+        if result is not None and result.refused is not None:
+            detail, action = result.refused, "skipped"
+        elif failure is not None or result is None or result.error is not None:
             detail = failure or (result.error if result is not None else "not run") or ""
             action = "failed"
         else:

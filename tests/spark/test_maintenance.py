@@ -382,3 +382,27 @@ def test_delete_load_counts_the_sinks_deletes_as_rewrite_data_files_selects_them
     assert (load.most_per_data_file, load.over_threshold) == (2, 1)  # file 1: two delete files
     assert maintenance.delete_load(table, 3, 0.4).over_threshold == 1  # file 1: 40 file-scoped of 100
     assert maintenance.delete_load(table, 3, 0.41).over_threshold == 0  # the 41st is partition-scoped
+
+
+def test_a_table_with_gc_disabled_is_neither_expired_nor_cleaned_of_orphans(
+    catalog: Any, sink_config: ConfigFactory
+) -> None:
+    """Issue 24 item 4: ``gc.enabled=false`` says the table's files may be another table's too (a
+    table registered in a second catalog, a branch): Iceberg's own procedures refuse to delete
+    files then, and so does the sink's maintenance."""
+    create_tables(catalog, ["shared"])
+    table = catalog.load_table("sink.shared")
+    for i in range(3):
+        _append(table, i, table_state.summary_properties("s", {0: i + 1}, f"c{i}", None))
+    with table.transaction() as txn:
+        txn.set_properties({"gc.enabled": "false"})
+    stray = _stray(table, "another-catalogs-file.parquet", 7200)
+    config = sink_config({"orphan-older-than": "1h", "max-snapshot-age": "0s"}, {"sink.shared": {}})
+
+    (result,) = maintain(_StubSpark(), config)
+
+    steps = {s.name: s for s in result.steps}
+    assert steps["expire"].action == "skipped" and "gc.enabled" in steps["expire"].detail
+    assert steps["orphans"].action == "skipped" and "gc.enabled" in steps["orphans"].detail
+    assert stray.exists()
+    assert len(catalog.load_table("sink.shared").snapshots()) == 3  # none expired
