@@ -202,7 +202,7 @@ class SinkMetrics:
                     ):
                         self.changes.labels(self.sink, identifier, change).inc(count)
                     self.delete_files.labels(self.sink, identifier).inc(outcome.delete_files)
-            elif outcome.outcome in ("failed", "table-missing"):
+            elif outcome.outcome in ("failed", "table-missing", "refused"):
                 self.failures.labels(self.sink, identifier).inc()
         keeping = {t for t, c in result.tables.items() if c.outcome in _VTTS_KEEPING}
         self._tables |= keeping

@@ -35,6 +35,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaException, TopicPartition
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties, Transaction
 
@@ -58,7 +59,7 @@ class TableCommit:
     """What happened to one table in one round."""
 
     identifier: str
-    outcome: str  # "committed" | "already-committed" | "table-missing" | "failed"
+    outcome: str  # "committed" | "already-committed" | "refused" | "table-missing" | "failed"
     table_uuid: str | None = None
     snapshot_id: int | None = None
     files: int = 0
@@ -69,6 +70,7 @@ class TableCommit:
     deleted: int = 0  # change tables: live rows removed by deleted keys
     delete_files: int = 0  # change tables: position-delete files committed
     missing_files: int = 0  # announced but gone (never appended: an ERROR names them)
+    refused_files: int = 0  # for a table that is gone or whose columns they do not fit: quarantined
     attempts: int = 0
     error: str | None = None
 
@@ -436,9 +438,18 @@ class Coordinator:
                 extra={"table": identifier},
             )
 
-    def _rewrite_stale(self, table: Table, stale: list[PendingFiles]) -> list[DataFile]:
+    def _quarantined(self, io: FileIO, paths: list[str]) -> str:
+        """The refused files copied where cleanup cannot take them; how the ERROR says where they are."""
+        try:
+            copies = datafiles.quarantine(io, paths, self.sink)
+        except OSError as exc:  # the ERROR still names the originals
+            return f"copying them to a quarantine folder failed ({exc}); they stay only until orphan cleanup"
+        return f"copied to {', '.join(copies)} (outside every table location: no cleanup removes them)"
+
+    def _rewrite_stale(self, table: Table, stale: list[PendingFiles], outcome: TableCommit) -> list[DataFile]:
         """Files written for an older table of this name (dropped and recreated while they were in
-        flight), rewritten as files of ``table`` when their columns fit; otherwise an ERROR naming them.
+        flight), rewritten as files of ``table`` when their columns fit; otherwise quarantined and
+        named in an ERROR (``outcome.refused_files``).
         """
         identifier = ".".join(table.name())
         records = [r for p in stale for r in p.event.files]
@@ -447,9 +458,10 @@ class Coordinator:
         try:
             rewritten = datafiles.rewrite_data_files(table, paths)
         except (TableError, OSError, pa.ArrowException) as exc:
+            outcome.refused_files = len(paths)
             log.error(
                 "table %s was dropped and recreated (uuid now %s): %d file(s) with %d row(s) written for "
-                "the old table do not fit the new one (%s) and are NOT appended: %s\n"
+                "the old table do not fit the new one (%s) and are NOT appended: %s, %s\n"
                 "  fix: the rows are in those Parquet files; add them to the table by hand if they are "
                 "wanted (the sink goes on with the new table).",
                 identifier,
@@ -458,6 +470,7 @@ class Coordinator:
                 rows,
                 exc,
                 ", ".join(paths),
+                self._quarantined(table.io, paths),
             )
             return []
         log.warning(
@@ -550,14 +563,18 @@ class Coordinator:
                     outcome.outcome = "already-committed"
                     return outcome
                 paths = [r.file_path for p in owed for r in p.event.files]
+                outcome.refused_files = len(paths)
                 log.error(
-                    "table %s is gone: %d file(s) with %d row(s) written for it are NOT appended: %s\n"
+                    "table %s is gone: %d file(s) with %d row(s) written for it are NOT appended: %s, %s\n"
                     "  fix: the rows are in those Parquet files; recreate the table and add them by hand "
                     "if they are wanted.",
                     identifier,
                     len(paths),
                     sum(r.record_count for p in owed for r in p.event.files),
                     ", ".join(paths),
+                    self._quarantined(load_file_io(self.catalog.properties, paths[0]), paths)
+                    if paths
+                    else "",
                 )
                 outcome.outcome = "table-missing"
                 return outcome
@@ -572,10 +589,10 @@ class Coordinator:
                 datafiles.from_record(r, table) for p in current if not p.event.key for r in p.event.files
             ]
             if stale:
-                appends += self._rewrite_stale(table, stale)
+                appends += self._rewrite_stale(table, stale, outcome)
             changes = [p for p in current if p.event.key]
             if not appends and not changes:
-                outcome.outcome = "already-committed"
+                outcome.outcome = "refused" if outcome.refused_files else "already-committed"
                 return outcome
             properties = table_state.summary_properties(
                 self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts

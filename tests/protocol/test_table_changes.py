@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -27,7 +31,7 @@ from support.common import (
 from support.sink_factory import SinkFactory
 
 from fanout_sink import faults, status
-from fanout_sink.protocol import table_state
+from fanout_sink.protocol import orphans, table_state
 from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import TableRows
 
@@ -206,10 +210,53 @@ def test_files_for_a_dropped_table_that_do_not_fit_its_successor_are_named_in_an
     coordinator = sink.coordinator()
     result = coordinator.commit_round()
     coordinator.close()
-    assert result.tables[f"{NAMESPACE}.a"].outcome == "already-committed"
+    outcome = result.tables[f"{NAMESPACE}.a"]
+    assert (outcome.outcome, outcome.refused_files) == ("refused", 1)
     assert table_ids(catalog, "a") == []
     [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "1 file(s) with 4 row(s)" in error and ".parquet" in error and "required column region" in error
+    _assert_quarantine_outlives_cleanup(catalog, sink, error, rows=4)
+
+
+def _assert_quarantine_outlives_cleanup(catalog: Any, sink: Any, error: str, rows: int) -> None:
+    """Issue 24 item 5: the refused files' copies, named in the ERROR, survive orphan cleanup of the
+    table that has the same location (the originals are orphans there and go)."""
+    copies = [
+        w.rstrip(",")
+        for w in error.split()
+        if "_fanout_sink_quarantine" in w and w.rstrip(",").endswith(".parquet")
+    ]
+    assert copies, error
+    old = time.time() - 3600
+    for path in Path(catalog.load_table(f"{NAMESPACE}.a").location().removeprefix("file://")).rglob(
+        "*.parquet"
+    ):
+        os.utime(path, (old, old))
+    orphans.clean_tables(
+        catalog, {f"{NAMESPACE}.a": timedelta(seconds=1)}, lambda: orphans.pending_files(sink.channel)
+    )
+    kept = [Path(c.removeprefix("file://")) for c in copies]
+    assert all(p.exists() for p in kept)
+    assert sum(pq.read_metadata(p).num_rows for p in kept) == rows
+
+
+def test_files_for_a_table_that_is_gone_are_kept_where_cleanup_cannot_take_them(
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")
+    produce_json(bootstrap_servers, sink.topic, 0, [{"id": i, "table": "a"} for i in range(3)])
+    worker = sink.worker()
+    run_batch(worker, bootstrap_servers, {sink.topic: 1}, make_processor(catalog))
+    worker.close()
+    catalog.drop_table(f"{NAMESPACE}.a")
+    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
+    coordinator = sink.coordinator()
+    outcome = coordinator.commit_round().tables[f"{NAMESPACE}.a"]
+    coordinator.close()
+    assert (outcome.outcome, outcome.refused_files) == ("table-missing", 1)
+    [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    catalog.create_table(f"{NAMESPACE}.a", schema=TABLE_SCHEMA)  # recreated at the same location
+    _assert_quarantine_outlives_cleanup(catalog, sink, error, rows=3)
 
 
 def test_rows_an_old_table_already_holds_are_not_rewritten_into_its_successor_after_a_restart(
