@@ -15,6 +15,24 @@ pytestmark = pytest.mark.usefixtures("own_spark")
 _JVM_NOTICE = "WARNING: Using incubator modules"  # the JVM's own, before any logger exists
 
 
+def _without_killed_worker_traces(lines: list[str]) -> list[str]:
+    """The lines without PySpark's own raw ``EOFError`` traceback, which its daemon prints when Spark
+    kills the Python worker of a sibling task the failed stage cancels: whether the sibling was still
+    running is timing (a known limit, docs/design.md). Only exactly that block is dropped."""
+    kept: list[str] = []
+    i = 0
+    while i < len(lines):
+        if lines[i] == "Traceback (most recent call last):":
+            end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith(" ")), len(lines))
+            block = lines[i : end + 1]
+            if "pyspark/daemon.py" in block[1] and block[-1] == "EOFError":
+                i = end + 1
+                continue
+        kept.append(lines[i])
+        i += 1
+    return kept
+
+
 def test_json_log_with_a_failed_task_shows_its_traceback_once(
     tmp_path: Path, sink_factory: SinkFactory
 ) -> None:
@@ -28,13 +46,15 @@ def test_json_log_with_a_failed_task_shows_its_traceback_once(
     (tmp_path / "app.log").write_text(log)  # kept with the test's folder, for a failure's post-mortem
     sink.assert_exact()
 
-    lines = [line for line in log.splitlines() if line.strip() and not line.startswith(_JVM_NOTICE)]
+    lines = _without_killed_worker_traces(
+        [line for line in log.splitlines() if line.strip() and not line.startswith(_JVM_NOTICE)]
+    )
     entries: list[dict[str, Any]] = []
     for line in lines:
         entry = json.loads(line)  # every line: the driver's, the executors', Spark's log4j
         assert {"time", "level", "logger", "message"} <= entry.keys(), line
         entries.append(entry)
-    assert log.count("Traceback (most recent call last)") == 1, log[-6000:]
+    assert "\n".join(lines).count("Traceback (most recent call last)") == 1, log[-6000:]
     ours = [e for e in entries if e["logger"].startswith("fanout_sink")]
     with_traceback = [e for e in ours if e.get("traceback")]
     assert len(with_traceback) == 1, with_traceback
