@@ -191,6 +191,7 @@ def test_the_report_gives_verdicts_only_on_tables_that_match_the_model() -> None
     assert not_measured in odd and "**11** counted by Spark SQL" in odd
 
 
+@pytest.mark.bench
 def test_the_merge_peer_and_maintenance_keep_the_model_key_by_key(
     stream: ChangeStream, spark: Any, spark_catalog: str, catalog: Any
 ) -> None:

@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fanout_sink.devtools.bench import maintenance
+
+pytestmark = pytest.mark.bench
 
 
 def test_benchmark_runs_end_to_end(bootstrap_servers: str, spark: Any, tmp_path: Path) -> None:

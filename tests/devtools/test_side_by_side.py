@@ -17,7 +17,7 @@ from fanout_sink.devtools.bench.landed import LandedRowsMismatchError, check_sam
 from fanout_sink.devtools.bench.workload import Variant
 from fanout_sink.errors import StackError
 
-pytestmark = pytest.mark.usefixtures("own_spark")
+pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench]
 
 RECORDS = 3000
 VARIANT = Variant("mixed", 3)
