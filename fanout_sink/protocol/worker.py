@@ -264,16 +264,8 @@ class SliceWorker:
             result.skipped_delivered = raw.num_rows - kept.num_rows
             raw = kept
 
-        attempt = stalls = 0
-        while attempt < TABLE_CHECKS:
-            attempt += 1
-            written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
-            routed, written = self._write(topic, partition, end, raw, process, result)
-            fault_point("worker.after-write-files", topic=topic, partition=partition)
-            if self._stalled(written_at, topic, partition, start, end, stalls):
-                stalls += 1
-                attempt -= 1
-                continue
+        for attempt in range(1, TABLE_CHECKS + 1):
+            routed, written = self._write_in_time(topic, partition, start, end, raw, process, result)
             # Right before the transaction: are the tables still the ones the files were written
             # for? A processor's cached table outlives a drop and recreate, and files for the old
             # uuid would never be the new table's.
@@ -328,6 +320,26 @@ class SliceWorker:
         result.dead_lettered = len(routed.dead_letters)
         result.transaction_committed = True
         return result
+
+    def _write_in_time(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        raw: pa.Table,
+        process: SliceProcessor,
+        result: SliceResult,
+    ) -> tuple[RoutedSlice, list[ev.DataWritten]]:
+        """:meth:`_write`, again while the files come out too old to commit."""
+        stalls = 0
+        while True:
+            written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
+            routed, written = self._write(topic, partition, end, raw, process, result)
+            fault_point("worker.after-write-files", topic=topic, partition=partition)
+            if not self._stalled(written_at, topic, partition, start, end, stalls):
+                return routed, written
+            stalls += 1
 
     def _stalled(
         self, written_at: float, topic: str, partition: int, start: int, end: int, stalls: int
@@ -415,7 +427,7 @@ class SliceWorker:
         groups: list[list[ev.DataFileRecord]] = [[]]
         size = base
         for original in records:
-            record, own = self._fitting(first, original, budget - base)
+            record, own = self._fitting(first, base, original, budget - base)
             if groups[-1] and (size + own > budget or len(groups[-1]) >= self.max_files_per_event):
                 groups.append([])
                 size = base
@@ -433,10 +445,9 @@ class SliceWorker:
         return len(ev.encode(ev.Event(sink=self.sink, payload=event)))
 
     def _fitting(
-        self, first: ev.DataWritten, record: ev.DataFileRecord, room: int
+        self, first: ev.DataWritten, empty: int, record: ev.DataFileRecord, room: int
     ) -> tuple[ev.DataFileRecord, int]:
-        """The record (cut down if needed) and the bytes it adds to an event."""
-        empty = self._event_bytes(first)
+        """The record (cut down if needed) and the bytes it adds to ``first`` (``empty`` bytes)."""
         for cut in (record, _without_bounds(record), _without_metrics(record)):
             own = self._event_bytes(first.model_copy(update={"files": (cut,)})) - empty
             if own <= room:
