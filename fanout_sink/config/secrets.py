@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-URL_CREDENTIALS_PATTERN = r"://[^/@:\s]*:[^/@\s]+@"
-"""A URL whose user info holds a password (``https://user:password@host``)."""
+URL_CREDENTIALS_PATTERN = r"(://[^/@:\s]*:)[^/@\s]+@"
+"""A URL whose user info holds a password (``https://user:password@host``); the group is what
+stays when the password is masked."""
 SECRET_KEY_PATTERN = (
     r"(password|passwd|secret|token|credential|private[._-]?key|account[._-]?key|api[._-]?key|"
     r"basic\.auth\.user\.info|sasl\.jaas\.config|access[._-]?key|key[._-]?pem|keystore[._-]?key|authorization|"
@@ -22,7 +23,7 @@ and matches it against each conf entry's key and value). ``authorization`` and `
 REST catalog's ``header.Authorization`` and ``header.X-Api-Key``; the URL alternative catches a
 password in any value's URL (a catalog or registry URI) whatever its key."""
 _SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]+@")
+_URL_PASSWORD = re.compile(URL_CREDENTIALS_PATTERN)
 REDACTED = "***"
 
 
