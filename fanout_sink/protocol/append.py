@@ -11,6 +11,7 @@ This does the same: the files keep their own partition values and stay prunable 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriter
@@ -18,6 +19,14 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles
+
+
+def by_spec(files: Iterable[DataFile]) -> dict[int, list[DataFile]]:
+    """``files`` grouped by the partition spec they were written with, in spec id order."""
+    grouped: dict[int, list[DataFile]] = defaultdict(list)
+    for added in files:
+        grouped[added.spec_id].append(added)
+    return dict(sorted(grouped.items()))
 
 
 class SpecPreservingAppend(_FastAppendFiles):
@@ -32,10 +41,7 @@ class SpecPreservingAppend(_FastAppendFiles):
         )
 
     def _by_spec(self) -> dict[int, list[DataFile]]:
-        by_spec: dict[int, list[DataFile]] = defaultdict(list)
-        for data_file in self._added_data_files:
-            by_spec[data_file.spec_id].append(data_file)
-        return dict(sorted(by_spec.items()))
+        return by_spec(self._added_data_files)
 
     def _manifests(self) -> list[ManifestFile]:
         added = [
@@ -61,9 +67,14 @@ class SpecPreservingAppend(_FastAppendFiles):
 
     def _collect(self, collector: SnapshotSummaryCollector, schema: Schema) -> None:
         """Count every added file into the summary, each under its own spec."""
-        for spec_id, files in self._by_spec().items():
-            for data_file in files:
-                collector.add_file(data_file=data_file, partition_spec=self.spec(spec_id), schema=schema)
+        self._count(collector, schema, self._by_spec())
+
+    def _count(
+        self, collector: SnapshotSummaryCollector, schema: Schema, grouped: dict[int, list[DataFile]]
+    ) -> None:
+        for spec_id, files in grouped.items():
+            for added in files:
+                collector.add_file(data_file=added, partition_spec=self.spec(spec_id), schema=schema)
 
     def _summary(self, snapshot_properties: dict[str, str] | None = None) -> Summary:
         metadata = self._transaction.table_metadata

@@ -22,7 +22,6 @@ by field id. Everything per row is Arrow (joins, sorts); Python loops run per fi
 from __future__ import annotations
 
 import struct
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -42,7 +41,6 @@ from pyiceberg.manifest import (
     ManifestFile,
     ManifestWriterV2,
 )
-from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector
@@ -51,7 +49,7 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import position_deletes
-from fanout_sink.protocol.append import SpecPreservingAppend
+from fanout_sink.protocol.append import SpecPreservingAppend, by_spec
 
 _SEQ, _FILE, _POS, _DELETE = "_seq", "_file", "_pos", "_delete"
 """Working columns beside the key columns; a key column of these names is refused."""
@@ -341,10 +339,7 @@ class RowDelta(SpecPreservingAppend):
         return self
 
     def _deletes_by_spec(self) -> dict[int, list[DataFile]]:
-        by_spec: dict[int, list[DataFile]] = defaultdict(list)
-        for delete_file in self._added_delete_files:
-            by_spec[delete_file.spec_id].append(delete_file)
-        return dict(sorted(by_spec.items()))
+        return by_spec(self._added_delete_files)
 
     def _manifests(self) -> list[ManifestFile]:
         manifests = super()._manifests()
@@ -361,7 +356,4 @@ class RowDelta(SpecPreservingAppend):
 
     def _collect(self, collector: SnapshotSummaryCollector, schema: Schema) -> None:
         super()._collect(collector, schema)
-        for spec_id, files in self._deletes_by_spec().items():
-            spec: PartitionSpec = self.spec(spec_id)
-            for delete_file in files:
-                collector.add_file(data_file=delete_file, partition_spec=spec, schema=schema)
+        self._count(collector, schema, self._deletes_by_spec())
