@@ -4,12 +4,15 @@ Usage: python run_coordinator.py <sink.yaml> ['<json: serve>'] (``support.sink_f
 YAML). Tests set FANOUT_SINK_FAULTS to kill it between two tables' commits. With ``serve``
 (``commit_interval_s``, ``offsets_refresh_interval_s``) it runs the coordinator's thread until SIGTERM
 instead, and exits 1 as soon as the coordinator fails: a long-running coordinator in its own process
-is out of reach of the in-process fault callbacks other tests register meanwhile.
+is out of reach of the in-process fault callbacks other tests register meanwhile. A served
+coordinator also stops when the test process that started it is gone (killed by a timeout, say), so
+it never outlives the suite.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -23,9 +26,11 @@ from fanout_sink.protocol.coordinator import Coordinator
 def serve(coordinator: Coordinator) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    parent = os.getppid()
     coordinator.start()
     while not stop.wait(0.5) and coordinator.error is None:
-        pass
+        if os.getppid() != parent:  # orphaned: re-parented to init or a subreaper
+            break
     if coordinator.error is not None:
         print(f"coordinator failed: {coordinator.error!r}", file=sys.stderr, flush=True)
         return 1
