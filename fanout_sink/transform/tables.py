@@ -359,9 +359,9 @@ class TableManager:
                     spec.add_field(part.column, transform)
             txn.commit_transaction()
         else:
-            # One create request, no transaction: a create transaction commits an AddSchema update,
-            # which PyIceberg 0.12 sends without last-column-id and a Nessie REST catalog refuses
-            # (HTTP 400 "Cannot build AddSchema ... [lastColumnId]").
+            # One create request: a create transaction costs a second round trip and commits an
+            # AddSchema update besides (sent without last-column-id, which Iceberg's REST catalog
+            # accepts: tests/devtools/test_stores.py).
             self.catalog.create_table(name, schema=schema, properties=properties)
         log.info("created table %s", name)
         return self.catalog.load_table(name)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import sqlalchemy
 from confluent_kafka.admin import AdminClient
 
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.devtools.stack import daemon
 from fanout_sink.devtools.stack.object_store import ObjectStoreState
 from fanout_sink.devtools.stack.service import http_status
 from fanout_sink.processes import pid_alive
@@ -19,8 +23,11 @@ from fanout_sink.processes import pid_alive
 CLI = [sys.executable, "-m", "fanout_sink.cli"]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, check=False)
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=600, check=False,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
 
 
 @pytest.mark.usefixtures("own_broker")
@@ -58,17 +65,19 @@ def test_status_of_a_stack_never_started(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("own_broker", "own_stores")
 def test_stack_up_with_stores_status_and_down(tmp_path: Path) -> None:
+    """The production shape of the REST catalog: its state in the stack's PostgreSQL, tables on S3."""
     stack_dir = str(tmp_path / "stack")
+    on_postgres = {daemon.REST_CATALOG_DB_ENV: "postgres"}
     try:
-        up = _cli("stack", "up", "--dir", stack_dir, "--with", "s3,postgres", "--json")
+        up = _cli("stack", "up", "--dir", stack_dir, "--with", "s3,postgres,rest", "--json", env=on_postgres)
         assert up.returncode == 0, up.stderr
         started = json.loads(up.stdout)
-        assert started["s3"]["started"] is True and started["postgres"]["started"] is True
+        assert all(started[name]["started"] is True for name in ("s3", "postgres", "rest"))
         assert "***" in started["postgres"]["uri"], "the password is not printed"
 
         report = json.loads(_cli("stack", "status", "--dir", stack_dir, "--json").stdout)
-        s3, pg = report["services"]["s3"], report["services"]["postgres"]
-        assert s3["running"] and pg["running"]
+        s3, pg, rest = (report["services"][name] for name in ("s3", "postgres", "rest"))
+        assert s3["running"] and pg["running"] and rest["running"]
         store = ObjectStoreState(**{k: s3[k] for k in ObjectStoreState.__dataclass_fields__})
         assert store.create_bucket("from-status") == "s3://from-status"
         engine = sqlalchemy.create_engine(
@@ -78,15 +87,52 @@ def test_stack_up_with_stores_status_and_down(tmp_path: Path) -> None:
             assert connection.execute(sqlalchemy.text("select 1")).scalar() == 1
         engine.dispose()
 
+        catalog = load_catalog(
+            CatalogSettings.model_validate(
+                {"name": "stack", "type": "rest", "uri": rest["uri"], **store.pyiceberg_properties()}
+            )
+        )
+        catalog.create_namespace("shop")
+        table = catalog.create_table("shop.orders", schema=pa.schema([("id", pa.int64())]))
+        table.append(pa.table({"id": [1, 2]}))
+        assert table.location().startswith(f"s3://{daemon.WAREHOUSE_BUCKET}/")
+        assert rest["database"] == f"jdbc:postgresql://127.0.0.1:{pg['port']}/{daemon.REST_CATALOG_DATABASE}"
+        rest_db = engine.url.set(database=daemon.REST_CATALOG_DATABASE)
+        engine = sqlalchemy.create_engine(rest_db)
+        with engine.connect() as connection:
+            tables = connection.execute(
+                sqlalchemy.text("select table_namespace, table_name from iceberg_tables")
+            )
+            assert [tuple(row) for row in tables] == [("shop", "orders")], (
+                "the catalog's rows are in PostgreSQL"
+            )
+        engine.dispose()
+
         text = _cli("stack", "status", "--dir", stack_dir).stdout
         assert f"s3: running  s3.endpoint={store.endpoint}" in text and ":***@" in text
+        assert f"rest: running  type=rest  uri={rest['uri']}" in text
         again = _cli("stack", "up", "--dir", stack_dir, "--with", "s3")
         assert again.returncode == 0 and "S3 object store (S3Proxy) already running" in again.stderr
     finally:
         down = _cli("stack", "down", "--dir", stack_dir)
     assert down.returncode == 0, down.stderr
     after = json.loads(_cli("stack", "status", "--dir", stack_dir, "--json").stdout)
-    assert not after["services"]["s3"]["running"] and not after["services"]["postgres"]["running"]
+    assert not any(after["services"][name]["running"] for name in ("s3", "postgres", "rest"))
+
+
+@pytest.mark.usefixtures("own_broker", "own_stores")
+def test_the_rest_catalog_on_postgres_needs_the_stacks_postgres(tmp_path: Path) -> None:
+    result = _cli(
+        "stack", "serve", "rest", "--dir", str(tmp_path), env={
+            daemon.REST_CATALOG_DB_ENV: "postgres", "FANOUT_SINK_S3_ENDPOINT": "http://127.0.0.1:9",
+            "FANOUT_SINK_S3_ACCESS_KEY_ID": "k", "FANOUT_SINK_S3_SECRET_ACCESS_KEY": "s",
+        },
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        "no PostgreSQL runs in this stack folder" in result.stderr
+        and "--with s3,postgres,rest" in result.stderr
+    )
 
 
 @pytest.mark.usefixtures("own_broker", "own_stores")

@@ -1,5 +1,5 @@
-"""Session fixtures for the real storage servers: an S3 object store (S3Proxy), an Iceberg REST catalog
-(Nessie) and PostgreSQL, each started once per pytest session (on first use) and stopped at its end,
+"""Session fixtures for the real storage servers: an S3 object store (S3Proxy), Iceberg's own REST catalog
+and PostgreSQL, each started once per pytest session (on first use) and stopped at its end,
 plus ready ``CatalogSettings`` on them, fresh per test.
 
 The servers are shared, so a test keeps to its own corner: ``rest_s3_catalog_settings`` and
@@ -58,7 +58,7 @@ def rest_catalog_process(
     tmp_path_factory: pytest.TempPathFactory, object_store: ObjectStoreState
 ) -> Iterator[RestCatalog]:
     server = RestCatalog(tmp_path_factory.mktemp("rest"), object_store, WAREHOUSE_BUCKET)
-    server.start(timeout_s=300)
+    server.start()
     try:
         yield server
     finally:
@@ -67,7 +67,8 @@ def rest_catalog_process(
 
 @pytest.fixture(scope="session")
 def rest_catalog_server(rest_catalog_process: RestCatalog) -> RestCatalogState:
-    """The session's Nessie, its tables in ``s3://WAREHOUSE_BUCKET/``."""
+    """The session's Iceberg REST catalog (its state in a SQLite file), its tables in
+    ``s3://WAREHOUSE_BUCKET/``."""
     assert rest_catalog_process.state is not None
     return rest_catalog_process.state
 
@@ -94,7 +95,7 @@ def _unique_name(prefix: str) -> str:
 
 
 def rest_s3_settings(rest: RestCatalogState, store: ObjectStoreState) -> CatalogSettings:
-    """Iceberg REST (Nessie) with the S3 store's keys: PyIceberg writes the data files itself."""
+    """Iceberg REST with the S3 store's keys: PyIceberg writes the data files itself."""
     return CatalogSettings.model_validate(
         {"name": _unique_name("rest"), "type": "rest", "uri": rest.uri, **store.pyiceberg_properties()}
     )

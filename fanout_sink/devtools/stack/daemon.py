@@ -10,6 +10,7 @@ one entry.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,8 +26,8 @@ from fanout_sink.devtools.stack.broker import (
     stop_pid,
 )
 from fanout_sink.devtools.stack.object_store import ObjectStore, S3Access
-from fanout_sink.devtools.stack.postgres import PostgresServer
-from fanout_sink.devtools.stack.rest_catalog import RestCatalog
+from fanout_sink.devtools.stack.postgres import PostgresServer, create_database
+from fanout_sink.devtools.stack.rest_catalog import CatalogDatabase, RestCatalog
 from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, Startable
 from fanout_sink.devtools.stack.spark_cluster import SparkMaster, SparkWorker, master_url_for
 from fanout_sink.errors import StackError
@@ -35,6 +36,10 @@ from fanout_sink.processes import pid_alive
 DEFAULT_PORT = 9092
 WAREHOUSE_BUCKET = "warehouse"
 """The bucket the stack's REST catalog keeps its tables in."""
+REST_CATALOG_DB_ENV = "FANOUT_SINK_REST_CATALOG_DB"
+"""``postgres``: the REST catalog keeps its state in the stack's PostgreSQL (else a SQLite file)."""
+REST_CATALOG_DATABASE = "rest_catalog"
+"""The REST catalog's own database on the stack's PostgreSQL (``iceberg`` is the SQL catalog's)."""
 
 
 def default_dir() -> Path:
@@ -66,6 +71,27 @@ def _s3_access(stack_dir: Path) -> S3Access:
     return access
 
 
+def _rest_catalog_database(stack_dir: Path) -> CatalogDatabase | None:
+    """Where the REST catalog keeps its state: None (its own SQLite file) unless
+    ``FANOUT_SINK_REST_CATALOG_DB=postgres`` asks for the stack's PostgreSQL, the production shape."""
+    wanted = os.environ.get(REST_CATALOG_DB_ENV, "sqlite")
+    if wanted == "sqlite":
+        return None
+    if wanted != "postgres":
+        raise StackError(
+            f"{REST_CATALOG_DB_ENV}={wanted!r} names no database the REST catalog can use",
+            "set it to `sqlite` (the default) or `postgres`",
+        )
+    state = PostgresServer(stack_dir / "postgres").running()
+    if state is None:
+        raise StackError(
+            f"{REST_CATALOG_DB_ENV}=postgres, but no PostgreSQL runs in this stack folder",
+            "start it with the catalog (`fanout-sink stack up --with s3,postgres,rest`)",
+        )
+    database = create_database(state, REST_CATALOG_DATABASE)
+    return CatalogDatabase(database.jdbc_url, database.user, database.password)
+
+
 SERVICES: Mapping[str, Service] = {
     "broker": Service(
         "Kafka broker",
@@ -77,15 +103,17 @@ SERVICES: Mapping[str, Service] = {
         lambda d, port, host: ObjectStore(d / "s3", port, host),
         lambda s: {"s3.endpoint": s.endpoint, "s3.region": s.region},
     ),
-    "rest": Service(
-        "Iceberg REST catalog (Nessie)",
-        lambda d, port, host: RestCatalog(d / "rest", _s3_access(d), WAREHOUSE_BUCKET, port, host),
-        lambda s: {"type": "rest", "uri": s.uri},
-    ),
     "postgres": Service(
         "PostgreSQL",
         lambda d, port, host: PostgresServer(d / "postgres", port, host),
         lambda s: {"type": "sql", "uri": s.sqlalchemy_uri.replace(f":{s.password}@", ":***@")},
+    ),
+    "rest": Service(
+        "Iceberg REST catalog",
+        lambda d, port, host: RestCatalog(
+            d / "rest", _s3_access(d), WAREHOUSE_BUCKET, port, host, _rest_catalog_database(d)
+        ),
+        lambda s: {"type": "rest", "uri": s.uri},
     ),
     "spark-master": Service(
         "Spark standalone master",
@@ -98,7 +126,8 @@ SERVICES: Mapping[str, Service] = {
         lambda s: {"spark.master": s.master_url},
     ),
 }
-"""Every server, in start order (the REST catalog needs the store, a Spark worker its master)."""
+"""Every server, in start order (the REST catalog needs the store and, when asked, PostgreSQL; a Spark
+worker its master)."""
 EXTRAS = tuple(name for name in SERVICES if name != "broker")
 
 

@@ -8,6 +8,7 @@ and its data folder, belong to the ``postgres`` OS user the Debian package creat
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import os
@@ -51,6 +52,11 @@ class PostgresState:
             f"postgresql+psycopg2://{quote(self.user, safe='')}:{quote(self.password, safe='')}"
             f"@{self.host}:{self.port}/{self.database}"
         )
+
+    @property
+    def jdbc_url(self) -> str:
+        """The same database for JDBC clients (the login goes separately: ``user``, ``password``)."""
+        return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}"
 
 
 def bin_dir() -> Path:
@@ -170,21 +176,23 @@ class PostgresServer(LocalServer[PostgresState]):
 
     def start(self, timeout_s: float = 120.0) -> PostgresState:
         state = super().start(timeout_s)
-        self._create_database(state)
+        create_database(state, state.database)
         return state
 
-    def _create_database(self, state: PostgresState) -> None:
-        result = subprocess.run(
-            [str(bin_dir() / "createdb"), "-h", state.data_dir, "-p", str(state.port), "-U", state.user,
-             state.database],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        if result.returncode != 0 and "already exists" not in result.stderr:
-            raise StackError(
-                f"creating the database {state.database!r} failed",
-                "read createdb's error below",
-                result.stderr,
-            )
+
+def create_database(state: PostgresState, name: str) -> PostgresState:
+    """Create database ``name`` on the running server unless it exists (over the socket in the data
+    folder, so only its owner can); the state of a client of that database."""
+    result = subprocess.run(
+        [str(bin_dir() / "createdb"), "-h", state.data_dir, "-p", str(state.port),
+         "-U", state.user, name],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if result.returncode != 0 and "already exists" not in result.stderr:
+        raise StackError(
+            f"creating the database {name!r} failed", "read createdb's error below", result.stderr
+        )
+    return dataclasses.replace(state, database=name)
 
 
 def _allow_remote_logins(data_dir: Path) -> None:

@@ -1,162 +1,157 @@
-"""An Iceberg REST catalog that people run in production: Project Nessie's server (one Quarkus jar from
-Maven Central) on 127.0.0.1, its catalog state in RocksDB under the work dir, tables on an S3 store.
+"""Apache Iceberg's own REST catalog server on 127.0.0.1: the classes behind the apache/iceberg-rest-fixture
+image (``RESTCatalogAdapter`` over a ``JdbcCatalog``, served by Jetty), from Maven Central jars at the
+Iceberg version of the Spark runtime, started by the project's launcher (``RestCatalogLauncher.java``,
+run from source: no build step).
 
-Clients speak plain Iceberg REST at ``http://127.0.0.1:P/iceberg`` and read and write table files with
-their own S3 keys: Nessie's request signing is off, because PyIceberg's pyarrow FileIO cannot sign
-through a catalog. Nessie itself writes table metadata to the store with the same key pair.
+The catalog's state is a SQLite file in the work dir (kept across a kill and a restart), or a database
+of the stack's PostgreSQL (``CatalogDatabase``, the production shape); tables live on an S3 store.
+Clients speak plain Iceberg REST at ``http://127.0.0.1:P`` and read and write table files with their own
+S3 keys (nothing is vended); the server writes table metadata to the store with the same key pair.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fanout_sink import jars
 from fanout_sink.devtools.stack.object_store import S3Access
-from fanout_sink.devtools.stack.service import (
-    LOCALHOST,
-    LocalServer,
-    http_status,
-    java,
-    java_major,
-    pick_port,
-    single_jar,
-)
+from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, http_status, java, pick_port
 from fanout_sink.errors import StackError
 from fanout_sink.spark.jvm import LIGHT_JIT
 
-NESSIE = jars.JarSet("nessie", "fanout_sink.devtools.stack")
-"""Nessie's Quarkus runner jar (``poms/nessie.xml``)."""
-NESSIE_JAVA = 21
-"""Nessie 0.99's classes are built for Java 21 (class file version 65)."""
-JVM_SIGTERM_EXIT = 143
-"""What a JVM exits with after its shutdown hooks ran on SIGTERM (128 + 15)."""
-WAREHOUSE = "warehouse"
-"""The name of Nessie's one warehouse, the default for clients that name none."""
+log = logging.getLogger(__name__)
+
+ICEBERG_REST = jars.JarSet("iceberg-rest", "fanout_sink.devtools.stack")
+"""Iceberg's REST servlet and catalog, Jetty, the JDBC drivers and S3FileIO (``poms/iceberg-rest.xml``)."""
+LAUNCHER = "RestCatalogLauncher.java"
+"""The launcher's source, shipped beside this module."""
+CATALOG_ENV_PREFIX = "CATALOG_"
+"""The launcher turns every ``CATALOG_X`` variable into catalog property ``x`` (the fixture's convention)."""
+HEAP_ENV = "FANOUT_SINK_REST_CATALOG_HEAP"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a commit waits for SQLite's write lock before failing (the driver's default is 3 s)."""
+
+
+@dataclass(frozen=True)
+class CatalogDatabase:
+    """A database the server keeps its catalog in, instead of its own SQLite file: a JDBC URL and a
+    login (the password goes to the server in its environment, never on the command line)."""
+
+    jdbc_url: str
+    user: str
+    password: str = field(repr=False)
 
 
 @dataclass(frozen=True)
 class RestCatalogState:
-    """Where the catalog serves, and the store folder its tables live under."""
+    """Where the catalog serves, where it keeps its state and the store folder its tables live under."""
 
     pid: int
     port: int
-    management_port: int
     log_file: str
     warehouse_location: str
+    database: str
+    """The JDBC URL of the catalog's own state (no secret in it)."""
 
     @property
     def uri(self) -> str:
-        """The catalog's ``uri`` property for Iceberg REST clients."""
-        return f"http://127.0.0.1:{self.port}/iceberg"
+        """The catalog's ``uri`` property for Iceberg REST clients (no path prefix)."""
+        return f"http://127.0.0.1:{self.port}"
 
 
 class RestCatalog(LocalServer[RestCatalogState]):
-    """Nessie on ROCKSDB: namespaces, tables and their commits survive a kill and a restart. Tables
-    go to ``s3://<bucket>/<namespace>/<table>_<uuid>`` on ``store`` (``ObjectStoreState.access``)."""
+    """Iceberg's REST catalog on a ``JdbcCatalog``: namespaces, tables and their commits survive a kill
+    and a restart. Tables go to ``s3://<bucket>/<namespace>/<table>`` on ``store``."""
 
     kind = "rest"
-    title = "Nessie REST catalog"
+    title = "Iceberg REST catalog"
     state_type = RestCatalogState
 
     def __init__(
-        self, work_dir: Path, store: S3Access, bucket: str, port: int | None = None, host: str = LOCALHOST
+        self,
+        work_dir: Path,
+        store: S3Access,
+        bucket: str,
+        port: int | None = None,
+        host: str = LOCALHOST,
+        database: CatalogDatabase | None = None,
     ) -> None:
+        """``database`` None keeps the catalog in ``<work_dir>/catalog.db`` (SQLite)."""
         super().__init__(work_dir, port, host)
         self.store = store
         self.bucket = bucket
-        self._archive: Path | None = None
-        """The class-data archive this start maps (None: it dumps to ``_dump`` instead)."""
-        self._dump: Path | None = None
+        self.database = database
 
     def _launch(self, previous: RestCatalogState | None) -> RestCatalogState:
-        jar = single_jar(NESSIE)
-        runtime = java(NESSIE_JAVA)
+        classpath = str(jars.fetch(ICEBERG_REST) / "*")
         port = pick_port(self.requested_port, previous.port if previous else None)
-        management = pick_port(None, previous.management_port if previous else None, taken=(port,))
         location = self.store.create_bucket(self.bucket) + "/"
-        # Quarkus reads ./config/application.properties from its working dir: the S3 secret stays off
-        # the command line (visible to every user in `ps`).
-        config = self.work_dir / "config" / "application.properties"
-        config.parent.mkdir(exist_ok=True)
-        config.touch(mode=0o600)
-        s3 = "nessie.catalog.service.s3.default-options"
-        properties = {
-            "nessie.version.store.type": "ROCKSDB",
-            "nessie.version.store.persist.rocks.database-path": str(self.work_dir / "nessie-rocksdb"),
-            "nessie.catalog.default-warehouse": WAREHOUSE,
-            f"nessie.catalog.warehouses.{WAREHOUSE}.location": location,
-            f"{s3}.endpoint": self.store.endpoint,
-            f"{s3}.path-style-access": "true",
-            f"{s3}.region": self.store.region,
-            f"{s3}.auth-type": "STATIC",
-            f"{s3}.access-key": "urn:nessie-secret:quarkus:fanout-sink.s3",
-            "fanout-sink.s3.name": self.store.access_key_id,
-            "fanout-sink.s3.secret": self.store.secret_access_key,
-            f"{s3}.request-signing-enabled": "false",
-            "quarkus.http.host": self.host,
-            "quarkus.http.port": str(port),
-            "quarkus.management.host": self.host,
-            "quarkus.management.port": str(management),
-            "quarkus.http.access-log.enabled": "false",
-            "quarkus.otel.sdk.disabled": "true",
-        }
-        config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
-        heap = os.environ.get("FANOUT_SINK_NESSIE_HEAP", "512m")
+        heap = os.environ.get(HEAP_ENV, "512m")
         pid = self._spawn(
-            [runtime, f"-Xmx{heap}", LIGHT_JIT, *self._class_archive_options(runtime),
-             "--enable-native-access=ALL-UNNAMED", "-jar", str(jar)]
-        )  # fmt: skip
+            [java(), f"-Xmx{heap}", LIGHT_JIT, "-cp", classpath, str(Path(__file__).with_name(LAUNCHER))],
+            env=self._environment(location, port),
+        )
         return RestCatalogState(
-            pid=pid, port=port, management_port=management, log_file=str(self.log_file),
-            warehouse_location=location,
+            pid=pid, port=port, log_file=str(self.log_file), warehouse_location=location,
+            database=self._jdbc_url(),
         )  # fmt: skip
+
+    def _jdbc_url(self) -> str:
+        if self.database is not None:
+            return self.database.jdbc_url
+        return f"jdbc:sqlite:{self.work_dir / 'catalog.db'}?busy_timeout={SQLITE_BUSY_TIMEOUT_MS}"
+
+    def _environment(self, location: str, port: int) -> dict[str, str]:
+        """This process's environment without its own ``CATALOG_*`` variables (the catalog is exactly
+        what this object says), plus the catalog's settings; secrets stay off the command line."""
+        settings = {
+            "uri": self._jdbc_url(),
+            "warehouse": location,
+            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            "s3.endpoint": self.store.endpoint,
+            "s3.path-style-access": "true",
+            "s3.access-key-id": self.store.access_key_id,
+            "s3.secret-access-key": self.store.secret_access_key,
+            "client.region": self.store.region,
+            "rest.host": self.host,
+            "rest.port": str(port),
+        }
+        if self.database is not None:
+            settings["jdbc.user"] = self.database.user
+            settings["jdbc.password"] = self.database.password
+        env = {name: value for name, value in os.environ.items() if not name.startswith(CATALOG_ENV_PREFIX)}
+        env.update({catalog_env_name(key): value for key, value in settings.items()})
+        return env
 
     def _ready(self, state: RestCatalogState) -> bool:
         return http_status(f"{state.uri}/v1/config") == 200
 
-    # Start-up is class loading and JIT (43-66 s on a loaded 2-core machine, 17 s with both below):
-    # C1 alone, since the catalog's load is light, and a class-data archive of the last clean run,
-    # handled as the Spark driver's (spark/jvm.py): a truncated archive crashes the JVM, so a run dumps
-    # to a file of its own, published by rename only after it stopped cleanly.
-
-    def _class_archive_options(self, runtime: str) -> list[str]:
-        name = f"{jars.jar_dir(NESSIE).name}-java{java_major(runtime)}.jsa"
-        archive = jars.cache_dir() / "jvm" / name
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        quiet = ["-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
-        if archive.exists():
-            self._archive, self._dump = archive, None
-            return [f"-XX:SharedArchiveFile={archive}", *quiet]
-        self._archive, self._dump = None, archive.with_name(f"{name}.{os.getpid()}.{id(self)}.dump")
-        return [f"-XX:ArchiveClassesAtExit={self._dump}", *quiet]
+    def _diagnose(self, tail: str) -> tuple[str, str]:
+        if "jdk.compiler" in tail:
+            return (
+                "the `java` found is a runtime without a compiler: the launcher runs from its source",
+                "install a JDK 17+ (Debian: `apt-get install -y openjdk-17-jdk-headless`), not only a JRE",
+            )
+        return super()._diagnose(tail)
 
     def start(self, timeout_s: float = 120.0) -> RestCatalogState:
-        try:
-            return super().start(timeout_s)
-        except StackError:
-            if self._archive is None:
-                raise
-            # It started with an archive and failed: the archive may be damaged. Once more without.
-            self._archive.unlink(missing_ok=True)
-            return super().start(timeout_s)
+        began = time.monotonic()
+        state = super().start(timeout_s)
+        # The figure the switch from Nessie (17-66 s) was made for; the log has the JVM's own count.
+        log.info("%s served %s %.1f s after its launch", self.title, state.uri, time.monotonic() - began)
+        return state
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        super().stop(timeout_s)  # the first clean stop writes the archive: allow it time
-        self._settle_archive()
 
-    def kill(self) -> None:
-        super().kill()
-        self._settle_archive()
-
-    def _settle_archive(self) -> None:
-        dump = self._dump
-        if dump is None:
-            return
-        # 143: the JVM ran its shutdown (and the dump) on SIGTERM; SIGKILL or a crash is negative.
-        if self.exit_code == JVM_SIGTERM_EXIT and dump.exists():
-            os.replace(dump, dump.with_name(dump.name.split(".jsa.")[0] + ".jsa"))
-        else:
-            dump.unlink(missing_ok=True)
-        self._dump = None
+def catalog_env_name(key: str) -> str:
+    """The launcher's variable for catalog property ``key``: the inverse of the fixture's mapping
+    (``s3.access-key-id`` -> ``CATALOG_S3_ACCESS__KEY__ID``). Keys with ``_`` have no such name."""
+    if "_" in key:
+        raise StackError(
+            f"the catalog property {key!r} cannot be passed as a CATALOG_* variable (it holds '_')",
+            "pass it inside the JDBC URL or choose the property's dashed spelling",
+        )
+    return CATALOG_ENV_PREFIX + key.replace("-", "__").replace(".", "_").upper()

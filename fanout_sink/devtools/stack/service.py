@@ -31,6 +31,8 @@ from fanout_sink.errors import StackError
 from fanout_sink.processes import pid_alive
 
 LOCALHOST = "127.0.0.1"
+JAVA_MIN = 17
+"""Every server of the stack runs on Java 17+ (Spark 4.1's and Kafka 4's floor)."""
 
 
 class ServerState(Protocol):
@@ -65,20 +67,20 @@ def pick_port(requested: int | None, previous: int | None, taken: Sequence[int] 
     return port
 
 
-def java(min_major: int = 17) -> str:
-    """A ``java`` of at least version ``min_major``: the one on PATH, else ``$JAVA_HOME``'s, else the
-    newest under /usr/lib/jvm (Nessie's server needs 21 while the rest of the stack runs on 17)."""
+def java() -> str:
+    """A ``java`` of at least version ``JAVA_MIN``: the one on PATH, else ``$JAVA_HOME``'s, else the
+    newest under /usr/lib/jvm."""
     candidates = [
         shutil.which("java"),
         os.path.join(os.environ.get("JAVA_HOME", "/nonexistent"), "bin", "java"),
     ]
     candidates += sorted(glob.glob("/usr/lib/jvm/*/bin/java"), key=java_major, reverse=True)
     for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK) and java_major(candidate) >= min_major:
+        if candidate and os.access(candidate, os.X_OK) and java_major(candidate) >= JAVA_MIN:
             return candidate
     raise StackError(
-        f"no Java {min_major}+ runtime was found (on PATH, in $JAVA_HOME or under /usr/lib/jvm)",
-        f"install a JDK {min_major} or newer and put its `java` first on PATH or in JAVA_HOME",
+        f"no Java {JAVA_MIN}+ runtime was found (on PATH, in $JAVA_HOME or under /usr/lib/jvm)",
+        f"install a JDK {JAVA_MIN} or newer and put its `java` first on PATH or in JAVA_HOME",
     )
 
 
