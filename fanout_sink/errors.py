@@ -209,3 +209,32 @@ class SourceDataLossError(SourceReadError):
             f"--topic {topic}:{partition} --reset-offsets --to-offset {log_start} --execute`, "
             "move the Spark checkpoint aside and restart"
         )
+
+
+class TopicRecreatedError(FanoutSinkError):
+    """A source topic was deleted and created again under the same name: the positions the sink
+    recorded belong to the old topic (another topic id) and say nothing about the new one's records.
+
+    ``running`` marks the error a worker raises when Spark kept planning the new topic from the old
+    topic's positions: only start-up planning can move Spark back to the new topic's beginning.
+    """
+
+    def __init__(self, topic: str, recorded_id: str, current_id: str, running: bool = False) -> None:
+        self.topic, self.recorded_id, self.current_id = topic, recorded_id, current_id
+        if running:
+            fix = (
+                "restart the app: its start-up planning moves Spark's checkpoint aside and reads the new "
+                "topic from its beginning (source.recreated-topic-offsets: earliest, the default) or stops "
+                "(fail)"
+            )
+        else:
+            fix = (
+                "if the new topic's records are new, set source.recreated-topic-offsets: earliest and "
+                "restart to read it from its beginning; if it holds a copy of records the sink already "
+                "delivered (a restore, a mirror), move their rows aside first or they land twice"
+            )
+        super().__init__(
+            f"source topic {topic!r} was deleted and recreated: the sink delivered positions of topic id "
+            f"{recorded_id}, the topic now has id {current_id}, and none of its records is delivered yet.\n"
+            f"  fix: {fix}"
+        )

@@ -164,6 +164,9 @@ class SourceSettings(_Section):
     schema_registry: dict[str, str] = Field(default_factory=dict, examples=[{"url": "http://127.0.0.1:8081"}])
     tombstones: Literal["skip", "dead-letter"] = Field(default="skip", examples=["skip"])
     starting_offsets: Literal["earliest", "latest"] = Field(default="earliest", examples=["earliest"])
+    recreated_topic_offsets: Literal["earliest", "fail"] = Field(default="earliest", examples=["earliest"])
+    """A source topic deleted and created again (its topic id changed): read it from its beginning,
+    or stop with an error naming it (see routing/README.md for why ``earliest`` is the default)."""
 
     @field_validator("schema_registry", mode="before")
     @classmethod

@@ -112,6 +112,19 @@ def source_positions(clients: KafkaClientFactory, group: str, topics: list[str])
     return [PartitionPosition(t, p, committed.get((t, p)), ends[(t, p)]) for t, p in partitions]
 
 
+def log_start_offset(clients: KafkaClientFactory, topic: str, partition: int) -> int:
+    """The partition's log start offset: the oldest offset a consumer can still read."""
+    admin, timeout_s, tp = clients.admin(), clients.timeout_s, TopicPartition(topic, partition)
+    asked = admin.list_offsets(  # the admin is referenced until its future resolves
+        {tp: OffsetSpec.earliest()},  # type: ignore[no-untyped-call]
+        request_timeout=timeout_s,
+    )
+    try:
+        return int(asked[tp].result(timeout_s).offset)
+    except concurrent.futures.TimeoutError as exc:
+        raise TimeoutError(f"no log start offset of {topic}[{partition}] within {timeout_s:.0f} s") from exc
+
+
 DEFAULT_OFFSETS_RETENTION_S = 7 * 24 * 3600.0
 """Kafka's default ``offsets.retention.minutes`` (7 days), used when the broker will not say."""
 

@@ -1,5 +1,6 @@
 """The sink's own topics (control, dead letters): created with the durability of the source offsets,
-or checked; which topics a pattern subscribes to; how large a message a topic takes."""
+or checked; which topics a pattern subscribes to; how large a message a topic takes; which topic id
+a source topic has now."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
 # Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -21,7 +22,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.errors import TopicError
-from fanout_sink.kafka.clients import KafkaClientFactory
+from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
 
 _PRODUCER_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 log = logging.getLogger(__name__)
@@ -185,3 +186,30 @@ def max_message_bytes(clients: KafkaClientFactory, topic: str) -> int:
     producer_limit = int(clients.conf.get("message.max.bytes", _PRODUCER_MESSAGE_MAX_BYTES))
     described = _describe(clients.admin(), ConfigResource(ResourceType.TOPIC, topic), clients.timeout_s) or {}
     return min(producer_limit, int(described.get("max.message.bytes", producer_limit)))
+
+
+def topic_ids(clients: KafkaClientFactory, topics: Iterable[str]) -> dict[str, str]:
+    """The topic id of each of ``topics`` that exists (Kafka's base64 form, as ``kafka-topics
+    --describe`` prints it); a topic that does not exist is left out.
+
+    A name is not an identity: a topic deleted and created again keeps its name and gets a new id,
+    and its offsets start over. Every delivered position the sink records carries the id, so a
+    position of the old topic is never taken for one of the new topic.
+    """
+    wanted = sorted(set(topics))
+    if not wanted:
+        return {}
+    admin, timeout_s = clients.admin(), clients.timeout_s
+
+    def describe() -> dict[str, str]:
+        found: dict[str, str] = {}
+        futures = admin.describe_topics(TopicCollection(wanted), request_timeout=timeout_s)
+        for topic, future in futures.items():
+            try:
+                found[topic] = str(future.result(timeout_s).topic_id)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+        return found
+
+    return retry_transient(describe, timeout_s)

@@ -38,8 +38,9 @@ class CommitState:
     times: dict[tuple[str, int], ev.PartitionTime] = field(default_factory=dict)
     reports_below: int = 0
     """Every report below this control offset is folded into ``times``."""
-    delivered: dict[tuple[str, int], int] = field(default_factory=dict)
-    """Per source partition, the largest ``next_offset`` of the reports folded (``reports_below``)."""
+    delivered: ev.DeliveredPositions = field(default_factory=ev.DeliveredPositions)
+    """Per source partition, the largest ``next_offset`` of the reports folded (``reports_below``),
+    of the topic id reported last (a recreated topic's positions start over)."""
     committed_through: dict[str, int] = field(default_factory=dict)
     """Per table uuid, the floor its last ``CommitToTable`` announced. A table swapped away (dropped
     or renamed aside) can no longer be asked for its floor, yet a restarted coordinator re-reads its
@@ -74,8 +75,7 @@ class CommitState:
             return  # an older round, or this process's own round read back
         for time in complete.partition_times:
             self._merge(time)
-        for key, offset in ev.delivered_positions(complete).items():
-            self.delivered[key] = max(self.delivered.get(key, 0), offset)
+        self.delivered.take_round(complete)
         self.reports_below = complete.reports_below
         self.reports = [(offset, report) for offset, report in self.reports if offset >= self.reports_below]
 
@@ -98,7 +98,7 @@ class CommitState:
                 later.append((offset, report))
                 continue
             key = (report.topic, report.partition)
-            self.delivered[key] = max(self.delivered.get(key, 0), report.next_offset)
+            self.delivered.take_report(report)
             if report.max_timestamp_ms is not None:
                 known = self.times.get(key)
                 disorder = 0

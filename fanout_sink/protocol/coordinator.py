@@ -338,7 +338,7 @@ class Coordinator:
                     partition_times=times,
                     reports_below=reports_below,
                     low_watermark=result.low_watermark,
-                    delivered=ev.delivered_map(self.state.delivered),
+                    **self.state.delivered.round_fields(),
                 )
             )
             watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)

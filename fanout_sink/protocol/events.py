@@ -22,6 +22,7 @@ import json
 import struct
 import time
 import uuid
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -32,11 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from fanout_sink.errors import EventVersionError
 
 MAGIC = b"FSNK"
-VERSION = 3
+VERSION = 4
 """2: ``DataComplete.min_timestamp_ms``; ``CommitComplete.partition_times``, ``reports_below``,
 ``low_watermark`` and ``delivered``; ``CommitToTable.control_offset``. 3: ``DataWritten.key`` and
-``deleted_keys`` (change tables)."""
-READABLE_VERSIONS = (1, 2, 3)
+``deleted_keys`` (change tables). 4: ``DataComplete.topic_id`` and ``CommitComplete.topic_ids`` (a
+position belongs to one generation of a topic name)."""
+READABLE_VERSIONS = (1, 2, 3, 4)
 _HEADER = struct.Struct(">4sH")
 _NAMESPACE = "fanout_sink.events"
 # Named types first: later schemas refer to earlier ones by name.
@@ -129,6 +131,9 @@ class DataComplete(_Model):
     max_timestamp_ms: int | None = None
     min_timestamp_ms: int | None = None
     """Oldest record timestamp of the slice (version 2 on): shows how far timestamps go back."""
+    topic_id: str | None = None
+    """Since version 4: the Kafka topic id the slice was read from (None in older events): a topic
+    deleted and recreated under the same name has another id, and this position is not its."""
 
 
 class CommitToTable(_Model):
@@ -163,6 +168,9 @@ class CommitComplete(_Model):
     low_watermark: int | None = None
     """The coordinator group's offset committed in the same transaction; the group's offset expires
     after a long downtime, this record of it stays as long as the control topic keeps it."""
+    topic_ids: dict[str, str] = Field(default_factory=dict)
+    """Since version 4: topic -> the topic id ``delivered``'s positions of that topic were read from
+    (one id per topic: a recreated topic's new id drops the old topic's positions)."""
 
 
 def delivered_map(positions: dict[tuple[str, int], int]) -> dict[str, int]:
@@ -177,6 +185,53 @@ def delivered_positions(complete: CommitComplete) -> dict[tuple[str, int], int]:
         topic, _, partition = key.rpartition(":")
         found[(topic, int(partition))] = offset
     return found
+
+
+@dataclass
+class DeliveredPositions:
+    """Per source partition the largest delivered ``next_offset`` of the topic's newest generation.
+
+    Keeps I1 across a topic deleted and recreated: positions are taken in control-topic order, and
+    one reported under a topic id other than the one held so far for that topic name means the
+    topic was recreated, so the old generation's positions of every partition are dropped (the new
+    topic's offsets start over; its records below them were never delivered). A position without
+    an id (events before version 4) joins whatever generation is held.
+    """
+
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    topic_ids: dict[str, str] = field(default_factory=dict)
+
+    def take(self, topic: str, partition: int, offset: int, topic_id: str | None) -> None:
+        known = self.topic_ids.get(topic)
+        if topic_id is not None and known is not None and topic_id != known:
+            self.offsets = {key: value for key, value in self.offsets.items() if key[0] != topic}
+        if topic_id is not None:
+            self.topic_ids[topic] = topic_id
+        key = (topic, partition)
+        self.offsets[key] = max(self.offsets.get(key, 0), offset)
+
+    def take_report(self, report: DataComplete) -> None:
+        self.take(report.topic, report.partition, report.next_offset, report.topic_id)
+
+    def take_round(self, complete: CommitComplete) -> None:
+        """What a round carried forward (``delivered`` with ``topic_ids``)."""
+        for (topic, partition), offset in delivered_positions(complete).items():
+            self.take(topic, partition, offset, complete.topic_ids.get(topic))
+
+    def recorded_id(self, topic: str) -> str | None:
+        """The topic id the held positions of ``topic`` were read from (None: not known)."""
+        return self.topic_ids.get(topic)
+
+    def of_topic(self, topic: str) -> dict[tuple[str, int], int]:
+        return {key: value for key, value in self.offsets.items() if key[0] == topic}
+
+    def round_fields(self) -> dict[str, Any]:
+        """``CommitComplete``'s ``delivered`` and ``topic_ids``."""
+        topics = {topic for topic, _ in self.offsets}
+        return {
+            "delivered": delivered_map(self.offsets),
+            "topic_ids": {t: i for t, i in sorted(self.topic_ids.items()) if t in topics},
+        }
 
 
 Payload = StartCommit | DataWritten | DataComplete | CommitToTable | CommitComplete

@@ -30,6 +30,12 @@ Two things keep the position known:
   history complete (it starts at 0, or a retained ``CommitComplete`` covers what was deleted): the
   sink never delivered the partition. Nothing found and the history cut: the position is unknown,
   and planning decides (trust the checkpoint, else the configured start with a warning).
+- **A recreated topic** (deleted and created again under the same name): the broker drops the sink
+  group's offsets with the old topic, but the control topic still holds the old topic's positions.
+  Each one carries the topic id it was read from (event version 4), and a position of another id
+  than the topic has now is not this topic's: it is never restored. ``source.recreated-topic-offsets``
+  says what happens instead: ``earliest`` reads the new topic from its beginning (planning moves a
+  checkpoint that holds the old positions aside), ``fail`` stops with :class:`TopicRecreatedError`.
 - **Refresh** (the coordinator, while running): a partition whose offset has not changed for
   ``interval`` is committed again with the same protocol and the same offset, which restarts its
   retention clock. The interval defaults to a quarter of the broker's ``offsets.retention.minutes``.
@@ -43,7 +49,9 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
-from fanout_sink.kafka.offsets import GroupOffsets, PartitionPosition
+from fanout_sink.errors import TopicRecreatedError
+from fanout_sink.kafka.offsets import GroupOffsets, PartitionPosition, log_start_offset
+from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
@@ -64,6 +72,9 @@ class Recovery:
     """No offset, nothing recovered, and the control topic's whole history was read."""
     unknown: frozenset[TopicPartitionKey] = frozenset()
     """No offset and nothing recovered, and the control topic no longer proves the whole history."""
+    recreated: frozenset[TopicPartitionKey] = frozenset()
+    """No offset, and the positions recorded are of another topic id: the topic was recreated and
+    is read from its beginning (``source.recreated-topic-offsets: earliest``)."""
 
 
 # -- the sink group's offsets ----------------------------------------------------------------------
@@ -143,8 +154,9 @@ class PositionWriter:
 # -- recovering positions the group lost -----------------------------------------------------------
 
 
-def control_topic_positions(sink: SinkChannel) -> tuple[dict[TopicPartitionKey, int], bool]:
-    """The delivered position per source partition the control topic still proves, and whether that
+def control_topic_positions(sink: SinkChannel) -> tuple[ev.DeliveredPositions, bool]:
+    """The delivered position per source partition the control topic still proves (with the topic id
+    they were read from, :class:`~fanout_sink.protocol.events.DeliveredPositions`), and whether that
     covers the sink's whole history.
 
     Keeps I1 when the sink group lost offsets: a position is the largest committed
@@ -155,11 +167,7 @@ def control_topic_positions(sink: SinkChannel) -> tuple[dict[TopicPartitionKey, 
     acknowledged, which is below the last round).
     """
     reader = ControlReader(sink)
-    found: dict[TopicPartitionKey, int] = {}
-
-    def take(key: TopicPartitionKey, offset: int) -> None:
-        found[key] = max(found.get(key, 0), offset)
-
+    found = ev.DeliveredPositions()
     try:
         log_start, end = reader.watermarks()
         complete = log_start == 0
@@ -168,10 +176,9 @@ def control_topic_positions(sink: SinkChannel) -> tuple[dict[TopicPartitionKey, 
             for item in reader.read_until(end, sink.scan_timeout_s):
                 payload = item.event.payload
                 if isinstance(payload, ev.DataComplete):
-                    take((payload.topic, payload.partition), payload.next_offset)
+                    found.take_report(payload)
                 elif isinstance(payload, ev.CommitComplete) and payload.reports_below is not None:
-                    for key, offset in ev.delivered_positions(payload).items():
-                        take(key, offset)
+                    found.take_round(payload)
                     complete = complete or payload.reports_below >= log_start
     finally:
         reader.close()
@@ -208,15 +215,48 @@ def restore_positions(
     return restored
 
 
-def recover_positions(sink: SinkChannel, partitions: list[TopicPartitionKey]) -> Recovery:
+def recreated_topics(
+    sink: SinkChannel, recorded: ev.DeliveredPositions, topics: set[str]
+) -> dict[str, tuple[str, str]]:
+    """Of ``topics``, those whose recorded positions were read under another topic id than the topic
+    has now: topic -> (recorded id, current id). Positions without an id (events before version 4)
+    cannot tell, and count as this topic's."""
+    current = topic_ids(sink.clients, topics)
+    found: dict[str, tuple[str, str]] = {}
+    for topic in sorted(topics):
+        recorded_id = recorded.recorded_id(topic)
+        if recorded_id is not None and topic in current and current[topic] != recorded_id:
+            found[topic] = (recorded_id, current[topic])
+    return found
+
+
+def recover_positions(
+    sink: SinkChannel, partitions: list[TopicPartitionKey], on_recreated: str = "earliest"
+) -> Recovery:
     """The sink group's offsets of ``partitions``, with the missing ones recovered and restored (the
-    planner's start; see the module docstring). Keeps I1 across offset expiry and the rename."""
+    planner's start; see the module docstring). Keeps I1 across offset expiry, the rename and a
+    recreated topic (``on_recreated``: ``source.recreated-topic-offsets``)."""
     committed = delivered_offsets(sink, partitions)
     missing = [key for key in partitions if key not in committed]
     if not missing:
         return Recovery(dict(committed))
-    from_control, complete = control_topic_positions(sink)
-    from_legacy = legacy_sink_positions(sink, missing)
+    recorded, complete = control_topic_positions(sink)
+    recreated = recreated_topics(sink, recorded, {topic for topic, _ in missing})
+    for topic, (old_id, new_id) in recreated.items():
+        if on_recreated == "fail":
+            raise TopicRecreatedError(topic, old_id, new_id)
+        log.warning(
+            "source topic %r was deleted and recreated (topic id %s, delivered up to %s, is now %s): "
+            "reading the new topic from its beginning (source.recreated-topic-offsets: earliest)",
+            topic,
+            old_id,
+            {f"{t}[{p}]": o for (t, p), o in sorted(recorded.of_topic(topic).items())},
+            new_id,
+        )
+    from_control = {key: offset for key, offset in recorded.offsets.items() if key[0] not in recreated}
+    from_legacy = {
+        key: offset for key, offset in legacy_sink_positions(sink, missing).items() if key[0] not in recreated
+    }
     control_source = f"the control topic {sink.control_topic!r} (DataComplete events)"
     legacy_source = f"the legacy group {legacy_sink_group(sink.sink)!r} (migrated)"
     delivered = dict(committed)
@@ -229,10 +269,11 @@ def recover_positions(sink: SinkChannel, partitions: list[TopicPartitionKey]) ->
         }
         best = {k: v for k, v in best.items() if k not in delivered}
         delivered.update(restore_positions(sink, best, source))
-    left = frozenset(key for key in missing if key not in delivered)
+    again = frozenset(key for key in missing if key[0] in recreated)
+    left = frozenset(key for key in missing if key not in delivered) - again
     if not complete:
-        return Recovery(delivered, unknown=left)
-    return Recovery(delivered, never_delivered=left)
+        return Recovery(delivered, unknown=left, recreated=again)
+    return Recovery(delivered, never_delivered=left, recreated=again)
 
 
 def known_positions(
@@ -270,7 +311,13 @@ def known_positions(
 
 
 def restore_in_slice(
-    sink: SinkChannel, producer: TransactionalProducer, metadata: bytes, topic: str, partition: int
+    sink: SinkChannel,
+    producer: TransactionalProducer,
+    metadata: bytes,
+    topic: str,
+    partition: int,
+    topic_id: str | None,
+    start: int,
 ) -> int | None:
     """The delivered position of a partition whose sink-group offset vanished while the app ran.
 
@@ -280,9 +327,20 @@ def restore_in_slice(
     group at once, under the worker's producer that has just fenced older attempts (I3), so the
     next slice reads it as usual. It reads the control topic's history, so the worker calls it only
     when the group is silent: once for a partition's first slice, and after an expiry.
+
+    A position recorded under another topic id than ``topic_id`` (the topic now) is the old topic's
+    of a recreated one and is never restored. The new topic's slice may go ahead only if it starts
+    at the partition's log start (planning read it from its beginning); a slice planned from later
+    on (Spark went on from the old topic's positions) would skip the records before it, so it stops
+    with :class:`TopicRecreatedError`, and the restart's planning reads the topic from its beginning.
     """
     found, _complete = control_topic_positions(sink)
-    recovered = found.get((topic, partition))
+    recorded_id = found.recorded_id(topic)
+    if recorded_id is not None and topic_id is not None and recorded_id != topic_id:
+        if start > log_start_offset(sink.clients, topic, partition):
+            raise TopicRecreatedError(topic, recorded_id, topic_id, running=True)
+        return None
+    recovered = found.offsets.get((topic, partition))
     if recovered is None:
         return None
     log.warning(

@@ -35,7 +35,7 @@ from pyiceberg.table import Table
 from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import GroupOffsets
-from fanout_sink.kafka.topics import max_message_bytes
+from fanout_sink.kafka.topics import max_message_bytes, topic_ids
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, recovery
 from fanout_sink.protocol import events as ev
@@ -210,12 +210,17 @@ class SliceWorker:
         end_offset: int,
         source: pa.Table | SliceSource,
         process: SliceProcessor,
+        topic_id: str | None = None,
     ) -> SliceResult:
         """Deliver the planned offset range ``[start_offset, end_offset)`` of one source partition.
 
         ``source`` reads the records when the worker knows what is left; a table of the range's
         records already read (tests, tools) is taken as it is and its delivered head dropped.
+        ``topic_id`` is the topic's id when the batch was planned (the driver asks once per batch);
+        without it the worker asks the broker.
         """
+        if topic_id is None:
+            topic_id = topic_ids(self.channel.clients, [topic]).get(topic)
         txn_id = self.channel.worker_transactional_id(topic, partition)
         if not self._control_checked:
             # Producing to a missing topic only times out; creating or checking it once says why.
@@ -224,7 +229,9 @@ class SliceWorker:
         with self._lock(txn_id):
             cached = txn_id in self._producers
             try:
-                return self._attempt(txn_id, topic, partition, start_offset, end_offset, source, process)
+                return self._attempt(
+                    txn_id, topic, partition, start_offset, end_offset, source, process, topic_id
+                )
             except ProducerFencedError:
                 if not cached:
                     raise
@@ -232,7 +239,9 @@ class SliceWorker:
                 # process meanwhile (Spark moved the task). That is not a zombie situation, so start
                 # over once with a new producer, which fences in turn and re-reads the offset.
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
-                return self._attempt(txn_id, topic, partition, start_offset, end_offset, source, process)
+                return self._attempt(
+                    txn_id, topic, partition, start_offset, end_offset, source, process, topic_id
+                )
 
     def _attempt(
         self,
@@ -243,12 +252,15 @@ class SliceWorker:
         end: int,
         source: pa.Table | SliceSource,
         process: SliceProcessor,
+        topic_id: str | None,
     ) -> SliceResult:
         # A new producer fences older attempts before anything is read.
         producer = self._producer(txn_id, topic, partition)
         committed = self.committed_offset(topic, partition)
-        if committed is None:  # expired while the app ran, or this partition's first slice
-            committed = recovery.restore_in_slice(self.channel, producer, self._metadata(), topic, partition)
+        if committed is None:  # expired while the app ran, this partition's first slice, or recreated
+            committed = recovery.restore_in_slice(
+                self.channel, producer, self._metadata(), topic, partition, topic_id, start
+            )
         result = SliceResult(topic, partition, start, end, committed)
         if committed is not None and committed >= end:
             # Nothing is read; records handed in already read were all delivered.
@@ -305,6 +317,7 @@ class SliceWorker:
                     next_offset=end,
                     min_timestamp_ms=oldest,
                     max_timestamp_ms=newest,
+                    topic_id=topic_id,
                 )
                 channel.produce_event(producer, self.control_topic, self.sink, complete)
                 if routed.dead_letters and dead_letter_topic is not None:

@@ -24,8 +24,10 @@ from typing import Any
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import BatchError, FanoutSinkError, RecordError
 from fanout_sink.kafka.java_client import inline_tls_files
+from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.logs import TRACEBACK
 from fanout_sink.metrics import SinkMetrics
+from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.spark import planning
 from fanout_sink.spark.task import SliceReport, config_key, run_task
 from fanout_sink.spark.task_failure import task_failure
@@ -142,7 +144,9 @@ class BatchRunner:
         moved = sorted((key, (start, end)) for key, (start, end) in ranges.items() if end > start)
         if not moved:
             return []
-        task = functools.partial(run_task, self._config_key, self.config, batch_id)
+        # One describe per batch: every slice's DataComplete names the topic id it was read from.
+        ids = topic_ids(SinkChannel.from_config(self.config).clients, {topic for (topic, _), _ in moved})
+        task = functools.partial(run_task, self._config_key, self.config, batch_id, ids)
         reports: list[SliceReport] = (
             context.parallelize(moved, numSlices=len(moved)).mapPartitions(task).collect()
         )

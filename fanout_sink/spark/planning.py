@@ -247,15 +247,23 @@ def last_committed_ends(checkpoint: str, spark: Any = None) -> dict[TopicPartiti
 
 
 def starting_offsets_option(
-    topics: list[str], partitions: dict[str, int], committed: dict[TopicPartitionKey, int], fallback: str
+    topics: list[str],
+    partitions: dict[str, int],
+    committed: dict[TopicPartitionKey, int],
+    fallback: str,
+    earliest: frozenset[TopicPartitionKey] = frozenset(),
 ) -> str:
-    """Spark's ``startingOffsets`` JSON: the sink group's offset where known, else the fallback.
+    """Spark's ``startingOffsets`` JSON: the sink group's offset where known, earliest for the
+    partitions in ``earliest`` (a recreated topic's), else the fallback.
 
     Spark spells earliest as -2 and latest as -1 inside the JSON form.
     """
     default = -2 if fallback == "earliest" else -1
     spec = {
-        topic: {str(part): committed.get((topic, part), default) for part in range(partitions[topic])}
+        topic: {
+            str(part): -2 if (topic, part) in earliest else committed.get((topic, part), default)
+            for part in range(partitions[topic])
+        }
         for topic in topics
     }
     return json.dumps(spec)
@@ -329,12 +337,14 @@ def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None
     was cut) Spark's checkpoint's position when the checkpoint has it, else the configured start,
     with a WARNING naming it. Then the checkpoint is reconciled with the known positions. A
     partition the sink never delivered keeps the checkpoint's position when no batch moved it (its
-    first batch's start), also when the checkpoint is moved aside for another one.
-    ``spark`` is needed for a checkpoint that is not on local disk (:func:`open_checkpoint`).
+    first batch's start), also when the checkpoint is moved aside for another one. A recreated
+    topic (``source.recreated-topic-offsets: earliest``) counts as delivered up to 0, so a
+    checkpoint holding the old topic's positions is ahead and moved aside, and Spark starts it at
+    earliest. ``spark`` is needed for a checkpoint that is not on local disk (:func:`open_checkpoint`).
     """
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
     sink = SinkChannel.from_config(config)
-    found = recovery.recover_positions(sink, wanted)
+    found = recovery.recover_positions(sink, wanted, config.source.recreated_topic_offsets)
     checkpoint = config.checkpoint_location
     ends = last_committed_ends(checkpoint, spark) or {}
     known = recovery.known_positions(sink, found, ends, config.source.starting_offsets)
@@ -346,7 +356,8 @@ def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None
     # never made (a copied checkpoint): ahead.
     starts = _checkpoint_starts(checkpoint, spark)
     never = {key: starts.get(key, 0) for key in found.never_delivered if key in ends}
-    reconcile_checkpoint(checkpoint, {**never, **known}, spark)
+    recreated = dict.fromkeys(found.recreated, 0)
+    reconcile_checkpoint(checkpoint, {**never, **known, **recreated}, spark)
     return starting_offsets_option(
-        list(partitions), partitions, {**never, **known}, config.source.starting_offsets
+        list(partitions), partitions, {**never, **known}, config.source.starting_offsets, found.recreated
     )

@@ -92,15 +92,23 @@ def _executor_state(key: str, config: SinkConfig) -> _ExecutorState:
 
 
 def run_task(
-    key: str, config: SinkConfig, batch_id: int, ranges: Iterable[PlannedRange]
+    key: str, config: SinkConfig, batch_id: int, topic_ids: dict[str, str], ranges: Iterable[PlannedRange]
 ) -> Iterator[SliceReport]:
-    """One Spark task = one source topic-partition's range of the micro-batch (one element)."""
+    """One Spark task = one source topic-partition's range of the micro-batch (one element);
+    ``topic_ids`` are the source topics' ids when the driver planned the batch."""
     state = _executor_state(key, config)
     profile_dir = os.environ.get(PROFILE_ENV)
     for (topic, partition), (start, end) in ranges:
         read = functools.partial(state.reader.read, topic, partition)
         deliver = functools.partial(
-            state.worker.commit_slice, topic, partition, start, end, read, state.processor
+            state.worker.commit_slice,
+            topic,
+            partition,
+            start,
+            end,
+            read,
+            state.processor,
+            topic_ids.get(topic),
         )
         if profile_dir:
             profiler = cProfile.Profile()

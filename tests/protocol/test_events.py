@@ -59,6 +59,8 @@ PAYLOADS: list[ev.Payload] = [
         reports_below=42,
     ),
     ev.CommitComplete(commit_id="c1"),
+    ev.DataComplete(topic="o", partition=0, next_offset=9, topic_id="AAAAAAAAAAAAAAAAAAAAAQ"),
+    ev.CommitComplete(commit_id="c1", delivered={"o:0": 9}, topic_ids={"o": "AAAAAAAAAAAAAAAAAAAAAQ"}),
 ]
 
 
@@ -132,3 +134,43 @@ def test_data_written_of_version_2_reads_as_an_append() -> None:
     decoded = ev.decode(out.getvalue()).payload
     assert isinstance(decoded, ev.DataWritten)
     assert decoded == payload and decoded.key == () and decoded.deleted_keys == ()
+
+
+def test_positions_of_version_3_read_without_a_topic_id() -> None:
+    """A version-3 ``DataComplete`` and ``CommitComplete`` (no topic id) read with none: their
+    positions join whatever generation of the topic is held."""
+    import io
+
+    import fastavro
+
+    for payload in (
+        ev.DataComplete(topic="o", partition=1, next_offset=5, max_timestamp_ms=8),
+        ev.CommitComplete(commit_id="c1", reports_below=3, delivered={"o:1": 5}),
+    ):
+        event = ev.Event(sink="s", payload=payload)
+        out = io.BytesIO()
+        out.write(ev.MAGIC + struct.pack(">H", 3))
+        avro = payload.model_dump(exclude={"type", "topic_id", "topic_ids"})
+        if isinstance(payload, ev.CommitComplete):
+            avro["partition_times"] = []
+        record = {"sink": "s", "event_id": event.event_id, "event_time_ms": event.event_time_ms}
+        record["payload"] = (f"fanout_sink.events.{payload.type}", avro)
+        fastavro.schemaless_writer(out, ev.envelope_schema(3), record)
+        assert ev.decode(out.getvalue()) == event
+
+
+def test_a_position_under_a_new_topic_id_drops_the_old_generations_positions() -> None:
+    """Topic ``o`` recreated: the new id's first report drops every partition of the old id (the new
+    topic's offsets start over), another topic keeps its positions, and an id-less (pre-version 4)
+    report joins the generation held."""
+    held = ev.DeliveredPositions()
+    held.take_round(
+        ev.CommitComplete(commit_id="c", delivered={"o:0": 9, "o:1": 4, "p:0": 2}, topic_ids={"o": "A"})
+    )
+    held.take_report(ev.DataComplete(topic="o", partition=1, next_offset=6))
+    assert held.offsets == {("o", 0): 9, ("o", 1): 6, ("p", 0): 2} and held.recorded_id("o") == "A"
+
+    held.take_report(ev.DataComplete(topic="o", partition=0, next_offset=3, topic_id="B"))
+
+    assert held.offsets == {("o", 0): 3, ("p", 0): 2} and held.recorded_id("o") == "B"
+    assert held.round_fields() == {"delivered": {"o:0": 3, "p:0": 2}, "topic_ids": {"o": "B"}}
