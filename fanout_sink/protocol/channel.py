@@ -171,6 +171,17 @@ def _check_retention(topic: str, settings: TopicSettings, actual: Mapping[str, s
             )
 
 
+EVENT_FRAMING_BYTES = 512
+"""What a Kafka record batch adds around one event besides its key: batch and record headers."""
+
+
+def event_budget(sink: str, max_message_bytes: int) -> int:
+    """The most bytes one encoded event of ``sink`` may take on a control topic whose messages may
+    be ``max_message_bytes`` long (``kafka.topics.max_message_bytes``): the rest is the key (the sink
+    name) and the record batch's framing. A larger event fails its transaction on every retry."""
+    return max_message_bytes - EVENT_FRAMING_BYTES - len(sink.encode())
+
+
 def produce_event(producer: TransactionalProducer, topic: str, sink: str, payload: ev.Payload) -> None:
     """Queue one event; keyed by sink name so other sinks' readers can skip it without decoding."""
     producer.produce(topic, ev.encode(ev.Event(sink=sink, payload=payload)), key=sink.encode())

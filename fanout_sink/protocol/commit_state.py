@@ -45,6 +45,8 @@ class CommitState:
     """Per table uuid, the floor its last ``CommitToTable`` announced. A table swapped away (dropped
     or renamed aside) can no longer be asked for its floor, yet a restarted coordinator re-reads its
     events from the low watermark: below this offset they are in the old table already."""
+    _restoring: str | None = None
+    """The commit id of the round ``_restore`` took last (its later parts belong to it)."""
 
     def add(self, item: ControlEvent) -> None:
         payload = item.event.payload
@@ -69,10 +71,13 @@ class CommitState:
         coordinator re-reads from the low watermark, which never passes the last round's
         ``CommitComplete``, but not the reports below it: without this, partitions that are behind
         would keep VTTS unknown until they report again. Reports at or above ``reports_below`` were
-        not in that round and are re-read anyway.
+        not in that round and are re-read anyway. A round in parts (``split_round``) is taken part
+        by part: the parts after the first continue the round its first part started restoring.
         """
-        if complete.reports_below is None or complete.reports_below <= self.reports_below:
+        continued = complete.part > 0 and complete.commit_id == self._restoring
+        if complete.reports_below is None or (complete.reports_below <= self.reports_below and not continued):
             return  # an older round, or this process's own round read back
+        self._restoring = complete.commit_id
         for time in complete.partition_times:
             self._merge(time)
         self.delivered.take_round(complete)

@@ -42,6 +42,7 @@ from pyiceberg.table import Table, TableProperties, Transaction
 from fanout_sink.errors import FanoutSinkError, ProducerFencedError, TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
+from fanout_sink.kafka.topics import max_message_bytes
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, recovery, row_delta, table_state
 from fanout_sink.protocol import events as ev
@@ -153,6 +154,7 @@ class Coordinator:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._fenced = False
+        self._max_message_bytes: int | None = None
         self.error: BaseException | None = None
         self.last_round: RoundResult | None = None
         self.failing: dict[str, TableFailure] = {}
@@ -246,12 +248,20 @@ class Coordinator:
         assert self._producer is not None and self._reader is not None
         return self._producer, self._reader
 
+    def _limit(self) -> int:
+        """The control topic's message size limit, asked once per coordinator."""
+        if self._max_message_bytes is None:
+            self._max_message_bytes = max_message_bytes(self.channel.clients, self.control_topic)
+        return self._max_message_bytes
+
     def _new_producer(self) -> TransactionalProducer:
-        """The coordinator's transactional producer; creating it fences any older holder of the id."""
+        """The coordinator's transactional producer; creating it fences any older holder of the id.
+        Its batches stay within the control topic's limit (a round's events go out back to back)."""
         txn_id = self.channel.coordinator_transactional_id
         return TransactionalProducer(
             self.channel.clients,
             txn_id,
+            batch_bytes=self._limit(),
             fenced_message=(
                 f"coordinator of sink {self.sink!r} was fenced: another coordinator with transactional "
                 f"id {txn_id!r} started. This one stops; make sure only one application runs per sink name."
@@ -331,15 +341,17 @@ class Coordinator:
                 if outcome.outcome == "committed"
             ]
             times, reports_below = self.state.checkpoint(round_end)
-            payloads.append(
-                ev.CommitComplete(
-                    commit_id=commit_id,
-                    vtts_ms=vtts,
-                    partition_times=times,
-                    reports_below=reports_below,
-                    low_watermark=result.low_watermark,
-                    **self.state.delivered.round_fields(),
-                )
+            complete = ev.CommitComplete(
+                commit_id=commit_id,
+                vtts_ms=vtts,
+                partition_times=times,
+                reports_below=reports_below,
+                low_watermark=result.low_watermark,
+                **self.state.delivered.round_fields(),
+            )
+            # About 60 bytes per source partition: sized against the control topic, in parts.
+            payloads.extend(
+                ev.split_round(complete, self.sink, channel.event_budget(self.sink, self._limit()))
             )
             watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)
             self._publish(payloads, [watermark])

@@ -30,14 +30,15 @@ from typing import Any, Literal
 import fastavro
 from pydantic import BaseModel, ConfigDict, Field
 
-from fanout_sink.errors import EventVersionError
+from fanout_sink.errors import EventVersionError, FanoutSinkError
 
 MAGIC = b"FSNK"
 VERSION = 4
 """2: ``DataComplete.min_timestamp_ms``; ``CommitComplete.partition_times``, ``reports_below``,
 ``low_watermark`` and ``delivered``; ``CommitToTable.control_offset``. 3: ``DataWritten.key`` and
 ``deleted_keys`` (change tables). 4: ``DataComplete.topic_id`` and ``CommitComplete.topic_ids`` (a
-position belongs to one generation of a topic name)."""
+position belongs to one generation of a topic name); ``CommitComplete.part`` and ``parts`` (a round
+too large for one message)."""
 READABLE_VERSIONS = (1, 2, 3, 4)
 _HEADER = struct.Struct(">4sH")
 _NAMESPACE = "fanout_sink.events"
@@ -171,6 +172,58 @@ class CommitComplete(_Model):
     topic_ids: dict[str, str] = Field(default_factory=dict)
     """Since version 4: topic -> the topic id ``delivered``'s positions of that topic were read from
     (one id per topic: a recreated topic's new id drops the old topic's positions)."""
+    part: int = 0
+    parts: int = 1
+    """Since version 4: a round whose partitions do not fit one message is ``parts`` events, all
+    committed in the round's transaction (:func:`split_round`); each carries the round's scalars
+    and a share of the per-partition fields. Readers merge the parts of one ``commit_id``."""
+
+
+def split_round(complete: CommitComplete, sink: str, budget: int) -> list[CommitComplete]:
+    """``complete`` as one event, or as parts of at most ``budget`` encoded bytes each.
+
+    A ``CommitComplete`` grows by about 60 bytes per source partition (its position and time), and
+    a message over the control topic's ``max.message.bytes`` fails the round's transaction on every
+    retry, after its tables committed. The partitions are halved until each part fits; a part of one
+    partition that still does not fit raises (the topic's limit is below any round).
+    """
+
+    def size(event: CommitComplete) -> int:
+        return len(encode(Event(sink=sink, payload=event)))
+
+    if size(complete) <= budget:
+        return [complete]
+    times = {(t.topic, t.partition): t for t in complete.partition_times}
+    delivered = delivered_positions(complete)
+    keys = sorted(times.keys() | delivered.keys())
+
+    def piece(share: list[tuple[str, int]]) -> CommitComplete:
+        topics = {topic for topic, _ in share}
+        return complete.model_copy(
+            update={
+                "partition_times": tuple(times[k] for k in share if k in times),
+                "delivered": delivered_map({k: delivered[k] for k in share if k in delivered}),
+                "topic_ids": {t: i for t, i in complete.topic_ids.items() if t in topics},
+            }
+        )
+
+    shares: list[list[tuple[str, int]]] = []
+    todo = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
+    while todo:
+        share = todo.pop(0)
+        if size(piece(share)) <= budget or len(share) <= 1:
+            if size(piece(share)) > budget:
+                raise FanoutSinkError(
+                    f"the CommitComplete of round {complete.commit_id} needs {size(piece(share))} bytes for "
+                    f"the one partition {share}, more than a control event may take ({budget}).\n"
+                    "  fix: raise the control topic's max.message.bytes"
+                )
+            shares.append(share)
+        else:
+            todo[:0] = [share[: len(share) // 2], share[len(share) // 2 :]]
+    return [
+        piece(share).model_copy(update={"part": i, "parts": len(shares)}) for i, share in enumerate(shares)
+    ]
 
 
 def delivered_map(positions: dict[tuple[str, int], int]) -> dict[str, int]:

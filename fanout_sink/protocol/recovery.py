@@ -168,6 +168,7 @@ def control_topic_positions(sink: SinkChannel) -> tuple[ev.DeliveredPositions, b
     """
     reader = ControlReader(sink)
     found = ev.DeliveredPositions()
+    parts_seen: dict[str, set[int]] = {}
     try:
         log_start, end = reader.watermarks()
         complete = log_start == 0
@@ -179,7 +180,11 @@ def control_topic_positions(sink: SinkChannel) -> tuple[ev.DeliveredPositions, b
                     found.take_report(payload)
                 elif isinstance(payload, ev.CommitComplete) and payload.reports_below is not None:
                     found.take_round(payload)
-                    complete = complete or payload.reports_below >= log_start
+                    # A round in parts accounts for the history only once every part was read.
+                    seen = parts_seen.setdefault(payload.commit_id, set())
+                    seen.add(payload.part)
+                    whole = len(seen) == payload.parts
+                    complete = complete or (whole and payload.reports_below >= log_start)
     finally:
         reader.close()
     return found, complete

@@ -50,9 +50,6 @@ SliceSource = Callable[[int, int], pa.Table]
 ``RAW_RECORD_SCHEMA``. The worker calls it at most once, after fencing and reading the delivered
 offset, so a replayed slice reads only what is left (a ``kafka.range_reader.RangeReader`` in a task)."""
 
-EVENT_FRAMING_BYTES = 512
-"""What a Kafka record batch adds around one event besides its key: batch and record headers."""
-
 
 def _without_bounds(record: ev.DataFileRecord) -> ev.DataFileRecord:
     return record.model_copy(update={"lower_bounds": {}, "upper_bounds": {}})
@@ -429,7 +426,7 @@ class SliceWorker:
         would fail the transaction on every retry and stall the partition for good. A file whose
         record alone does not fit travels without its column bounds, then without any column metrics
         (both optional in Iceberg: readers only prune less)."""
-        budget = self._control_limit() - EVENT_FRAMING_BYTES - len(self.sink.encode())
+        budget = channel.event_budget(self.sink, self._control_limit())
         base = self._event_bytes(first)
         if base > budget:
             raise FanoutSinkError(

@@ -17,10 +17,11 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
-from support.common import produce_json, read_slice
+from support.common import produce_json, read_slice, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
-from fanout_sink.protocol import channel
+from fanout_sink.protocol import channel, recovery
+from fanout_sink.protocol import events as ev
 from fanout_sink.transform.records import RoutedSlice, TableRows
 
 COLUMNS = 60
@@ -110,3 +111,50 @@ def test_a_file_whose_record_alone_is_too_large_travels_without_its_column_bound
     assert sorted(table.refresh().scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()) == list(
         range(80)
     )
+
+
+SOURCE_PARTITIONS = 48
+
+
+def test_a_round_over_many_source_partitions_splits_its_commit_complete(sink_factory: SinkFactory) -> None:
+    """A ``CommitComplete`` carries a delivered position and a time per source partition (about 60
+    bytes each), so enough partitions outgrow the control topic's ``max.message.bytes`` and the round
+    failed after its tables committed, on every round. It goes out in parts in the round's
+    transaction; recovery and a restarted coordinator read every part back."""
+    sink = sink_factory(partitions={"src": SOURCE_PARTITIONS}, tables="a", prefix="many")
+    admin = AdminClient({"bootstrap.servers": sink.bootstrap})
+    topic = NewTopic(sink.control_topic, 1, 1, config={"max.message.bytes": "1500"})
+    admin.create_topics([topic])[sink.control_topic].result(30)
+    for partition in range(SOURCE_PARTITIONS):
+        produce_json(sink.bootstrap, sink.topic, partition, [{"id": partition, "table": "a"}])
+    sink.batch()
+
+    coordinator = sink.coordinator()
+    coordinator.poll_once()
+    result = coordinator.commit_round()
+    coordinator.close()
+
+    assert result.tables["sink.a"].outcome == "committed"
+    assert table_ids(sink.catalog, "a") == list(range(SOURCE_PARTITIONS))
+    expected = {(sink.topic, p): 1 for p in range(SOURCE_PARTITIONS)}
+    reader = channel.ControlReader(sink.channel)
+    try:
+        reader.seek(0)
+        parts = [
+            item.event.payload
+            for item in reader.read_until(reader.end_offset())
+            if isinstance(item.event.payload, ev.CommitComplete)
+        ]
+    finally:
+        reader.close()
+    assert len(parts) > 1 and {p.parts for p in parts} == {len(parts)}
+    assert sorted(p.part for p in parts) == list(range(len(parts)))
+    found, complete = recovery.control_topic_positions(sink.channel)
+    assert found.offsets == expected and complete
+    restarted = sink.coordinator()
+    try:
+        restarted.poll_once()
+        assert restarted.state.delivered.offsets == expected
+        assert set(restarted.state.times) == set(expected)
+    finally:
+        restarted.close()

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from fanout_sink.errors import EventVersionError
+from fanout_sink.errors import EventVersionError, FanoutSinkError
 from fanout_sink.protocol import events as ev
 
 TABLE = ev.TableRef(namespace=("analytics",), name="orders", uuid="5f0c4b5e-0000-4000-8000-000000000001")
@@ -174,3 +174,38 @@ def test_a_position_under_a_new_topic_id_drops_the_old_generations_positions() -
 
     assert held.offsets == {("o", 0): 3, ("p", 0): 2} and held.recorded_id("o") == "B"
     assert held.round_fields() == {"delivered": {"o:0": 3, "p:0": 2}, "topic_ids": {"o": "B"}}
+
+
+def test_a_round_too_large_for_one_message_is_split_into_parts_that_add_up() -> None:
+    """``split_round``: every part fits the budget, carries the round's scalars, and the parts'
+    partitions add up to the round's; a round that fits stays one event."""
+    positions = {("orders", p): 1000 + p for p in range(200)}
+    times = tuple(ev.PartitionTime(topic="orders", partition=p, max_timestamp_ms=p) for p in range(200))
+    complete = ev.CommitComplete(
+        commit_id="c",
+        vtts_ms=5,
+        partition_times=times,
+        reports_below=77,
+        low_watermark=70,
+        delivered=ev.delivered_map(positions),
+        topic_ids={"orders": "AAAAAAAAAAAAAAAAAAAAAQ"},
+    )
+    whole = len(ev.encode(ev.Event(sink="s", payload=complete)))
+    assert ev.split_round(complete, "s", whole) == [complete]
+
+    parts = ev.split_round(complete, "s", 1500)
+
+    assert len(parts) > 1 and [p.part for p in parts] == list(range(len(parts)))
+    assert all(len(ev.encode(ev.Event(sink="s", payload=p))) <= 1500 for p in parts)
+    assert {(p.commit_id, p.reports_below, p.low_watermark, p.vtts_ms, p.parts) for p in parts} == {
+        ("c", 77, 70, 5, len(parts))
+    }
+    held = ev.DeliveredPositions()
+    for part in parts:
+        held.take_round(part)
+    assert held.offsets == positions and held.recorded_id("orders") == "AAAAAAAAAAAAAAAAAAAAAQ"
+    assert sorted((t.partition, t.max_timestamp_ms) for p in parts for t in p.partition_times) == [
+        (t.partition, t.max_timestamp_ms) for t in times
+    ]
+    with pytest.raises(FanoutSinkError, match=r"max\.message\.bytes"):
+        ev.split_round(complete, "s", 100)
