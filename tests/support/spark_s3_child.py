@@ -8,6 +8,10 @@ stdout with the rows of every statement (``sql``) and what the sink's planner re
 properties the sink derives for it (Spark reads ``spark.sql.catalog.*`` when a name is first used),
 so one JVM start serves several catalogs.
 
+``maintain`` = a sink's YAML file runs the sink's table maintenance (``fanout-sink maintain``'s
+``maintain``) on its tables first, so ``sql`` reads the maintained tables; ``"maintain"`` in the output
+is what it did per table.
+
 ``stream`` = ``{"bootstrap": ..., "topic": ..., "checkpoint": "s3a://..."}`` runs Spark's Kafka
 source to its end (trigger availableNow) with a no-op sink and the checkpoint on the object store,
 then reads it back through ``planning`` and moves it aside like a restart ahead of the sink group.
@@ -15,12 +19,15 @@ then reads it back through ``planning`` and moves it aside like a restart ahead 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
 
 from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
+from fanout_sink.config.loading import load_config
 from fanout_sink.spark import planning
+from fanout_sink.spark.maintenance import maintain
 from fanout_sink.spark.session import build_spark_session
 
 
@@ -53,6 +60,19 @@ def _stream(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _maintain(spark: Any, config_file: str) -> list[dict[str, Any]]:
+    results = maintain(spark, load_config(config_file))
+    return [
+        {
+            "table": result.table,
+            "before": dataclasses.asdict(result.before),
+            "after": dataclasses.asdict(result.after),
+            "steps": {step.name: [step.action, step.detail] for step in result.steps},
+        }
+        for result in results
+    ]
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     catalog = CatalogSettings.model_validate_json(spec["catalog"])
@@ -62,7 +82,10 @@ def main() -> None:
         for more in spec.get("more_catalogs", []):
             for key, value in spark_catalog_conf(CatalogSettings.model_validate_json(more)).items():
                 spark.conf.set(key, value)
-        out: dict[str, Any] = {"sql": [_rows(spark, statement) for statement in spec.get("sql", [])]}
+        out: dict[str, Any] = {}
+        if "maintain" in spec:
+            out["maintain"] = _maintain(spark, spec["maintain"])
+        out["sql"] = [_rows(spark, statement) for statement in spec.get("sql", [])]
         if "stream" in spec:
             out["stream"] = _stream(spark, spec["stream"])
     finally:
