@@ -361,7 +361,7 @@ class TableManager:
         else:
             # One create request: a create transaction costs a second round trip and commits an
             # AddSchema update besides (sent without last-column-id, which Iceberg's REST catalog
-            # accepts: tests/devtools/test_stores.py).
+            # accepts: tests/spark/test_spark_object_store.py).
             self.catalog.create_table(name, schema=schema, properties=properties)
         log.info("created table %s", name)
         return self.catalog.load_table(name)

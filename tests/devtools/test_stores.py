@@ -9,12 +9,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from support.stores_fixtures import WAREHOUSE_BUCKET
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.stack.object_store import ObjectStore, ObjectStoreState
 from fanout_sink.devtools.stack.postgres import PostgresServer
-from fanout_sink.devtools.stack.rest_catalog import RestCatalog
+from fanout_sink.devtools.stack.rest_catalog import RestCatalog, catalog_env_name
 from fanout_sink.errors import StackError
 
 
@@ -92,6 +93,16 @@ def test_rest_catalog_round_trip_on_s3_survives_a_kill(
         p.name.endswith(".metadata.json") for p in files
     )
 
+    # Answers a client error (404, 409) as the protocol says, without an ERROR in the server's log.
+    catalog = load_catalog(settings)
+    with pytest.raises(NoSuchTableError):
+        catalog.load_table(f"{settings.name}.missing")
+    with pytest.raises(NamespaceAlreadyExistsError):
+        catalog.create_namespace(settings.name)
+    log = rest_catalog_process.log_file.read_text()
+    assert f"serving the Iceberg REST catalog on {rest_catalog_process.state.uri}" in log  # loopback only
+    assert " ERROR " not in log and " SEVERE " not in log, log[-3000:]
+
     with pytest.raises(StackError, match="already running"):
         RestCatalog(rest_catalog_process.work_dir, object_store, WAREHOUSE_BUCKET).start()
     port = rest_catalog_process.state.port if rest_catalog_process.state else None
@@ -100,6 +111,16 @@ def test_rest_catalog_round_trip_on_s3_survives_a_kill(
     # Same URI, and the commits are in the catalog's SQLite file: the table reads back whole.
     assert restarted.port == port
     assert _rows(settings, identifier) == [(1, "a"), (2, "b"), (3, "c")]
+
+
+def test_catalog_properties_reach_the_launcher_under_the_fixtures_variable_names() -> None:
+    """The launcher maps ``CATALOG_X`` to property ``x`` as the fixture does (``__`` -> ``-``, ``_`` ->
+    ``.``, lower case); these are the inverse names, and a key that has none is refused."""
+    assert catalog_env_name("s3.access-key-id") == "CATALOG_S3_ACCESS__KEY__ID"
+    assert catalog_env_name("io-impl") == "CATALOG_IO__IMPL"
+    assert catalog_env_name("uri") == "CATALOG_URI"
+    with pytest.raises(StackError, match="cannot be passed"):
+        catalog_env_name("jdbc.busy_timeout")
 
 
 def test_postgres_catalog_round_trip_on_s3(
