@@ -128,10 +128,17 @@ class SinkMetrics:
             sink_only,
             registry=registry,
         )
+        self.rounds = Counter(
+            "fanout_sink_commit_rounds",
+            "Commit rounds completed, by what started them (trigger): batch-complete (every planned range "
+            "of a micro-batch reported), interval (control.commit-interval passed), stop, call.",
+            ["sink", "trigger"],
+            registry=registry,
+        )
         self.round_failures = Counter(
             "fanout_sink_commit_round_failures",
             "Commit rounds that failed as a whole (broker or control topic unreachable); "
-            "retried next interval.",
+            "retried when the next round is due.",
             sink_only,
             registry=registry,
         )
@@ -217,6 +224,7 @@ class SinkMetrics:
         for position in positions:
             self.lag.labels(self.sink, position.topic, str(position.partition)).set(position.lag)
         self.last_round.labels(self.sink).set(now)
+        self.rounds.labels(self.sink, result.reason).inc()
         self._changed()
 
     def round_failed(self, error: BaseException) -> None:

@@ -256,6 +256,15 @@ def test_sink_topics_settings() -> None:
     assert "control: min-insync-replicas 2 is more than replication-factor 1" in message
 
 
+def test_commit_cadence_defaults_and_a_minimum_beyond_the_interval_is_refused() -> None:
+    control = parse_config(_base(), "x").control
+    assert control.commit_min_interval == timedelta(seconds=2)
+    short = parse_config(_base(control={"commit-interval": "1s"}), "x").control
+    assert short.commit_min_interval > short.commit_interval, "the default is capped where it is used"
+    message = _error(_base(control={"commit-interval": "10s", "commit-min-interval": "1m"}))
+    assert "control: commit-min-interval (0:01:00) is longer than commit-interval (0:00:10)" in message
+
+
 def test_maintenance_defaults_and_per_table_overrides() -> None:
     config = parse_config(
         _base(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import socket
+from dataclasses import replace
 
 import pytest
 
@@ -58,6 +59,9 @@ def test_a_failing_table_keeps_its_vtts_while_the_others_follow_the_sink() -> No
 
     metrics.round_failed(TimeoutError("broker down"))
     assert value(metrics, "fanout_sink_commit_round_failures_total") == 1
+    assert value(metrics, "fanout_sink_commit_rounds_total", trigger="call") == 4, "counted by trigger"
+    metrics.round_done(replace(round_of(None), reason="batch-complete"), [])
+    assert value(metrics, "fanout_sink_commit_rounds_total", trigger="batch-complete") == 1
 
 
 def test_a_change_table_counts_inserted_updated_and_deleted_rows() -> None:

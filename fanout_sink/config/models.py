@@ -226,6 +226,11 @@ class ControlSettings(_ReplicatedTopic):
 
     topic: str | None = Field(default=None, examples=["shop-events-control"])
     commit_interval: Duration = Field(default=timedelta(seconds=30), examples=["30s"])
+    commit_min_interval: Duration = Field(default=timedelta(seconds=2), examples=["2s"])
+    """The shortest time between the starts of two commit rounds. A round starts as soon as every
+    planned range of a micro-batch has reported (``commit-interval`` is only the upper bound), so
+    without a floor a backlog read in many small batches would make a snapshot per table every few
+    hundred milliseconds. Capped at ``commit-interval``."""
     commit_timeout: Duration = Field(default=timedelta(seconds=60), examples=["60s"])
     offsets_refresh_interval: Duration | None = Field(default=None, examples=["6h"])
     """How often the coordinator re-commits an idle partition's sink-group offset (the group is never
@@ -233,6 +238,16 @@ class ControlSettings(_ReplicatedTopic):
     Unset: a quarter of the broker's ``offsets.retention.minutes``."""
     retention_ms: int = Field(default=-1, ge=-1, examples=[-1])
     retention_bytes: int = Field(default=-1, ge=-1, examples=[-1])
+
+    @model_validator(mode="after")
+    def _check_cadence(self) -> ControlSettings:
+        if "commit_min_interval" in self.model_fields_set and self.commit_min_interval > self.commit_interval:
+            raise ValueError(
+                f"commit-min-interval ({self.commit_min_interval}) is longer than commit-interval "
+                f"({self.commit_interval}): rounds could never be that far apart; e.g. commit-interval: "
+                "30s, commit-min-interval: 2s"
+            )
+        return self
 
     def topic_settings(self) -> TopicSettings:
         """How the control topic is created and checked (never compacted: every event counts)."""

@@ -14,10 +14,13 @@ It keeps the driver half of the invariants:
   another uuid are never appended as they are (Iceberg also asserts the uuid at commit): their rows
   are rewritten into the new table when the columns fit, else an ERROR names the files.
 
-A round: publish ``StartCommit`` (fails fast when fenced), read source positions (for VTTS), take
-the control topic's last stable offset as the round end, read up to it, commit tables in parallel,
-then in one transaction publish ``CommitToTable``/``CommitComplete`` and move the coordinator
-group's offset to the low watermark (the oldest control offset a table still needs).
+Rounds start when :class:`~fanout_sink.protocol.round_trigger.RoundTrigger` says: as soon as every
+planned range of a micro-batch has reported, at least every commit interval, never closer together
+than the commit minimum interval. A round: publish ``StartCommit`` (fails fast when fenced), read
+source positions (for VTTS), take the control topic's last stable offset as the round end, read up
+to it, commit tables in parallel, then in one transaction publish ``CommitToTable``/``CommitComplete``
+and move the coordinator group's offset to the low watermark (the oldest control offset a table
+still needs).
 """
 
 from __future__ import annotations
@@ -46,10 +49,15 @@ from fanout_sink.kafka.topics import max_message_bytes
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, recovery, row_delta, table_state
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol import round_trigger as trigger
+from fanout_sink.protocol.channel import ControlEvent, SinkChannel
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 
 log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+"""How long the thread waits for control events between two looks at the trigger: a batch's last
+report starts its round within this."""
 
 COMMIT_ATTEMPTS = 3
 """Tries per table and round when the catalog reports a conflict (each reloads and re-checks the floor)."""
@@ -92,6 +100,8 @@ class RoundResult:
     low_watermark: int
     vtts_ms: int | None
     tables: dict[str, TableCommit] = field(default_factory=dict)
+    reason: str = trigger.CALL
+    """Why the round ran: one of ``round_trigger.REASONS``."""
 
 
 class RoundObserver(Protocol):
@@ -136,6 +146,7 @@ class Coordinator:
         max_parallel_commits: int = 4,
         offsets_refresh_interval_s: float | None = None,
         observer: RoundObserver | None = None,
+        rounds: trigger.RoundTrigger | None = None,
     ) -> None:
         self.channel = sink
         self.sink = sink.sink
@@ -162,6 +173,8 @@ class Coordinator:
         self.offsets_refresh_interval_s = offsets_refresh_interval_s
         self._refresher: recovery.OffsetRefresher | None = None
         self.observer = observer
+        self.rounds = rounds or trigger.RoundTrigger(commit_interval_s)
+        """When the thread's next round is due; the driver tells it what each batch planned."""
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -175,7 +188,8 @@ class Coordinator:
         log.info("coordinator of sink %r reads the control topic from offset %d", self.sink, start)
 
     def start(self) -> None:
-        """Run rounds every ``commit_interval_s`` in a daemon thread (the Spark driver hosts it)."""
+        """Run rounds in a daemon thread (the Spark driver hosts it) whenever :attr:`rounds` says one
+        is due: a planned batch reported completely, or ``commit_interval_s`` passed."""
         if self._producer is None:
             self.open()
         self._stopping.clear()
@@ -185,26 +199,25 @@ class Coordinator:
         self._thread.start()
 
     def _run(self) -> None:
-        last = time.monotonic()
         failed = 0  # rounds failed in a row: the first is a WARNING, the repeats DEBUG, the recovery INFO
         try:
             while not self._stopping.is_set():
                 try:
                     # Polling can fail too: after a failed round the producer is re-created, and its
                     # init_transactions times out while the broker is away.
-                    self.poll_once(0.5)
-                    if time.monotonic() - last < self.commit_interval_s:
+                    self.poll_once(POLL_S)
+                    reason = self.rounds.due()
+                    if reason is None:
                         continue
-                    last = time.monotonic()
-                    self.commit_round()
+                    self.commit_round(reason)
                 except (KafkaException, TimeoutError) as exc:  # TransactionStuckError: a TimeoutError
                     # Broker unreachable or restarting: nothing was lost (files stay pending,
-                    # tables re-check their offsets), so try again next interval.
+                    # tables re-check their offsets, a reported batch stays due), so try again.
                     failed += 1
                     log.log(
                         logging.WARNING if failed == 1 else logging.DEBUG,
-                        "commit round of sink %r failed (%s); retrying every %.0f s, quietly until "
-                        "one succeeds",
+                        "commit round of sink %r failed (%s); retrying when the next round is due "
+                        "(a planned batch reported, or at least every %.0f s), quietly until one succeeds",
                         self.sink,
                         exc,
                         self.commit_interval_s,
@@ -227,7 +240,7 @@ class Coordinator:
             self._thread = None
         if self.error is not None:
             raise self.error
-        return self.commit_round() if commit_now else None
+        return self.commit_round(trigger.STOP) if commit_now else None
 
     def close(self) -> None:
         if self._reader is not None:
@@ -274,9 +287,14 @@ class Coordinator:
             _, reader = self._ready()
             found = 0
             for item in reader.poll(timeout_s):  # each event is pending before the next poll can fail
-                self.state.add(item)
+                self._take(item)
                 found += 1
             return found
+
+    def _take(self, item: ControlEvent) -> None:
+        """One committed event of this sink read: pending in the state, and seen by the trigger."""
+        self.state.add(item)
+        self.rounds.observe(item)
 
     def _publish(self, payloads: list[ev.Payload], offsets: list[TopicPartition] | None = None) -> None:
         producer, _ = self._ready()
@@ -293,10 +311,11 @@ class Coordinator:
             self._fenced = True
             raise
 
-    def commit_round(self) -> RoundResult:
-        """One commit round, synchronously (tests call it directly; the thread calls it on a timer)."""
+    def commit_round(self, reason: str = trigger.CALL) -> RoundResult:
+        """One commit round, synchronously (tools and tests call it directly; the thread when
+        :attr:`rounds` says one is due, ``reason`` telling why)."""
         try:
-            result, positions = self._round()
+            result, positions = self._round(reason)
         except Exception as exc:
             if self.observer is not None:
                 self.observer.round_failed(exc)
@@ -305,9 +324,11 @@ class Coordinator:
             self.observer.round_done(result, positions)
         return result
 
-    def _round(self) -> tuple[RoundResult, list[PartitionPosition]]:
+    def _round(self, reason: str) -> tuple[RoundResult, list[PartitionPosition]]:
         with self._lock:
             _, reader = self._ready()
+            # Before the control end is read: the batches complete now have their events below it.
+            self.rounds.started()
             commit_id = str(uuid.uuid4())
             self._publish([ev.StartCommit(commit_id=commit_id)])
             positions = (
@@ -319,10 +340,10 @@ class Coordinator:
             # Each event is pending before the next poll: a read failing halfway fails the round,
             # but what was read stays in the state and holds the low watermark back.
             for item in reader.read_until(round_end, self.timeout_s):
-                self.state.add(item)
+                self._take(item)
             vtts = self.state.vtts(positions, round_end) if self.source_topics else None
             due = self.state.due(round_end)
-            result = RoundResult(commit_id, round_end, round_end, vtts)
+            result = RoundResult(commit_id, round_end, round_end, vtts, reason=reason)
             result.tables = self._commit_tables(due, round_end, commit_id, vtts)
             for identifier, outcome in result.tables.items():
                 if outcome.outcome != "failed":
@@ -355,12 +376,14 @@ class Coordinator:
             )
             watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)
             self._publish(payloads, [watermark])
+            self.rounds.done(round_end)
             self.last_round = result
             self._refresh_offsets(positions)
             if result.tables:
                 log.info(
-                    "commit %s: %s (vtts %s)",
+                    "commit %s (%s): %s (vtts %s)",
                     commit_id,
+                    reason,
                     ", ".join(f"{t} {c.outcome} ({c.files} files)" for t, c in sorted(result.tables.items())),
                     vtts,
                     extra={"commit_id": commit_id},

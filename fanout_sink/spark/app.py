@@ -24,6 +24,7 @@ from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.spark import maintenance, planning, progress
 from fanout_sink.spark.batch import BatchRunner
 from fanout_sink.spark.session import build_spark_session
@@ -56,7 +57,14 @@ class SinkApp:
             if config.metrics is not None
             else None
         )
-        self.batches = BatchRunner(config, self.options.batch_retries, self._coordinator_error, self.metrics)
+        control = config.control
+        # Shared by the batches (what each planned) and the coordinator (what was reported).
+        self.rounds = RoundTrigger(
+            control.commit_interval.total_seconds(), control.commit_min_interval.total_seconds()
+        )
+        self.batches = BatchRunner(
+            config, self.options.batch_retries, self._coordinator_error, self.metrics, self.rounds
+        )
         self._stop_requested = threading.Event()
         self._query_started = threading.Event()
         self._query: Any = None
@@ -186,6 +194,7 @@ class SinkApp:
                 control.offsets_refresh_interval.total_seconds() if control.offsets_refresh_interval else None
             ),
             observer=self.metrics,
+            rounds=self.rounds,
         )
         coordinator.start()
         return coordinator

@@ -28,6 +28,7 @@ from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.logs import TRACEBACK
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.spark import planning
 from fanout_sink.spark.task import SliceReport, config_key, run_task
 from fanout_sink.spark.task_failure import task_failure
@@ -72,6 +73,7 @@ class BatchRunner:
         retries: int,
         coordinator_error: Callable[[], BaseException | None],
         metrics: SinkMetrics | None = None,
+        rounds: RoundTrigger | None = None,
     ) -> None:
         # The tasks' copy: their librdkafka clients may run on hosts without the driver's TLS files.
         self.config = config.model_copy(update={"kafka": inline_tls_files(config.kafka)})
@@ -85,6 +87,8 @@ class BatchRunner:
         self._coordinator_error = coordinator_error
         self._config_key = config_key(config)
         self._metrics = metrics
+        self._rounds = rounds
+        """Told each batch's planned ranges and its end, so the coordinator commits once it is reported."""
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         """Deliver every planned slice of batch ``batch_id``, retrying the batch on failure."""
@@ -97,6 +101,8 @@ class BatchRunner:
                 )
                 raise self.failure from error
             ranges = planning.planned_ranges(self.checkpoint, batch_id, frame.sparkSession)
+            if self._rounds is not None:
+                self._rounds.expect(batch_id, ranges)
             started = time.monotonic()
             for attempt in range(1, self.retries + 1):
                 try:
@@ -110,6 +116,8 @@ class BatchRunner:
                     self._log_failure(batch_id, attempt, exc)
                     if attempt == self.retries or isinstance(exc, FanoutSinkError):
                         raise
+            if self._rounds is not None:
+                self._rounds.finished(batch_id)
             seconds = time.monotonic() - started
             log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:

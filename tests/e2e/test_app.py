@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyiceberg.exceptions import NoSuchTableError
 from support.common import register_spark_catalog
 from support.sink_factory import SinkFactory, SinkUnderTest, new_sink
 
@@ -139,9 +140,41 @@ def _read_until(app: subprocess.Popen[str], marker: str, timeout_s: float = 300)
     return seen
 
 
-def test_sigterm_finishes_the_batch_commits_and_exits_zero(sink_factory: SinkFactory) -> None:
-    """With a commit interval far beyond the test, the tables can only be filled by the stop's commit."""
+def test_a_finished_batch_is_committed_without_waiting_for_the_commit_interval(
+    sink_factory: SinkFactory,
+) -> None:
+    """With a commit interval far beyond the test, only a round started by the batch's completion can
+    fill the tables while the app runs."""
     sink_run = sink_factory(commit_interval="1h")
+    sink_run.produce(600)
+    app = _start_streaming(sink_run)
+    try:
+        _read_until(app, "batch 0:")
+        deadline = time.monotonic() + 120  # a bound for a loaded machine, not a measured time
+        while not (visible := _holds_expected(sink_run)) and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        app.send_signal(signal.SIGTERM)
+        _, rest = app.communicate(timeout=180)
+    assert app.returncode == 0, rest[-3000:]
+    assert visible, "the batch's rows were not in the tables while the app ran: the commit waited"
+    assert "(batch-complete)" in rest, rest[-3000:]
+    sink_run.assert_exact()
+
+
+def _holds_expected(sink_run: SinkUnderTest) -> bool:
+    """Whether every expected table holds (at least) its expected ids; False while one is missing."""
+    try:
+        got = sink_run.table_ids()
+    except NoSuchTableError:
+        return False
+    return all(ids <= set(got[table]) for table, ids in sink_run.expected.items())
+
+
+def test_sigterm_finishes_the_batch_commits_and_exits_zero(sink_factory: SinkFactory) -> None:
+    """With a commit interval and a minimum between rounds far beyond the test, the tables can only be
+    filled by the stop's commit."""
+    sink_run = sink_factory(commit_interval="1h", commit_min_interval="1h")
     sink_run.produce(600)
     app = _start_streaming(sink_run)
     _read_until(app, "batch 0:")

@@ -12,15 +12,18 @@ from support.common import (
     ARROW_SCHEMA,
     NAMESPACE,
     TABLE_SCHEMA,
+    end_offset,
     make_processor,
     produce_json,
+    run_planned_batch,
     table_ids,
 )
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
 from fanout_sink.errors import ProducerFencedError
-from fanout_sink.protocol import channel, table_state
+from fanout_sink.protocol import channel, round_trigger, table_state
+from fanout_sink.protocol.round_trigger import RoundTrigger
 
 
 def _sink(sink_factory: SinkFactory, topics: int, partitions: int) -> SinkUnderTest:
@@ -248,6 +251,34 @@ def test_coordinator_thread_commits_on_its_interval_and_at_stop(
     coordinator.close()
     for name in "ab":
         assert table_ids(catalog, name) == expected[name] + more[name]
+
+
+def test_the_thread_commits_a_batch_as_soon_as_every_planned_range_reported(
+    sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """With a commit interval far beyond the test, only the batch's completion can start the round."""
+    import time
+
+    sink = _sink(sink_factory, topics=1, partitions=2)
+    rounds = RoundTrigger(3600.0)
+    coordinator = sink.coordinator(commit_interval_s=3600.0, rounds=rounds)
+    coordinator.start()
+    expected = _produce(sink, range(12), tables="ab")
+    ranges = {(sink.topic, p): (0, end_offset(sink.bootstrap, sink.topic, p)) for p in range(2)}
+    rounds.expect(0, ranges)  # what the driver does before its tasks run
+    worker = sink.worker()
+    run_planned_batch(worker, sink.bootstrap, ranges, make_processor(catalog))
+    worker.close()
+    deadline = time.monotonic() + 60
+    while coordinator.last_round is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert coordinator.last_round is not None, "no round ran after the batch's ranges all reported"
+    assert coordinator.last_round.reason == round_trigger.BATCH_COMPLETE
+    for name in "ab":
+        assert table_ids(catalog, name) == expected[name]
+    assert rounds.pending_batches() == [], "the round held the batch"
+    coordinator.stop(commit_now=False)
+    coordinator.close()
 
 
 def test_many_files_travel_in_several_events_and_land_in_one_snapshot(

@@ -303,6 +303,7 @@ def new_sink(
     kafka: Mapping[str, str] | None = None,
     source: Mapping[str, Any] | None = None,
     commit_interval: str = "2s",
+    commit_min_interval: str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> SinkUnderTest:
     """Create a sink's topics, write its YAML (``<name>.yaml``) into ``folder`` and return the sink.
@@ -332,7 +333,11 @@ def new_sink(
             **(source or {}),
             **({"topics": sorted(topics.values())} if topics else {}),
         },
-        "control": {"topic": f"{name}-control", "commit-interval": commit_interval},
+        "control": {
+            "topic": f"{name}-control",
+            "commit-interval": commit_interval,
+            **({"commit-min-interval": commit_min_interval} if commit_min_interval else {}),
+        },
         "catalog": settings.model_dump(),
         **(field_routes(tables) if tables else shop_routes()),
         "spark": {"checkpoint-location": str(folder / "checkpoints"), "master": "local[2]"},

@@ -1,0 +1,155 @@
+"""When the coordinator's next commit round is due: a planned micro-batch fully reported, or the interval.
+
+A round on a timer makes every batch wait for it: with a 10 s ``control.commit-interval``, a record
+became visible up to a whole interval after its batch had written it. Instead the driver tells the
+trigger which ranges each micro-batch planned (:meth:`RoundTrigger.expect`), the coordinator tells
+it every ``DataComplete`` it reads (:meth:`RoundTrigger.observe`), and a round is due as soon as
+every planned range of a batch has reported its end offset. ``control.commit-interval`` stays the
+upper bound (a round runs at least that often, data or not: VTTS and idle offsets advance with it),
+and ``control.commit-min-interval`` the floor between two rounds' starts, so that back-to-back small
+batches (a backlog, a short trigger) cannot turn into a snapshot per table every few hundred
+milliseconds.
+
+Exactly-once does not depend on any of this: a round commits whatever committed events lie below the
+control topic's last stable offset, whenever it runs. The trigger only decides *when*; a batch whose
+reports never arrive (its ranges were delivered by an earlier run, the driver stopped) is picked up
+by the interval.
+
+All methods are thread-safe: the driver's batch thread plans, the coordinator's thread observes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import ControlEvent
+
+BATCH_COMPLETE = "batch-complete"
+"""Every planned range of a micro-batch reported (or the driver saw the batch finish)."""
+INTERVAL = "interval"
+"""``control.commit-interval`` passed since the last round started."""
+STOP = "stop"
+"""The final round of a stop (shutdown, end of an available-now run)."""
+CALL = "call"
+"""Run by a direct ``commit_round()`` call (tools, tests)."""
+REASONS = (BATCH_COMPLETE, INTERVAL, STOP, CALL)
+
+Ranges = Mapping[tuple[str, int], tuple[int, int]]
+"""``{(topic, partition): (start, end)}`` as the driver planned them (``spark.planning.PlannedRanges``)."""
+
+
+@dataclass
+class _Expected:
+    """One planned batch: the end offset each moved range must report, and how far it got."""
+
+    ends: dict[tuple[str, int], int]
+    finished: bool = False
+    """The driver saw every task of the batch return: each range is delivered, now or earlier."""
+    reported_at: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Per range, the control offset of the report that covered it (-1: covered before it was planned)."""
+
+    def complete(self) -> bool:
+        return self.finished or len(self.reported_at) == len(self.ends)
+
+    def covered_below(self, round_end: int) -> bool:
+        """Whether a round whose end is ``round_end`` holds every event of this batch."""
+        reported = len(self.reported_at) == len(self.ends)
+        return reported and max(self.reported_at.values(), default=-1) < round_end
+
+
+class RoundTrigger:
+    """Decides the reason for the coordinator's next round, or that none is due yet."""
+
+    def __init__(
+        self,
+        interval_s: float,
+        min_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self.min_interval_s = min(min_interval_s, interval_s)  # the default floor may exceed a short interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_start = clock()
+        self._expected: dict[int, _Expected] = {}
+        self._reported: dict[tuple[str, int], int] = {}
+        """Per source partition, the largest ``next_offset`` any report read so far carried."""
+        self._taken: list[int] = []
+        """Batches complete when the running round started: that round holds their events."""
+
+    # -- what the driver and the control topic say -------------------------------------------------
+
+    def expect(self, batch_id: int, ranges: Ranges) -> None:
+        """The driver planned ``batch_id`` (again, on a retry). Ranges that did not move report nothing."""
+        ends = {key: end for key, (start, end) in ranges.items() if end > start}
+        if not ends:  # an empty batch (an idle trigger) is no reason for a round
+            return
+        with self._lock:
+            expected = _Expected(ends)
+            for key, end in ends.items():
+                if self._reported.get(key, -1) >= end:  # delivered before it was planned (a replay)
+                    expected.reported_at[key] = -1
+            self._expected[batch_id] = expected
+
+    def finished(self, batch_id: int) -> None:
+        """Every task of ``batch_id`` returned: its slices are committed, or were delivered before
+        (a slice already in the sink group writes no new report)."""
+        with self._lock:
+            if (expected := self._expected.get(batch_id)) is not None:
+                expected.finished = True
+
+    def observe(self, item: ControlEvent) -> None:
+        """A committed control event of this sink, read by the coordinator (in control-topic order)."""
+        payload = item.event.payload
+        if isinstance(payload, ev.DataComplete):
+            positions = {(payload.topic, payload.partition): payload.next_offset}
+        elif isinstance(payload, ev.CommitComplete):  # a restarted coordinator re-reads older rounds
+            positions = ev.delivered_positions(payload)
+        else:
+            return
+        with self._lock:
+            for key, offset in positions.items():
+                if offset <= self._reported.get(key, -1):
+                    continue
+                self._reported[key] = offset
+                for expected in self._expected.values():
+                    end = expected.ends.get(key)
+                    if end is not None and offset >= end and key not in expected.reported_at:
+                        expected.reported_at[key] = item.offset
+
+    # -- what the coordinator asks -----------------------------------------------------------------
+
+    def due(self) -> str | None:
+        """The reason a round should start now, or None."""
+        with self._lock:
+            since = self._clock() - self._last_start
+            if since >= self.interval_s:
+                return INTERVAL
+            if since >= self.min_interval_s and any(e.complete() for e in self._expected.values()):
+                return BATCH_COMPLETE
+            return None
+
+    def started(self) -> None:
+        """A round starts (any reason): the interval and the minimum count from now, and the batches
+        complete now are that round's (their events are committed before it reads the control end)."""
+        with self._lock:
+            self._last_start = self._clock()
+            self._taken = [batch for batch, expected in self._expected.items() if expected.complete()]
+
+    def done(self, round_end: int) -> None:
+        """The round that last :meth:`started` committed everything below ``round_end``: forget the
+        batches it held. A failed round calls nothing, so its batches stay due."""
+        with self._lock:
+            for batch in list(self._expected):
+                if batch in self._taken or self._expected[batch].covered_below(round_end):
+                    del self._expected[batch]
+            self._taken = []
+
+    def pending_batches(self) -> list[int]:
+        """Planned batches no successful round has held yet (for logs and tests)."""
+        with self._lock:
+            return sorted(self._expected)
