@@ -13,7 +13,10 @@ milliseconds.
 Exactly-once does not depend on any of this: a round commits whatever committed events lie below the
 control topic's last stable offset, whenever it runs. The trigger only decides *when*; a batch whose
 reports never arrive (its ranges were delivered by an earlier run, the driver stopped) is picked up
-by the interval.
+by the interval. The driver's own word that a batch finished is not enough: a transaction's events
+become readable only once the broker has written its markers, which may be just after the commit
+returned, so only the reports read (or the driver naming the slices that had nothing to deliver)
+complete a batch.
 
 All methods are thread-safe: the driver's batch thread plans, the coordinator's thread observes.
 """
@@ -22,14 +25,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import ControlEvent
 
 BATCH_COMPLETE = "batch-complete"
-"""Every planned range of a micro-batch reported (or the driver saw the batch finish)."""
+"""Every planned range of a micro-batch reported (or was delivered before, as the driver learnt)."""
 INTERVAL = "interval"
 """``control.commit-interval`` passed since the last round started."""
 STOP = "stop"
@@ -47,18 +50,15 @@ class _Expected:
     """One planned batch: the end offset each moved range must report, and how far it got."""
 
     ends: dict[tuple[str, int], int]
-    finished: bool = False
-    """The driver saw every task of the batch return: each range is delivered, now or earlier."""
     reported_at: dict[tuple[str, int], int] = field(default_factory=dict)
-    """Per range, the control offset of the report that covered it (-1: covered before it was planned)."""
+    """Per range, the control offset of the report that covered it (-1: delivered before, no new report)."""
 
     def complete(self) -> bool:
-        return self.finished or len(self.reported_at) == len(self.ends)
+        return len(self.reported_at) == len(self.ends)
 
     def covered_below(self, round_end: int) -> bool:
         """Whether a round whose end is ``round_end`` holds every event of this batch."""
-        reported = len(self.reported_at) == len(self.ends)
-        return reported and max(self.reported_at.values(), default=-1) < round_end
+        return self.complete() and max(self.reported_at.values(), default=-1) < round_end
 
 
 class RoundTrigger:
@@ -95,12 +95,14 @@ class RoundTrigger:
                     expected.reported_at[key] = -1
             self._expected[batch_id] = expected
 
-    def finished(self, batch_id: int) -> None:
-        """Every task of ``batch_id`` returned: its slices are committed, or were delivered before
-        (a slice already in the sink group writes no new report)."""
+    def delivered_before(self, batch_id: int, ranges: Iterable[tuple[str, int]]) -> None:
+        """Slices of ``batch_id`` that found their range in the sink group already and so wrote no
+        report (a batch replayed after a crash, or retried after some of its slices committed)."""
         with self._lock:
             if (expected := self._expected.get(batch_id)) is not None:
-                expected.finished = True
+                for key in ranges:
+                    if key in expected.ends:
+                        expected.reported_at.setdefault(key, -1)
 
     def observe(self, item: ControlEvent) -> None:
         """A committed control event of this sink, read by the coordinator (in control-topic order)."""

@@ -116,8 +116,9 @@ class BatchRunner:
                     self._log_failure(batch_id, attempt, exc)
                     if attempt == self.retries or isinstance(exc, FanoutSinkError):
                         raise
-            if self._rounds is not None:
-                self._rounds.finished(batch_id)
+            if self._rounds is not None:  # a slice that found its range delivered writes no report
+                done_before = [r.result for r in reports if not r.result.transaction_committed]
+                self._rounds.delivered_before(batch_id, [(r.topic, r.partition) for r in done_before])
             seconds = time.monotonic() - started
             log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:
