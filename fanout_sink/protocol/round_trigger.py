@@ -76,8 +76,8 @@ class RoundTrigger:
         self._lock = threading.Lock()
         self._last_start = clock()
         self._expected: dict[int, _Expected] = {}
-        self._reported: dict[tuple[str, int], int] = {}
-        """Per source partition, the largest ``next_offset`` any report read so far carried."""
+        self._reported = ev.DeliveredPositions()
+        """Per source partition, the largest ``next_offset`` reported for the topic's newest generation."""
         self._taken: list[int] = []
         """Batches complete when the running round started: that round holds their events."""
 
@@ -91,7 +91,7 @@ class RoundTrigger:
         with self._lock:
             expected = _Expected(ends)
             for key, end in ends.items():
-                if self._reported.get(key, -1) >= end:  # delivered before it was planned (a replay)
+                if self._reported.offsets.get(key, -1) >= end:  # delivered before it was planned (a replay)
                     expected.reported_at[key] = -1
             self._expected[batch_id] = expected
 
@@ -107,17 +107,17 @@ class RoundTrigger:
     def observe(self, item: ControlEvent) -> None:
         """A committed control event of this sink, read by the coordinator (in control-topic order)."""
         payload = item.event.payload
-        if isinstance(payload, ev.DataComplete):
-            positions = {(payload.topic, payload.partition): payload.next_offset}
-        elif isinstance(payload, ev.CommitComplete):  # a restarted coordinator re-reads older rounds
-            positions = ev.delivered_positions(payload)
-        else:
-            return
         with self._lock:
-            for key, offset in positions.items():
-                if offset <= self._reported.get(key, -1):
-                    continue
-                self._reported[key] = offset
+            if isinstance(payload, ev.DataComplete):
+                self._reported.take_report(payload)
+                touched = [(payload.topic, payload.partition)]
+            elif isinstance(payload, ev.CommitComplete):  # a restarted coordinator re-reads older rounds
+                self._reported.take_round(payload)
+                touched = list(ev.delivered_positions(payload))
+            else:
+                return
+            for key in touched:
+                offset = self._reported.offsets.get(key, -1)
                 for expected in self._expected.values():
                     end = expected.ends.get(key)
                     if end is not None and offset >= end and key not in expected.reported_at:

@@ -108,3 +108,14 @@ def test_an_empty_batch_is_no_reason_for_a_round_and_the_default_floor_fits_a_sh
     rounds.expect(0, {("s", 0): (5, 5)})
     assert rounds.due() is None and rounds.pending_batches() == []
     assert RoundTrigger(0.5, 2.0).min_interval_s == 0.5
+
+
+def test_positions_of_a_deleted_and_recreated_topic_do_not_complete_the_new_topics_batches() -> None:
+    clock = Clock()
+    rounds = _trigger(clock)
+    old = ev.DataComplete(topic="s", partition=0, next_offset=100, topic_id="old-id")
+    new = ev.DataComplete(topic="s", partition=1, next_offset=5, topic_id="new-id")
+    for offset, payload in enumerate((old, new)):
+        rounds.observe(ControlEvent(offset, ev.Event(sink="x", payload=payload)))
+    rounds.expect(1, {("s", 0): (0, 50)})  # the new topic's s/0 has delivered nothing yet
+    assert rounds.due() is None
