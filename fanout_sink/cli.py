@@ -182,6 +182,22 @@ def _maintain(args: argparse.Namespace) -> int:
     return 0 if all(result.ok for result in results) else 1
 
 
+def _sql(args: argparse.Namespace) -> int:
+    from fanout_sink.config.loading import load_config
+    from fanout_sink.spark import sql_shell
+
+    config = load_config(args.config)
+    return sql_shell.run(
+        config,
+        execute_text=args.execute,
+        script=Path(args.file) if args.file else None,
+        output=args.format,
+        master=args.master,
+        extra_conf=dict(_key_value(item) for item in args.conf),
+        verbose=args.verbose,
+    )
+
+
 def _pack(args: argparse.Namespace) -> int:
     from fanout_sink.spark import shipping
 
@@ -336,6 +352,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
     )
     maintain.set_defaults(func=_maintain)
+
+    sql = commands.add_parser(
+        "sql",
+        help="Spark SQL on the sink's catalog (same jars and settings as run); a prompt without -e or -f",
+    )
+    sql.add_argument("--config", required=True, help="the sink's YAML file (its catalog section is used)")
+    given = sql.add_mutually_exclusive_group()
+    given.add_argument(
+        "-e", "--execute", metavar="SQL", help="run these statements (';'-separated), then exit"
+    )
+    given.add_argument("-f", "--file", metavar="FILE", help="run the statements in this file, then exit")
+    sql.add_argument(
+        "--format", choices=("table", "json", "csv"), default="table",
+        help="an aligned table (default), JSON lines (one object per row) or CSV with a header",
+    )  # fmt: skip
+    sql.add_argument(
+        "--master", help="Spark master (default: local[*]; the config's spark.master is not used)"
+    )
+    sql.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
+    )
+    sql.add_argument("--verbose", action="store_true", help="print the Python and Java stacks of an error")
+    sql.set_defaults(func=_sql)
 
     pack = commands.add_parser(
         "pack", help="build the Python environment a cluster's executors run (cached; prints its path)"

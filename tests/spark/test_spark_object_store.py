@@ -17,7 +17,9 @@ create transaction and schema updates with ``AddSchema``) is what Nessie 0.99 re
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 import os
 import subprocess
@@ -35,6 +37,7 @@ from confluent_kafka import Producer
 from pyarrow import fs
 from pyiceberg.types import StringType
 from support.sink_factory import SinkUnderTest, new_sink
+from support.sql_cli import pyiceberg_rows, run_sql_cli, write_sql_config
 from support.stores_fixtures import (
     fresh_s3_prefix,
     postgres_s3_settings,
@@ -325,3 +328,27 @@ def test_on_rest_and_s3_a_debezium_stream_and_maintenance_leave_each_key_in_its_
     assert maintained["before"]["delete_files"] > 0, "the sink applied the changes as position deletes"
     assert maintained["after"]["delete_files"] == 0, maintained["steps"]
     assert all(action != "failed" for action, _ in maintained["steps"].values()), maintained["steps"]
+
+
+@pytest.mark.parametrize(("kind", "output"), [("rest", "json"), ("postgres", "csv")])
+def test_sql_command_prints_the_rows_pyiceberg_reads(
+    shared_run: SharedRun, kind: str, output: str, tmp_path: Path
+) -> None:
+    """``fanout-sink sql -e`` on a sink YAML naming the catalog: its own JVM, the app's jars (the
+    object-store set) and catalog settings; the embedded SQLite case is in tests/e2e/test_sql_cli.py."""
+    settings = shared_run.catalogs[kind]
+    identifier = f"{shared_run.namespace}.by_pyiceberg"
+    config = write_sql_config(tmp_path, settings)
+
+    done = run_sql_cli("--config", str(config), "--format", output, "-e",
+                       f"SELECT * FROM {identifier} ORDER BY id")  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = pyiceberg_rows(settings, identifier, "id")
+    assert len(expected) == 4
+    if output == "json":
+        assert [json.loads(line) for line in done.stdout.splitlines()] == expected
+    else:
+        header, *rows = csv.reader(io.StringIO(done.stdout))
+        assert header == list(expected[0])
+        assert rows == [["" if value is None else str(value) for value in row.values()] for row in expected]

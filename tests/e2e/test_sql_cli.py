@@ -1,0 +1,152 @@
+"""``fanout-sink sql`` on the embedded catalog (SQLite): the rows PyIceberg reads, as JSON, CSV or a
+table; several statements from a file; Spark's message and a non-zero exit on a bad statement; the
+prompt. The REST and PostgreSQL catalogs are checked beside their other Spark tests
+(``tests/spark/test_spark_object_store.py``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from support.common import embedded_catalog_settings, register_spark_catalog
+from support.sql_cli import pyiceberg_rows, run_sql_cli, write_sql_config
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.spark.sql_shell import Result, Shell, render, split_statements
+
+ORDERS = pa.table(
+    {
+        "id": pa.array([3, 1, 2], pa.int64()),
+        "customer": ["grace", 'ada, "the first"', None],
+        "amount": pa.array([Decimal("10.50"), Decimal("0.01"), None], pa.decimal128(10, 2)),
+        "ts": pa.array([1_700_000_000_000_000, None, 1_700_000_001_500_000], pa.timestamp("us", "UTC")),
+        "tags": pa.array([["a", "b"], [], None], pa.list_(pa.string())),
+    }
+)
+
+
+def _orders(settings: CatalogSettings) -> str:
+    """``shop.orders`` with the rows above, written by PyIceberg; its identifier."""
+    catalog = load_catalog(settings)
+    catalog.create_namespace("shop")
+    table = catalog.create_table("shop.orders", schema=ORDERS.schema)
+    table.append(ORDERS)
+    return "shop.orders"
+
+
+# --------------------------------------------------------------------------------------------
+# Without Spark: statements and output formats
+
+
+def test_statements_split_on_semicolons_outside_quotes_and_comments() -> None:
+    script = """
+        SELECT 'a;b' AS x, "c;d", `e;f` FROM t;  -- a comment; with a semicolon
+        /* a block; comment */ SELECT 2;;
+        SELECT 'it\\'s'   -- the last statement needs no semicolon
+    """
+    assert split_statements(script) == [
+        "SELECT 'a;b' AS x, \"c;d\", `e;f` FROM t",
+        "-- a comment; with a semicolon\n        /* a block; comment */ SELECT 2",
+        "SELECT 'it\\'s'   -- the last statement needs no semicolon",
+    ]
+    assert split_statements("-- only a comment;\n /* and another */") == []
+
+
+def test_render_formats_a_result_for_people_and_for_scripts() -> None:
+    result = Result(["id", "name", "tags"], [(1, "a,b", ["x"]), (2, None, {"k": "v"})])
+    assert render(result, "table") == (
+        'id | name | tags\n---+------+-----------\n1  | a,b  | ["x"]\n2  | NULL | {"k": "v"}\n(2 rows)\n'
+    )
+    assert [json.loads(line) for line in render(result, "json").splitlines()] == [
+        {"id": 1, "name": "a,b", "tags": ["x"]},
+        {"id": 2, "name": None, "tags": {"k": "v"}},
+    ]
+    assert list(csv.reader(io.StringIO(render(result, "csv")))) == [
+        ["id", "name", "tags"], ["1", "a,b", '["x"]'], ["2", "", '{"k": "v"}']
+    ]  # fmt: skip
+    assert render(Result([], []), "table") == ""  # DDL prints nothing
+
+
+# --------------------------------------------------------------------------------------------
+# The command, each run in a JVM of its own
+
+
+@pytest.mark.usefixtures("own_spark")
+def test_sql_e_prints_the_rows_pyiceberg_reads_as_json(tmp_path: Path) -> None:
+    settings = embedded_catalog_settings(tmp_path)
+    identifier = _orders(settings)
+    config = write_sql_config(tmp_path, settings)
+
+    done = run_sql_cli("--config", str(config), "--format", "json", "-e",
+                       f"SELECT * FROM {identifier} ORDER BY id")  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [json.loads(line) for line in done.stdout.splitlines()]
+    assert printed == pyiceberg_rows(settings, identifier, "id")
+    assert printed[0]["ts"] is None and printed[2]["ts"] == "2023-11-14T22:13:20+00:00"
+    assert printed[2]["amount"] == "10.50" and printed[2]["tags"] == ["a", "b"]
+
+
+@pytest.mark.usefixtures("own_spark")
+def test_sql_f_runs_statements_in_order_and_stops_at_spark_s_error(tmp_path: Path) -> None:
+    settings = embedded_catalog_settings(tmp_path)
+    identifier = _orders(settings)
+    config = write_sql_config(tmp_path, settings)
+    script = tmp_path / "report.sql"
+    script.write_text(
+        f"-- the sink's catalog is the default one, and it answers by its name too;\n"
+        f"SELECT id, customer FROM {identifier} WHERE amount IS NOT NULL ORDER BY id;\n"
+        f"SELECT count(*) AS n FROM {settings.name}.{identifier};\n"
+        f"SELECT * FROM shop.no_such_table;\n"
+        f"SELECT 'never run' AS after_the_error;\n"
+    )
+
+    done = run_sql_cli("--config", str(config), "--format", "csv", "-f", str(script))
+
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert list(csv.reader(io.StringIO(done.stdout))) == [
+        ["id", "customer"], ["1", 'ada, "the first"'], ["3", "grace"], ["n"], ["3"]
+    ]  # fmt: skip
+    error = [line for line in done.stderr.splitlines() if line.startswith("fanout-sink sql:")]
+    assert len(error) == 1 and "TABLE_OR_VIEW_NOT_FOUND" in error[0] and "no_such_table" in error[0]
+    assert "\tat org.apache" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sql_f_names_a_missing_file(tmp_path: Path) -> None:
+    config = write_sql_config(tmp_path, embedded_catalog_settings(tmp_path))
+    done = run_sql_cli("--config", str(config), "-f", str(tmp_path / "missing.sql"))
+    assert done.returncode == 2
+    assert f"cannot read {tmp_path / 'missing.sql'}" in done.stderr
+
+
+def test_the_prompt_runs_statements_as_they_end_and_survives_errors(spark: Any, tmp_path: Path) -> None:
+    settings = embedded_catalog_settings(tmp_path)
+    identifier = _orders(settings)
+    name = register_spark_catalog(spark, settings)
+    lines = iter([
+        f"SELECT id, amount FROM {name}.{identifier}", "ORDER BY id;",
+        "SELECT nonsense;", f"SELECT count(*) AS n FROM {name}.{identifier}; -- done", "quit",
+        "SELECT 'after quit';",
+    ])  # fmt: skip
+
+    def read_line(prompt: str) -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    out, err = io.StringIO(), io.StringIO()
+    code = Shell(spark, "table", out=out, err=err).prompt(read_line, interactive=False)
+
+    assert code == 1  # one statement failed
+    assert out.getvalue() == (
+        "id | amount\n---+-------\n1  | 0.01\n2  | NULL\n3  | 10.50\n(3 rows)\nn\n-\n3\n(1 row)\n"
+    )
+    assert err.getvalue().startswith("fanout-sink sql: [UNRESOLVED_COLUMN")
+    assert next(lines) == "SELECT 'after quit';"
