@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config.loading import load_config, parse_config
+from fanout_sink.config.loading import load_config, parse_config, write_standalone_copy
 from fanout_sink.config.models import PartitionField, parse_duration
 from fanout_sink.config.secrets import is_secret_key
 from fanout_sink.errors import ConfigError
@@ -319,3 +319,39 @@ def test_credentials_inside_urls_and_under_api_key_headers_are_redacted() -> Non
     redacted = config.redacted()
     assert redacted["source"]["schema_registry"]["url"] == "https://registry-user:***@registry.example:8081"
     assert is_secret_key("header.X-Api-Key") and is_secret_key("apikey")
+
+
+def test_a_standalone_copy_resolves_only_the_named_variables_and_schema_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the demo leaves beside its tables: usable from any folder without the demo's variables,
+    and no other variable's value (a secret, say) written into the file."""
+    source = tmp_path / "routing" / "sink.yaml"
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "routing").mkdir()
+    (tmp_path / "schemas" / "orders.avsc").write_text(
+        '{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}'
+    )
+    source.write_text(
+        "name: copy\n"
+        "kafka: {bootstrap.servers: '${BROKER:-127.0.0.1:9092}'}\n"
+        "source: {topics: [orders], format: json}\n"
+        "catalog: {name: lake, uri: 'sqlite:///${WORK}/catalog.db', warehouse: 'file://${WORK}/wh',"
+        " s3.secret-access-key: '${S3_SECRET}'}\n"
+        "tables: {shop.orders: {when: 'true', schema: ../schemas/orders.avsc}}\n"
+    )
+    monkeypatch.setenv("WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("BROKER", "10.0.0.1:9093")
+    monkeypatch.setenv("S3_SECRET", "hunter2")
+
+    copy = write_standalone_copy(source, tmp_path / "copy.yaml", ["WORK", "BROKER"])
+
+    text = copy.read_text()
+    assert "hunter2" not in text and "${S3_SECRET}" in text
+    monkeypatch.delenv("WORK")
+    monkeypatch.delenv("BROKER")
+    monkeypatch.chdir(tmp_path / "schemas")
+    config = load_config(copy)
+    assert config.catalog.uri == f"sqlite:///{tmp_path}/work/catalog.db"
+    assert config.kafka["bootstrap.servers"] == "10.0.0.1:9093"
+    assert config.tables["shop.orders"].schema_file == str(tmp_path / "schemas" / "orders.avsc")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,18 @@ from fanout_sink.kafka.java_client import PropertyError, java_tls_properties
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _substitute_env(node: Any, path: str, source: str) -> Any:
+def _substitute_env(node: Any, path: str, source: str, only: Collection[str] | None = None) -> Any:
+    """``node`` with its ``${VAR}`` references replaced (only those to ``only``'s names if given)."""
     if isinstance(node, dict):
-        return {k: _substitute_env(v, _join(path, k), source) for k, v in node.items()}
+        return {k: _substitute_env(v, _join(path, k), source, only) for k, v in node.items()}
     if isinstance(node, list):
-        return [_substitute_env(v, f"{path}[{i}]", source) for i, v in enumerate(node)]
+        return [_substitute_env(v, f"{path}[{i}]", source, only) for i, v in enumerate(node)]
     if isinstance(node, str):
 
         def replace(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
+            if only is not None and name not in only:
+                return match.group(0)
             value = os.environ.get(name, default)
             if value is None:
                 raise ConfigError(
@@ -185,6 +189,35 @@ def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = No
 def load_config(path: str | Path) -> SinkConfig:
     """Read, substitute and validate a sink YAML file; raise :class:`ConfigError` on any problem."""
     path = Path(path)
+    return parse_config(_read_yaml(path), path.name, base_dir=path.resolve().parent)
+
+
+def write_standalone_copy(path: str | Path, target: Path, variables: Collection[str]) -> Path:
+    """A copy of the YAML file at ``target`` that works from any folder and without ``variables``
+    set: their ``${VAR}`` references take this process's values (others stay references, so no
+    secret from the environment lands in the file) and relative schema paths become absolute.
+
+    The demo leaves one beside its tables, so the ``status`` and ``sql`` commands it prints find them.
+    Comments are not kept (the file is written from the parsed YAML).
+    """
+    path = Path(path)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            path.name, "(top level)", "the file is not a YAML mapping", "start with name: my-sink"
+        )
+    data = _substitute_env(data, "", path.name, only=frozenset(variables))
+    base = path.resolve().parent
+    sections = [data.get("source"), *(data.get("tables") or {}).values()]
+    for section in sections:
+        if isinstance(section, dict) and isinstance(section.get("schema"), str):
+            section["schema"] = str((base / section["schema"]).resolve())  # an absolute one stays
+    target.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return target
+
+
+def _read_yaml(path: Path) -> Any:
+    """The parsed YAML file; :class:`ConfigError` naming the file or the line when it cannot be."""
     source = path.name
     try:
         text = path.read_text(encoding="utf-8")
@@ -201,4 +234,4 @@ def load_config(path: str | Path) -> SinkConfig:
         raise ConfigError(
             source, where, f"not valid YAML: {problem}", "check indentation and quoting"
         ) from None
-    return parse_config(data, source, base_dir=path.resolve().parent)
+    return data

@@ -4,12 +4,15 @@ It produces realistic orders, payments and clicks (plus a few malformed records)
 the local broker, runs the streaming app once with ``--available-now`` on ``routing/shop-demo.yaml``,
 and then shows what landed: rows through PyIceberg and through Spark SQL (Iceberg's JDBC catalog on
 the same SQLite file), the snapshot summaries the sink wrote, each table's VTTS, and the dead letters.
+It leaves the config it ran, resolved, beside the tables (``<dir>/sink.yaml``) and ends with the
+``fanout-sink status`` and ``fanout-sink sql`` commands that show them from any shell.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import shlex
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +21,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config.loading import load_config
+from fanout_sink.config.loading import load_config, write_standalone_copy
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.devtools.stack import daemon
@@ -31,6 +34,8 @@ from fanout_sink.transform.records import DeadLetter
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "routing" / "shop-demo.yaml"
 TOPICS = {"orders": 3, "clicks": 2}
+DEMO_VARIABLES = ("KAFKA_BOOTSTRAP", "FANOUT_SINK_DEMO_DIR")
+"""The variables the demo sets for its config; the copy it leaves holds their values."""
 
 
 def malformed_events(run: int) -> list[tuple[str, bytes]]:
@@ -115,22 +120,26 @@ def show(config: SinkConfig, bootstrap: str) -> None:
               f"VTTS {_when(state.vtts_ms)}")  # fmt: skip
         print(data.slice(0, 3).to_pandas().to_string(index=False, max_colwidth=40))
 
-    print("\n== through Spark SQL (Iceberg's JDBC catalog on the same SQLite file) ==")
+    print(
+        "\n== through Spark SQL (what `fanout-sink sql` prints; Iceberg's JDBC catalog on the same file) =="
+    )
     from fanout_sink.spark.session import build_spark_session
+    from fanout_sink.spark.sql_shell import Shell
 
     spark = build_spark_session(config.catalog, app_name="fanout-sink-demo")
     lake = config.catalog.name
-    spark.sql(
-        "SELECT country, count(*) AS orders, sum(amount) AS revenue "
-        f"FROM {lake}.shop.orders GROUP BY country ORDER BY revenue DESC"
-    ).show(5, truncate=False)
-    spark.sql(f"SELECT method, count(*) AS payments FROM {lake}.shop.payments GROUP BY method").show()
     prefix = f"fanout-sink.{config.name}"
-    spark.sql(
+    shell = Shell(spark)
+    for statement in (
+        "SELECT country, count(*) AS orders, sum(amount) AS revenue "
+        f"FROM {lake}.shop.orders GROUP BY country ORDER BY revenue DESC LIMIT 5",
+        f"SELECT method, count(*) AS payments FROM {lake}.shop.payments GROUP BY method ORDER BY method",
         f"SELECT snapshot_id, summary['added-records'] AS added, summary['{prefix}.commit-id'] AS commit_id, "
         f"summary['{prefix}.control-offsets'] AS control_offsets, summary['{prefix}.vtts'] AS vtts "
-        f"FROM {lake}.shop.orders.snapshots ORDER BY committed_at"
-    ).show(truncate=False)
+        f"FROM {lake}.shop.orders.snapshots ORDER BY committed_at",
+    ):
+        print()
+        shell.run_one(statement)
 
     if config.dead_letter is not None:
         letters = _dead_letters(bootstrap, config.dead_letter.topic)
@@ -157,7 +166,9 @@ def run(
         _say(f"Kafka broker {'started' if started else 'running'} at {bootstrap_servers}")
     os.environ["KAFKA_BOOTSTRAP"] = bootstrap_servers
     os.environ["FANOUT_SINK_DEMO_DIR"] = str(work_dir)
-    config = load_config(config_path or DEFAULT_CONFIG)
+    # The config the demo runs, resolved beside its tables: the commands printed at the end use it.
+    config_file = write_standalone_copy(config_path or DEFAULT_CONFIG, work_dir / "sink.yaml", DEMO_VARIABLES)
+    config = load_config(config_file)
     topics = dict(TOPICS)
     if config.dead_letter is not None:
         topics[config.dead_letter.topic] = 1
@@ -168,5 +179,18 @@ def run(
          f"running sink {config.name!r} with --available-now")  # fmt: skip
     SinkApp(config, RunOptions(available_now=True)).run()
     show(config, bootstrap_servers)
-    print(f"\nTables live in {work_dir}; `fanout-sink status --config ...` shows lag and VTTS.")
+    print(closing_lines(work_dir, config_file, config))
     return 0
+
+
+def closing_lines(work_dir: Path, config_file: Path, config: SinkConfig) -> str:
+    """Where the tables are and the exact commands that show them, runnable as printed from any
+    folder in a new shell (the config beside the tables needs none of the demo's variables)."""
+    first = next(iter(config.tables), None)
+    query = f"SELECT * FROM {first} LIMIT 5" if first else "SHOW NAMESPACES"
+    status = shlex.join(["fanout-sink", "status", "--config", str(config_file)])
+    sql = shlex.join(["fanout-sink", "sql", "--config", str(config_file), "-e", query])
+    return (
+        f"\nTables live in {work_dir}, beside the config that wrote them ({config_file.name}). "
+        f"Lag, commits and VTTS:\n  {status}\nThe rows, through Spark SQL:\n  {sql}"
+    )

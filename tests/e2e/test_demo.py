@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +14,13 @@ import pytest
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import load_config
-from fanout_sink.devtools.demo import DEFAULT_CONFIG, malformed_events
+from fanout_sink.devtools.demo import malformed_events
 from fanout_sink.devtools.sample_data import shop_events
 
 pytestmark = pytest.mark.usefixtures("own_spark")
 
 
-def test_demo_runs_the_app_and_shows_both_engines(
-    bootstrap_servers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_demo_runs_the_app_and_shows_both_engines(bootstrap_servers: str, tmp_path: Path) -> None:
     records = 400
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     result = subprocess.run(
@@ -40,9 +39,43 @@ def test_demo_runs_the_app_and_shows_both_engines(
     assert f"dead-letter topic shop-demo-dlq: {len(malformed_events(0))} records" in result.stdout
     assert "through Spark SQL" in result.stdout and "revenue" in result.stdout
 
-    monkeypatch.setenv("KAFKA_BOOTSTRAP", bootstrap_servers)
-    monkeypatch.setenv("FANOUT_SINK_DEMO_DIR", str(tmp_path / "demo"))
-    catalog = load_catalog(load_config(DEFAULT_CONFIG).catalog)
+    # The closing lines, run as printed by a new user: another folder, none of the demo's variables.
+    config_file = tmp_path / "demo" / "sink.yaml"
+    catalog = load_catalog(load_config(config_file).catalog)
     for name, ids in expected.items():
         got = catalog.load_table(name).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
         assert sorted(got) == sorted(ids), f"{name} holds exactly the produced events"
+    status = _printed_command(result.stdout, "status")
+    assert status == ["fanout-sink", "status", "--config", str(config_file)]
+    new_user = {k: v for k, v in env.items() if k not in {"FANOUT_SINK_DEMO_DIR", "KAFKA_BOOTSTRAP"}}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shown = _run_as_printed(status, new_user, elsewhere)
+    for name in expected:
+        assert f"  {name}: commit " in shown, shown
+    assert "lag 0" in shown and "no table holds a commit" not in shown
+
+    sql = _printed_command(result.stdout, "sql")
+    assert sql[:5] == ["fanout-sink", "sql", "--config", str(config_file), "-e"]
+    rows = _run_as_printed(sql, new_user, elsewhere)
+    assert rows.startswith("id ") and "(5 rows)" in rows, rows
+    assert {line.split(" | ")[0].strip() for line in rows.splitlines()[2:7]} <= expected["shop.orders"]
+
+
+def _printed_command(stdout: str, command: str) -> list[str]:
+    """The ``fanout-sink <command>`` line the demo printed, split as a shell would."""
+    lines = [
+        line.strip() for line in stdout.splitlines() if line.strip().startswith(f"fanout-sink {command} ")
+    ]
+    assert len(lines) == 1, stdout[-2000:]
+    return shlex.split(lines[0])
+
+
+def _run_as_printed(command: list[str], env: dict[str, str], cwd: Path) -> str:
+    """The command with this environment's ``fanout-sink`` (the one a user's PATH would find)."""
+    executable = str(Path(sys.executable).with_name("fanout-sink"))
+    done = subprocess.run(
+        [executable, *command[1:]], capture_output=True, text=True, timeout=600, check=False, env=env, cwd=cwd
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
