@@ -124,15 +124,27 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
     properties = settings.properties()
     if not create and settings.type == "sql":
         properties["init_catalog_tables"] = "false"
-    if is_local_warehouse(settings.warehouse) and PY_IO_IMPL not in properties:
+    if local_warehouse_path(settings) is not None and PY_IO_IMPL not in properties:
         # Files a Kafka transaction or a catalog commit names must be on disk first: fsync them.
         properties[PY_IO_IMPL] = DURABLE_FILE_IO
     return pyiceberg_load_catalog(settings.name, **properties)
 
 
-def is_local_warehouse(warehouse: str | None) -> bool:
-    """A warehouse on a local or mounted filesystem (``file://`` or a plain path): files need fsync."""
-    return warehouse is not None and (warehouse.startswith("file:") or "://" not in warehouse)
+def local_warehouse_path(settings: CatalogSettings) -> Path | None:
+    """The warehouse folder when it is on a local or mounted filesystem (files need fsync), else None.
+
+    ``file://`` locations and plain paths count, except that a REST catalog's ``warehouse`` without
+    a scheme is the name of a warehouse the server resolves (Polaris, Lakekeeper, Unity and most
+    hosted catalogs take a name there), not a folder.
+    """
+    warehouse = settings.warehouse
+    if warehouse is None:
+        return None
+    if warehouse.startswith("file:"):
+        return Path("/" + warehouse[len("file:") :].lstrip("/"))
+    if "://" in warehouse or settings.type == "rest":
+        return None
+    return Path(warehouse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,6 +243,15 @@ def _uri_properties(kind: str | None, uri: str, props: dict[str, str]) -> dict[s
     }
 
 
+def _rest_auth_type(kind: str | None, props: dict[str, str]) -> dict[str, str]:
+    """``rest.auth.type=oauth2`` when a REST catalog has a ``credential`` (OAuth2 client
+    credentials, ``client_id:client_secret``) or a bearer ``token``: what Iceberg Java infers then
+    anyway, said outright so that its start does not log a warning asking for it."""
+    if kind != "rest" or "rest.auth.type" in props or props.get("rest.sigv4-enabled", "").lower() == "true":
+        return {}
+    return {"rest.auth.type": "oauth2"} if "credential" in props or "token" in props else {}
+
+
 def java_catalog_properties(settings: CatalogSettings) -> dict[str, str]:
     """The catalog's properties with Iceberg Java's names (see :data:`_S3_RENAMED` for what changes)."""
     props = settings.properties()
@@ -251,6 +272,7 @@ def java_catalog_properties(settings: CatalogSettings) -> dict[str, str]:
         out["type"] = settings.type
         if settings.uri is not None:
             out.update(_uri_properties(settings.type, settings.uri, out))
+        out.update(_rest_auth_type(settings.type, out))
     if "s3.sse-kms-key-id" in props and "s3.sse.type" not in props:
         out["s3.sse.type"] = "kms"
     if "client.assume-role.arn" in out:

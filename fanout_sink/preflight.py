@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
@@ -34,7 +33,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata  # admin re-exports it, untyped
 from confluent_kafka.cimpl import NewTopic
 
-from fanout_sink.catalog import load_catalog, sqlite_path
+from fanout_sink.catalog import load_catalog, local_warehouse_path, sqlite_path
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.clients import KafkaClientFactory
@@ -240,21 +239,14 @@ def check_sink_topics(pre: Preflight) -> Iterator[Finding]:
         yield Finding("ok", f"{key} {topic!r} does not exist yet; the broker lets the sink create it")
 
 
-def _local_warehouse(warehouse: str) -> Path | None:
-    if warehouse.startswith("file://"):
-        return Path(warehouse[len("file://") :])
-    if "://" not in warehouse:
-        return Path(warehouse)
-    return None
-
-
 def check_warehouse(pre: Preflight) -> Iterator[Finding]:
     """A local warehouse folder can be written: a probe file is created and deleted in it, or in its
     nearest existing parent when the folder is not there yet (the sink creates it; this check does not)."""
     warehouse = pre.config.catalog.warehouse
-    path = _local_warehouse(warehouse) if warehouse else None
+    path = local_warehouse_path(pre.config.catalog)
     if path is None:
         # Object stores are checked by the first write; a probe there costs a request and money.
+        # A REST catalog's warehouse name is the server's to resolve.
         yield Finding("ok", f"catalog.warehouse {warehouse or '(the catalog decides)'}: not probed")
         return
     folder = path.absolute()
