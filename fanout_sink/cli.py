@@ -146,7 +146,7 @@ def _status(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from fanout_sink.validate import validate
 
-    report = validate(Path(args.config))
+    report = validate(Path(args.config), offline=args.offline)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:
@@ -308,6 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--config", required=True, help="the sink's YAML file")
     check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--offline",
+        action="store_true",
+        help="contact no broker, catalog or warehouse: the config and its tables' routes only (a build step)",
+    )
     check.set_defaults(func=_validate)
 
     run = commands.add_parser("run", help="run the sink as a Spark Structured Streaming application")

@@ -21,6 +21,7 @@ pytest_plugins = [
     "support.cluster_fixtures",
     "support.expiry_fixtures",
     "support.fixture_markers",
+    "support.opt_in_markers",
 ]
 
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
+from fanout_sink.devtools.stack import object_store
 from fanout_sink.preflight import Finding
-from fanout_sink.validate import check_tables
+from fanout_sink.validate import check_tables, validate
 
 
 def _check(catalog: Any, settings: CatalogSettings, tmp_path: Path, **sections: Any) -> list[Finding]:
@@ -139,3 +142,43 @@ def test_a_change_tables_key_is_checked_against_the_table_or_what_creates_it(
         "tables.\"a.file\".changes.key: table a.file: key column 'score' is a double: Iceberg does not "
         "allow floating-point identifier fields",
     ]
+
+
+def test_offline_contacts_nothing_and_still_checks_the_routes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker/sink.yaml names hosts (kafka, rest, s3) that only resolve inside its compose network:
+    offline, it is valid with nothing contacted, while a route that cannot create its table is still a
+    problem and a table that must exist already is not looked up."""
+    for name in (object_store.ENDPOINT_ENV, object_store.ACCESS_KEY_ENV, object_store.SECRET_KEY_ENV):
+        monkeypatch.setenv(name, "build")
+    monkeypatch.setattr(
+        "fanout_sink.validate.Preflight", lambda *a, **k: pytest.fail("offline validate ran a preflight")
+    )
+    example = validate(Path(__file__).resolve().parents[1] / "docker" / "sink.yaml", offline=True)
+    assert example.ok, example.lines()
+    assert [f.text for f in example.findings if "does not exist yet" in f.text] == [
+        "table shop.orders: does not exist yet; created from ../schemas/tables/shop_orders.avsc",
+        "table shop.payments: does not exist yet; created from its first rows",
+        "table shop.clicks: does not exist yet; created from its first rows",
+    ]
+    config = tmp_path / "sink.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "off",
+                "source": {"topics": ["orders"]},
+                "catalog": {"type": "rest", "uri": "http://unreachable.invalid:1/iceberg"},
+                "tables": {
+                    "a.t": {"select": "{id: id}", "partition-by": ["day(ts)"]},
+                    "a.kept": {"auto-create": False},
+                },
+            }
+        )
+    )
+    report = validate(config, offline=True)
+    assert _problems(report.findings) == [
+        "tables.\"a.t\".partition-by: day(ts) names column 'ts', which the route does not give: creating "
+        "the table would fail"
+    ]
+    assert "table a.kept: not looked up offline; run needs it to exist" in [f.text for f in report.findings]
