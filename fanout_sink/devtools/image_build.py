@@ -192,6 +192,14 @@ def build_image(
             f"read the step that failed in {log_path}; the same step fails under `docker build`",
             tail,
         )
+    # Each source change leaves the previous build's layers untagged (gigabytes): keep only the chains
+    # of tagged images (this build's cache, the base).
+    run_or_raise(
+        podman.command("image", "prune", "--force"),
+        "podman could not remove the previous builds' untagged layers",
+        f"check podman's storage under {podman.root} (delete it to start over)",
+        timeout_s=600,
+    )
     return Build(tag, base, made, base_s, build_s, text)
 
 
