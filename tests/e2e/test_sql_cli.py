@@ -150,3 +150,14 @@ def test_the_prompt_runs_statements_as_they_end_and_survives_errors(spark: Any, 
     )
     assert err.getvalue().startswith("fanout-sink sql: [UNRESOLVED_COLUMN")
     assert next(lines) == "SELECT 'after quit';"
+
+
+def test_verbose_adds_the_stack_to_spark_s_message(spark: Any) -> None:
+    quiet, verbose = io.StringIO(), io.StringIO()
+    assert not Shell(spark, err=quiet).run_one("SELECT nonsense")
+    assert not Shell(spark, verbose=True, err=verbose).run_one("SELECT nonsense")
+
+    assert quiet.getvalue().startswith("fanout-sink sql: [UNRESOLVED_COLUMN")
+    assert "Traceback" not in quiet.getvalue() and "\tat " not in quiet.getvalue()
+    assert "Traceback (most recent call last)" in verbose.getvalue()
+    assert verbose.getvalue().endswith(quiet.getvalue())
