@@ -32,12 +32,10 @@ from fanout_sink.devtools import image_build
 
 pytestmark = pytest.mark.docker
 
-TAG = "localhost/fanout-sink:image-test"
-
 
 @pytest.fixture(scope="module")
 def built() -> image_build.Build:
-    build = image_build.build_image(image_build.Podman.in_cache(), TAG)
+    build = image_build.build_image(image_build.Podman.in_cache())  # compose's tag: one layer chain kept
     made = "made" if build.base_made else "cached"
     print(f"\nbase {build.base}: {made} in {build.base_s:.0f} s; image built in {build.build_s:.0f} s")
     return build
