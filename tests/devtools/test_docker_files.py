@@ -1,7 +1,9 @@
 """No Docker engine runs here, so the image and compose definitions are checked statically: every
 command they run parses with the real CLI, every file they copy exists, every jar set they fetch is
 one the project defines, the images are pinned, and the servers' names, ports and environment agree
-with what the sink's YAML (docker/sink.yaml, loaded with the real config loader) expects."""
+with what the sink's YAML (docker/sink.yaml, loaded with the real config loader) expects. The image
+is also built for real by the opt-in test_docker_image.py (-m docker), and the example run against the
+stack's servers by test_docker_example.py."""
 
 from __future__ import annotations
 
