@@ -64,6 +64,10 @@ class BatchSummary:
         )
 
 
+class StopRequested(FanoutSinkError):
+    """The app's stop came before this batch began: Spark's checkpoint does not mark it done."""
+
+
 class BatchRunner:
     """Runs micro-batches of one sink; ``lock`` is held while a batch runs, so a stop waits for it."""
 
@@ -84,6 +88,8 @@ class BatchRunner:
         """The bad record that stopped the query (``errors.tolerance: none``)."""
         self.failure: BatchError | None = None
         """Why the query stopped otherwise: a batch's last attempt failed, or the coordinator stopped."""
+        self.stopping = threading.Event()
+        """Set by the app's stop: a batch that begins afterwards delivers nothing (:class:`StopRequested`)."""
         self._coordinator_error = coordinator_error
         self._config_key = config_key(config)
         self._metrics = metrics
@@ -93,6 +99,11 @@ class BatchRunner:
     def __call__(self, frame: Any, batch_id: int) -> None:
         """Deliver every planned slice of batch ``batch_id``, retrying the batch on failure."""
         with self.lock:
+            if self.stopping.is_set():
+                raise StopRequested(
+                    f"batch {batch_id} of sink {self.config.name!r} was not started: the app is stopping. "
+                    "Nothing of it was delivered; Spark replays it on the next start."
+                )
             error = self._coordinator_error()
             if error is not None:
                 self.failure = BatchError(
