@@ -67,16 +67,17 @@ def test_the_verdict_counts_duplicates_losses_stray_dead_letters_lag_and_offsets
     _append(catalog, "region.us_old_1", ["c1"])  # a swap renamed region.us aside: c1 landed there
     _append(catalog, "region.us", ["c1"])  # and again in the new table: a duplicate across the two
     _append(catalog, "region.eu_old_1", ["o1"])  # ... and once in the aside table only: fine
-    # chaos.clicks is missing: c1 is lost there
+    # chaos.clicks and chaos.wide are missing: c1 is lost in both
 
     verdict = verify(bootstrap_servers, [source], dlq, "s", catalog)
 
-    assert (verdict.records, verdict.duplicates, verdict.losses, verdict.filtered) == (4, 2, 1, 1)
+    assert (verdict.records, verdict.duplicates, verdict.losses, verdict.filtered) == (4, 2, 2, 1)
     problems = "\n".join(verdict.problems)
     assert "chaos.money: 1 duplicate and 0 lost rows" in problems
     assert "region.us: 1 duplicate and 0 lost rows (across region.us_old_1, region.us)" in problems
     assert "region.eu" not in problems
     assert "chaos.clicks: missing, 1 rows expected" in problems
+    assert "chaos.wide: missing, 1 rows expected" in problems
     assert "chaos.orders: control offsets went back from {0: 5} to {0: 3}" in problems
     assert "dead letters: 1 bad records missing, 1 unexpected or repeated" in problems
     assert f"sink group at None for {source}[0], the topic ends at 4" in problems
@@ -262,7 +263,7 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
     ``snapshot-expiry`` (the ``coordinator`` kind's kill plus the catalog steps tested above) and
     ``maintain`` (a second JVM for a minute or two; tests/e2e/test_maintenance_app.py runs maintenance
     next to the app from two processes). The long run, every kind, is a command:
-    ``python -m fanout_sink.devtools.chaos --cycles 22 --records 40000``.
+    ``python -m fanout_sink.devtools.chaos --cycles 24 --records 40000``.
 
     With change traffic: a Debezium stream (with tombstones) into a change table flows beside the
     records through every breakage; the coordinator kind kills at a seeded one of its points

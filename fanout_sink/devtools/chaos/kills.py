@@ -35,6 +35,13 @@ A month of production, compressed (``maintenance`` does what the other parties d
   table with the same schema is created under the name (a user's table swap) in the real catalog.
   Append tables only: a swapped change table would split each key's history between two tables at
   a point no one recorded (the new table holds only later changes), so no per-key verdict is exact.
+- ``topic-recreate``: a source topic is deleted and created again under the same name, with as
+  many partitions (a new topic id; its offsets start over at 0), as an operator does: traffic pauses,
+  the sink delivers the topic to its end, the topic is recreated, traffic resumes into the new one.
+  Spark's query stops on the offsets going back (``failOnDataLoss``) or a worker stops the batch;
+  the restart reads the new topic from its beginning (``source.recreated-topic-offsets: earliest``).
+  The verdict expects the rows of both generations (the old one's records are read before the
+  deletion). Real: the broker's deletion (it drops the sink group's offsets) and the restart.
 - ``dead-letter-flood``: 3 x ``FLOOD_QUEUE`` malformed records land in one partition at once, plus
   one malformed record of ``OVERSIZED_BYTES``. Simulated: the flood's size; the app's ``kafka:``
   section lowers ``queue.buffering.max.messages`` to ``FLOOD_QUEUE`` for the whole run, so that a
@@ -65,6 +72,7 @@ MONTH = (
     "snapshot-expiry",
     "partition-evolution",
     "table-recreate",
+    "topic-recreate",
     "dead-letter-flood",
     "maintain",
 )

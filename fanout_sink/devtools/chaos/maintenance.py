@@ -1,4 +1,5 @@
-"""What other parties do to a running sink over a month: retention, table maintenance, table swaps.
+"""What other parties do to a running sink over a month: retention, table maintenance, table swaps,
+a source topic deleted and recreated.
 
 Each function does the real thing through the real interface (the broker's AdminClient, PyIceberg on
 the real catalog), so the sink meets exactly what an operator's cron job or a colleague would leave
@@ -12,7 +13,8 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
 from pyiceberg.table import Table
@@ -50,6 +52,38 @@ def group_expired(bootstrap: str, group: str, topics: list[str], timeout_s: floa
             log.warning("group %s still has %d committed offsets after %.0fs", group, len(left), timeout_s)
             return False
         time.sleep(_POLL_S)
+
+
+def group_caught_up(bootstrap: str, group: str, topics: list[str], timeout_s: float) -> bool:
+    """Wait until ``group`` has delivered every partition of ``topics`` to its end (what an operator
+    waits for before deleting a topic); False if it has not after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        positions = source_positions(KafkaClientFactory({"bootstrap.servers": bootstrap}), group, topics)
+        if positions and all(p.caught_up for p in positions):
+            return True
+        if time.monotonic() > deadline:
+            log.warning("group %s has not delivered %s to their ends after %.0fs", group, topics, timeout_s)
+            return False
+        time.sleep(_POLL_S)
+
+
+def recreate_topic(bootstrap: str, topic: str, config: dict[str, str], timeout_s: float = 120.0) -> None:
+    """Delete ``topic`` and create it again under the same name with as many partitions (a new
+    topic id, offsets from 0): the broker deletes asynchronously, so the create is retried while the
+    name is still taken."""
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
+    partitions = len(admin.list_topics(topic=topic, timeout=30).topics[topic].partitions)
+    admin.delete_topics([topic], operation_timeout=30)[topic].result(timeout=60)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(timeout=60)
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS or time.monotonic() > deadline:
+                raise
+            time.sleep(_POLL_S)
 
 
 def delete_control_records(bootstrap: str, group: str, topic: str, timeout_s: float = 120.0) -> int | None:

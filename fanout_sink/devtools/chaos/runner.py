@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from confluent_kafka import Message
 from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
 
@@ -26,6 +27,7 @@ from fanout_sink.devtools.chaos.changes import ChangeTraffic, change_traffic, cr
 from fanout_sink.devtools.chaos.traffic import Traffic, flood
 from fanout_sink.devtools.chaos.verify import Verdict, verify
 from fanout_sink.devtools.stack.broker import KafkaBroker
+from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.errors import FanoutSinkError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.protocol.channel import coordinator_group, sink_group
@@ -40,7 +42,12 @@ _ERROR_LINE = re.compile(r"^((?!pyspark\.errors)[\w.]*(Error|Exception|Fault)\b.
 MIN_RATE = 5.0
 MAINTAIN_TIMEOUT_S = 600.0  # a JVM start and one maintenance run of every table on a loaded box
 EXPIRY_TIMEOUT_S = 300.0  # offsets.retention.minutes=1 and a 5 s check: gone after about 65 s
+DRAIN_TIMEOUT_S = 300.0  # topic-recreate: the sink delivers the paused topic to its end
+NOTICE_TIMEOUT_S = 120.0  # topic-recreate: Spark's next trigger sees the offsets go back and stops
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
+CONTROL_MESSAGE_BYTES = 128 * 1024
+"""The control topic's ``max.message.bytes``: a slice of the wide table (300 columns, 16 buckets)
+announces more files than fit one message, so its ``DataWritten`` events are packed by size."""
 
 
 class ChaosError(FanoutSinkError):
@@ -127,6 +134,9 @@ class ChaosRun:
         self.result = ChaosResult(options, Verdict(), work_dir=self.work_dir)
         self._catalog: Catalog | None = None
         self._serial = 0  # numbers table swaps and floods
+        self._traffic: Traffic | None = None
+        self.retired: list[Message] = []
+        """The records of source topics deleted during the run (``topic-recreate``), read before."""
         self._breakers: dict[str, Callable[[AppProcess], bool]] = {
             "driver": self._kill_driver,
             "python-worker": self._kill_python_worker,
@@ -138,6 +148,7 @@ class ChaosRun:
             "snapshot-expiry": self._expire_snapshots,
             "partition-evolution": self._evolve_partition_spec,
             "table-recreate": self._recreate_table,
+            "topic-recreate": self._recreate_topic,
             "dead-letter-flood": self._flood_dead_letters,
             "maintain": self._maintain,
         }
@@ -195,6 +206,7 @@ class ChaosRun:
                 bootstrap, self.topics, self.options.records, self.options.seed, pace, self.changes
             )
             traffic.start()
+            self._traffic = traffic
             stuck: ChaosError | None = None
             try:
                 stop_code = self._work(app, traffic, command, env)
@@ -210,6 +222,7 @@ class ChaosRun:
                 self.name,
                 load_catalog(self.catalog),
                 self.changes,
+                self.retired,
             )
             if stuck is not None:
                 self.result.verdict.problems.insert(0, f"the run stopped early: {stuck.cause}")
@@ -250,6 +263,8 @@ class ChaosRun:
         ]
         if self.changes is not None:
             topics.append(NewTopic(self.changes.topic, changes.PARTITIONS, 1))
+        control = {"max.message.bytes": str(CONTROL_MESSAGE_BYTES)}
+        topics.append(NewTopic(f"{self.name}-control", 1, 1, config=control))
         futures = admin.create_topics(topics, operation_timeout=30)
         for future in futures.values():
             future.result(timeout=60)
@@ -405,6 +420,32 @@ class ChaosRun:
         self._serial += 1
         aside = maintenance.swap_table(self.catalog_client, name, self._serial)
         log.info("table-recreate: %s renamed to %s and created again, empty", name, aside)
+        return True
+
+    def _recreate_topic(self, app: AppProcess) -> bool:
+        """Pause traffic, let the sink deliver a source topic to its end, keep its records for the
+        verdict, delete and recreate the topic, resume traffic into the new one. Not landed when the
+        sink did not catch up in time (the topic stays). Spark's Kafka source stops the query when
+        it sees the offsets go back (``failOnDataLoss``): the app's exit is waited for here, and the
+        restart (the operator's) reads the new topic from its beginning."""
+        assert self._traffic is not None
+        bootstrap = self.broker.bootstrap_servers
+        topic = self.rng.choice(self.topics)
+        self._traffic.pause()
+        try:
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while not maintenance.group_caught_up(bootstrap, sink_group(self.name), [topic], 10.0):
+                self._keep_running(app)
+                if time.monotonic() > deadline:
+                    return False
+            old = read_to_end(bootstrap, [topic])
+            maintenance.recreate_topic(bootstrap, topic, {"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+            self.retired.extend(old)
+        finally:
+            self._traffic.resume()
+        log.info("topic-recreate: %s deleted after delivering its %d records, created again", topic, len(old))
+        code = app.wait_exit(NOTICE_TIMEOUT_S)
+        log.info("topic-recreate: the app %s", "went on" if code is None else f"stopped with exit {code}")
         return True
 
     def _flood_dead_letters(self, _app: AppProcess) -> bool:

@@ -3,7 +3,8 @@
 The config and the expectation sit side by side on purpose: a change of a route without the matching
 change of ``expected_tables`` shows up as losses or duplicates in the verdict, never as silence.
 Every record kind exercises something: orders and payments fan out to three tables (two static, one
-dynamic and auto-created), clicks to two, noise to none (filtered), and malformed JSON is
+dynamic and auto-created), clicks to three (one of them wide and finely partitioned), noise to none
+(filtered), and malformed JSON is
 dead-lettered. With change traffic on, the Debezium events of the change topic go to one change
 table (``changes.ROUTE``; no append route takes them) and its tombstones are skipped.
 """
@@ -23,7 +24,22 @@ ROUTES = {
     "chaos.payments": ("payment",),
     "chaos.money": ("order", "payment"),
     "chaos.clicks": ("click",),
+    "chaos.wide": ("click",),
 }
+WIDE = "chaos.wide"
+WIDE_COLUMNS = 300
+WIDE_ROUTE = {
+    "select": "{"
+    + ", ".join(
+        ["id: id", "seq: seq", *(f"c{i:03d}: {('seq', 'ts', 'page')[i % 3]}" for i in range(WIDE_COLUMNS))]
+    )
+    + "}",
+    "partition-by": ["bucket[16](seq)"],
+}
+"""A wide, finely partitioned table: a click's 300 columns (numbers and strings, each with column
+statistics) into 16 buckets, so a slice writes many files whose records outgrow one control message
+(the run's control topic takes ``runner.CONTROL_MESSAGE_BYTES``) and its ``DataWritten`` events are
+packed by size."""
 NAMESPACES = ("chaos", "region")
 MAINTENANCE = {
     "min-input-files": 2,
@@ -61,6 +77,7 @@ def sink_config(
     tables: dict[str, Any] = {
         table: {"when": " || ".join(f"type == '{k}'" for k in kinds)} for table, kinds in ROUTES.items()
     }
+    tables[WIDE].update(WIDE_ROUTE)
     if change_table:
         tables[changes.TABLE] = changes.ROUTE
     return {

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, Message, Producer
 
 from fanout_sink.devtools.chaos.changes import ChangeTraffic
 from fanout_sink.kafka.clients import KafkaClientFactory
@@ -72,7 +72,15 @@ class Traffic:
         self.stats = TrafficStats()
         self._rng = random.Random(seed)
         self._prefix = f"r{seed}"
-        self._producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
+        self._bootstrap = bootstrap
+        self._producer = self._new_producer()
+        self._stop = threading.Event()
+        self._paused = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="chaos-traffic", daemon=True)
+
+    def _new_producer(self) -> Producer:
+        return KafkaClientFactory({"bootstrap.servers": self._bootstrap}).producer(
             {
                 "enable.idempotence": True,
                 "acks": "all",
@@ -81,11 +89,24 @@ class Traffic:
                 "message.timeout.ms": 900_000,
             }
         )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos-traffic", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def pause(self, timeout_s: float = 120.0) -> None:
+        """Stop producing and wait until what was produced is acknowledged (a topic is about to go)."""
+        with self._lock:
+            self._paused = True
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            raise TimeoutError(f"{remaining} record(s) still unacknowledged after {timeout_s:.0f}s")
+
+    def resume(self) -> None:
+        """Produce again, with a new producer: the idempotent one's sequence numbers belong to the
+        partitions of a topic that may be gone."""
+        with self._lock:
+            self._producer = self._new_producer()
+            self._paused = False
 
     @property
     def done(self) -> bool:
@@ -109,18 +130,23 @@ class Traffic:
         chunk = 50
         while not self._stop.is_set() and not self.done:
             started = time.monotonic()
-            for _ in range(min(chunk, self.total - self.stats.attempted)):
-                seq = self.stats.attempted
-                rid, value = record(seq, self._rng, self._prefix)
-                self._produce(self.topics[seq % len(self.topics)], value, rid.encode())
-                self.stats.attempted += 1
-            if self.changes is not None:
-                due = math.ceil(len(self.changes) * self.stats.attempted / max(self.total, 1))
-                for index in range(self.stats.changes, due):
-                    self._produce(self.changes.topic, self.changes.values[index], self.changes.keys[index])
-                    self.stats.changes += 1
-            self._producer.poll(0)
+            with self._lock:
+                if not self._paused:
+                    self._chunk(chunk)
             self._stop.wait(max(0.0, chunk / max(self.rate, 1.0) - (time.monotonic() - started)))
+
+    def _chunk(self, chunk: int) -> None:
+        for _ in range(min(chunk, self.total - self.stats.attempted)):
+            seq = self.stats.attempted
+            rid, value = record(seq, self._rng, self._prefix)
+            self._produce(self.topics[seq % len(self.topics)], value, rid.encode())
+            self.stats.attempted += 1
+        if self.changes is not None:
+            due = math.ceil(len(self.changes) * self.stats.attempted / max(self.total, 1))
+            for index in range(self.stats.changes, due):
+                self._produce(self.changes.topic, self.changes.values[index], self.changes.keys[index])
+                self.stats.changes += 1
+        self._producer.poll(0)
 
     def stop(self) -> None:
         """Stop producing (a run that failed); records already queued get a short chance to go out."""

@@ -17,8 +17,11 @@ import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from confluent_kafka import Message
 
 from fanout_sink.devtools.bench.change_state import check_state
 from fanout_sink.devtools.chaos import changes, scenario
@@ -40,7 +43,7 @@ class SourceTruth:
 
     records: int = 0
     tables: dict[str, Counter[str]] = field(default_factory=dict)
-    bad: set[Coordinates] = field(default_factory=set)
+    bad: Counter[Coordinates] = field(default_factory=Counter)
     filtered: set[str] = field(default_factory=set)
 
 
@@ -70,14 +73,17 @@ class Verdict:
         return not self.problems
 
 
-def source_truth(bootstrap: str, topics: list[str]) -> SourceTruth:
+def source_truth(bootstrap: str, topics: list[str], retired: Sequence[Message] = ()) -> SourceTruth:
+    """What the topics hold now, and the ``retired`` records of their generations deleted earlier
+    (``topic-recreate``): a recreated topic's offsets start over, so two generations' bad records may
+    share coordinates, and each must be dead-lettered once (a multiset)."""
     truth = SourceTruth()
-    for message in read_to_end(bootstrap, topics):
+    for message in [*retired, *read_to_end(bootstrap, topics)]:
         truth.records += 1
         rid = (message.key() or b"").decode()
         tables = scenario.expected_tables(message.value() or b"")
         if tables is None:
-            truth.bad.add((message.topic() or "", message.partition() or 0, message.offset() or 0))
+            truth.bad[(message.topic() or "", message.partition() or 0, message.offset() or 0)] += 1
         elif not tables:
             truth.filtered.add(rid)
         for table in tables or ():
@@ -124,9 +130,11 @@ def verify(
     sink: str,
     catalog: Any,
     change_traffic: ChangeTraffic | None = None,
+    retired: Sequence[Message] = (),
 ) -> Verdict:
-    """``topics`` are the append traffic's; ``change_traffic`` the change stream, when the run had one."""
-    truth = source_truth(bootstrap, topics)
+    """``topics`` are the append traffic's; ``change_traffic`` the change stream, when the run had one;
+    ``retired`` the records of source topics deleted (and recreated) during the run."""
+    truth = source_truth(bootstrap, topics, retired)
     verdict = Verdict(records=truth.records)
     problems = verdict.problems
     change_topics = [change_traffic.topic] if change_traffic is not None else []
@@ -171,23 +179,24 @@ def verify(
         landed.update(got)
 
     dead = dead_letter_coordinates(bootstrap, dead_letter_topic)
-    verdict.dead_lettered = len(dead)
+    verdict.dead_lettered = sum(dead.values())
     verdict.filtered = len(truth.filtered)
-    missing = sorted(truth.bad - set(dead))
-    repeated = sorted(c for c, n in dead.items() if n > 1 and c in truth.bad)
-    stray = sorted(set(dead) - truth.bad)
+    missing = sorted((truth.bad - dead).elements())
+    repeated = sorted(c for c in (dead - truth.bad) if c in truth.bad)
+    stray = sorted(set(dead) - set(truth.bad))
     if missing or repeated or stray:
-        extra = sum(dead.values()) - len(truth.bad & set(dead))
+        extra = sum((dead - truth.bad).values())
         problems.append(
             f"dead letters: {len(missing)} bad records missing, {extra} unexpected or repeated "
             f"(e.g. missing {missing[:3]}, repeated {repeated[:3]}, unexpected {stray[:3]})"
         )
     if landed & truth.filtered:
         problems.append(f"{len(landed & truth.filtered)} filtered records landed in a table")
-    accounted = len(landed) + len(set(dead)) + len(truth.filtered)
+    dead_letters = sum((dead & truth.bad).values()) + len(stray)
+    accounted = len(landed) + dead_letters + len(truth.filtered)
     if accounted != truth.records:
         problems.append(
-            f"records in {truth.records} != routed {len(landed)} + dead-lettered {len(set(dead))} "
+            f"records in {truth.records} != routed {len(landed)} + dead-lettered {dead_letters} "
             f"+ filtered {len(truth.filtered)}"
         )
     return verdict
