@@ -16,11 +16,14 @@ classes and compiling them with both JIT tiers. Two JDK features cut it without 
 
 The archive is keyed by the JDK, PySpark and the class path: anything else would make the JVM refuse
 it (silently, with ``-Xshare:auto``) or, worse, map a stale one. ``FANOUT_SINK_CDS=0`` turns it off.
+Every new virtualenv, PySpark or jar set therefore makes a new archive of 100-220 MB; only the
+:data:`ARCHIVES_KEPT` most recently used are kept (one machine here had gathered 89, 15 GB).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import os
@@ -39,6 +42,8 @@ LIGHT_JIT = "-XX:TieredStopAtLevel=1"
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 """Dumping lists every class it skips as a warning (hundreds of lines); none of them is actionable."""
 _DUMP_WAIT_S = 120.0
+ARCHIVES_KEPT = 6
+"""Archives kept in the cache, most recently used first (use touches an archive's mtime)."""
 
 
 def _java_home() -> Path | None:
@@ -70,6 +75,21 @@ def archive_path(classpath: Sequence[str]) -> Path | None:
     return jars.cache_dir() / "jvm" / f"spark-driver-{digest}.jsa"
 
 
+def _mark_used(archive: Path) -> None:
+    """The mtime says when an archive was last mapped, so pruning keeps the ones in use."""
+    with contextlib.suppress(OSError):  # a read-only cache still works; pruned by publication time
+        os.utime(archive)
+
+
+def prune_archives(folder: Path, keep: int = ARCHIVES_KEPT) -> list[Path]:
+    """Delete all but the ``keep`` most recently used archives; the ones deleted. A JVM mapping a
+    deleted archive keeps its mapping (the inode lives on until it exits)."""
+    archives = sorted(folder.glob("spark-driver-*.jsa"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in archives[keep:]:
+        stale.unlink(missing_ok=True)
+    return archives[keep:]
+
+
 def _remove_abandoned_dumps(folder: Path) -> None:
     """Dumps of JVMs that were killed before publishing them (``<archive>.<pid>.dump``)."""
     for dump in folder.glob("*.dump"):
@@ -92,7 +112,10 @@ class DriverJvm:
             return cls(None, dumping=False)
         archive.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned_dumps(archive.parent)
-        return cls(archive, dumping=not archive.exists())
+        if archive.exists():
+            _mark_used(archive)
+            return cls(archive, dumping=False)
+        return cls(archive, dumping=True)
 
     @property
     def dump(self) -> Path | None:
@@ -133,6 +156,8 @@ class DriverJvm:
             log.debug("the driver JVM did not exit cleanly; its class archive is not kept", exc_info=True)
         if status == 0 and dump.exists():
             os.replace(dump, archive)
+            for stale in prune_archives(archive.parent):
+                log.debug("deleted the least recently used class archive %s", stale)
         else:
             dump.unlink(missing_ok=True)
 

@@ -121,3 +121,24 @@ def test_dumps_of_killed_jvms_are_removed_and_live_ones_kept(
     assert jvm.DriverJvm.plan([]) == jvm.DriverJvm(archive, dumping=False)
     monkeypatch.setenv("FANOUT_SINK_CDS", "0")
     assert jvm.DriverJvm.plan([]).options() == ""
+
+
+def test_only_the_most_recently_used_archives_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each virtualenv or jar set has its own archive (100-220 MB): the cache must not grow without end."""
+    archives = [tmp_path / f"spark-driver-{n:016x}.jsa" for n in range(jvm.ARCHIVES_KEPT + 3)]
+    for age, archive in enumerate(reversed(archives)):
+        archive.write_bytes(b"classes")
+        os.utime(archive, (1_000_000 + age, 1_000_000 + age))  # archives[0] is the newest
+    other = tmp_path / "something-else.jsa"
+    other.write_bytes(b"not ours")
+    oldest = archives[-1]
+    monkeypatch.setattr(jvm, "archive_path", lambda classpath: oldest)
+    assert jvm.DriverJvm.plan([]) == jvm.DriverJvm(oldest, dumping=False)  # mapped: now the most recent
+
+    removed = jvm.prune_archives(tmp_path)
+
+    assert sorted(removed) == sorted(archives[jvm.ARCHIVES_KEPT - 1 : -1])
+    assert sorted(tmp_path.glob("spark-driver-*.jsa")) == sorted([oldest, *archives[: jvm.ARCHIVES_KEPT - 1]])
+    assert other.exists()
