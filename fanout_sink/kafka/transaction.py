@@ -25,8 +25,13 @@ Header = tuple[str, str | bytes | None]
 
 
 def is_fenced(error: KafkaError) -> bool:
-    """A fenced producer is dead for good: it must be dropped and a new one created."""
+    """A fenced producer is dead for good: it must be dropped and a new one created.
+
+    librdkafka hands the real fatal error (``_FENCED``, fatal flag set) to the first call that meets
+    it only; every later call fails with a plain ``_FATAL`` whose fatal flag is unset.
+    """
     return bool(error.fatal()) or error.code() in {
+        KafkaError._FATAL,
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 
-from fanout_sink.errors import TransactionStuckError
+from fanout_sink.errors import ProducerFencedError, TransactionStuckError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.transaction import TransactionalProducer
 
@@ -62,3 +63,32 @@ def test_a_queue_that_stays_full_gives_the_producer_up_at_the_transaction_deadli
         for _ in range(11):
             producer.produce(missing, b"never delivered")
     assert not producer.usable
+
+
+def test_a_producer_fenced_mid_transaction_says_fenced_even_with_a_plain_fatal_error(
+    bootstrap_servers: str, make_topic: Callable[..., str], read_topic: Callable[..., list[Any]]
+) -> None:
+    """Spark's two Python workers each cache a producer for one partition's transactional id, so the
+    newer fences the older between two slices; the older learns it inside its next transaction. Only
+    the first call that meets the fence gets librdkafka's real error (``_FENCED``, fatal flag set);
+    every later one a plain ``_FATAL`` whose fatal flag is unset (a latency run on the app saw it at
+    the slice's ``DataComplete``, and the batch failed instead of the cached producer being
+    replaced). Both are fencing."""
+    topic = make_topic("txn")
+    factory = KafkaClientFactory(
+        {"bootstrap.servers": bootstrap_servers, "queue.buffering.max.messages": "10"}, timeout_s=15
+    )
+    txn_id = f"txn-{uuid.uuid4().hex[:8]}"
+    older = TransactionalProducer(factory, txn_id, "fenced")
+    with older.transaction():
+        older.produce(topic, b"first")
+    newer = TransactionalProducer(factory, txn_id, "fenced")  # init_transactions fences the older
+    with pytest.raises(ProducerFencedError), older.transaction():
+        with pytest.raises(KafkaException, match="fenced by a newer instance"):
+            for n in range(1000):  # the full queue's waits serve the broker's answer
+                older.produce(topic, f"zombie-{n}".encode())
+        older.produce(topic, b"after the fence")  # the plain _FATAL
+    assert not older.usable
+    with newer.transaction():
+        newer.produce(topic, b"second")
+    assert [m.value() for m in read_topic(topic)] == [b"first", b"second"]
