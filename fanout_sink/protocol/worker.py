@@ -145,6 +145,8 @@ class SliceWorker:
         self.timeout_s = sink.timeout_s
         self._group_metadata: bytes | None = None
         self._producers: dict[str, TransactionalProducer] = {}
+        self._committed_to: dict[str, int] = {}
+        """Per transactional id, the end offset of the last slice its cached producer committed."""
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._offsets: GroupOffsets | None = None
@@ -224,9 +226,14 @@ class SliceWorker:
             channel.ensure_control_topic(self.channel)
             self._control_checked = True
         with self._lock(txn_id):
+            if txn_id in self._producers and self._committed_to.get(txn_id) != start_offset:
+                # Another process delivered the range in between (Spark ran the partition's last
+                # task in another Python worker): its producer fenced the cached one, which would
+                # only find out at the transaction, after the slice's work. Start with a new one.
+                self._producers.pop(txn_id)
             cached = txn_id in self._producers
             try:
-                return self._attempt(
+                result = self._attempt(
                     txn_id, topic, partition, start_offset, end_offset, source, process, topic_id
                 )
             except ProducerFencedError:
@@ -236,9 +243,12 @@ class SliceWorker:
                 # process meanwhile (Spark moved the task). That is not a zombie situation, so start
                 # over once with a new producer, which fences in turn and re-reads the offset.
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
-                return self._attempt(
+                result = self._attempt(
                     txn_id, topic, partition, start_offset, end_offset, source, process, topic_id
                 )
+            if result.transaction_committed:
+                self._committed_to[txn_id] = end_offset
+            return result
 
     def _attempt(
         self,

@@ -21,7 +21,7 @@ from fanout_sink.errors import OffsetGapError, ProducerFencedError
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol.worker import SliceWorker
+from fanout_sink.protocol.worker import SliceResult, SliceWorker
 
 
 def _control_events(sink: SinkUnderTest) -> list[ev.Payload]:
@@ -209,21 +209,35 @@ def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
     bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Executor 1 commits batch 1, executor 2 commits batch 2 (fencing executor 1's cached producer),
-    executor 1 gets batch 3: it must deliver it, not fail the task."""
+    executor 1 gets batch 3: it must deliver it, not fail the task. It sees that another process
+    delivered the range in between and starts with a new producer, without doing the slice's work
+    for a fenced one first; a fence it cannot see coming (an attempt elsewhere that delivered
+    nothing) is met at the transaction and the slice starts over."""
     sink, source, first = _setup(sink_factory)
     process = make_processor(catalog)
     second = sink.worker()
     caplog.set_level("INFO", logger="fanout_sink.protocol.worker")
-    for batch, worker in enumerate((first, second, first)):
-        produce_json(bootstrap_servers, source, 0, [{"id": batch * 10 + i, "table": "a"} for i in range(3)])
+
+    def deliver(worker: SliceWorker, batch: int) -> SliceResult:
         start, end = batch * 3, batch * 3 + 3
-        result = worker.commit_slice(
+        return worker.commit_slice(
             source, 0, start, end, read_slice(bootstrap_servers, source, 0, start, end), process
         )
+
+    for batch, worker in enumerate((first, second, first)):
+        produce_json(bootstrap_servers, source, 0, [{"id": batch * 10 + i, "table": "a"} for i in range(3)])
+        result = deliver(worker, batch)
         assert result.transaction_committed and result.rows == {"sink.a": 3}
     assert sink.committed(source, 0) == 9
+    assert "was fenced since its last use" not in caplog.text, "the moved task was seen before the work"
+    third = sink.worker()  # an attempt elsewhere: its new producer fences, it finds the range delivered
+    assert not deliver(third, 2).transaction_committed
+    produce_json(bootstrap_servers, source, 0, [{"id": 30 + i, "table": "a"} for i in range(3)])
+    result = deliver(first, 3)
+    assert result.transaction_committed and result.rows == {"sink.a": 3}
     assert "was fenced since its last use" in caplog.text
     written = [p for p in _control_events(sink) if isinstance(p, ev.DataWritten)]
-    assert [w.next_offset for w in written] == [3, 6, 9]
+    assert [w.next_offset for w in written] == [3, 6, 9, 12]
     first.close()
     second.close()
+    third.close()
