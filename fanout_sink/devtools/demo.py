@@ -183,13 +183,21 @@ def run(
     return 0
 
 
+def _cli() -> str:
+    """The ``fanout-sink`` beside this interpreter, by its absolute path: the bootstrap's virtualenv
+    is on no new shell's PATH, so a bare ``fanout-sink`` would not be found there."""
+    beside = Path(sys.executable).with_name("fanout-sink")  # not resolved: a venv's python is a link
+    return str(beside) if beside.exists() else "fanout-sink"
+
+
 def closing_lines(work_dir: Path, config_file: Path, config: SinkConfig) -> str:
     """Where the tables are and the exact commands that show them, runnable as printed from any
     folder in a new shell (the config beside the tables needs none of the demo's variables)."""
     first = next(iter(config.tables), None)
     query = f"SELECT * FROM {first} LIMIT 5" if first else "SHOW NAMESPACES"
-    status = shlex.join(["fanout-sink", "status", "--config", str(config_file)])
-    sql = shlex.join(["fanout-sink", "sql", "--config", str(config_file), "-e", query])
+    cli = _cli()
+    status = shlex.join([cli, "status", "--config", str(config_file)])
+    sql = shlex.join([cli, "sql", "--config", str(config_file), "-e", query])
     return (
         f"\nTables live in {work_dir}, beside the config that wrote them ({config_file.name}). "
         f"Lag, commits and VTTS:\n  {status}\nThe rows, through Spark SQL:\n  {sql}"

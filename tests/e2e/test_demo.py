@@ -46,8 +46,11 @@ def test_demo_runs_the_app_and_shows_both_engines(bootstrap_servers: str, tmp_pa
         got = catalog.load_table(name).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
         assert sorted(got) == sorted(ids), f"{name} holds exactly the produced events"
     status = _printed_command(result.stdout, "status")
-    assert status == ["fanout-sink", "status", "--config", str(config_file)]
+    cli = str(Path(sys.executable).with_name("fanout-sink"))
+    assert status == [cli, "status", "--config", str(config_file)]
     new_user = {k: v for k, v in env.items() if k not in {"FANOUT_SINK_DEMO_DIR", "KAFKA_BOOTSTRAP"}}
+    venv_bin = str(Path(cli).parent)
+    new_user["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     shown = _run_as_printed(status, new_user, elsewhere)
@@ -56,26 +59,23 @@ def test_demo_runs_the_app_and_shows_both_engines(bootstrap_servers: str, tmp_pa
     assert "lag 0" in shown and "no table holds a commit" not in shown
 
     sql = _printed_command(result.stdout, "sql")
-    assert sql[:5] == ["fanout-sink", "sql", "--config", str(config_file), "-e"]
+    assert sql[:5] == [cli, "sql", "--config", str(config_file), "-e"]
     rows = _run_as_printed(sql, new_user, elsewhere)
     assert rows.startswith("id ") and "(5 rows)" in rows, rows
     assert {line.split(" | ")[0].strip() for line in rows.splitlines()[2:7]} <= expected["shop.orders"]
 
 
 def _printed_command(stdout: str, command: str) -> list[str]:
-    """The ``fanout-sink <command>`` line the demo printed, split as a shell would."""
+    """The ``<path>/fanout-sink <command>`` line the demo printed, split as a shell would."""
     lines = [
-        line.strip() for line in stdout.splitlines() if line.strip().startswith(f"fanout-sink {command} ")
+        line.strip() for line in stdout.splitlines() if re.match(rf"\S*fanout-sink {command} ", line.strip())
     ]
     assert len(lines) == 1, stdout[-2000:]
     return shlex.split(lines[0])
 
 
 def _run_as_printed(command: list[str], env: dict[str, str], cwd: Path) -> str:
-    """The command with this environment's ``fanout-sink`` (the one a user's PATH would find)."""
-    executable = str(Path(sys.executable).with_name("fanout-sink"))
-    done = subprocess.run(
-        [executable, *command[1:]], capture_output=True, text=True, timeout=600, check=False, env=env, cwd=cwd
-    )
+    """The command exactly as printed, in a shell whose PATH lacks the virtualenv (a new one's)."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=env, cwd=cwd)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
