@@ -216,7 +216,7 @@ class HourIngest:
             raise RuntimeError(f"records for {self.topic} still unsent after 60 s")
         return ends
 
-    def _deliver(self, slot: _Slot, partition: int, end: int) -> int:
+    def _deliver(self, slot: Slot, partition: int, end: int) -> int:
         """One partition's slice of the round, as a Spark task delivers it; returns its records."""
         start = self.next_offsets[partition]
         read = functools.partial(slot.reader.read, self.topic, partition)
@@ -233,7 +233,7 @@ class HourIngest:
         result = IngestResult(start_ms=end_ms - plan.rounds * interval_ms, end_ms=end_ms)
         sink = SinkChannel.from_config(self.config)
         producer = sink.clients.producer({"enable.idempotence": True, "linger.ms": 5})
-        slots = [_Slot.open(self.config, self.catalog) for _ in range(plan.partitions)]
+        slots = [Slot.open(self.config, self.catalog) for _ in range(plan.partitions)]
         coordinator = Coordinator(
             sink,
             self.catalog,
@@ -276,7 +276,7 @@ class HourIngest:
 
 
 @dataclass
-class _Slot:
+class Slot:
     """What one Spark executor process keeps for its tasks: a worker, a range reader, a processor."""
 
     worker: SliceWorker
@@ -284,7 +284,7 @@ class _Slot:
     processor: SliceProcessor
 
     @classmethod
-    def open(cls, config: SinkConfig, catalog: Any) -> _Slot:
+    def open(cls, config: SinkConfig, catalog: Any) -> Slot:
         sink = SinkChannel.from_config(config)
         return cls(
             SliceWorker(sink),

@@ -35,13 +35,9 @@ from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.bench.catalog_calls import CatalogCalls
 from fanout_sink.devtools.bench.context import catalog_settings
-from fanout_sink.devtools.bench.hour_ingest import SCHEMA, create_topic
-from fanout_sink.kafka.range_reader import RangeReader
+from fanout_sink.devtools.bench.hour_ingest import SCHEMA, Slot, create_topic
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.protocol.worker import SliceWorker
-from fanout_sink.transform.processor import build_processor
-from fanout_sink.transform.records import SliceProcessor
 
 NAMESPACE = "wide"
 COMMIT_INTERVAL_S = 10.0
@@ -142,7 +138,7 @@ class WideSink:
         self.worker_calls = CatalogCalls(self.worker_catalog)
         self.sink = SinkChannel.from_config(self.config)
         self.producer = self.sink.clients.producer({"enable.idempotence": True, "linger.ms": 5})
-        self.slots = [_Slot.open(self.config, self.worker_catalog) for _ in range(self.parallel)]
+        self.slots = [Slot.open(self.config, self.worker_catalog) for _ in range(self.parallel)]
         self.coordinator = Coordinator(self.sink, catalog, source_topics=[self.topic])
         self.coordinator.open()
         self.control = self.sink.clients.consumer(
@@ -168,7 +164,7 @@ class WideSink:
             raise RuntimeError(f"records for {self.topic} still unsent after 60 s")
         return ends
 
-    def _deliver(self, slot: _Slot, partition: int, end: int) -> int:
+    def _deliver(self, slot: Slot, partition: int, end: int) -> int:
         start = self.next_offsets[partition]
         read = lambda s, e: slot.reader.read(self.topic, partition, s, e)  # noqa: E731
         sliced = slot.worker.commit_slice(self.topic, partition, start, end, read, slot.processor)
@@ -244,25 +240,6 @@ class WideSink:
             slot.close()
         self.control.close()
         self.producer.flush(30)
-
-
-@dataclass
-class _Slot:
-    """What one parallel task's process keeps: a worker, a range reader, a processor."""
-
-    worker: SliceWorker
-    reader: RangeReader
-    processor: SliceProcessor
-
-    @classmethod
-    def open(cls, config: SinkConfig, catalog: Any) -> _Slot:
-        sink = SinkChannel.from_config(config)
-        reader = RangeReader(sink.clients, sink.sink_group)
-        return cls(SliceWorker(sink), reader, build_processor(config, catalog))
-
-    def close(self) -> None:
-        self.worker.close()
-        self.reader.close()
 
 
 def run(plan: WidePlan, bootstrap: str, folder: Path, parallel: int = 2) -> WideResult:
