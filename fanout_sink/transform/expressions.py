@@ -244,6 +244,16 @@ def field_paths(node: dict[str, Any]) -> set[tuple[str, ...]] | None:
     return paths
 
 
+def string_column(view: RecordView, path: tuple[str, ...]) -> pa.Array | None:
+    """The field at ``path`` when it is a string column for every record, as ``==`` against a string
+    literal compares it; ``None`` when a comparison would take another way (other types, fallback)."""
+    try:
+        column = _resolve(view, list(path))
+    except NOT_VECTORISABLE:
+        return None
+    return column if _family(column.type) == "string" else None
+
+
 def _resolve(view: RecordView, names: list[str]) -> pa.Array:
     array = view.column(names[0])
     for name in names[1:]:
@@ -487,6 +497,21 @@ class Predicate(_Expression):
                 pass
         self.last_vectorised = False
         return np.fromiter((self.match(obj) for obj in view.python()), dtype=bool, count=len(view))
+
+    def string_equality(self) -> tuple[tuple[str, ...], str] | None:
+        """``(path, literal)`` when the expression is ``path == 'literal'`` (either way round) on a
+        record field: many such predicates on one path are answered by one look at the column."""
+        node = self._ast
+        if node["type"] != "comparator" or node["value"] != "eq":
+            return None
+        left, right = node["children"]
+        if left["type"] == "literal":
+            left, right = right, left
+        names = _path(left)
+        if names is None or names[0] == META_ROOT or right["type"] != "literal":
+            return None
+        literal = right["value"]
+        return (tuple(names), literal) if isinstance(literal, str) else None
 
     def match(self, obj: Any) -> bool:
         try:

@@ -305,3 +305,55 @@ def test_dynamic_routing_vectorised_and_per_record_agree(
     slow = Router(config, vectorised=False).route(view)
     assert {k: v.tolist() for k, v in fast.tables.items()} == {k: v.tolist() for k, v in slow.tables.items()}
     assert fast.dead == slow.dead and fast.dropped == slow.dropped
+
+
+# --- many tables routed by one field ------------------------------------------------------------
+
+
+def _wide_config(tables: int, **overrides: Any) -> Any:
+    rules = {f"w.t{n:03d}": {"when": f"t == 't{n:03d}'"} for n in range(tables)}
+    rules["w.reversed"] = {"when": "'t001' == t"}  # either way round
+    rules["w.nested"] = {"when": "c.x == 'a'"}  # alone on its path: its own mask
+    return _config(tables=rules, unmatched={"action": "dead-letter"}, **overrides)
+
+
+def test_many_tables_routed_by_one_field_cost_one_look_at_it_not_one_per_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    masks: list[str] = []
+    own_mask = Predicate.mask
+
+    def counted(self: Predicate, view: RecordView, vectorised: bool = True) -> np.ndarray:
+        masks.append(self.expression)
+        return own_mask(self, view, vectorised)
+
+    monkeypatch.setattr(Predicate, "mask", counted)
+    records = [{"t": f"t{n % 7:03d}", "c": {"x": "a" if n % 2 else "b"}} for n in range(40)] + [{"id": 1}]
+    routes = Router(_wide_config(500)).route(_view(records))
+    # Before: one mask per configured table (502), whichever tables the slice's records go to.
+    assert masks == ["c.x == 'a'"]
+    assert set(routes.tables) == {f"w.t{n:03d}" for n in range(7)} | {"w.reversed", "w.nested"}
+    assert routes.tables["w.t003"].tolist() == list(range(3, 40, 7))
+    assert routes.tables["w.reversed"].tolist() == routes.tables["w.t001"].tolist()
+    assert routes.dead == [(40, UNMATCHED_REASON)]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(
+        st.one_of(st.sampled_from(["t000", "t001", "t002", "T001", ""]), st.none(), st.just(_MISSING)),
+        min_size=1,
+        max_size=15,
+    ),
+    other=st.sampled_from([None, 5, "t002", {"x": 1}]),
+)
+def test_indexed_equalities_and_per_record_routing_agree(values: list[Any], other: Any) -> None:
+    records = [_strip({"t": v, "c": {"x": "a"}}) for v in values]
+    if other is not None:
+        records.append({"t": other})  # another type in the batch: the column is not all strings
+    view = _view(records)
+    config = _wide_config(3)
+    fast = Router(config).route(view)
+    slow = Router(config, vectorised=False).route(view)
+    assert {k: v.tolist() for k, v in fast.tables.items()} == {k: v.tolist() for k, v in slow.tables.items()}
+    assert fast.dead == slow.dead and fast.dropped == slow.dropped
