@@ -549,6 +549,11 @@ class SparkSettings(_Section):
     master: str = Field(default="local[*]", examples=["local[*]"])
     trigger_interval: Duration = Field(default=timedelta(seconds=10), examples=["10s"])
     max_offsets_per_trigger: int | None = Field(default=None, ge=1, examples=[100000])
+    max_records_per_batch: int = Field(default=50_000, ge=1_000, le=10_000_000, examples=[50000])
+    """Records a task reads, decodes, routes and converts at once (named after Spark's
+    ``spark.sql.execution.arrow.maxRecordsPerBatch``): a Python worker's memory holds one such chunk's
+    working set, whatever ``max-offsets-per-trigger`` is; append tables' files still roll at their
+    target size across chunks."""
     checkpoint_location: str | None = Field(default=None, examples=["/var/lib/fanout-sink/checkpoints"])
 
 

@@ -14,6 +14,8 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
   Spark's ``failOnDataLoss=true`` stopped on; no progress for ``stall_timeout_s`` is an error too.
 - Each ``consume`` batch becomes one Arrow record batch: one Python list per column, no
   per-record dicts (headers, rare, are the exception).
+- ``read_chunks`` hands the range out in tables of at most ``max_records`` records, so a worker's
+  memory holds a chunk's working set, not the whole slice (issue 26); ``read`` is all of it at once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -94,17 +97,38 @@ class RangeReader:
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
         """The visible (committed, not aborted) records of ``[start, end)``, offsets ascending."""
+        chunks = list(self.read_chunks(topic, partition, start, end))
+        return pa.concat_tables(chunks) if chunks else RAW_RECORD_SCHEMA.empty_table()
+
+    def read_chunks(
+        self, topic: str, partition: int, start: int, end: int, max_records: int | None = None
+    ) -> Iterator[pa.Table]:
+        """The visible records of ``[start, end)`` in tables of at most ``max_records`` (all at once
+        when ``None``), offsets ascending; nothing for an empty range. The reader's lock and
+        assignment are held until the generator is exhausted or closed."""
         if start >= end:
-            return RAW_RECORD_SCHEMA.empty_table()
+            return
+        limit = max_records if max_records is not None else end - start
         with self._lock:
             self._consumer.assign([TopicPartition(topic, partition, start)])
             try:
-                return self._read_assigned(topic, partition, start, end)
+                pending: list[pa.RecordBatch] = []
+                count = 0
+                for batch in self._read_assigned(topic, partition, start, end):
+                    pending.append(batch)
+                    count += batch.num_rows
+                    while count >= limit:
+                        table = pa.Table.from_batches(pending, RAW_RECORD_SCHEMA)
+                        yield table.slice(0, limit)
+                        rest = table.slice(limit)
+                        pending, count = rest.to_batches(), rest.num_rows
+                if pending:
+                    yield pa.Table.from_batches(pending, RAW_RECORD_SCHEMA)
             finally:
                 self._consumer.unassign()
 
-    def _read_assigned(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
-        batches: list[pa.RecordBatch] = []
+    def _read_assigned(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """One record batch per ``consume`` call, up to the range's end."""
         position = start
         deadline = time.monotonic() + self.stall_timeout_s
         while position < end:
@@ -126,8 +150,8 @@ class RangeReader:
                 records = records[: bisect.bisect_left(records, end, key=_offset)]
                 position = end
             if records:
-                batches.append(_record_batch(topic, partition, records))
                 position = max(position, _offset(records[-1]) + 1)
+                yield _record_batch(topic, partition, records)
             if records or position >= end:
                 deadline = time.monotonic() + self.stall_timeout_s
             elif time.monotonic() > deadline:
@@ -138,7 +162,6 @@ class RangeReader:
                     "  fix: check the broker and the topic; if it was recreated, move the Spark checkpoint "
                     "aside and reset the sink group's offset for the partition"
                 )
-        return pa.Table.from_batches(batches, RAW_RECORD_SCHEMA)
 
     def _fail(self, topic: str, partition: int, start: int, end: int, error: KafkaError) -> None:
         if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):

@@ -12,7 +12,10 @@ worker half of I3 (fencing) are kept. The order of steps is the protocol:
    ``[committed, end)`` is read (or, for records handed in already read, the delivered head is
    dropped); before the slice's start, records in between were lost upstream: stop (a gap).
 3. Read the source records that are left (a :data:`SliceSource`), route and convert them (the
-   ``SliceProcessor``), write data files (invisible until appended).
+   ``SliceProcessor``), write data files (invisible until appended). A slice streams through these
+   steps in chunks of at most ``chunk_records`` records, so a worker holds one chunk's working set
+   whatever the slice's size; append tables' rows wait for their target file size across chunks
+   (:mod:`.rolling_files`), a change table's chunks are announced one by one, in order.
 4. One transaction: ``DataWritten`` per table, ``DataComplete``, dead letters, and the source offset
    (the planned end offset, never last record + 1: offsets have holes) sent to the sink group with
    generation -1 metadata (``recovery.send_delivered``, the one writer of the sink group). Commit. A
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -40,15 +43,21 @@ from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, datafiles, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.rolling_files import RollingFiles
 from fanout_sink.transform import deadletter
-from fanout_sink.transform.records import RoutedSlice, SliceProcessor
+from fanout_sink.transform.records import DeadLetter, SliceProcessor
 
 log = logging.getLogger(__name__)
 
-SliceSource = Callable[[int, int], pa.Table]
+SliceSource = Callable[[int, int], pa.Table | Iterable[pa.Table]]
 """``read(from, until)``: the visible records of ``[from, until)`` of the slice's partition, in
-``RAW_RECORD_SCHEMA``. The worker calls it at most once, after fencing and reading the delivered
-offset, so a replayed slice reads only what is left (a ``kafka.range_reader.RangeReader`` in a task)."""
+``RAW_RECORD_SCHEMA``, offsets ascending: one table, or chunks of it (``RangeReader.read_chunks``
+in a task, so the slice is never whole in memory). The worker calls it after fencing and reading
+the delivered offset, so a replayed slice reads only what is left; again only when it writes the
+slice again (files too old to commit, a table recreated meanwhile): it keeps no records in between."""
+
+DEFAULT_CHUNK_RECORDS = 50_000
+"""Records per chunk unless configured (``spark.max-records-per-batch``)."""
 
 
 def _without_bounds(record: ev.DataFileRecord) -> ev.DataFileRecord:
@@ -106,13 +115,28 @@ def table_ref(table: Table) -> ev.TableRef:
     return ev.TableRef(namespace=tuple(namespace), name=name, uuid=str(table.metadata.table_uuid))
 
 
-def _timestamp_range_ms(raw: pa.Table) -> tuple[int | None, int | None]:
+@dataclass
+class _SliceWrite:
+    """What one write of a slice made, gathered over its chunks."""
+
+    events: list[ev.DataWritten] = field(default_factory=list)
+    tables: dict[str, Table] = field(default_factory=dict)
+    """Per identifier, the table as the processor last handed it out (checked before the transaction)."""
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    table_changed: Callable[[str, Table | None], None] | None = None
+    oldest_ms: int | None = None
+    newest_ms: int | None = None
     """Oldest and newest record timestamp of the slice (the coordinator derives VTTS from both)."""
-    if raw.num_rows == 0:
-        return None, None
-    bounds = pc.min_max(raw["timestamp"].cast(pa.int64())).as_py()
-    low, high = bounds["min"], bounds["max"]
-    return (None if low is None else int(low) // 1000), (None if high is None else int(high) // 1000)
+
+    def take_timestamps(self, chunk: pa.Table) -> None:
+        bounds = pc.min_max(chunk["timestamp"].cast(pa.int64())).as_py()
+        low, high = bounds["min"], bounds["max"]
+        if low is not None:
+            low_ms = int(low) // 1000
+            self.oldest_ms = low_ms if self.oldest_ms is None else min(self.oldest_ms, low_ms)
+        if high is not None:
+            high_ms = int(high) // 1000
+            self.newest_ms = high_ms if self.newest_ms is None else max(self.newest_ms, high_ms)
 
 
 class SliceWorker:
@@ -131,11 +155,15 @@ class SliceWorker:
         dead_letter_topic: str | None = None,
         max_files_per_event: int = 100,
         file_age_limit_s: float | None = None,
+        chunk_records: int = DEFAULT_CHUNK_RECORDS,
     ) -> None:
         """``file_age_limit_s``: orphan cleanup's safety age (``maintenance.orphan-older-than``, the
         smallest configured): files written more than half of it before their transaction are
-        written again, since cleanup may delete them before the transaction names them."""
+        written again, since cleanup may delete them before the transaction names them.
+        ``chunk_records``: records processed at once (a source's chunks are taken as they come; a
+        table handed in is cut to this size)."""
         self.channel = sink
+        self.chunk_records = max(1, chunk_records)
         self.file_age_limit_s = file_age_limit_s
         self.sink = sink.sink
         self.max_files_per_event = max(1, max_files_per_event)
@@ -275,20 +303,36 @@ class SliceWorker:
             return result
         if committed is not None and committed < start:
             raise OffsetGapError(topic, partition, committed, start, end, self.group)
-        raw = source(max(start, committed or start), end) if callable(source) else source
-        result.records_in = raw.num_rows
-        if committed is not None and committed > start:
-            keep = pc.greater_equal(raw["offset"], pa.scalar(committed, pa.int64()))
-            kept = raw.filter(keep)
-            result.skipped_delivered = raw.num_rows - kept.num_rows
-            raw = kept
+        first = max(start, committed or start)
+
+        def chunks() -> Iterator[pa.Table]:
+            """The slice's records left to deliver, chunk by chunk; read anew for every write."""
+            read = source(first, end) if callable(source) else source
+            got: Iterable[pa.Table] = read
+            if isinstance(read, pa.Table):
+                size = self.chunk_records
+                got = (read.slice(i, size) for i in range(0, read.num_rows, size))
+            try:
+                for chunk in got:
+                    result.records_in += chunk.num_rows
+                    if committed is None or committed <= start:
+                        yield chunk
+                        continue
+                    left = pc.greater_equal(chunk["offset"], pa.scalar(committed, pa.int64()))
+                    kept = chunk.filter(left)
+                    result.skipped_delivered += chunk.num_rows - kept.num_rows
+                    yield kept
+            finally:
+                close = getattr(got, "close", None)
+                if close is not None:  # a reader's generator releases its assignment
+                    close()
 
         for attempt in range(1, TABLE_CHECKS + 1):
-            routed, written = self._write_in_time(topic, partition, start, end, raw, process, result)
+            written = self._write_in_time(topic, partition, start, end, chunks, process, result)
             # Right before the transaction: are the tables still the ones the files were written
             # for? A processor's cached table outlives a drop and recreate, and files for the old
             # uuid would never be the new table's.
-            changed = self._changed_tables(routed) if attempt < TABLE_CHECKS else {}
+            changed = self._changed_tables(written.tables) if attempt < TABLE_CHECKS else {}
             if not changed:
                 break
             for identifier, current in changed.items():
@@ -302,42 +346,41 @@ class SliceWorker:
                     "dropped" if current is None else f"recreated (uuid {current.metadata.table_uuid})",
                     extra={"topic": topic, "partition": partition, "offset": start, "table": identifier},
                 )
-                if routed.table_changed is not None:
-                    routed.table_changed(identifier, current)
+                if written.table_changed is not None:
+                    written.table_changed(identifier, current)
         dead_letter_topic = self.dead_letter_topic
-        if routed.dead_letters and dead_letter_topic is None:
-            first = routed.dead_letters[0]
+        if written.dead_letters and dead_letter_topic is None:
+            bad = written.dead_letters[0]
             raise FanoutSinkError(
-                f"{len(routed.dead_letters)} record(s) of {topic}[{partition}] in [{start}, {end}) could not "
-                f"be delivered and no dead-letter topic is configured (first: headers {first.headers}).\n"
+                f"{len(written.dead_letters)} record(s) of {topic}[{partition}] in [{start}, {end}) could "
+                f"not be delivered and no dead-letter topic is configured (first: headers {bad.headers}).\n"
                 "  fix: configure dead-letter.topic, or fix the records / routes."
             )
 
         try:
             with producer.transaction():
-                for event in written:
+                for event in written.events:
                     channel.produce_event(producer, self.control_topic, self.sink, event)
-                oldest, newest = _timestamp_range_ms(raw)
                 complete = ev.DataComplete(
                     topic=topic,
                     partition=partition,
                     next_offset=end,
-                    min_timestamp_ms=oldest,
-                    max_timestamp_ms=newest,
+                    min_timestamp_ms=written.oldest_ms,
+                    max_timestamp_ms=written.newest_ms,
                     topic_id=topic_id,
                 )
                 channel.produce_event(producer, self.control_topic, self.sink, complete)
-                if routed.dead_letters and dead_letter_topic is not None:
+                if written.dead_letters and dead_letter_topic is not None:
                     # Cut to size: one oversized dead letter would fail this transaction on every retry.
                     limit = self._dead_letter_limit(dead_letter_topic)
-                    deadletter.publish(producer, dead_letter_topic, routed.dead_letters, limit)
+                    deadletter.publish(producer, dead_letter_topic, written.dead_letters, limit)
                 recovery.send_delivered(producer, self._metadata(), topic, partition, end)
                 fault_point("worker.before-commit", topic=topic, partition=partition)
         finally:
             if not producer.usable:  # the next attempt's producer fences this one
                 self._producers.pop(txn_id, None)
         fault_point("worker.after-commit", topic=topic, partition=partition)
-        result.dead_lettered = len(routed.dead_letters)
+        result.dead_lettered = len(written.dead_letters)
         result.transaction_committed = True
         return result
 
@@ -347,18 +390,18 @@ class SliceWorker:
         partition: int,
         start: int,
         end: int,
-        raw: pa.Table,
+        chunks: Callable[[], Iterator[pa.Table]],
         process: SliceProcessor,
         result: SliceResult,
-    ) -> tuple[RoutedSlice, list[ev.DataWritten]]:
+    ) -> _SliceWrite:
         """:meth:`_write`, again while the files come out too old to commit."""
         stalls = 0
         while True:
             written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
-            routed, written = self._write(topic, partition, end, raw, process, result)
+            written = self._write(topic, partition, end, chunks(), process, result)
             fault_point("worker.after-write-files", topic=topic, partition=partition)
             if not self._stalled(written_at, topic, partition, start, end, stalls):
-                return routed, written
+                return written
             stalls += 1
 
     def _stalled(
@@ -396,39 +439,73 @@ class SliceWorker:
         topic: str,
         partition: int,
         end: int,
-        raw: pa.Table,
+        chunks: Iterator[pa.Table],
         process: SliceProcessor,
         result: SliceResult,
-    ) -> tuple[RoutedSlice, list[ev.DataWritten]]:
-        """Route the slice and write its data files; the events that will announce them."""
-        routed = process(raw)
-        result.filtered = routed.filtered
+    ) -> _SliceWrite:
+        """Route the slice chunk by chunk and write its data files; the events that will announce them.
+
+        An append table's rows roll into files of its target size across chunks. A change table's
+        chunk is written and announced at once: its events follow the earlier chunks' in the
+        transaction, and the coordinator lets a key's last change set win, so a key changed in two
+        chunks ends in the later change."""
+        out = _SliceWrite()
+        result.records_in = result.skipped_delivered = result.filtered = 0
         result.rows, result.files, result.deleted_keys = {}, {}, {}
-        written: list[ev.DataWritten] = []
-        for identifier, table_rows in routed.tables.items():
-            table = table_rows.table
-            data_files = datafiles.write_data_files(table, table_rows.rows)
-            result.rows[identifier] = table_rows.rows.num_rows
-            result.files[identifier] = len(data_files)
-            records = [datafiles.to_record(f, table) for f in data_files]
-            deleted = table_rows.deleted_keys
-            key_files: tuple[ev.KeyFile, ...] = ()
-            if table_rows.key and deleted is not None and deleted.num_rows:
-                key_files = (datafiles.write_key_file(table, deleted),)
-                result.deleted_keys[identifier] = deleted.num_rows
-            written += self._announce(
-                ev.DataWritten(
-                    table=table_ref(table),
-                    files=(),
-                    topic=topic,
-                    partition=partition,
-                    next_offset=end,
-                    key=table_rows.key,
-                    deleted_keys=key_files,
-                ),
-                records,
+        rolling = RollingFiles()
+        for chunk in chunks:
+            if chunk.num_rows == 0:
+                continue
+            out.take_timestamps(chunk)
+            routed = process(chunk)
+            out.table_changed = routed.table_changed
+            out.dead_letters += routed.dead_letters
+            result.filtered += routed.filtered
+            for identifier, table_rows in routed.tables.items():
+                table = table_rows.table
+                out.tables[identifier] = table
+                result.rows[identifier] = result.rows.get(identifier, 0) + table_rows.rows.num_rows
+                if not table_rows.key:
+                    rolling.add(identifier, table, table_rows.rows)
+                    continue
+                data_files = datafiles.write_data_files(table, table_rows.rows)
+                result.files[identifier] = result.files.get(identifier, 0) + len(data_files)
+                deleted = table_rows.deleted_keys
+                key_files: tuple[ev.KeyFile, ...] = ()
+                if deleted is not None and deleted.num_rows:
+                    key_files = (datafiles.write_key_file(table, deleted),)
+                    result.deleted_keys[identifier] = (
+                        result.deleted_keys.get(identifier, 0) + deleted.num_rows
+                    )
+                records = [datafiles.to_record(f, table) for f in data_files]
+                first = self._data_written(table, topic, partition, end, table_rows.key, key_files)
+                out.events += self._announce(first, records)
+        for identifier, files in rolling.finish().items():
+            result.files[identifier] = len(files.records)
+            out.events += self._announce(
+                self._data_written(files.table, topic, partition, end), files.records
             )
-        return routed, written
+        return out
+
+    @staticmethod
+    def _data_written(
+        table: Table,
+        topic: str,
+        partition: int,
+        end: int,
+        key: tuple[str, ...] = (),
+        key_files: tuple[ev.KeyFile, ...] = (),
+    ) -> ev.DataWritten:
+        """The first event announcing a table's files (a change table's: of one chunk, with its key)."""
+        return ev.DataWritten(
+            table=table_ref(table),
+            files=(),
+            topic=topic,
+            partition=partition,
+            next_offset=end,
+            key=key,
+            deleted_keys=key_files,
+        )
 
     def _announce(self, first: ev.DataWritten, records: list[ev.DataFileRecord]) -> list[ev.DataWritten]:
         """``records`` in as few ``DataWritten`` events as fit the control topic (``first`` carries
@@ -488,15 +565,14 @@ class SliceWorker:
         )
 
     @staticmethod
-    def _changed_tables(routed: RoutedSlice) -> dict[str, Table | None]:
+    def _changed_tables(tables: dict[str, Table]) -> dict[str, Table | None]:
         """Tables of the slice that the catalog now holds under another uuid (or not at all).
 
         One catalog load per table and slice: the price of never writing rows for a table that
         was dropped and recreated meanwhile (files the coordinator would have to rewrite or refuse).
         """
         changed: dict[str, Table | None] = {}
-        for identifier, table_rows in routed.tables.items():
-            table = table_rows.table
+        for identifier, table in tables.items():
             try:
                 current = table.catalog.load_table(table.name())
             except NoSuchTableError:

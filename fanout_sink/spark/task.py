@@ -63,6 +63,7 @@ def slice_worker(config: SinkConfig) -> SliceWorker:
         SinkChannel.from_config(config),
         dead_letter_topic=config.dead_letter.topic if config.dead_letter else None,
         file_age_limit_s=min(m.orphan_older_than for m in ages).total_seconds(),
+        chunk_records=config.spark.max_records_per_batch,
     )
 
 
@@ -99,7 +100,10 @@ def run_task(
     state = _executor_state(key, config)
     profile_dir = os.environ.get(PROFILE_ENV)
     for (topic, partition), (start, end) in ranges:
-        read = functools.partial(state.reader.read, topic, partition)
+        # Chunks, not the whole range: the task's memory holds one chunk's working set.
+        read = functools.partial(
+            state.reader.read_chunks, topic, partition, max_records=state.worker.chunk_records
+        )
         deliver = functools.partial(
             state.worker.commit_slice,
             topic,

@@ -219,7 +219,9 @@ class HourIngest:
     def _deliver(self, slot: Slot, partition: int, end: int) -> int:
         """One partition's slice of the round, as a Spark task delivers it; returns its records."""
         start = self.next_offsets[partition]
-        read = functools.partial(slot.reader.read, self.topic, partition)
+        read = functools.partial(
+            slot.reader.read_chunks, self.topic, partition, max_records=slot.worker.chunk_records
+        )
         sliced = slot.worker.commit_slice(self.topic, partition, start, end, read, slot.processor)
         if not sliced.transaction_committed:
             raise RuntimeError(f"slice {self.topic}[{partition}] {start}..{end} was not committed")
