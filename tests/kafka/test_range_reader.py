@@ -198,3 +198,37 @@ class _Spied:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)
+
+
+def test_ranges_of_one_partition_after_another_start_without_waiting_out_a_consume(
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    reader: RangeReader,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process reads one partition's range after another's (one per slice: a wide sink's 500
+    partitions). The fetch the consumer left waiting at the previous range's end held the next range's
+    first fetch for the broker's whole ``fetch.wait.max.ms``: every slice began with empty consume
+    calls. Not timed: the empty calls are counted, through a spy on the real consumer."""
+    partitions = 8
+    topic = make_topic("one-after-another", partitions=partitions)
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for partition in range(partitions):
+        for n in range(20):
+            producer.produce(topic, value=b"v%d" % n, partition=partition)
+    producer.flush(30)
+    empty: list[int] = []
+    consume = reader._consumer.consume
+
+    def spy(num_messages: int, timeout: float) -> list[Any]:
+        messages = consume(num_messages, timeout)
+        if not messages:
+            empty.append(num_messages)
+        return messages
+
+    assert len(reader.read(topic, 0, 0, 20)) == 20  # the first connects to the broker
+    monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+    for partition in range(1, partitions):
+        assert len(reader.read(topic, partition, 0, 20)) == 20
+    # Before: 2 to 3 empty calls per range (0.2 s each). One allowed for the whole run (a loaded machine).
+    assert len(empty) <= 1, f"{len(empty)} consume calls came back empty in {partitions - 1} ranges"
