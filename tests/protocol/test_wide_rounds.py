@@ -6,9 +6,16 @@ last round asks the catalog about those few, in the coordinator and in the worke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pyiceberg.table
+import pytest
+from pyiceberg.table.metadata import TableMetadata
 
 from fanout_sink.devtools.bench.wide_sink import NAMESPACE, WidePlan, WideSink
+from fanout_sink.protocol import coordinator
 
 TABLES = 24
 FED = {f"{NAMESPACE}.w00003", f"{NAMESPACE}.w00017"}
@@ -35,3 +42,31 @@ def test_a_round_asks_the_catalog_about_the_tables_that_received_data_only(
     # StartCommit, CommitToTable per table and CommitComplete: nothing per idle table.
     assert few.control_messages == 2 * len(FED) + 1 + len(FED) + 1, few
     assert few.control_bytes < everything.control_bytes * len(FED) / TABLES * 2, (few, everything)
+
+
+def test_a_table_commit_applies_its_staged_updates_once_per_change(
+    bootstrap_servers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyIceberg's transaction re-applied its staged updates (a deep copy of the whole table metadata)
+    on every look at its metadata: ~19 times per append, the largest CPU cost of a wide sink's round."""
+    applied: list[int] = []
+
+    def counting(own: Callable[..., TableMetadata]) -> Callable[..., TableMetadata]:
+        def apply(base: TableMetadata, updates: tuple[Any, ...], *args: Any, **kwargs: Any) -> TableMetadata:
+            applied.append(len(updates))
+            return own(base, updates, *args, **kwargs)
+
+        return apply
+
+    for module in (pyiceberg.table, coordinator):  # PyIceberg's own transaction, and ours
+        if hasattr(module, "update_table_metadata"):
+            monkeypatch.setattr(module, "update_table_metadata", counting(module.update_table_metadata))
+    wide = WideSink(WidePlan(tables=3, partitions=3, records=5), bootstrap_servers, tmp_path)
+    try:
+        wide.round()
+        applied.clear()
+        assert wide.round().tables_committed == 3
+    finally:
+        wide.close()
+    # Per table: the append's snapshot and ref, then the properties: one application per stage.
+    assert len(applied) <= 3 * 3, applied
