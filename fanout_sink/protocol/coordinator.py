@@ -63,6 +63,10 @@ report starts its round within this."""
 
 COMMIT_ATTEMPTS = 3
 """Tries per table and round when the catalog reports a conflict (each reloads and re-checks the floor)."""
+MISSING_TABLE_WAIT_S = 10.0
+"""A table not found at commit is looked up again this long before its files are refused: dropping
+and creating a table (or renaming it aside and creating a new one) leaves a moment with no table,
+and a round that meets it would otherwise quarantine rows the new table should get (chaos found it)."""
 
 
 @dataclass
@@ -608,6 +612,17 @@ class Coordinator:
         ]
         return [f for change in sets for f in change.data_files], row_delta.resolve(table, key, sets)
 
+    def _load_table_or_wait(self, identifier: str) -> Table:
+        """The table, looked up again for :data:`MISSING_TABLE_WAIT_S` while it is not found."""
+        deadline = time.monotonic() + MISSING_TABLE_WAIT_S
+        while True:
+            try:
+                return self.catalog.load_table(identifier)
+            except NoSuchTableError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+
     def _commit_table(
         self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
     ) -> TableCommit:
@@ -615,7 +630,7 @@ class Coordinator:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             outcome.attempts = attempt
             try:
-                table = self.catalog.load_table(identifier)
+                table = self._load_table_or_wait(identifier)
             except NoSuchTableError:
                 owed = self.state.owed(items)  # the rest went into the table before it was dropped
                 if not owed:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -297,3 +298,26 @@ def test_rows_an_old_table_already_holds_are_not_rewritten_into_its_successor_af
     assert result.tables[f"{NAMESPACE}.b"].outcome == "committed"
     assert table_ids(catalog, "a_old") == [10, 11, 12]
     assert table_ids(catalog, "a") == [], "rows the old table holds were appended to its successor too"
+
+
+def test_a_table_recreated_while_the_round_looks_for_it_gets_its_files(
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """Drop-then-create leaves a moment with no table; a round that meets it waits for the new one
+    instead of quarantining its rows (the chaos run's table-recreate met it once)."""
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="w")
+    produce_json(bootstrap_servers, sink.topic, 0, [{"id": i, "table": "a"} for i in range(3)])
+    worker = sink.worker()
+    run_batch(worker, bootstrap_servers, {sink.topic: 1}, make_processor(catalog))
+    worker.close()
+    catalog.drop_table(f"{NAMESPACE}.a")
+    recreate = threading.Timer(2.0, lambda: catalog.create_table(f"{NAMESPACE}.a", schema=TABLE_SCHEMA))
+    recreate.start()
+    coordinator = sink.coordinator()
+    try:
+        outcome = coordinator.commit_round().tables[f"{NAMESPACE}.a"]
+    finally:
+        recreate.join()
+        coordinator.close()
+    assert (outcome.outcome, outcome.refused_files) == ("committed", 0), outcome
+    assert sorted(table_ids(catalog, "a")) == [0, 1, 2]
