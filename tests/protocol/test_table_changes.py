@@ -29,7 +29,7 @@ from support.common import (
     run_batch,
     table_ids,
 )
-from support.sink_factory import SinkFactory
+from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults, status
 from fanout_sink.protocol import orphans, table_state
@@ -241,15 +241,20 @@ def _assert_quarantine_outlives_cleanup(catalog: Any, sink: Any, error: str, row
     assert sum(pq.read_metadata(p).num_rows for p in kept) == rows
 
 
-def test_files_for_a_table_that_is_gone_are_kept_where_cleanup_cannot_take_them(
-    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")
+def _write_three_rows_then_drop_the_table(sink: SinkUnderTest, bootstrap_servers: str, catalog: Any) -> None:
+    """Ids 0-2 delivered for table ``a`` (files written, events committed), then the table dropped."""
     produce_json(bootstrap_servers, sink.topic, 0, [{"id": i, "table": "a"} for i in range(3)])
     worker = sink.worker()
     run_batch(worker, bootstrap_servers, {sink.topic: 1}, make_processor(catalog))
     worker.close()
     catalog.drop_table(f"{NAMESPACE}.a")
+
+
+def test_files_for_a_table_that_is_gone_are_kept_where_cleanup_cannot_take_them(
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")
+    _write_three_rows_then_drop_the_table(sink, bootstrap_servers, catalog)
     caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
     coordinator = sink.coordinator()
     outcome = coordinator.commit_round().tables[f"{NAMESPACE}.a"]
@@ -306,11 +311,7 @@ def test_a_table_recreated_while_the_round_looks_for_it_gets_its_files(
     """Drop-then-create leaves a moment with no table; a round that meets it waits for the new one
     instead of quarantining its rows (the chaos run's table-recreate met it once)."""
     sink = sink_factory(partitions={"src": 1}, tables="a", prefix="w")
-    produce_json(bootstrap_servers, sink.topic, 0, [{"id": i, "table": "a"} for i in range(3)])
-    worker = sink.worker()
-    run_batch(worker, bootstrap_servers, {sink.topic: 1}, make_processor(catalog))
-    worker.close()
-    catalog.drop_table(f"{NAMESPACE}.a")
+    _write_three_rows_then_drop_the_table(sink, bootstrap_servers, catalog)
     recreate = threading.Timer(2.0, lambda: catalog.create_table(f"{NAMESPACE}.a", schema=TABLE_SCHEMA))
     recreate.start()
     coordinator = sink.coordinator()
