@@ -31,7 +31,7 @@ from fanout_sink.protocol.channel import ControlReader
 from fanout_sink.protocol.orphans import normalise
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
-pytestmark = pytest.mark.usefixtures("own_spark")
+pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("shop.orders", "shop.payments")
