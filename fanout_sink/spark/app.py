@@ -176,7 +176,7 @@ class SinkApp:
         threading.Thread(target=self._stopper, name="fanout-sink-stopper", daemon=True).start()
         limit = self.options.max_offsets_per_trigger or self.config.spark.max_offsets_per_trigger
         writer = (
-            read_stream(spark, self.config, starting, limit)
+            self._stream(spark, starting, limit)
             .writeStream.queryName(self.config.name)
             .foreachBatch(self.batches)
             .option("checkpointLocation", self.config.checkpoint_location)
@@ -189,6 +189,11 @@ class SinkApp:
         self._query = writer.start()
         self._query_started.set()
         self._query.awaitTermination()
+
+    def _stream(self, spark: Any, starting: str, limit: int | None) -> Any:
+        """The streaming DataFrame that plans the micro-batches: Spark's Kafka source. The benchmark's
+        planner prototype (``devtools/bench/python_source``) puts a Python data source here."""
+        return read_stream(spark, self.config, starting, limit)
 
     def _start_coordinator(self, topics: list[str]) -> Coordinator:
         control = self.config.control

@@ -117,7 +117,7 @@ class BatchRunner:
             started = time.monotonic()
             for attempt in range(1, self.retries + 1):
                 try:
-                    reports = self._run(frame.sparkSession.sparkContext, batch_id, ranges)
+                    reports = self._run(frame, batch_id, ranges)
                     break
                 except Exception as exc:
                     # A bad record under errors.tolerance: none fails the same way on every retry.
@@ -158,9 +158,12 @@ class BatchRunner:
                 "the app: it resumes after what the sink delivered"
             )
 
-    def _run(self, context: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
+    def _run(self, frame: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
         """One task per range that moved (``numSlices`` = ranges: one element each), in the order of
-        the ranges; the reports come back pickled."""
+        the ranges; the reports come back pickled. ``frame`` (the micro-batch, never executed here)
+        is for a planner whose source's tasks deliver the ranges themselves (the benchmark's
+        ``python_source`` prototype)."""
+        context = frame.sparkSession.sparkContext
         moved = sorted((key, (start, end)) for key, (start, end) in ranges.items() if end > start)
         if not moved:
             return []

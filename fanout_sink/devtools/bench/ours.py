@@ -86,20 +86,26 @@ def first_batch_started(log: str) -> float | None:
     return batches[0][0] - batches[0][2] if batches else None
 
 
-def app_command(config: Path, master: str, max_offsets_per_trigger: int, extra: list[str]) -> list[str]:
-    """``fanout-sink run`` on ``config`` as a child command line (this interpreter, this checkout)."""
+def app_command(
+    config: Path, master: str, max_offsets_per_trigger: int, extra: list[str], module: str = "fanout_sink.cli"
+) -> list[str]:
+    """``fanout-sink run`` on ``config`` as a child command line (this interpreter, this checkout);
+    ``module`` another entry point with the same ``run`` options (the planner prototype's)."""
     return [
-        sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--master", master,
+        sys.executable, "-m", module, "run", "--config", str(config), "--master", master,
         "--max-offsets-per-trigger", str(max_offsets_per_trigger), *extra,
     ]  # fmt: skip
 
 
-def _run(ctx: RunContext, system: str, extra: list[str], continuous: bool) -> SystemRun:
+def run_app(
+    ctx: RunContext, system: str, extra: list[str], continuous: bool, module: str = "fanout_sink.cli"
+) -> SystemRun:
+    """One measured run of the app (``module``'s ``run``) on this run's sink YAML."""
     catalog = ctx.prepare()
     name = ctx.unique_name(system)
     config = ctx.folder / "sink.yaml"
     config.write_text(yaml.safe_dump(sink_config(ctx, name)))
-    command = app_command(config, ctx.master, ctx.max_offsets_per_trigger, extra)
+    command = app_command(config, ctx.master, ctx.max_offsets_per_trigger, extra, module)
     visible = ctx.visible()
     run = run_child(
         command,
@@ -115,8 +121,8 @@ def _run(ctx: RunContext, system: str, extra: list[str], continuous: bool) -> Sy
 
 
 def available_now(ctx: RunContext) -> SystemRun:
-    return _run(ctx, "fanout_sink available-now", ["--available-now"], continuous=False)
+    return run_app(ctx, "fanout_sink available-now", ["--available-now"], continuous=False)
 
 
 def continuous(ctx: RunContext) -> SystemRun:
-    return _run(ctx, "fanout_sink continuous", ["--trigger-interval", TRIGGER_INTERVAL], continuous=True)
+    return run_app(ctx, "fanout_sink continuous", ["--trigger-interval", TRIGGER_INTERVAL], continuous=True)

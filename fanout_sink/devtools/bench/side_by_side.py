@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyspark
 
-from fanout_sink.devtools.bench import connect_peer, latency, limit, ours, report, spark_writer
+from fanout_sink.devtools.bench import connect_peer, latency, limit, ours, python_source, report, spark_writer
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
 from fanout_sink.devtools.bench.end_to_end import produce
 from fanout_sink.devtools.bench.landed import TableLanding, check_same_rows, sorted_ids
@@ -45,6 +45,7 @@ SYSTEMS: dict[str, Callable[[RunContext], SystemRun]] = {
     "connect": connect_peer.run,
     "spark": spark_writer.run,
     "limit": limit.run,
+    "python-source": python_source.run,
 }
 GENERATED = "the generated records"
 
