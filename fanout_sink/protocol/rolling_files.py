@@ -1,13 +1,18 @@
-"""An append table's rows gathered across the chunks of one slice and written at the target file size.
+"""An append table's rows streamed across the chunks of one slice into open Parquet files, rolled by size.
 
 A worker processes a slice in chunks (``spark.max-records-per-batch``) so that its memory holds one
 chunk's raw records, decoded values and intermediates, not the whole slice's. Writing each chunk's
-rows as its own files would make a table's file count grow with the slice's chunks, so the rows of
-an append table, already converted to the table's schema (the compact end of the pipeline), wait
-here until they reach the table's ``write.target-file-size-bytes`` (in Arrow bytes, the measure
-PyIceberg bin-packs by); a full file's worth is written and the rest waits for the next chunk or the
-slice's end. So a table's files roll by size, and what a worker holds beyond a chunk is at most one
-target file's rows per table.
+rows as its own files would make a table's file count grow with the slice's chunks; holding the rows
+until a file's worth is gathered would make a worker's memory grow with the slice (up to the 512 MB
+default target per table). So each append table keeps one open Parquet writer per partition: every
+chunk's rows go out at once as row groups, and a file is closed and a new one opened when it holds
+the table's ``write.target-file-size-bytes`` (in Arrow bytes, the measure PyIceberg bin-packs by).
+What a worker holds beyond a chunk is the writers' footers, whatever the slice's size.
+
+Files are written the way PyIceberg's ``_dataframe_to_data_files`` writes them (same conversion to the
+file schema with field ids, same Parquet writer and table write properties, same statistics from the
+Parquet footer, same partition values and locations), so a ``DataFile`` from here equals one from
+:func:`.datafiles.write_data_files` for the same rows.
 
 Change tables never come here: their rows of one chunk are the keys' last changes in that chunk, and
 a later chunk may change a key again, so each chunk is written and announced on its own (the
@@ -16,14 +21,33 @@ coordinator resolves a slice's change sets in control-topic order: the last one 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.io import OutputFile
+from pyiceberg.io.fileformat import FileFormatWriter
+from pyiceberg.io.pyarrow import (
+    ParquetFormatModel,
+    _check_pyarrow_schema_compatible,
+    _determine_partitions,
+    _to_requested_schema,
+    pyarrow_to_schema,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionKey
+from pyiceberg.schema import Schema, sanitize_column_names
+from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, Table, TableProperties
+from pyiceberg.typedef import Record
+from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
 from fanout_sink.protocol import datafiles
 from fanout_sink.protocol import events as ev
+
+_PARQUET = ParquetFormatModel()
 
 
 def target_file_bytes(table: Table) -> int:
@@ -47,60 +71,181 @@ class WrittenTable:
 
 
 @dataclass
-class _Pending:
-    table: Table
-    parts: list[pa.Table] = field(default_factory=list)
-    nbytes: int = 0
+class _OpenFile:
+    """One Parquet file being written: rows go in as row groups until it is full."""
+
+    writer: FileFormatWriter
+    output: OutputFile
+    path: str
+    partition_key: PartitionKey | None
+    rows: int = 0
+
+
+class _FileNames:
+    """PyIceberg's data file naming (``00000-<task>-<write uuid>``) with a fresh uuid per slice write and
+    a counter across all its tables and schemas: two attempts of one slice never share a name, and the
+    writer opened after a schema change never reuses (and overwrites) a name of the former one."""
+
+    def __init__(self) -> None:
+        self._uuid = uuid.uuid4()
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"00000-{next(self._count)}-{self._uuid}.{_PARQUET.file_extension()}"
+
+
+class _TableWriter:
+    """The open files (one per partition) of one table in one schema."""
+
+    def __init__(self, table: Table, schema: pa.Schema, names: _FileNames) -> None:
+        metadata = table.metadata
+        _check_pyarrow_schema_compatible(
+            metadata.schema(), provided_schema=schema, format_version=metadata.format_version
+        )
+        self.table = table
+        self.schema = schema
+        self._names = names
+        self._downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
+        self._rows_schema = pyarrow_to_schema(
+            schema,
+            name_mapping=metadata.schema().name_mapping,
+            downcast_ns_timestamp_to_us=self._downcast,
+            format_version=metadata.format_version,
+        )
+        table_schema = metadata.schema()
+        sanitized = sanitize_column_names(table_schema)
+        self._file_schema: Schema = sanitized if sanitized != table_schema else table_schema
+        self._target = target_file_bytes(table)
+        self._open: dict[tuple[object, ...], _OpenFile] = {}
+
+    def write(self, rows: pa.Table) -> list[DataFile]:
+        """Write ``rows`` into the open files of their partitions; the files this filled and closed."""
+        spec = self.table.metadata.spec()
+        if spec.is_unpartitioned():
+            return self._write_partition(None, rows)
+        closed = []
+        for part in _determine_partitions(spec=spec, schema=self.table.metadata.schema(), arrow_table=rows):
+            closed += self._write_partition(part.partition_key, part.arrow_table_partition)
+        return closed
+
+    def close(self) -> list[DataFile]:
+        """Close every open file; their data files."""
+        closed = []
+        while self._open:
+            closed.append(self._close(self._open.pop(next(iter(self._open)))))
+        return closed
+
+    def discard(self) -> None:
+        """Close the open files' streams after a failure (the files stay orphans of no snapshot)."""
+        for open_file in self._open.values():
+            with contextlib.suppress(Exception):  # the failure being handled is the one to report
+                open_file.writer.close()
+        self._open.clear()
+
+    def _write_partition(self, partition_key: PartitionKey | None, rows: pa.Table) -> list[DataFile]:
+        converted = pa.Table.from_batches(
+            [
+                _to_requested_schema(
+                    requested_schema=self._file_schema,
+                    file_schema=self._rows_schema,
+                    batch=batch,
+                    downcast_ns_timestamp_to_us=self._downcast,
+                    include_field_ids=True,
+                    format_model=_PARQUET,
+                )
+                for batch in rows.to_batches()
+            ]
+        )
+        # Rows per file from the Arrow bytes per row, as PyIceberg's bin packing estimates them.
+        per_file = max(1, self._target // max(1, converted.nbytes // max(1, converted.num_rows)))
+        key = tuple(v.value for v in partition_key.field_values) if partition_key else ()
+        closed = []
+        offset = 0
+        while offset < converted.num_rows:
+            open_file = self._open.get(key) or self._new_file(key, partition_key)
+            take = min(converted.num_rows - offset, max(1, per_file - open_file.rows))
+            open_file.writer.write(converted.slice(offset, take))
+            open_file.rows += take
+            offset += take
+            if open_file.rows >= per_file:
+                closed.append(self._close(self._open.pop(key)))
+        return closed
+
+    def _new_file(self, key: tuple[object, ...], partition_key: PartitionKey | None) -> _OpenFile:
+        path = self.table.location_provider().new_data_location(
+            self._names.next(), partition_key=partition_key
+        )
+        output = self.table.io.new_output(path)
+        open_file = _OpenFile(
+            writer=_PARQUET.create_writer(output, self._file_schema, self.table.metadata.properties),
+            output=output,
+            path=path,
+            partition_key=partition_key,
+        )
+        self._open[key] = open_file
+        return open_file
+
+    def _close(self, open_file: _OpenFile) -> DataFile:
+        statistics = open_file.writer.close()
+        metadata = self.table.metadata
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=open_file.path,
+            file_format=FileFormat.PARQUET,
+            partition=open_file.partition_key.partition if open_file.partition_key else Record(),
+            file_size_in_bytes=len(open_file.output),
+            sort_order_id=None,
+            spec_id=metadata.default_spec_id,
+            equality_ids=None,
+            key_metadata=None,
+            **statistics.to_serialized_dict(),
+        )
+        # PyIceberg 0.12 drops spec_id in DataFile.from_args (see datafiles.write_data_files).
+        data_file.spec_id = metadata.default_spec_id
+        return data_file
 
 
 class RollingFiles:
-    """Per append table, the slice's rows not yet written; one instance per slice write."""
+    """Per append table, the slice's open files; one instance per slice write."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, _Pending] = {}
+        self._names = _FileNames()
+        self._writers: dict[str, _TableWriter] = {}
         self._written: dict[str, WrittenTable] = {}
 
     def add(self, identifier: str, table: Table, rows: pa.Table) -> None:
-        """Take one chunk's rows of a table; write every full target file's worth of them now."""
+        """Write one chunk's rows of a table into its open files, closing each that gets full."""
         if rows.num_rows == 0:
             return
-        pending = self._pending.get(identifier)
-        if pending is not None and (
-            pending.parts[0].schema != rows.schema
-            or pending.table.metadata.table_uuid != table.metadata.table_uuid
+        writer = self._writers.get(identifier)
+        if writer is not None and (
+            writer.schema != rows.schema or writer.table.metadata.table_uuid != table.metadata.table_uuid
         ):
-            # The table evolved between chunks: the rows so far are in its former schema, written as
-            # they are (Iceberg reads old files by field id), so that one file holds one schema.
-            self._write(identifier, pending.table, pa.concat_tables(pending.parts))
-            pending = None
-        if pending is None:
-            pending = self._pending[identifier] = _Pending(table)
-        pending.table = table
-        pending.parts.append(rows)
-        pending.nbytes += rows.nbytes
-        target = target_file_bytes(table)
-        if pending.nbytes < target:
-            return
-        gathered = pa.concat_tables(pending.parts)
-        per_row = max(1, gathered.nbytes // gathered.num_rows)
-        fits = max(1, target // per_row)
-        full = gathered.num_rows // fits * fits
-        for offset in range(0, full, fits):
-            self._write(identifier, table, gathered.slice(offset, fits))
-        rest = gathered.slice(full)
-        pending.parts, pending.nbytes = ([rest], rest.nbytes) if rest.num_rows else ([], 0)
-        if not pending.parts:
-            del self._pending[identifier]
+            # The table evolved between chunks: the files so far hold its former schema and are
+            # closed as they are (Iceberg reads old files by field id), so that one file holds one schema.
+            self._record(identifier, writer.table, writer.close())
+            writer = None
+        if writer is None:
+            writer = self._writers[identifier] = _TableWriter(table, rows.schema, self._names)
+        self._record(identifier, table, writer.write(rows))
+        self._written[identifier].rows += rows.num_rows
 
     def finish(self) -> dict[str, WrittenTable]:
-        """Write what is left of every table; per table, its files of the slice."""
-        for identifier, pending in self._pending.items():
-            self._write(identifier, pending.table, pa.concat_tables(pending.parts))
-        self._pending.clear()
+        """Close every open file; per table, its files of the slice."""
+        for identifier in list(self._writers):
+            writer = self._writers[identifier]
+            self._record(identifier, writer.table, writer.close())
+            del self._writers[identifier]
         return self._written
 
-    def _write(self, identifier: str, table: Table, rows: pa.Table) -> None:
+    def discard(self) -> None:
+        """Close every open file after a failed slice write: their names are in no event, so they
+        stay orphans (as after a crash) for orphan cleanup."""
+        for writer in self._writers.values():
+            writer.discard()
+        self._writers.clear()
+
+    def _record(self, identifier: str, table: Table, files: list[DataFile]) -> None:
         written = self._written.setdefault(identifier, WrittenTable(table))
         written.table = table
-        written.records += [datafiles.to_record(f, table) for f in datafiles.write_data_files(table, rows)]
-        written.rows += rows.num_rows
+        written.records += [datafiles.to_record(f, table) for f in files]

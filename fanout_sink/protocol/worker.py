@@ -453,39 +453,56 @@ class SliceWorker:
         result.records_in = result.skipped_delivered = result.filtered = 0
         result.rows, result.files, result.deleted_keys = {}, {}, {}
         rolling = RollingFiles()
-        for chunk in chunks:
-            if chunk.num_rows == 0:
-                continue
-            out.take_timestamps(chunk)
-            routed = process(chunk)
-            out.table_changed = routed.table_changed
-            out.dead_letters += routed.dead_letters
-            result.filtered += routed.filtered
-            for identifier, table_rows in routed.tables.items():
-                table = table_rows.table
-                out.tables[identifier] = table
-                result.rows[identifier] = result.rows.get(identifier, 0) + table_rows.rows.num_rows
-                if not table_rows.key:
-                    rolling.add(identifier, table, table_rows.rows)
-                    continue
-                data_files = datafiles.write_data_files(table, table_rows.rows)
-                result.files[identifier] = result.files.get(identifier, 0) + len(data_files)
-                deleted = table_rows.deleted_keys
-                key_files: tuple[ev.KeyFile, ...] = ()
-                if deleted is not None and deleted.num_rows:
-                    key_files = (datafiles.write_key_file(table, deleted),)
-                    result.deleted_keys[identifier] = (
-                        result.deleted_keys.get(identifier, 0) + deleted.num_rows
-                    )
-                records = [datafiles.to_record(f, table) for f in data_files]
-                first = self._data_written(table, topic, partition, end, table_rows.key, key_files)
-                out.events += self._announce(first, records)
-        for identifier, files in rolling.finish().items():
+        try:
+            for chunk in chunks:
+                if chunk.num_rows:
+                    self._write_chunk(topic, partition, end, chunk, process, result, out, rolling)
+            written = rolling.finish()
+        except BaseException:
+            rolling.discard()
+            raise
+        for identifier, files in written.items():
             result.files[identifier] = len(files.records)
             out.events += self._announce(
                 self._data_written(files.table, topic, partition, end), files.records
             )
         return out
+
+    def _write_chunk(
+        self,
+        topic: str,
+        partition: int,
+        end: int,
+        chunk: pa.Table,
+        process: SliceProcessor,
+        result: SliceResult,
+        out: _SliceWrite,
+        rolling: RollingFiles,
+    ) -> None:
+        """One chunk of a slice routed: append tables' rows into their open files, a change table's
+        rows written and announced now."""
+        out.take_timestamps(chunk)
+        routed = process(chunk)
+        out.table_changed = routed.table_changed
+        out.dead_letters += routed.dead_letters
+        result.filtered += routed.filtered
+        for identifier, table_rows in routed.tables.items():
+            table = table_rows.table
+            out.tables[identifier] = table
+            result.rows[identifier] = result.rows.get(identifier, 0) + table_rows.rows.num_rows
+            if not table_rows.key:
+                rolling.add(identifier, table, table_rows.rows)
+                continue
+            data_files = datafiles.write_data_files(table, table_rows.rows)
+            result.files[identifier] = result.files.get(identifier, 0) + len(data_files)
+            deleted = table_rows.deleted_keys
+            key_files: tuple[ev.KeyFile, ...] = ()
+            if deleted is not None and deleted.num_rows:
+                key_files = (datafiles.write_key_file(table, deleted),)
+                result.deleted_keys[identifier] = result.deleted_keys.get(identifier, 0) + deleted.num_rows
+            records = [datafiles.to_record(f, table) for f in data_files]
+            first = self._data_written(table, topic, partition, end, table_rows.key, key_files)
+            out.events += self._announce(first, records)
 
     @staticmethod
     def _data_written(

@@ -100,6 +100,9 @@ class SystemRun:
     worker_rss_mb: float | None
     steady_s: float | None
     landing: dict[str, TableLanding]
+    pss_mb: float | None = None
+    role_rss_mb: dict[str, float] = field(default_factory=dict)
+    role_processes: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of_child(
@@ -121,4 +124,7 @@ class SystemRun:
             worker_rss_mb=child.peak_worker_rss_mb or None,
             steady_s=steady_s,
             landing=landing,
+            pss_mb=child.peak_pss_mb or None,
+            role_rss_mb=child.role_rss_mb,
+            role_processes=child.role_processes,
         )

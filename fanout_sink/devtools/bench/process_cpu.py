@@ -39,6 +39,20 @@ def read_stat(pid: int) -> ProcStat | None:
     return ProcStat(int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE_MB)
 
 
+def read_pss_mb(pid: int) -> float | None:
+    """One process's proportional set size (its private pages plus its share of pages it shares with
+    others, such as a forked Python worker's with its daemon): the tree's PSS sums to what it really
+    occupies, where RSS counts a shared page once per process. None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1000  # kB
+    return None
+
+
 def read_all() -> dict[int, ProcStat]:
     """Every live process."""
     stats = {}

@@ -3,9 +3,12 @@
 ``RUSAGE_CHILDREN`` alone misses what the child did not reap (Spark's Python workers, a JVM's
 threads are fine but a daemon's forks are not always waited for), so a thread samples ``/proc``
 for the child and every descendant: CPU per pid (the last value seen: a process's CPU only grows)
-and RSS summed over the live processes at each sample. The sum of per-pid CPU misses each
-process's last sampling interval and processes shorter than one; ``wait4``'s rusage misses
-descendants nobody reaped. Both are lower bounds, so the larger one is reported.
+and RSS summed over the live processes at each sample, also per role (driver JVM, driver Python, Python
+workers: :func:`.process_cpu.role`) with the number of each role's processes, and the tree's PSS
+(forked workers share pages with their daemon, which RSS counts once per process).
+
+The sum of per-pid CPU misses each process's last sampling interval and processes shorter than one;
+``wait4``'s rusage misses descendants nobody reaped. Both are lower bounds, so the larger one is reported.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import signal
 import subprocess
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fanout_sink.devtools.bench.process_cpu import read_all, role, tree_of
+from fanout_sink.devtools.bench.process_cpu import read_all, read_pss_mb, role, tree_of
 
 _SAMPLE_S = 0.2
 _STOP_GRACE_S = 120.0
@@ -32,6 +36,11 @@ class TreeUsage:
     cpu_by_pid: dict[int, float] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
     peak_worker_rss_mb: float = 0.0
+    peak_pss_mb: float = 0.0
+    role_rss_mb: dict[str, float] = field(default_factory=dict)
+    """Per role, the peak of its processes' RSS summed at one sample."""
+    role_processes: dict[str, int] = field(default_factory=dict)
+    """Per role, the most processes of it alive at one sample."""
 
     @property
     def cpu_s(self) -> float:
@@ -48,6 +57,10 @@ class ChildRun:
     peak_worker_rss_mb: float
     returncode: int
     stderr: str
+    peak_pss_mb: float = 0.0
+    role_rss_mb: dict[str, float] = field(default_factory=dict)
+    """Per role (driver JVM, driver Python, Python workers), the peak of its processes' summed RSS."""
+    role_processes: dict[str, int] = field(default_factory=dict)
 
     def failure(self, system: str, log: Path, what: str = "failed") -> SystemExit:
         """The benchmark's stop for a system that did not finish its run: the exit code and log tail."""
@@ -56,14 +69,24 @@ class ChildRun:
 
 def _sample(root: int, usage: TreeUsage) -> None:
     stats = read_all()
-    rss = 0.0
+    rss = pss = 0.0
+    by_role: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
     for pid in tree_of(root, stats) & stats.keys():
         stat = stats[pid]
+        kind = role(pid, root)
         usage.cpu_by_pid[pid] = max(stat.cpu_s, usage.cpu_by_pid.get(pid, 0.0))
         rss += stat.rss_mb
-        if stat.rss_mb > usage.peak_worker_rss_mb and role(pid, root) == "Python workers":
-            usage.peak_worker_rss_mb = stat.rss_mb
+        pss += read_pss_mb(pid) or 0.0
+        by_role[kind] += stat.rss_mb
+        count[kind] += 1
+        if kind == "Python workers":
+            usage.peak_worker_rss_mb = max(usage.peak_worker_rss_mb, stat.rss_mb)
     usage.peak_rss_mb = max(usage.peak_rss_mb, rss)
+    usage.peak_pss_mb = max(usage.peak_pss_mb, pss)
+    for kind, mb in by_role.items():
+        usage.role_rss_mb[kind] = max(usage.role_rss_mb.get(kind, 0.0), mb)
+        usage.role_processes[kind] = max(usage.role_processes.get(kind, 0), count[kind])
 
 
 def run_child(
@@ -125,4 +148,7 @@ def run_child(
         peak_worker_rss_mb=usage.peak_worker_rss_mb,
         returncode=child.returncode,
         stderr=log.read_text(errors="replace"),
+        peak_pss_mb=usage.peak_pss_mb,
+        role_rss_mb=dict(usage.role_rss_mb),
+        role_processes=dict(usage.role_processes),
     )

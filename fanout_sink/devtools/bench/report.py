@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fanout_sink.devtools.bench.process_cpu import ROLES
 
 OURS_BATCH = "fanout_sink available-now"
 OURS_CONTINUOUS = "fanout_sink continuous"
@@ -37,6 +39,11 @@ class Measurement:
     steady_s: float | None
     files_per_table: list[int]
     snapshots_per_table: list[int]
+    pss_mb: float | None = None
+    role_rss_mb: dict[str, float] = field(default_factory=dict)
+    """Per process kind (driver JVM, driver Python, Python workers), its peak summed RSS."""
+    role_processes: dict[str, int] = field(default_factory=dict)
+    """Per process kind, the most processes of it alive at once."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class Summary:
     worker_rss_mb: float | None
     files: tuple[int, int]
     snapshots: tuple[int, int]
+    pss_mb: float | None = None
+    role_rss_mb: dict[str, float] = field(default_factory=dict)
+    role_processes: dict[str, int] = field(default_factory=dict)
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -69,6 +79,8 @@ def summarise(measurements: Iterable[Measurement]) -> list[Summary]:
     for (cores, variant, system), ms in groups.items():
         steady = [m.records / m.steady_s for m in ms if m.steady_s]
         workers = [m.worker_rss_mb for m in ms if m.worker_rss_mb]
+        pss = [m.pss_mb for m in ms if m.pss_mb]
+        kinds = sorted({kind for m in ms for kind in m.role_rss_mb})
         out.append(
             Summary(
                 cores=cores,
@@ -86,6 +98,9 @@ def summarise(measurements: Iterable[Measurement]) -> list[Summary]:
                     min(min(m.snapshots_per_table) for m in ms),
                     max(max(m.snapshots_per_table) for m in ms),
                 ),
+                pss_mb=statistics.median(pss) if pss else None,
+                role_rss_mb={k: statistics.median(m.role_rss_mb.get(k, 0.0) for m in ms) for k in kinds},
+                role_processes={k: max(m.role_processes.get(k, 0) for m in ms) for k in kinds},
             )
         )
     return out
@@ -126,6 +141,38 @@ def _table(summaries: list[Summary]) -> list[str]:
             f"| {_range(s.files)} | {_range(s.snapshots)} |"
         )
     return lines
+
+
+def _memory_table(summaries: list[Summary]) -> list[str]:
+    """Peak RSS per process kind (each kind's processes summed at one sample; the kinds peak at
+    different moments, so they add up to more than the tree's peak) and the tree's PSS."""
+    measured = [s for s in summaries if s.role_rss_mb]
+    if not measured:
+        return []
+    kinds = [k for k in ROLES if any(k in s.role_rss_mb for s in measured)]
+    lines = [
+        "## Memory by process kind",
+        "",
+        "Peak RSS of each kind of process (its processes summed at one sample; `n x` is the most alive "
+        "at once) and the tree's peak PSS, which counts a page shared by forked workers once.",
+        "",
+        "| cores | variant | system | peak RSS tree MB | peak PSS tree MB | "
+        + " | ".join(f"{k} MB" for k in kinds)
+        + " |",
+        "|---:|---|---|---:|---:|" + "---:|" * len(kinds),
+    ]
+    for s in sorted(measured, key=lambda s: (-s.cores, s.variant, s.system)):
+        cells = [
+            f"{s.role_processes.get(k, 0)} x {s.role_rss_mb[k]:,.0f}" if k in s.role_rss_mb else ""
+            for k in kinds
+        ]
+        pss = f"{s.pss_mb:,.0f}" if s.pss_mb else ""
+        lines.append(
+            f"| {s.cores} | {s.variant} | {s.system} | {s.peak_rss_mb:,.0f} | {pss} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return [*lines, ""]
 
 
 def _find(summaries: list[Summary], cores: int, variant: str, system: str) -> Summary | None:
@@ -230,6 +277,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         *_table(summaries),
         "",
+        *_memory_table(summaries),
         "## Targets (issue 26)",
         "",
         *targets(summaries, latency, cores),

@@ -114,6 +114,9 @@ def _measure(
         steady_s=run.steady_s,
         files_per_table=[run.landing[t].data_files for t in tables],
         snapshots_per_table=[run.landing[t].snapshots for t in tables],
+        pss_mb=run.pss_mb,
+        role_rss_mb=run.role_rss_mb,
+        role_processes=run.role_processes,
     )
 
 

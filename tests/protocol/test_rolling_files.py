@@ -1,0 +1,159 @@
+"""An append table's rows streamed chunk by chunk into open Parquet files (issue 26, item 1): the files
+equal what PyIceberg writes for the same rows (metrics, bounds, partition values), roll by the table's
+target size per partition, and read back whole and pruned by PyIceberg."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.conversions import from_bytes
+from pyiceberg.expressions import EqualTo
+from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import BucketTransform, DayTransform
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
+
+from fanout_sink.protocol import datafiles
+from fanout_sink.protocol.rolling_files import RollingFiles, WrittenTable
+
+DAY = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "ts", TimestamptzType(), required=True),
+    NestedField(3, "kind", StringType()),
+    NestedField(4, "score", DoubleType()),
+    identifier_field_ids=[1],
+)
+SPEC = PartitionSpec(
+    PartitionField(source_id=1, field_id=1000, transform=BucketTransform(4), name="id_bucket"),
+    PartitionField(source_id=2, field_id=1001, transform=DayTransform(), name="ts_day"),
+)
+
+
+def _chunk(first: int, count: int) -> pa.Table:
+    """Rows ``first..first+count`` over four id buckets and four days, some nulls and NaNs."""
+    return pa.Table.from_pylist(
+        [
+            {
+                "id": i,
+                "kind": ["a", "b", None][i % 3],
+                "ts": DAY + dt.timedelta(hours=(i * 7) % 96),
+                "score": float("nan") if i % 50 == 0 else i / 2,
+            }
+            for i in range(first, first + count)
+        ],
+        schema=SCHEMA.as_arrow(),
+    )
+
+
+def _append(table: Table, written: WrittenTable) -> list[DataFile]:
+    restored = [datafiles.from_record(r, table) for r in written.records]
+    with table.transaction() as txn, txn.update_snapshot().fast_append() as append:
+        for data_file in restored:
+            append.append_data_file(data_file)
+    return restored
+
+
+def _comparable(data_file: DataFile) -> dict[str, Any]:
+    """What a data file says about its rows (its path and name differ per write)."""
+    return {
+        "partition": data_file.partition,
+        "spec_id": data_file.spec_id,
+        "record_count": data_file.record_count,
+        "column_sizes": data_file.column_sizes,
+        "value_counts": data_file.value_counts,
+        "null_value_counts": data_file.null_value_counts,
+        "nan_value_counts": data_file.nan_value_counts,
+        "lower_bounds": data_file.lower_bounds,
+        "upper_bounds": data_file.upper_bounds,
+        "split_offsets": data_file.split_offsets,
+        "file_format": data_file.file_format,
+    }
+
+
+@pytest.mark.parametrize("partitioned", [True, False], ids=["partitioned", "unpartitioned"])
+def test_one_chunk_writes_the_files_pyiceberg_writes(catalog: Any, partitioned: bool) -> None:
+    catalog.create_namespace("w")
+    spec = {"partition_spec": SPEC} if partitioned else {}
+    table = catalog.create_table("w.same", schema=SCHEMA, **spec)
+    rows = _chunk(0, 500)
+    expected = datafiles.write_data_files(table, rows)
+    rolling = RollingFiles()
+    rolling.add("w.same", table, rows)
+    written = rolling.finish()["w.same"]
+    ours = [datafiles.from_record(r, table) for r in written.records]
+
+    def key(f: DataFile) -> str:
+        return repr(f.partition)
+
+    assert len(ours) == len(expected) == (16 if partitioned else 1)
+    for mine, theirs in zip(sorted(ours, key=key), sorted(expected, key=key), strict=True):
+        assert _comparable(mine) == _comparable(theirs)
+        assert mine.file_path.rsplit("/", 1)[0] == theirs.file_path.rsplit("/", 1)[0], "same partition folder"
+    assert written.rows == rows.num_rows
+
+
+def test_many_chunks_into_a_partitioned_table_roll_files_by_size_with_correct_bounds(catalog: Any) -> None:
+    catalog.create_namespace("w")
+    table = catalog.create_table("w.parts", schema=SCHEMA, partition_spec=SPEC)
+    per_row = _chunk(0, 1000).nbytes // 1000
+    rows_per_file = 40
+    with table.transaction() as tx:
+        tx.set_properties({"write.target-file-size-bytes": str(per_row * rows_per_file)})
+    table = catalog.load_table("w.parts")
+    chunks, chunk_rows = 30, 200
+    rolling = RollingFiles()
+    for n in range(chunks):
+        rolling.add("w.parts", table, _chunk(n * chunk_rows, chunk_rows))
+    written = rolling.finish()["w.parts"]
+    restored = _append(table, written)
+    table = catalog.load_table("w.parts")
+
+    total = chunks * chunk_rows
+    assert written.rows == total
+    assert sorted(table.scan().to_arrow()["id"].to_pylist()) == list(range(total))
+    partitions = {repr(f.partition) for f in restored}
+    assert len(partitions) == 16, "4 id buckets x 4 days"
+    # Each partition gets ~375 rows over the 30 chunks (~12 per chunk): files fill across chunks to
+    # ~40 rows each instead of one file per chunk (30 per partition) or one per partition.
+    assert len(restored) < chunks * len(partitions) / 2
+    for partition in partitions:
+        counts = sorted((f.record_count for f in restored if repr(f.partition) == partition), reverse=True)
+        assert len(counts) > 1 and all(c == counts[0] for c in counts[:-1]), (partition, counts)
+        assert abs(counts[0] - rows_per_file) <= rows_per_file // 5, (partition, counts)
+    # Each file's bounds are its rows' own, so a filter on id reads back just the row it names.
+    for data_file in restored:
+        ids = pq.read_table(data_file.file_path.removeprefix("file://"), columns=["id"])["id"]
+        assert from_bytes(LongType(), data_file.lower_bounds[1]) == pc.min(ids).as_py()
+        assert from_bytes(LongType(), data_file.upper_bounds[1]) == pc.max(ids).as_py()
+        assert data_file.record_count == len(ids)
+    for wanted in (0, 1234, total - 1):
+        assert table.scan(row_filter=EqualTo("id", wanted)).to_arrow()["id"].to_pylist() == [wanted]
+        pruned = list(table.scan(row_filter=EqualTo("id", wanted)).plan_files())
+        assert len(pruned) < len(restored) / 4, "partition values and bounds prune the other files"
+    only_b = table.scan(row_filter="kind == 'b'").to_arrow()["id"].to_pylist()
+    assert sorted(only_b) == [i for i in range(total) if i % 3 == 1]
+
+
+def test_a_schema_change_between_chunks_closes_the_files_of_the_former_schema(catalog: Any) -> None:
+    catalog.create_namespace("w")
+    table = catalog.create_table("w.evolve", schema=SCHEMA)
+    rolling = RollingFiles()
+    rolling.add("w.evolve", table, _chunk(0, 10))
+    with table.update_schema() as update:
+        update.add_column("extra", StringType())
+    table = catalog.load_table("w.evolve")
+    later = _chunk(10, 10).append_column("extra", pa.array(["x"] * 10))
+    rolling.add("w.evolve", table, later.cast(table.schema().as_arrow()))
+    written = rolling.finish()["w.evolve"]
+    assert len(written.records) == 2, "one file per schema"
+    _append(table, written)
+    rows = catalog.load_table("w.evolve").scan().to_arrow().to_pylist()
+    assert sorted((r["id"], r["extra"]) for r in rows) == [(i, None if i < 10 else "x") for i in range(20)]
