@@ -122,7 +122,14 @@ def run(ctx: RunContext) -> SystemRun:
     ]  # fmt: skip
     visible = ctx.visible()
     log = ctx.folder / "connect.log"
-    child = run_child(command, env=ctx.child_env(), log=log, done=lambda: visible.total() >= ctx.records)
+    child = run_child(
+        command,
+        env=ctx.child_env(),
+        log=log,
+        done=lambda: visible.total() >= ctx.records,
+        timeout_s=ctx.timeout_s,
+        cpus=ctx.taskset,
+    )
     if visible.total() < ctx.records:
         raise child.failure(SYSTEM, log, "exited before every row was visible")
     return SystemRun.of_child(SYSTEM, child, landed(catalog, tables))

@@ -54,12 +54,19 @@ class RunContext:
     cores: int
     max_offsets_per_trigger: int
     folder: Path
+    taskset: str | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
     def unique_name(self, system: str) -> str:
         """A name for this run's sink, connector, control topic and groups: never one of an earlier
         run, whose control topic and committed offsets would make this run skip the records."""
         return re.sub(r"[^A-Za-z0-9-]+", "-", f"{system}-{self.folder.name}-{self.run_id}")
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a system may take before the run is called stuck: 10 minutes plus 1 ms per
+        record (1,000 records/s, far below every system's pace), so 10M records get 3 hours."""
+        return 600.0 + self.records / 1000.0
 
     @property
     def master(self) -> str:

@@ -14,6 +14,7 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -26,6 +27,7 @@ from confluent_kafka.cimpl import NewTopic
 from fanout_sink.catalog import load_catalog
 from fanout_sink.devtools.bench import ours, report
 from fanout_sink.devtools.bench.context import PARTITIONS, RunContext, SystemRun
+from fanout_sink.devtools.bench.proctree import TreeUsage
 from fanout_sink.devtools.bench.workload import values
 from fanout_sink.kafka.clients import KafkaClientFactory
 
@@ -33,17 +35,31 @@ _STARTED = "streaming query"
 _TICK_S = 0.005
 
 
-def _capacity(results: Path, cores: int, variant: str) -> float:
+def capacity(results: Path, cores: int, variant: str, mode: str = "--latency") -> float:
+    """The continuous sink's measured steady records/s for ``variant`` on ``cores`` (unpinned runs)."""
     data = json.loads(results.read_text()) if results.exists() else {}
     summaries = report.summarise(report.Measurement(**m) for m in data.get("measurements") or [])
-    wanted = (cores, variant, report.OURS_CONTINUOUS)
-    found = [s.steady_rate for s in summaries if (s.cores, s.variant, s.system) == wanted and s.steady_rate]
+    wanted = (cores, variant, report.OURS_CONTINUOUS, None)
+    found = [
+        s.steady_rate
+        for s in summaries
+        if (s.cores, s.variant, s.system, s.taskset) == wanted and s.steady_rate
+    ]
     if not found:
         raise SystemExit(
-            f"--latency: no continuous steady state measured for {variant} on {cores} cores in {results}; "
+            f"{mode}: no continuous steady state measured for {variant} on {cores} cores in {results}; "
             "fix: run the throughput mode with --systems continuous first, or pass --rate"
         )
     return found[0]
+
+
+def wait_for_query(log: Path, sink: threading.Thread) -> None:
+    """Return once the app's log says its streaming query runs (start-up is not what is measured),
+    or once the ``sink`` thread has ended (its outcome then tells why)."""
+    while not (log.exists() and _STARTED in log.read_text(errors="replace")):
+        if not sink.is_alive():
+            return
+        time.sleep(0.5)
 
 
 def _produce_steadily(bootstrap: str, topic: str, records: list[bytes], rate: float) -> list[float]:
@@ -88,48 +104,73 @@ def visible_ms(ctx: RunContext) -> tuple[pa.Array, pa.Array]:
     ).combine_chunks()
 
 
-def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path) -> dict[str, Any]:
-    variant = args.variants[0]
-    rate = args.rate or _capacity(results, args.cores, variant.name) / 2
-    total = int(rate * args.duration)
-    topic = f"side-by-side-latency-{uuid.uuid4().hex[:6]}"
-    admin = KafkaClientFactory(
-        {"bootstrap.servers": bootstrap}
-    ).admin()  # held: the future dies with the client
+@dataclass
+class RunningSink:
+    """The continuous app consuming a fresh topic, in a thread: what the latency and soak modes feed."""
+
+    ctx: RunContext
+    thread: threading.Thread
+    outcome: list[SystemRun | BaseException]
+    admin: Any  # held: the topic futures die with the client
+
+    def result(self) -> SystemRun:
+        """Wait for the app to have made every record visible and stopped; drop the input topic."""
+        self.thread.join()
+        self.admin.delete_topics([self.ctx.topic])[self.ctx.topic].result(timeout=30)
+        if isinstance(self.outcome[0], BaseException):
+            raise self.outcome[0]
+        return self.outcome[0]
+
+
+def start_sink(
+    args: argparse.Namespace,
+    bootstrap: str,
+    mode: str,
+    total: int,
+    folder: Path,
+    usage: TreeUsage | None = None,
+) -> RunningSink:
+    """Create a topic, start the continuous app on it until ``total`` records are visible; return once
+    its streaming query runs. ``usage`` is the app's process tree as sampled while it runs."""
+    topic = f"side-by-side-{mode}-{uuid.uuid4().hex[:6]}"
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
     ctx = RunContext(
         bootstrap=bootstrap,
         topic=topic,
-        variant=variant,
+        variant=args.variants[0],
         records=total,
-        values_file=work / "unused",
+        values_file=folder / "unused",
         commit_interval_s=args.commit_interval,
         cores=args.cores,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
-        folder=work / "latency",
+        folder=folder,
+        taskset=args.taskset,
     )
     outcome: list[SystemRun | BaseException] = []
 
     def sink() -> None:
         try:
-            outcome.append(ours.continuous(ctx))
+            outcome.append(ours.continuous(ctx, usage))
         except BaseException as exc:  # handed to the main thread
             outcome.append(exc)
 
-    thread = threading.Thread(target=sink, name="latency-sink", daemon=True)
+    thread = threading.Thread(target=sink, name=f"{mode}-sink", daemon=True)
     thread.start()
-    log = ctx.folder / "app.log"
-    while not (log.exists() and _STARTED in log.read_text(errors="replace")):
-        if not thread.is_alive():
-            break
-        time.sleep(0.5)
+    wait_for_query(ctx.folder / "app.log", thread)
+    return RunningSink(ctx, thread, outcome, admin)
+
+
+def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path) -> dict[str, Any]:
+    variant = args.variants[0]
+    rate = args.rate or capacity(results, args.cores, variant.name) / 2
+    total = int(rate * args.duration)
+    running = start_sink(args, bootstrap, "latency", total, work / "latency")
+    ctx, log = running.ctx, running.ctx.folder / "app.log"
     records = values(variant, total)
-    print(f"latency: producing {total:,} records at {rate:,.0f}/s into {topic}", flush=True)
-    produced = pa.array(_produce_steadily(bootstrap, topic, records, rate), pa.float64())
-    thread.join()
-    admin.delete_topics([topic])[topic].result(timeout=30)  # like the throughput mode's input topics
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
+    print(f"latency: producing {total:,} records at {rate:,.0f}/s into {ctx.topic}", flush=True)
+    produced = pa.array(_produce_steadily(bootstrap, ctx.topic, records, rate), pa.float64())
+    running.result()
     seqs, stamps = visible_ms(ctx)
     if len(seqs) != total:
         raise SystemExit(f"--latency: {len(seqs):,} rows landed, {total:,} produced; log {log}")

@@ -18,10 +18,11 @@ import yaml
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
 from fanout_sink.devtools.bench.landed import landed
-from fanout_sink.devtools.bench.proctree import run_child
+from fanout_sink.devtools.bench.proctree import TreeUsage, run_child
 from fanout_sink.devtools.bench.workload import ROUTE_FIELD
 
 TRIGGER_INTERVAL = "2s"
+CONTINUOUS = "fanout_sink continuous"
 _TIMED_BATCH_LINE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO fanout_sink\.app: batch \d+: (\d+) records in"
     r".*\((\d+\.\d+)s, \d+ slices, peak worker RSS (\d+) MB\)",
@@ -98,9 +99,15 @@ def app_command(
 
 
 def run_app(
-    ctx: RunContext, system: str, extra: list[str], continuous: bool, module: str = "fanout_sink.cli"
+    ctx: RunContext,
+    system: str,
+    extra: list[str],
+    continuous: bool,
+    module: str = "fanout_sink.cli",
+    usage: TreeUsage | None = None,
 ) -> SystemRun:
-    """One measured run of the app (``module``'s ``run``) on this run's sink YAML."""
+    """One measured run of the app (``module``'s ``run``) on this run's sink YAML; ``usage`` (the soak
+    mode's) fills as it runs."""
     catalog = ctx.prepare()
     name = ctx.unique_name(system)
     config = ctx.folder / "sink.yaml"
@@ -112,6 +119,9 @@ def run_app(
         env=ctx.child_env(),
         log=ctx.folder / "app.log",
         done=(lambda: visible.total() >= ctx.records) if continuous else None,
+        timeout_s=ctx.timeout_s,
+        cpus=ctx.taskset,
+        usage=usage,
     )
     # A stopped app exits 0 on SIGTERM; anything else is a failed run, not a slow one.
     if run.returncode != 0 and not (continuous and run.returncode in (-15, 143)):
@@ -124,5 +134,11 @@ def available_now(ctx: RunContext) -> SystemRun:
     return run_app(ctx, "fanout_sink available-now", ["--available-now"], continuous=False)
 
 
-def continuous(ctx: RunContext) -> SystemRun:
-    return run_app(ctx, "fanout_sink continuous", ["--trigger-interval", TRIGGER_INTERVAL], continuous=True)
+def continuous(ctx: RunContext, usage: TreeUsage | None = None) -> SystemRun:
+    """The app running until every record is visible; ``usage`` (the soak mode's) fills as it runs."""
+    return run_app(ctx, CONTINUOUS, ["--trigger-interval", TRIGGER_INTERVAL], continuous=True, usage=usage)
+
+
+def sink_name(ctx: RunContext) -> str:
+    """The continuous run's sink name, hence its sink-managed group (the soak mode reads its lag)."""
+    return ctx.unique_name(CONTINUOUS)

@@ -14,6 +14,7 @@ The sum of per-pid CPU misses each process's last sampling interval and processe
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -31,7 +32,8 @@ _STOP_GRACE_S = 120.0
 
 @dataclass
 class TreeUsage:
-    """What the sampler saw of one process tree."""
+    """What the sampler saw of one process tree: peaks, and the latest sample (the soak mode reads
+    ``rss_mb`` and ``largest_rss_mb`` while the child runs, so it needs no second sampler)."""
 
     cpu_by_pid: dict[int, float] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
@@ -41,6 +43,8 @@ class TreeUsage:
     """Per role, the peak of its processes' RSS summed at one sample."""
     role_processes: dict[str, int] = field(default_factory=dict)
     """Per role, the most processes of it alive at one sample."""
+    rss_mb: float = 0.0
+    largest_rss_mb: float = 0.0
 
     @property
     def cpu_s(self) -> float:
@@ -69,7 +73,7 @@ class ChildRun:
 
 def _sample(root: int, usage: TreeUsage) -> None:
     stats = read_all()
-    rss = pss = 0.0
+    rss = pss = largest = 0.0
     by_role: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     for pid in tree_of(root, stats) & stats.keys():
@@ -77,6 +81,7 @@ def _sample(root: int, usage: TreeUsage) -> None:
         kind = role(pid, root)
         usage.cpu_by_pid[pid] = max(stat.cpu_s, usage.cpu_by_pid.get(pid, 0.0))
         rss += stat.rss_mb
+        largest = max(largest, stat.rss_mb)
         pss += read_pss_mb(pid) or 0.0
         by_role[kind] += stat.rss_mb
         count[kind] += 1
@@ -84,9 +89,17 @@ def _sample(root: int, usage: TreeUsage) -> None:
             usage.peak_worker_rss_mb = max(usage.peak_worker_rss_mb, stat.rss_mb)
     usage.peak_rss_mb = max(usage.peak_rss_mb, rss)
     usage.peak_pss_mb = max(usage.peak_pss_mb, pss)
+    usage.rss_mb, usage.largest_rss_mb = rss, largest
     for kind, mb in by_role.items():
         usage.role_rss_mb[kind] = max(usage.role_rss_mb.get(kind, 0.0), mb)
         usage.role_processes[kind] = max(usage.role_processes.get(kind, 0), count[kind])
+
+
+def _taskset() -> str:
+    found = shutil.which("taskset")
+    if found is None:
+        raise SystemExit("--taskset: no taskset program on PATH; fix: install util-linux, or run unpinned")
+    return found
 
 
 def run_child(
@@ -96,17 +109,22 @@ def run_child(
     log: Path,
     done: Callable[[], bool] | None = None,
     timeout_s: float = 3600.0,
+    cpus: str | None = None,
+    usage: TreeUsage | None = None,
 ) -> ChildRun:
     """Run ``command`` and measure its tree until it exits, or, with ``done``, until ``done()`` holds.
 
     With ``done`` the wall time ends when it first holds; the child then gets SIGTERM (its CPU up to
     the exit still counts). The largest single RSS among Spark's Python workers is reported as the
-    worker's peak. The child's stderr and stdout go to ``log``.
+    worker's peak. The child's stderr and stdout go to ``log``. ``cpus`` (``taskset -c`` syntax, e.g.
+    ``0`` or ``0-1``) pins the child at launch, so every process it starts (a JVM, Spark's Python
+    workers) inherits the pinning. ``usage``, when given, is filled as the child runs.
     """
-    usage = TreeUsage()
+    usage = usage if usage is not None else TreeUsage()
+    pinned = [_taskset(), "-c", cpus] if cpus else []
     with log.open("w") as out:
         started = time.monotonic()
-        child = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, env=dict(env))
+        child = subprocess.Popen([*pinned, *command], stdout=out, stderr=subprocess.STDOUT, env=dict(env))
         stop = threading.Event()
 
         def sampler() -> None:

@@ -4,12 +4,16 @@
     python -m fanout_sink.devtools.bench.side_by_side --records 20000 --rounds 1 --variants uniform-3
     python -m fanout_sink.devtools.bench.side_by_side --cores 1 --systems continuous
     python -m fanout_sink.devtools.bench.side_by_side --latency --rate 20000 --duration 120
+    python -m fanout_sink.devtools.bench.side_by_side --soak --duration 1800 --load 0.7
+    python -m fanout_sink.devtools.bench.side_by_side --cores 1 --taskset 0 --systems continuous,connect
 
 Per variant the records are generated once, written to a fresh topic (2 partitions) on the local
 broker (``fanout-sink stack``, started when down) and to a file for the in-process limit. Each
 round runs every chosen system once, in an order rotated per round, each into a fresh catalog;
 after each run the ids per table are compared with the generated ones. Results merge into
 ``<out>/results.json``; ``<out>/throughput.md`` and ``<out>/throughput.png`` are rendered from it.
+The records are generated, written and produced a chunk at a time, so ``--records 10000000`` never
+holds them in memory. ``--taskset`` pins every system's process tree (see ``proctree.run_child``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,11 +35,20 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyspark
 
-from fanout_sink.devtools.bench import connect_peer, latency, limit, ours, python_source, report, spark_writer
+from fanout_sink.devtools.bench import (
+    connect_peer,
+    latency,
+    limit,
+    ours,
+    python_source,
+    report,
+    soak,
+    spark_writer,
+)
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
-from fanout_sink.devtools.bench.end_to_end import produce
+from fanout_sink.devtools.bench.end_to_end import produce_chunks
 from fanout_sink.devtools.bench.landed import TableLanding, check_same_rows, sorted_ids
-from fanout_sink.devtools.bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, values
+from fanout_sink.devtools.bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, value_chunks
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 
@@ -117,19 +130,33 @@ def _measure(
         pss_mb=run.pss_mb,
         role_rss_mb=run.role_rss_mb,
         role_processes=run.role_processes,
+        taskset=ctx.taskset,
     )
+
+
+def _write_and_produce(bootstrap: str, topic: str, values_file: Path, chunks: Iterable[list[bytes]]) -> float:
+    """Write the records to ``values_file`` and produce them to a new ``topic``, one chunk in memory at
+    a time; returns their megabytes."""
+    size = 0
+
+    def written() -> Iterator[tuple[None, list[bytes]]]:
+        nonlocal size
+        with values_file.open("wb") as out:
+            for chunk in chunks:
+                out.write(b"\n".join(chunk) + b"\n")
+                size += sum(len(v) for v in chunk)
+                yield None, chunk
+
+    produce_chunks(bootstrap, topic, written())
+    return size / 1e6
 
 
 def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[report.Measurement]:
     measurements = []
     for variant in args.variants:
-        records = values(variant, args.records)
-        megabytes = sum(len(v) for v in records) / 1e6
         values_file = work / f"{variant.name}.jsonl"
-        values_file.write_bytes(b"\n".join(records) + b"\n")
         topic = f"side-by-side-{variant.name}-{uuid.uuid4().hex[:6]}"
-        produce(bootstrap, topic, records)
-        del records
+        megabytes = _write_and_produce(bootstrap, topic, values_file, value_chunks(variant, args.records))
         expected = expected_landing(values_file, variant)
         print(f"{variant.name}: {args.records:,} records, {megabytes:.1f} MB on topic {topic}", flush=True)
         for round_no in range(args.rounds):
@@ -147,6 +174,7 @@ def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[rep
                     cores=args.cores,
                     max_offsets_per_trigger=args.max_offsets_per_trigger,
                     folder=work / variant.name / f"r{round_no}-{key}",
+                    taskset=args.taskset,
                 )
                 measurements.append(_measure(ctx, key, round_no, expected, megabytes))
                 if not args.keep:
@@ -190,7 +218,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG (no matplotlib needed)")
     parser.add_argument("--latency", action="store_true", help="the produce-to-visible latency mode instead")
     parser.add_argument("--rate", type=float, help="latency mode: records/s (default: half the capacity)")
-    parser.add_argument("--duration", type=float, default=120.0, help="latency mode: seconds of producing")
+    parser.add_argument(
+        "--duration", type=float, help="latency / soak mode: seconds of producing (default 120 / 1800)"
+    )
+    parser.add_argument("--soak", action="store_true", help="the soak mode (see bench/soak.py) instead")
+    parser.add_argument("--load", type=float, default=0.7, help="soak mode: share of the measured capacity")
+    parser.add_argument("--warm-up", type=float, default=300.0, help="soak mode: seconds not judged")
+    parser.add_argument(
+        "--sample-interval", type=float, default=10.0, help="soak mode: seconds between samples"
+    )
+    parser.add_argument(
+        "--taskset",
+        help="CPUs to pin every system's process tree to, taskset -c syntax: 0 or 0-1 (recorded per run)",
+    )
     return parser
 
 
@@ -209,7 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.json"
     try:
-        if args.latency:
+        if args.soak:
+            args.duration = args.duration or 1800.0
+            soaked = {**soak.measure(args, bootstrap, work, results), "command": command}
+            report.merge(results, "soak", lambda _: soaked)
+            (args.out / "soak.md").write_text(soak.markdown(soaked))
+        elif args.latency:
+            args.duration = args.duration or 120.0
             measured = latency.measure(args, bootstrap, work, results)
             report.merge(results, "latency", lambda _: {**measured, "command": command})
         else:
@@ -218,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 connect_peer.iceberg_version()
             new = throughput(args, bootstrap, work)
             report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
-            key = f"throughput, --cores {args.cores}"
+            key = f"throughput, --cores {args.cores}" + (f" --taskset {args.taskset}" if args.taskset else "")
             report.merge(results, "commands", lambda old: {**(old or {}), key: command})
         data = report.merge(results, "machine", lambda _: {**machine_facts(), **connect_facts()})
     finally:

@@ -86,7 +86,7 @@ def run(ctx: RunContext) -> SystemRun:
         "--checkpoint", str(ctx.folder / "checkpoint"), "--max-offsets", str(ctx.max_offsets_per_trigger),
     ]  # fmt: skip
     log = ctx.folder / "spark-writer.log"
-    child = run_child(command, env=ctx.child_env(), log=log)
+    child = run_child(command, env=ctx.child_env(), log=log, timeout_s=ctx.timeout_s, cpus=ctx.taskset)
     if child.returncode != 0:
         raise child.failure(SYSTEM, log)
     return SystemRun.of_child(SYSTEM, child, landed(catalog, ctx.variant.table_names()))

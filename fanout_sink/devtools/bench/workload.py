@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,10 +71,16 @@ def parse_variant(text: str) -> Variant:
     return Variant(kind, int(tables))
 
 
-def values(variant: Variant, records: int, seed: int = 11) -> list[bytes]:
-    """``records`` JSON values with unique ids ``r-<n>``, routed round-robin-ish over the tables."""
+def value_chunks(
+    variant: Variant, records: int, chunk: int = 100_000, seed: int = 11
+) -> Iterator[list[bytes]]:
+    """``records`` JSON values with unique ids ``r-<n>``, routed round-robin-ish over the tables, in
+    lists of at most ``chunk`` (even, so value n still goes to partition n % 2 chunk by chunk): 10M
+    records are 2.8 GB as Python bytes, so the benchmark writes and produces them a chunk at a time."""
+    if chunk % 2:
+        raise ValueError(f"chunk {chunk} must be even: chunks keep value n on partition n % 2")
     rng = random.Random(seed)
-    out = []
+    out: list[bytes] = []
     for n in range(records):
         table = rng.randrange(variant.tables)
         amount: Any = round(rng.uniform(1, 500), 2)
@@ -89,7 +96,16 @@ def values(variant: Variant, records: int, seed: int = 11) -> list[bytes]:
             "agent": rng.choice(_AGENTS),
         }
         out.append(json.dumps(record, separators=(",", ":")).encode())
-    return out
+        if len(out) == chunk:
+            yield out
+            out = []
+    if out:
+        yield out
+
+
+def values(variant: Variant, records: int, seed: int = 11) -> list[bytes]:
+    """All of :func:`value_chunks` in one list (small runs, the latency mode)."""
+    return [value for chunk in value_chunks(variant, records, seed=seed) for value in chunk]
 
 
 def create_tables(catalog: Any, variant: Variant) -> None:
