@@ -106,7 +106,7 @@ def test_the_soak_targets_join_the_issue_table() -> None:
 def _measurement(system: str, cores: int, taskset: str | None, steady_s: float) -> Measurement:
     return Measurement(
         cores, "uniform-3", 0, system, 1_000_000, 244.0, steady_s + 10, 20.0, 1000.0, None, steady_s,
-        [1], [1], taskset,
+        [1], [1], taskset=taskset,
     )  # fmt: skip
 
 

@@ -169,10 +169,10 @@ def _memory_table(summaries: list[Summary]) -> list[str]:
         "Peak RSS of each kind of process (its processes summed at one sample; `n x` is the most alive "
         "at once) and the tree's peak PSS, which counts a page shared by forked workers once.",
         "",
-        "| cores | pinned CPUs | variant | system | peak RSS tree MB | peak PSS tree MB | "
+        "| cores | variant | system | peak RSS tree MB | peak PSS tree MB | "
         + " | ".join(f"{k} MB" for k in kinds)
         + " |",
-        "|---:|---|---|---|---:|---:|" + "---:|" * len(kinds),
+        "|---:|---|---|---:|---:|" + "---:|" * len(kinds),
     ]
     for s in sorted(measured, key=lambda s: (-s.cores, s.taskset or "", s.variant, s.system)):
         cells = [
@@ -180,8 +180,9 @@ def _memory_table(summaries: list[Summary]) -> list[str]:
             for k in kinds
         ]
         pss = f"{s.pss_mb:,.0f}" if s.pss_mb else ""
+        pinned = f" (taskset {s.taskset})" if s.taskset else ""
         lines.append(
-            f"| {s.cores} | {s.taskset or ''} | {s.variant} | {s.system} | {s.peak_rss_mb:,.0f} | {pss} | "
+            f"| {s.cores} | {s.variant} | {s.system}{pinned} | {s.peak_rss_mb:,.0f} | {pss} | "
             + " | ".join(cells)
             + " |"
         )
