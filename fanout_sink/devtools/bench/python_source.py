@@ -4,16 +4,14 @@
     python -m fanout_sink.devtools.bench.python_source run --config sink.yaml --planner kafka  # the product's
 
 Bench code, not product. The app (:class:`~fanout_sink.spark.app.SinkApp`: coordinator, batches,
-stop, final commit) runs unchanged except for the stream that plans the micro-batches: a
-:class:`RangeSource` whose offsets come from the broker's last stable offsets (librdkafka's admin,
-the same ``ListOffsets`` the coordinator sends each round), whose partitions are the per-partition
-ranges capped like ``maxOffsetsPerTrigger``, and whose ``read`` runs the product's task
-(:func:`fanout_sink.spark.task.run_task`) on its range and yields one summary row: the pickled
-:class:`~fanout_sink.spark.task.SliceReport`. The driver collects those rows instead of starting a
+stop, final commit) runs unchanged except for the stream that plans the micro-batches:
+:class:`~fanout_sink.devtools.bench.range_source.RangeSource`, whose tasks run the product's task on
+their range and return one summary row each. The driver collects those rows instead of starting a
 job of its own (:class:`FrameBatchRunner`), so the exactly-once protocol, the sink group and the
 coordinator's round trigger are the product's. The source's offsets are written in the Kafka
 source's JSON shape (``{topic: {partition: offset}}``) and its first batch's start to ``sources/0/0``
-as that source does, so :mod:`fanout_sink.spark.planning` reads the checkpoint as it is.
+as that source does, so :mod:`fanout_sink.spark.planning` reads the checkpoint as it is, and a
+checkpoint written by either planner serves the other.
 
 PySpark 4.1's ``DataSourceStreamReader`` has no read limit (``latestOffset()`` takes no start and no
 limit) and a source without admission control runs ``Trigger.AvailableNow`` as ONE batch up to the
@@ -30,19 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import pickle
 import re
 import statistics
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from fanout_sink import logs
@@ -50,149 +45,22 @@ from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.bench import ours
 from fanout_sink.devtools.bench.context import RunContext, SystemRun
+from fanout_sink.devtools.bench.range_source import SOURCE_NAME, RangeSource, flat, nested
 from fanout_sink.kafka.clients import KafkaClientFactory
-from fanout_sink.kafka.java_client import inline_tls_files
 from fanout_sink.kafka.offsets import log_start_offset, source_positions
-from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.spark import planning
 from fanout_sink.spark.app import RunOptions, SinkApp
 from fanout_sink.spark.batch import BatchRunner
 from fanout_sink.spark.session import connector_jars
-from fanout_sink.spark.task import SliceReport, config_key, run_task
+from fanout_sink.spark.task import SliceReport
 
 MODULE = "fanout_sink.devtools.bench.python_source"
 SYSTEM = "fanout_sink python-source"
-SOURCE_NAME = "fanout_sink_ranges"
-SUMMARY_SCHEMA = "topic string, partition int, report binary"
 KAFKA_JARS = re.compile(r"kafka|commons-pool2")
 """The jars only Spark's Kafka source needs (it, its client and the client's pool)."""
 
-Offsets = dict[str, dict[str, int]]
-"""Spark's Kafka source's offset JSON: ``{topic: {partition: offset}}`` (partitions as strings)."""
-
 log = logging.getLogger("fanout_sink.app")
-
-
-def flat(offsets: Offsets) -> dict[tuple[str, int], int]:
-    return {(topic, int(part)): off for topic, parts in offsets.items() for part, off in parts.items()}
-
-
-def nested(offsets: dict[tuple[str, int], int]) -> Offsets:
-    out: Offsets = {}
-    for (topic, part), off in sorted(offsets.items()):
-        out.setdefault(topic, {})[str(part)] = off
-    return out
-
-
-def capped(
-    base: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], cap: int | None
-) -> dict[tuple[str, int], int]:
-    """The next batch's ends: at most ``cap`` records past ``base`` in all, shared by the partitions in
-    proportion to their backlog (the rule of Spark's Kafka source for ``maxOffsetsPerTrigger``)."""
-    backlog = {key: max(end - base.get(key, 0), 0) for key, end in ends.items()}
-    total = sum(backlog.values())
-    if cap is None or total <= cap:
-        return dict(ends)
-    out = {}
-    for key, end in ends.items():
-        share = cap * backlog[key] / total
-        out[key] = min(end, base.get(key, 0) + int(math.ceil(share) if share < 1 else math.floor(share)))
-    return out
-
-
-@dataclass(frozen=True)
-class RangePartition(InputPartition):  # type: ignore[misc]
-    """One task's input: a source partition's planned range and its topic's id."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-    topic_id: str | None
-
-
-class RangeStreamReader(DataSourceStreamReader):  # type: ignore[misc]
-    """Plans in Spark's Python source runner (a process of the driver); reads in the executors' workers."""
-
-    def __init__(self, config: SinkConfig, starting: Offsets, cap: int | None, until: Offsets | None) -> None:
-        self.config = config
-        self.key = config_key(config)
-        self.starting = starting
-        self.cap = cap
-        self.until = flat(until) if until is not None else None
-        self._base = flat(starting)
-        self._clients: KafkaClientFactory | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_clients": None}  # librdkafka handles stay in the process that made them
-
-    @property
-    def clients(self) -> KafkaClientFactory:
-        if self._clients is None:
-            self._clients = SinkChannel.from_config(self.config).clients
-        return self._clients
-
-    def initialOffset(self) -> Offsets:
-        return self.starting
-
-    def latestOffset(self) -> Offsets:
-        topics = sorted(self.starting)
-        sink_group = SinkChannel.from_config(self.config).sink_group
-        ends = {(p.topic, p.partition): p.end for p in source_positions(self.clients, sink_group, topics)}
-        if self.until is not None:
-            ends = {key: min(end, self.until.get(key, end)) for key, end in ends.items()}
-        planned = capped(self._base, ends, self.cap)
-        # Never behind what was planned already (a lower end would be a batch backwards).
-        planned = {key: max(end, self._base.get(key, 0)) for key, end in planned.items()}
-        self._base.update(planned)
-        return nested(planned)
-
-    def partitions(self, start: Offsets, end: Offsets) -> Sequence[RangePartition]:
-        starts, ends = flat(start), flat(end)
-        for key, off in ends.items():  # a replayed batch after a restart: planned before this reader
-            self._base[key] = max(self._base.get(key, 0), off)
-        moved = sorted(
-            (key, (starts.get(key, 0), off)) for key, off in ends.items() if off > starts.get(key, 0)
-        )
-        if not moved:
-            return []
-        ids = topic_ids(self.clients, {topic for (topic, _), _ in moved})
-        return [RangePartition(t, p, s, e, ids.get(t)) for (t, p), (s, e) in moved]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, bytes]]:
-        """The product's task on this range; one row: the slice's report, pickled. The batch id is
-        unknown here (it only names a profile file): the range's start stands in for it."""
-        assert isinstance(partition, RangePartition)
-        ids = {partition.topic: partition.topic_id} if partition.topic_id else {}
-        planned = [((partition.topic, partition.partition), (partition.start, partition.end))]
-        for report in run_task(self.key, self.config, partition.start, ids, planned):
-            yield partition.topic, partition.partition, pickle.dumps(report)
-
-
-class RangeSource(DataSource):  # type: ignore[misc]
-    """Options: ``config`` (the sink YAML's path), ``starting`` and ``until`` (offset JSON),
-    ``maxOffsetsPerTrigger``."""
-
-    @classmethod
-    def name(cls) -> str:
-        return SOURCE_NAME
-
-    def schema(self) -> str:
-        return SUMMARY_SCHEMA
-
-    def streamReader(self, schema: Any) -> RangeStreamReader:
-        config = load_config(self.options["config"])
-        # As BatchRunner does for its tasks: their clients may run where the driver's TLS files are not.
-        config = config.model_copy(update={"kafka": inline_tls_files(config.kafka)})
-        cap = self.options.get("maxOffsetsPerTrigger")
-        until = self.options.get("until")
-        return RangeStreamReader(
-            config,
-            json.loads(self.options["starting"]),
-            int(cap) if cap else None,
-            json.loads(until) if until else None,
-        )
 
 
 class FrameBatchRunner(BatchRunner):
@@ -385,8 +253,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Through the module's own name: Spark pickles the source's classes by reference, which a class
-    # of ``__main__`` would not be (the source runner and the executors import this module).
-    from fanout_sink.devtools.bench.python_source import main as module_main
-
-    sys.exit(module_main())
+    sys.exit(main())
