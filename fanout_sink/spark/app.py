@@ -133,6 +133,8 @@ class SinkApp:
                     # Spark's own metrics system then reports the query's rates and durations too.
                     extra_conf={
                         "spark.sql.streaming.metricsEnabled": "true",
+                        # Executors import the task's modules once, before forking their workers.
+                        "spark.python.daemon.module": "fanout_sink.spark.worker_daemon",
                         **dict(self.options.spark_conf),
                     },
                     light_jit=True,
