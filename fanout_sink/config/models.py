@@ -555,6 +555,14 @@ class SparkSettings(_Section):
     working set, whatever ``max-offsets-per-trigger`` is; append tables' files still roll at their
     target size across chunks."""
     checkpoint_location: str | None = Field(default=None, examples=["/var/lib/fanout-sink/checkpoints"])
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        examples=[{"spark.driver.memory": "1g", "spark.executorEnv.MALLOC_ARENA_MAX": "4"}],
+    )
+    """Spark properties for the app's session, under Spark's own names; they override the sink's
+    memory defaults (``spark.driver.memory`` 512m, the serial collector in
+    ``spark.driver.extraJavaOptions``, the workers' allocators in ``spark.executorEnv.*``: see
+    ``fanout_sink/spark/footprint.py``), and ``--conf`` of ``fanout-sink run`` overrides them."""
 
 
 class MetricsSettings(_Section):

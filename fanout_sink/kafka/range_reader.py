@@ -51,11 +51,13 @@ RAW_RECORD_SCHEMA = pa.schema(
 without headers, ``timestampType`` 0 = CreateTime, 1 = LogAppendTime."""
 
 FETCH_DEFAULTS: dict[str, Any] = {
-    # One partition per consumer: let one fetch bring a large chunk of it (librdkafka's default is 1 MB
-    # per partition per fetch), and keep up to 64 MB queued ahead of consume().
-    "fetch.max.bytes": 64 * 1024 * 1024,
-    "max.partition.fetch.bytes": 32 * 1024 * 1024,
-    "queued.max.messages.kbytes": 64 * 1024,
+    # One partition per consumer: let one fetch bring a good chunk of it (librdkafka's default is 1 MB
+    # per partition per fetch), and keep up to 8 MB queued ahead of consume(). A worker's memory grows
+    # with these: reading 500,000 records peaked at 313 MB above the imports with 64 MB (and 32 MB per
+    # partition), 174 MB with 8 MB, at the same read time (docs/benchmarks/memory.md).
+    "fetch.max.bytes": 8 * 1024 * 1024,
+    "max.partition.fetch.bytes": 8 * 1024 * 1024,
+    "queued.max.messages.kbytes": 8 * 1024,
     # A range read to its end leaves a fetch waiting at the broker for new records; the next range's
     # first fetch (another partition: the next slice) goes out only when that one returns, so with
     # librdkafka's 500 ms every slice began by waiting out about half a second (the largest part of

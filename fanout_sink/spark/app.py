@@ -25,7 +25,7 @@ from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.round_trigger import RoundTrigger
-from fanout_sink.spark import maintenance, planning, progress
+from fanout_sink.spark import footprint, maintenance, planning, progress
 from fanout_sink.spark.batch import BatchRunner, StopRequested
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
@@ -135,7 +135,7 @@ class SinkApp:
                         "spark.sql.streaming.metricsEnabled": "true",
                         # Executors import the task's modules once, before forking their workers.
                         "spark.python.daemon.module": "fanout_sink.spark.worker_daemon",
-                        **dict(self.options.spark_conf),
+                        **footprint.app_conf(self.config.spark.conf, dict(self.options.spark_conf)),
                     },
                     light_jit=True,
                     checkpoint=checkpoint,

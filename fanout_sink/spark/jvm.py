@@ -9,7 +9,8 @@ classes and compiling them with both JIT tiers. Two JDK features cut it without 
   A truncated archive crashes the JVM (SIGBUS) instead of being ignored, so the dump goes to a file
   of its own and is published by rename only after that JVM exited with status 0; a start that still
   fails with an archive deletes it and starts again without one.
-* **C1 only** (``-XX:TieredStopAtLevel=1``) for the app: its driver JVM plans offsets and keeps the
+* **C1 only** (``-XX:TieredStopAtLevel=1``, with the serial collector and a 64 MB code cache: see
+  :mod:`.footprint`) for the app: its driver JVM plans offsets and keeps the
   checkpoint; records never pass through it (each Python task reads its range from the broker), so
   the optimising compiler never pays back its compile threads. Sessions that run queries (tests, the
   demo's Spark SQL) keep the default JIT.
@@ -27,6 +28,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,21 @@ from fanout_sink.processes import pid_alive
 log = logging.getLogger(__name__)
 
 LIGHT_JIT = "-XX:TieredStopAtLevel=1"
+PLANNING_GC = "-XX:+UseSerialGC"
+"""The app's collector: G1 grows a heap toward its maximum and keeps it; a planning heap stays small
+with the serial one (see :mod:`.footprint`). Left out when the user's options choose a collector: the
+JVM refuses two."""
+PLANNING_OPTIONS = (
+    "-XX:ReservedCodeCacheSize=64m",
+    "-Xms32m",
+    "-XX:MinHeapFreeRatio=10",
+    "-XX:MaxHeapFreeRatio=30",
+)
+"""With C1 only, the default 240 MB code cache is never needed; a planning heap uses about 50 MB, and
+the default initial heap (1/64 of the machine's memory) has the first young generation touched in
+full before the first collection: start small and give back what a collection frees (the JVM's peak
+went from 424 to 330 MB with these, docs/benchmarks/memory.md)."""
+_CHOOSES_GC = re.compile(r"-XX:\+Use\w*GC\b")
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 """Dumping lists every class it skips as a warning (hundreds of lines); none of them is actionable."""
 _DUMP_WAIT_S = 120.0
@@ -163,7 +180,12 @@ class DriverJvm:
 
 
 def driver_java_options(jvm: DriverJvm, light_jit: bool, user_options: str | None) -> str:
-    """``spark.driver.extraJavaOptions``: ours first, the user's last (the JVM takes the last of a flag)."""
-    return " ".join(
-        part for part in (LIGHT_JIT if light_jit else "", jvm.options(), user_options or "") if part
-    )
+    """``spark.driver.extraJavaOptions``: ours first, the user's last (the JVM takes the last of a flag).
+
+    ``light_jit`` is the app's planning-only JVM: C1 only, the serial collector (unless the user's
+    options choose one), a small code cache and a heap that starts small and shrinks."""
+    ours: tuple[str, ...] = ()
+    if light_jit:
+        gc = () if _CHOOSES_GC.search(user_options or "") else (PLANNING_GC,)
+        ours = (LIGHT_JIT, *gc, *PLANNING_OPTIONS)
+    return " ".join(part for part in (*ours, jvm.options(), user_options or "") if part)

@@ -84,7 +84,7 @@ def test_the_archive_is_published_after_a_clean_exit_mapped_next_time_and_a_dama
     archive = tmp_path / "driver.jsa"
 
     first = _jvm_args(start_session_in_child(archive))
-    assert "-XX:ArchiveClassesAtExit=" in first and jvm.LIGHT_JIT in first
+    assert "-XX:ArchiveClassesAtExit=" in first and jvm.LIGHT_JIT in first and jvm.PLANNING_GC in first
     assert archive.stat().st_size > 1_000_000, "the dump was not published"
     assert not list(tmp_path.glob("*.dump")), "the dump file stayed behind"
 

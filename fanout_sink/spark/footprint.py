@@ -1,0 +1,44 @@
+"""The app's memory defaults: a driver JVM sized for planning, Python workers on allocators that give
+memory back. Measured in docs/benchmarks/memory.md (1M records, 2 cores: the process tree's peak RSS).
+
+* **Driver heap 512 MB** (``spark.driver.memory``; Spark's default is 1 GB, and the smallest it starts
+  with is 450 MB). The app's driver JVM plans offsets, keeps the checkpoint and ships one small row
+  per slice; records never pass through it (each Python task reads its range from the broker).
+* **Serial GC, a 64 MB code cache, a heap that starts at 32 MB and shrinks**
+  (``spark.driver.extraJavaOptions``, :mod:`.jvm`): G1 grows the heap toward its maximum and keeps
+  it; the serial collector keeps a planning heap (about 50 MB used) small, and with C1 only the
+  default 240 MB code cache is never needed. The JVM's peak went from 983 to 424 MB with the heap
+  limit, collector and code cache, to 330 MB with the small initial heap.
+* **Workers' allocators** (``spark.executorEnv.*``, so the same on a cluster's executors as in
+  local mode): Arrow's jemalloc pool instead of mimalloc (pyarrow's default, which kept about 75 MB
+  more per worker after a slice), glibc limited to 2 arenas and a fixed mmap threshold (librdkafka's
+  fetch buffers are then mapped and returned instead of fragmenting the heap).
+
+Every value is a default: the YAML's ``spark.conf`` and ``--conf`` of ``fanout-sink run`` override it.
+Under ``spark-submit`` the driver JVM is started by the submit command, so its heap and options must be
+given there (``--driver-memory``, ``--driver-java-options``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+DRIVER_MEMORY = "512m"
+
+WORKER_ENV = {
+    "ARROW_DEFAULT_MEMORY_POOL": "jemalloc",
+    "MALLOC_ARENA_MAX": "2",
+    "MALLOC_MMAP_THRESHOLD_": "131072",
+}
+"""Environment of the Python workers (their daemon reads it when Spark starts it)."""
+
+
+def app_conf(configured: Mapping[str, str], command_line: Mapping[str, str]) -> dict[str, str]:
+    """The app session's Spark properties: these defaults, then the YAML's ``spark.conf``
+    (``configured``), then ``--conf`` (``command_line``); the later wins."""
+    return {
+        "spark.driver.memory": DRIVER_MEMORY,
+        **{f"spark.executorEnv.{name}": value for name, value in WORKER_ENV.items()},
+        **configured,
+        **command_line,
+    }
