@@ -15,7 +15,14 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.devtools.bench import limit, report, soak
 from fanout_sink.devtools.bench.context import catalog_settings
 from fanout_sink.devtools.bench.proctree import run_child
-from fanout_sink.devtools.bench.report import CONNECT, OURS_CONTINUOUS, Measurement, summarise, targets
+from fanout_sink.devtools.bench.report import (
+    CONNECT,
+    OURS_BATCH,
+    OURS_CONTINUOUS,
+    Measurement,
+    summarise,
+    targets,
+)
 from fanout_sink.devtools.bench.workload import Variant, create_tables, value_chunks, values
 
 RATE = 1000.0
@@ -160,3 +167,18 @@ def test_the_limit_splits_by_partition_and_reads_a_slice_at_a_time(tmp_path: Pat
     with parts[1].open("rb") as part:
         slices = list(limit._slices(part, 2))
     assert slices == [records[1:5:2], records[5:9:2], [records[9]]]
+
+
+def test_a_10m_run_sits_beside_the_1m_run_and_gets_its_own_rss_target() -> None:
+    def run(system: str, records: int, rss: float) -> Measurement:
+        return Measurement(
+            2, "uniform-3", 0, system, records, records / 4000, 10.0, 20.0, rss, None, None, [1], [1]
+        )
+
+    small = [run(OURS_BATCH, 1_000_000, 1_000.0), run(CONNECT, 1_000_000, 1_300.0)]
+    big = [run(OURS_BATCH, 10_000_000, 1_500.0), run(CONNECT, 10_000_000, 1_400.0)]
+    kept = report.merge_measurements([m.__dict__ for m in small], big)
+    assert sorted(m["records"] for m in kept) == [1_000_000, 1_000_000, 10_000_000, 10_000_000]
+    rows = targets(summarise(Measurement(**m) for m in kept), None, 2)
+    assert "| peak RSS <= Connect's, 3 tables | 1,000 vs 1,300 MB | met |" in rows
+    assert "| peak RSS <= Connect's, 3 tables, 10,000,000 records | 1,500 vs 1,400 MB | **missed** |" in rows
