@@ -4,6 +4,7 @@ itself runs for 30 minutes by hand (docs/benchmarks/soak.md); these check what d
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -182,3 +183,15 @@ def test_a_10m_run_sits_beside_the_1m_run_and_gets_its_own_rss_target() -> None:
     rows = targets(summarise(Measurement(**m) for m in kept), None, 2)
     assert "| peak RSS <= Connect's, 3 tables | 1,000 vs 1,300 MB | met |" in rows
     assert "| peak RSS <= Connect's, 3 tables, 10,000,000 records | 1,500 vs 1,400 MB | **missed** |" in rows
+
+
+def test_a_templated_record_is_the_generator_s_with_a_new_id_and_seq() -> None:
+    variant = Variant("uniform", 3)
+    generated = values(variant, 3)
+    pool = soak.templates(variant, 3)
+    assert soak.record(2, pool[2]) == generated[2]
+    assert json.loads(soak.record(123_456, pool[1])) == {
+        **json.loads(generated[1]),
+        "id": "r-123456",
+        "seq": 123_456,
+    }

@@ -14,6 +14,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,9 +131,11 @@ def start_sink(
     total: int,
     folder: Path,
     usage: TreeUsage | None = None,
+    until: Callable[[], float] | None = None,
 ) -> RunningSink:
     """Create a topic, start the continuous app on it until ``total`` records are visible; return once
-    its streaming query runs. ``usage`` is the app's process tree as sampled while it runs."""
+    its streaming query runs. ``usage`` is the app's process tree as sampled while it runs; ``until``
+    replaces ``total`` as the visible rows that end the run."""
     topic = f"side-by-side-{mode}-{uuid.uuid4().hex[:6]}"
     admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
@@ -152,7 +155,7 @@ def start_sink(
 
     def sink() -> None:
         try:
-            outcome.append(ours.continuous(ctx, usage))
+            outcome.append(ours.continuous(ctx, usage, until))
         except BaseException as exc:  # handed to the main thread
             outcome.append(exc)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,11 @@ def run_app(
     continuous: bool,
     module: str = "fanout_sink.cli",
     usage: TreeUsage | None = None,
+    until: Callable[[], float] | None = None,
 ) -> SystemRun:
     """One measured run of the app (``module``'s ``run``) on this run's sink YAML; ``usage`` (the soak
-    mode's) fills as it runs."""
+    mode's) fills as it runs. A continuous run stops once ``until()`` rows (default ``ctx.records``)
+    are visible."""
     catalog = ctx.prepare()
     name = ctx.unique_name(system)
     config = ctx.folder / "sink.yaml"
@@ -118,7 +121,7 @@ def run_app(
         command,
         env=ctx.child_env(),
         log=ctx.folder / "app.log",
-        done=(lambda: visible.total() >= ctx.records) if continuous else None,
+        done=(lambda: visible.total() >= (until() if until else ctx.records)) if continuous else None,
         timeout_s=ctx.timeout_s,
         cpus=ctx.taskset,
         usage=usage,
@@ -134,9 +137,13 @@ def available_now(ctx: RunContext) -> SystemRun:
     return run_app(ctx, "fanout_sink available-now", ["--available-now"], continuous=False)
 
 
-def continuous(ctx: RunContext, usage: TreeUsage | None = None) -> SystemRun:
-    """The app running until every record is visible; ``usage`` (the soak mode's) fills as it runs."""
-    return run_app(ctx, CONTINUOUS, ["--trigger-interval", TRIGGER_INTERVAL], continuous=True, usage=usage)
+def continuous(
+    ctx: RunContext, usage: TreeUsage | None = None, until: Callable[[], float] | None = None
+) -> SystemRun:
+    """The app running until every record is visible; the soak mode's ``usage`` fills as it runs and
+    its ``until`` is the count produced, known once producing ends."""
+    args = ["--trigger-interval", TRIGGER_INTERVAL]
+    return run_app(ctx, CONTINUOUS, args, continuous=True, usage=usage, until=until)
 
 
 def sink_name(ctx: RunContext) -> str:

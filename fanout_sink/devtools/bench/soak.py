@@ -14,6 +14,8 @@ workers); RSS is judged against its first sample after it.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import statistics
 import threading
@@ -31,7 +33,7 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.devtools.bench import latency, ours
 from fanout_sink.devtools.bench.context import PARTITIONS, RunContext
 from fanout_sink.devtools.bench.proctree import TreeUsage
-from fanout_sink.devtools.bench.workload import ROUTE_FIELD, value_chunks
+from fanout_sink.devtools.bench.workload import ROUTE_FIELD, Variant, value_chunks
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol.channel import sink_group
@@ -42,7 +44,7 @@ LAG_INTERVALS = 3
 """Lag is bounded when it never exceeds what is produced in this many commit intervals: the sink
 commits once per interval, so a lag of one to two intervals is its rhythm, more is falling behind."""
 _TICK_S = 0.005
-_CHUNK = 20_000
+_POOL = 20_000
 
 
 @dataclass(frozen=True)
@@ -136,30 +138,47 @@ def count_rows(catalog: Any, tables: list[str], produced: int) -> ExactRows:
     return ExactRows(produced, rows, duplicates + stray, int(produced - seen.sum()), misrouted)
 
 
-def _produce_steadily(bootstrap: str, ctx: RunContext, rate: float, produced: list[int]) -> None:
-    """Send ``ctx.records`` values at ``rate`` per second, generated a chunk at a time (a soak's tens
-    of millions never sit in memory); ``produced[0]`` counts what was handed to the producer."""
+def templates(variant: Variant, count: int) -> list[tuple[bytes, bytes]]:
+    """(route, everything after ``seq``) of ``count`` generated records: a soak sends tens of thousands
+    of records a second from one Python thread on a shared machine, where the generator's JSON
+    encoding would be the bottleneck; a record is then one bytes format (see :func:`record`)."""
+    out = []
+    for chunk in value_chunks(variant, count):
+        for value in chunk:
+            out.append((json.loads(value)[ROUTE_FIELD].encode(), value[value.index(b',"session"') :]))
+    return out
+
+
+def record(n: int, template: tuple[bytes, bytes]) -> bytes:
+    """Record ``n`` (id ``r-<n>``, ``seq`` n) with the template's route and other fields."""
+    return b'{"id":"r-%d","%s":"%s","seq":%d%s' % (n, ROUTE_FIELD.encode(), template[0], n, template[1])
+
+
+def _produce_steadily(
+    bootstrap: str, ctx: RunContext, rate: float, duration_s: float, produced: list[int]
+) -> None:
+    """Send records 0, 1, ... at ``rate`` per second for ``duration_s`` seconds; ``produced[0]``
+    counts what was handed to the producer (a starved producer sends fewer, and says so)."""
     producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
         {"linger.ms": 5, "compression.type": "lz4"}
     )
+    pool = templates(ctx.variant, _POOL)
     started = time.monotonic()
     sent = 0
-    for chunk in value_chunks(ctx.variant, ctx.records, chunk=_CHUNK):
-        at = 0
-        while at < len(chunk):
-            due = min(len(chunk), int((time.monotonic() - started) * rate) + 1 - sent + at)
-            for n in range(at, due):
-                try:
-                    producer.produce(ctx.topic, value=chunk[n], partition=(sent + n - at) % PARTITIONS)
-                except BufferError:
-                    producer.poll(0.1)
-                    due = n
-                    break
-            sent += due - at
-            at = due
-            produced[0] = sent
-            producer.poll(0)
-            time.sleep(_TICK_S)
+    while (elapsed := time.monotonic() - started) < duration_s:
+        due = int(elapsed * rate) + 1
+        while sent < due:
+            try:
+                producer.produce(
+                    ctx.topic, value=record(sent, pool[sent % _POOL]), partition=sent % PARTITIONS
+                )
+            except BufferError:
+                producer.poll(0.1)
+                break
+            sent += 1
+        produced[0] = sent
+        producer.poll(0)
+        time.sleep(_TICK_S)
     if producer.flush(120):
         raise TimeoutError(f"producing to {ctx.topic}: messages still undelivered after 120 s")
 
@@ -175,7 +194,8 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
     rate = args.rate or capacity * args.load
     total = int(rate * args.duration)
     usage = TreeUsage()
-    running = latency.start_sink(args, bootstrap, "soak", total, work / "soak", usage)
+    target = [math.inf]  # the rows that end the run: what was produced, known once producing ends
+    running = latency.start_sink(args, bootstrap, "soak", total, work / "soak", usage, lambda: target[0])
     ctx, clients = running.ctx, KafkaClientFactory({"bootstrap.servers": bootstrap})
     output: list[str] = []
 
@@ -183,16 +203,21 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
         output.append(line)
         print(line, flush=True)
 
-    say(f"soak: producing {total:,} records at {rate:,.0f}/s for {args.duration:g} s into {ctx.topic}")
+    say(f"soak: producing at {rate:,.0f} records/s for {args.duration:g} s into {ctx.topic}")
     produced = [0]
     producer = threading.Thread(
-        target=_produce_steadily, args=(bootstrap, ctx, rate, produced), name="soak-producer", daemon=True
+        target=_produce_steadily,
+        args=(bootstrap, ctx, rate, args.duration, produced),
+        name="soak-producer",
+        daemon=True,
     )
     started = time.monotonic()
     producer.start()
     samples: list[Sample] = []
     group = sink_group(ours.sink_name(ctx))
     while running.thread.is_alive():
+        if not producer.is_alive():
+            target[0] = produced[0]
         at = time.monotonic() - started
         sample = Sample(
             at, usage.rss_mb, usage.largest_rss_mb, _lag(clients, group, ctx.topic), os.getloadavg()[0]
@@ -206,19 +231,21 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
     producer.join()
     production_s = time.monotonic() - started
     run = running.result()  # also drops the topic: a soak's is gigabytes
-    count = count_rows(load_catalog(ctx.settings), variant.table_names(), total)
-    figures = analyse(samples, args.warm_up, args.duration, rate, args.commit_interval)
+    count = count_rows(load_catalog(ctx.settings), variant.table_names(), produced[0])
+    achieved = produced[0] / args.duration
+    figures = analyse(samples, args.warm_up, args.duration, achieved, args.commit_interval)
     say(f"soak: {count}; figures {figures}")
     return {
         "variant": variant.name,
         "rate": rate,
+        "achieved_rate": achieved,
         "load": None if args.rate else args.load,
         "capacity": capacity,
         "duration_s": args.duration,
         "warm_up_s": args.warm_up,
         "commit_interval_s": args.commit_interval,
         "taskset": args.taskset,
-        "records": total,
+        "records": produced[0],
         "drained_s": production_s,
         "cpu_s": run.cpu_s,
         "rows": asdict(count),
@@ -250,7 +277,8 @@ def markdown(soak: dict[str, Any]) -> str:
                 if soak["load"]
                 else ""
             )
-            + f" for {soak['duration_s']:g} s, {soak['records']:,} records; commit interval "
+            + f" for {soak['duration_s']:g} s: {soak['records']:,} records produced "
+            f"({soak['achieved_rate']:,.0f} records/s achieved); commit interval "
             f"{soak['commit_interval_s']:g} s, warm-up {soak['warm_up_s']:g} s, pinned to CPUs "
             f"{soak['taskset'] or 'none (all)'}. Load average (1 min) during the run: mean "
             f"{soak['load1_mean']:.2f}, max {soak['load1_max']:.2f} on {os.cpu_count()} cores (other work "
