@@ -195,3 +195,34 @@ def test_a_templated_record_is_the_generator_s_with_a_new_id_and_seq() -> None:
         "id": "r-123456",
         "seq": 123_456,
     }
+
+
+def test_soak_md_shows_the_verdicts_the_series_per_minute_and_the_output() -> None:
+    samples = _series([2000, 2010, 2020, 2030], step_s=30.0)
+    figures = soak.analyse(samples, 0, 120, RATE, 10)
+    data = {
+        **figures,
+        "command": "python -m fanout_sink.devtools.bench.side_by_side --soak",
+        "variant": "uniform-3",
+        "rate": RATE,
+        "achieved_rate": RATE,
+        "load": None,
+        "capacity": None,
+        "duration_s": 120.0,
+        "warm_up_s": 0.0,
+        "commit_interval_s": 10.0,
+        "taskset": None,
+        "records": 120_000,
+        "drained_s": 130.0,
+        "cpu_s": 240.0,
+        "rows": {"produced": 120_000, "rows": 120_000, "duplicates": 0, "missing": 0, "misrouted": 0},
+        "exact": True,
+        "samples": [s.__dict__ for s in samples],
+        "output": ["soak: producing at 1,000 records/s"],
+    }
+    text = soak.markdown(data)
+    assert "| 0 duplicates, 0 losses, every row in its table | 120,000 rows of 120,000: 0 duplicates" in text
+    assert "max deviation 1.5%" in text and "| met |" in text
+    assert "| 0 | 2,000 | 667 | 500 | 1.50 |" in text and "| 1 | 2,020 |" in text  # first sample per minute
+    assert "    soak: producing at 1,000 records/s" in text
+    assert "[soak.md](soak.md)" in report.markdown({"soak": data})

@@ -381,6 +381,14 @@ def markdown(data: dict[str, Any]) -> str:
             f"p50 {latency['p50_s']:.1f} s, p99 {latency['p99_s']:.1f} s, max {latency['max_s']:.1f} s "
             "(produce call to the timestamp of the first snapshot holding the record).",
         ]
+    if soak := data.get("soak"):
+        lines += [
+            "",
+            "## Soak",
+            "",
+            f"`{soak['command']}`: {soak['records']:,} records over {soak['duration_s']:g} s; the RSS and "
+            "lag series, the load average and the output are in [soak.md](soak.md).",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             new = throughput(args, bootstrap, work)
             report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
             key = f"throughput, --cores {args.cores}" + (f" --taskset {args.taskset}" if args.taskset else "")
+            if args.records != report.STANDARD_RECORDS:  # a 10M run's command sits beside the 1M one's
+                key += f" --records {args.records}"
             report.merge(results, "commands", lambda old: {**(old or {}), key: command})
         data = report.merge(results, "machine", lambda _: {**machine_facts(), **connect_facts()})
     finally:
