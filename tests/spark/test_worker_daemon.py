@@ -1,12 +1,17 @@
-"""The app's PySpark daemon (spark/worker_daemon.py) started the way Spark starts one: it has the
-task's imports loaded before it forks any worker, and runs PySpark's own daemon protocol."""
+"""The app's PySpark daemon (spark/worker_daemon.py): started the way Spark starts one, it has the
+task's imports loaded before it forks any worker and runs PySpark's own daemon protocol; its zip
+importers read their archive again only when it changed."""
 
 from __future__ import annotations
 
 import struct
 import subprocess
 import sys
+import zipfile
+import zipimport
 from pathlib import Path
+
+from fanout_sink.spark.worker_daemon import reread_only_changed_archives
 
 
 def _daemon(module: str) -> subprocess.Popen[bytes]:
@@ -32,3 +37,33 @@ def test_the_daemon_has_the_tasks_imports_before_it_forks_and_stops_when_spark_c
     # librdkafka is loaded by confluent_kafka, which only the sink's task imports.
     assert "librdkafka" in _maps_after_start(_daemon("fanout_sink.spark.worker_daemon"))
     assert "librdkafka" not in _maps_after_start(_daemon("pyspark.daemon"))
+
+
+def _zip(path: Path, modules: dict[str, str]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, source in modules.items():
+            archive.writestr(f"{name}.py", source)
+
+
+def test_a_zip_importer_reads_its_archive_again_only_when_the_archive_changed(tmp_path: Path) -> None:
+    archive = tmp_path / "code.zip"
+    _zip(archive, {"first": "X = 1\n"})
+    reads: list[str] = []
+    original = zipimport.zipimporter.invalidate_caches
+
+    def counted(importer: zipimport.zipimporter) -> None:
+        reads.append(importer.archive)
+        original(importer)
+
+    invalidate = reread_only_changed_archives(counted)
+    importer = zipimport.zipimporter(str(archive))
+    invalidate(importer)
+    invalidate(importer)
+    invalidate(importer)
+    assert len(reads) == 1  # the first call reads; unchanged, the others do not
+
+    _zip(archive, {"first": "X = 1\n", "second": "Y = 2\n"})  # another size: the archive changed
+    invalidate(importer)
+    assert len(reads) == 2
+    spec = importer.find_spec("second")
+    assert spec is not None, "the module added to the changed archive is found after the re-read"
