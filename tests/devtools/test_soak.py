@@ -30,7 +30,11 @@ RATE = 1000.0
 
 
 def _series(rss: list[float], lag: int = 500, step_s: float = 60.0) -> list[soak.Sample]:
-    return [soak.Sample(n * step_s, mb, mb / 3, lag, 1.5) for n, mb in enumerate(rss)]
+    """RSS ``rss`` per sample: a flat 300 MB driver JVM, the rest in the Python workers."""
+    return [
+        soak.Sample(n * step_s, mb, mb / 3, lag, 1.5, {"driver JVM": 300.0, "Python workers": mb - 300})
+        for n, mb in enumerate(rss)
+    ]
 
 
 def test_flat_rss_after_warm_up_is_met_and_the_warm_up_is_not_judged() -> None:
@@ -48,6 +52,7 @@ def test_rss_growing_past_10_percent_is_missed_with_its_slope() -> None:
     assert figures["rss_max_deviation"] == pytest.approx(0.15)
     assert not figures["rss_flat"]
     assert figures["rss_slope_mb_per_10min"] == pytest.approx(300.0)
+    assert figures["kind_growth_mb"] == {"driver JVM": 0.0, "Python workers": 300.0}  # where it grows
 
 
 def test_samples_after_the_duration_are_the_drain_and_not_judged() -> None:
@@ -225,4 +230,6 @@ def test_soak_md_shows_the_verdicts_the_series_per_minute_and_the_output() -> No
     assert "max deviation 1.5%" in text and "| met |" in text
     assert "| 0 | 2,000 | 667 | 500 | 1.50 |" in text and "| 1 | 2,020 |" in text  # first sample per minute
     assert "    soak: producing at 1,000 records/s" in text
+    assert "per process kind: Python workers +30, driver JVM +0." in text
+    assert "| 1.50 | driver JVM 300, Python workers 1,700 |" in text
     assert "[soak.md](soak.md)" in report.markdown({"soak": data})

@@ -45,6 +45,8 @@ class TreeUsage:
     """Per role, the most processes of it alive at one sample."""
     rss_mb: float = 0.0
     largest_rss_mb: float = 0.0
+    role_now_mb: dict[str, float] = field(default_factory=dict)
+    """Per role, its processes' RSS summed at the latest sample."""
 
     @property
     def cpu_s(self) -> float:
@@ -89,7 +91,7 @@ def _sample(root: int, usage: TreeUsage) -> None:
             usage.peak_worker_rss_mb = max(usage.peak_worker_rss_mb, stat.rss_mb)
     usage.peak_rss_mb = max(usage.peak_rss_mb, rss)
     usage.peak_pss_mb = max(usage.peak_pss_mb, pss)
-    usage.rss_mb, usage.largest_rss_mb = rss, largest
+    usage.rss_mb, usage.largest_rss_mb, usage.role_now_mb = rss, largest, dict(by_role)
     for kind, mb in by_role.items():
         usage.role_rss_mb[kind] = max(usage.role_rss_mb.get(kind, 0.0), mb)
         usage.role_processes[kind] = max(usage.role_processes.get(kind, 0), count[kind])

@@ -20,7 +20,7 @@ import os
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -56,6 +56,8 @@ class Sample:
     largest_mb: float
     lag: int
     load1: float
+    by_kind: dict[str, float] = field(default_factory=dict)
+    """RSS per process kind (driver JVM, driver Python, Python workers): which one grows."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,10 @@ def analyse(
         "lag_max_s": lag_max / rate,
         "lag_p99_s": lag_p99 / rate,
         "lag_bound": lag_bound,
+        "kind_growth_mb": {
+            kind: max(s.by_kind.get(kind, 0.0) for s in judged) - judged[0].by_kind.get(kind, 0.0)
+            for kind in sorted({kind for s in judged for kind in s.by_kind})
+        },
         "load1_mean": statistics.fmean(s.load1 for s in samples),
         "load1_max": max(s.load1 for s in samples),
         "rss_flat": deviation <= RSS_TOLERANCE,
@@ -220,7 +226,12 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
             target[0] = produced[0]
         at = time.monotonic() - started
         sample = Sample(
-            at, usage.rss_mb, usage.largest_rss_mb, _lag(clients, group, ctx.topic), os.getloadavg()[0]
+            at,
+            usage.rss_mb,
+            usage.largest_rss_mb,
+            _lag(clients, group, ctx.topic),
+            os.getloadavg()[0],
+            dict(usage.role_now_mb),
         )
         samples.append(sample)
         say(
@@ -254,6 +265,12 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
         "samples": [asdict(s) for s in samples],
         "output": output,
     }
+
+
+def _kinds(mb: dict[str, float], signed: bool = False) -> str:
+    return ", ".join(
+        f"{kind} {value:+,.0f}" if signed else f"{kind} {value:,.0f}" for kind, value in mb.items()
+    )
 
 
 def markdown(soak: dict[str, Any]) -> str:
@@ -301,15 +318,21 @@ def markdown(soak: dict[str, Any]) -> str:
             f"Largest single process: {soak['largest_process_post_warm_up_mb']:,.0f} MB after warm-up, max "
             f"{soak['largest_process_max_mb']:,.0f} MB. CPU of the tree: {soak['cpu_s']:,.0f} s "
             f"({soak['cpu_s'] * 1e6 / soak['records']:.1f} s per 1M records). Producing began to "
-            f"everything visible: {soak['drained_s']:,.0f} s.",
+            f"everything visible: {soak['drained_s']:,.0f} s."
+            + (
+                " Growth from the post-warm-up sample to the max, per process kind: "
+                f"{_kinds(soak['kind_growth_mb'], signed=True)}."
+                if soak.get("kind_growth_mb")
+                else ""
+            ),
             "",
             "## Series (first sample of each minute)",
             "",
-            "| minute | RSS tree MB | largest process MB | lag records | load (1 min) |",
-            "|---:|---:|---:|---:|---:|",
+            "| minute | RSS tree MB | largest process MB | lag records | load (1 min) | RSS by kind MB |",
+            "|---:|---:|---:|---:|---:|---|",
             *[
                 f"| {minute} | {s['rss_mb']:,.0f} | {s['largest_mb']:,.0f} | {s['lag']:,} "
-                f"| {s['load1']:.2f} |"
+                f"| {s['load1']:.2f} | {_kinds(s.get('by_kind') or {})} |"
                 for minute, s in sorted(per_minute.items())
             ],
             "",
