@@ -33,6 +33,30 @@ def test_a_trees_memory_is_reported_per_process_kind_with_its_pss(tmp_path: Path
     assert 2 * 150 < run.peak_pss_mb < run.peak_rss_mb, (run.peak_pss_mb, run.peak_rss_mb)
 
 
+# A parent holding 300 MB that forks short-lived children (50 ms each, one after another, for 3 s):
+# each child's RSS shows the parent's pages it shares, as a JVM's child does between fork and exec.
+_FORKING = textwrap.dedent(
+    """
+    import os, time
+    b = bytearray(300_000_000); b[::4096] = b'x' * len(b[::4096])
+    stop = time.monotonic() + 3
+    while time.monotonic() < stop:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(0.05)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """
+)
+
+
+def test_a_child_shorter_than_a_sample_does_not_count_its_parents_pages_twice(tmp_path: Path) -> None:
+    run = run_child([sys.executable, "-c", _FORKING], env={}, log=tmp_path / "log")
+    assert run.returncode == 0, run.stderr
+    assert 300 < run.peak_rss_mb < 450, run.peak_rss_mb
+    assert run.role_processes == {"driver Python": 1}, run.role_processes
+
+
 def _measurement(system: str, roles: dict[str, float] | None) -> Measurement:
     return Measurement(
         cores=2,

@@ -7,6 +7,11 @@ and RSS summed over the live processes at each sample, also per role (driver JVM
 workers: :func:`.process_cpu.role`) with the number of each role's processes, and the tree's PSS
 (forked workers share pages with their daemon, which RSS counts once per process).
 
+Memory counts a process from its second sample on: a child caught between fork and exec shows its
+parent's whole RSS (a 30-minute soak caught the driver JVM spawning a command: +442 MB in one sample,
+the whole "growth" that judged it), and nothing that lives under one sampling interval holds memory
+of its own that matters for a peak. CPU counts every process seen.
+
 The sum of per-pid CPU misses each process's last sampling interval and processes shorter than one;
 ``wait4``'s rusage misses descendants nobody reaped. Both are lower bounds, so the larger one is reported.
 """
@@ -47,6 +52,8 @@ class TreeUsage:
     largest_rss_mb: float = 0.0
     role_now_mb: dict[str, float] = field(default_factory=dict)
     """Per role, its processes' RSS summed at the latest sample."""
+    last_pids: frozenset[int] = frozenset()
+    """The processes of the previous sample: only these count towards memory in the next one."""
 
     @property
     def cpu_s(self) -> float:
@@ -78,10 +85,13 @@ def _sample(root: int, usage: TreeUsage) -> None:
     rss = pss = largest = 0.0
     by_role: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    for pid in tree_of(root, stats) & stats.keys():
+    pids = frozenset(tree_of(root, stats) & stats.keys())
+    for pid in pids:
         stat = stats[pid]
-        kind = role(pid, root)
         usage.cpu_by_pid[pid] = max(stat.cpu_s, usage.cpu_by_pid.get(pid, 0.0))
+        if pid not in usage.last_pids:
+            continue  # not yet in two samples: maybe a fork still showing its parent's pages
+        kind = role(pid, root)
         rss += stat.rss_mb
         largest = max(largest, stat.rss_mb)
         pss += read_pss_mb(pid) or 0.0
@@ -89,6 +99,7 @@ def _sample(root: int, usage: TreeUsage) -> None:
         count[kind] += 1
         if kind == "Python workers":
             usage.peak_worker_rss_mb = max(usage.peak_worker_rss_mb, stat.rss_mb)
+    usage.last_pids = pids
     usage.peak_rss_mb = max(usage.peak_rss_mb, rss)
     usage.peak_pss_mb = max(usage.peak_pss_mb, pss)
     usage.rss_mb, usage.largest_rss_mb, usage.role_now_mb = rss, largest, dict(by_role)
