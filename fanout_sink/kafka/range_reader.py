@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -66,6 +66,14 @@ FETCH_DEFAULTS: dict[str, Any] = {
 }
 """Fetch sizes for reading whole ranges; the user's ``kafka:`` section wins where it sets one."""
 
+
+def fetch_defaults(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """:data:`FETCH_DEFAULTS` for a ``kafka:`` section: a ``fetch.max.bytes`` below the section's
+    ``message.max.bytes`` makes librdkafka refuse to create the consumer, so it is raised to it."""
+    largest = int(conf.get("message.max.bytes", 0))
+    return {**FETCH_DEFAULTS, "fetch.max.bytes": max(int(FETCH_DEFAULTS["fetch.max.bytes"]), largest)}
+
+
 CONSUME_BATCH = 10_000
 """Messages per ``consume`` call, so per Arrow record batch."""
 
@@ -99,7 +107,7 @@ class RangeReader:
                 # A start below the log start is an error (ERR__AUTO_OFFSET_RESET), never a jump.
                 "auto.offset.reset": "error",
             },
-            defaults=FETCH_DEFAULTS,
+            defaults=fetch_defaults(clients.conf),
         )
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:

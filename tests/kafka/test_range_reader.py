@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from fanout_sink.errors import SourceDataLossError
 from fanout_sink.kafka.clients import PRODUCER_ONLY, KafkaClientFactory, consumer_conf
-from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA, RangeReader
+from fanout_sink.kafka.range_reader import FETCH_DEFAULTS, RAW_RECORD_SCHEMA, RangeReader, fetch_defaults
 
 STALL_S = 10.0
 """Short enough that a read waiting for an offset that never comes fails the test quickly."""
@@ -157,6 +157,17 @@ def test_the_consumer_gets_no_producer_only_properties() -> None:
     properties = {k: v for k, v in consumer_conf(section).items() if k not in {"logger", "error_cb"}}
     assert properties == {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL"}
     assert {"linger.ms", "acks", "transaction.timeout.ms"} <= PRODUCER_ONLY
+
+
+def test_a_section_allowing_messages_larger_than_the_fetch_default_still_makes_a_reader() -> None:
+    # librdkafka refuses a consumer whose fetch.max.bytes is below message.max.bytes (the app's tasks
+    # failed with _INVALID_ARG when the section allowed 4 MB records and the default fetch was 8 MB).
+    large = 4 * int(FETCH_DEFAULTS["fetch.max.bytes"])
+    clients = KafkaClientFactory({"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": str(large)})
+    reader = RangeReader(clients, "g")
+    reader.close()
+    assert fetch_defaults(clients.conf)["fetch.max.bytes"] == large
+    assert fetch_defaults({}) == FETCH_DEFAULTS
 
 
 def test_a_range_of_plain_records_is_read_without_waiting_out_a_consume_timeout(
