@@ -16,16 +16,19 @@ _JVM_NOTICE = "WARNING: Using incubator modules"  # the JVM's own, before any lo
 
 
 def _without_killed_worker_traces(lines: list[str]) -> list[str]:
-    """The lines without PySpark's own raw ``EOFError`` traceback, which its daemon prints when Spark
-    kills the Python worker of a sibling task the failed stage cancels: whether the sibling was still
-    running is timing (a known limit, docs/design.md). Only exactly that block is dropped."""
+    """The lines without PySpark's own raw traceback, which its daemon prints when Spark kills the
+    Python worker of a sibling task the failed stage cancels: whether the sibling was still running is
+    timing (a known limit, docs/design.md). The worker's read of its socket ends in ``EOFError`` or,
+    when the peer reset it first, ``ConnectionResetError`` (seen once in a clean-clone run). Only
+    exactly that block is dropped."""
     kept: list[str] = []
     i = 0
     while i < len(lines):
         if lines[i] == "Traceback (most recent call last):":
             end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith(" ")), len(lines))
             block = lines[i : end + 1]
-            if "pyspark/daemon.py" in block[1] and block[-1] == "EOFError":
+            ended = block[-1] == "EOFError" or block[-1].startswith("ConnectionResetError:")
+            if "pyspark/daemon.py" in block[1] and ended:
                 i = end + 1
                 continue
         kept.append(lines[i])
