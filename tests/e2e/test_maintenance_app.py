@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -28,7 +29,7 @@ from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import ControlReader
-from fanout_sink.protocol.orphans import normalise
+from fanout_sink.protocol.orphans import clock_skew_margin, normalise
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
 pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.long]
@@ -162,8 +163,10 @@ def test_sink_and_maintenance_commit_to_the_same_tables_at_once(
         assert len(loaded.snapshots()) < sink_commits, f"{table}: snapshots were expired during the run"
         assert len(_referenced(loaded)) < committed_files, f"{table}: files were compacted during the run"
 
-    # The final run, once every aborted file is older than the safety age.
-    _wait_older_than(aborted, ORPHAN_AGE_S)
+    # The final run, once every aborted file is older than the safety age and its clock-skew margin
+    # (waiting for the age alone failed twice in CI: the run's cut-off kept the newest attempt's pair).
+    age = timedelta(seconds=ORPHAN_AGE_S)
+    _wait_older_than(aborted, (age + clock_skew_margin(age)).total_seconds())
     left = {path for path in aborted if os.path.exists(path)}
     final = maintain(spark, sink_run.config, None)
     assert left <= _orphans(final), "the final run removed the aborted files still there"
