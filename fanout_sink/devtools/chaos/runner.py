@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
 
@@ -26,7 +26,7 @@ from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
 from fanout_sink.devtools.chaos.changes import ChangeTraffic, change_traffic, create_change_table
 from fanout_sink.devtools.chaos.traffic import Traffic, flood
 from fanout_sink.devtools.chaos.verify import Verdict, verify
-from fanout_sink.devtools.stack.broker import KafkaBroker
+from fanout_sink.devtools.stack.broker import KafkaBroker, log_tail
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.errors import FanoutSinkError
 from fanout_sink.kafka.clients import KafkaClientFactory
@@ -46,6 +46,7 @@ DRAIN_TIMEOUT_S = 300.0  # topic-recreate: the sink delivers the paused topic to
 NOTICE_TIMEOUT_S = 120.0  # topic-recreate: Spark's next trigger sees the offsets go back and stops
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
 CONTROL_MESSAGE_BYTES = 128 * 1024
+CREATE_TOPIC_ATTEMPTS = 3
 """The control topic's ``max.message.bytes``: a slice of the wide table (300 columns, 16 buckets)
 announces more files than fit one message, so its ``DataWritten`` events are packed by size."""
 
@@ -256,7 +257,12 @@ class ChaosRun:
         return self._drain(app, traffic, command, env)
 
     def _create_topics(self, bootstrap: str) -> None:
-        admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
+        """Create the run's topics; an attempt that gets no answer is tried again with a new client.
+
+        Once in a clean-clone CI run, a just-started broker answered no ``CreateTopics`` within 60 s
+        (cause unknown: the broker log showed it ready and unfenced); the retry keeps the run going
+        and the warning keeps the evidence in ``chaos.log``.
+        """
         topics = [
             NewTopic(topic, partitions, 1, config={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
             for topic, partitions in zip(self.topics, (3, 2), strict=True)
@@ -265,9 +271,26 @@ class ChaosRun:
             topics.append(NewTopic(self.changes.topic, changes.PARTITIONS, 1))
         control = {"max.message.bytes": str(CONTROL_MESSAGE_BYTES)}
         topics.append(NewTopic(f"{self.name}-control", 1, 1, config=control))
-        futures = admin.create_topics(topics, operation_timeout=30)
-        for future in futures.values():
-            future.result(timeout=60)
+        for attempt in range(1, CREATE_TOPIC_ATTEMPTS + 1):
+            admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
+            try:
+                existing = admin.list_topics(timeout=30).topics
+                missing = [topic for topic in topics if topic.topic not in existing]
+                futures = admin.create_topics(missing, operation_timeout=30) if missing else {}
+                for future in futures.values():
+                    try:
+                        future.result(timeout=60)
+                    except KafkaException as exc:
+                        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                            raise
+                return
+            except (TimeoutError, KafkaException) as exc:
+                if attempt == CREATE_TOPIC_ATTEMPTS:
+                    raise
+                log.warning(
+                    "creating the topics got no answer (attempt %d: %r); trying again. Broker log:\n%s",
+                    attempt, exc, log_tail(self.broker.log_file),
+                )  # fmt: skip
 
     def _schedule(self) -> list[str]:
         """Every kind equally often, in a seeded order: a short run still breaks each thing once."""
