@@ -83,11 +83,11 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
-def _key_value(item: str) -> tuple[str, str]:
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--conf takes KEY=VALUE, got {item!r}")
-    return key.strip(), value
+def _setting(item: str) -> tuple[str, str]:
+    """``--conf``'s argparse type (the config package is imported only when the option is given)."""
+    from fanout_sink.config.loading import key_value
+
+    return key_value(item)
 
 
 def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         available_now=args.available_now,
         trigger_interval=parse_duration(args.trigger_interval) if args.trigger_interval else None,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
-        spark_conf=tuple(_key_value(item) for item in args.conf),
+        spark_conf=tuple(args.conf),
     )
     return SinkApp(config, options).run()
 
@@ -172,7 +172,7 @@ def _maintain(args: argparse.Namespace) -> int:
         config.catalog,
         master=args.master or config.spark.master,
         app_name=f"{config.name}-maintenance",
-        extra_conf=dict(_key_value(item) for item in args.conf),
+        extra_conf=dict(args.conf),
     )
     try:
         results = maintain(spark, config, tables, args.dry_run)
@@ -193,7 +193,7 @@ def _sql(args: argparse.Namespace) -> int:
         script=Path(args.file) if args.file else None,
         output=args.format,
         master=args.master,
-        extra_conf=dict(_key_value(item) for item in args.conf),
+        extra_conf=dict(args.conf),
         verbose=args.verbose,
     )
 
@@ -326,7 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--max-offsets-per-trigger", type=int, help="cap on records per micro-batch")
     run.add_argument(
-        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
+        "--conf",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="a Spark property, repeatable",
     )
     run.add_argument(
         "--log-format", choices=("plain", "json"), help="plain text or JSON lines (default: logging.format)"
@@ -354,7 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--master", help="Spark master (default: spark.master in the config, else local[*])"
     )
     maintain.add_argument(
-        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
+        "--conf",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="a Spark property, repeatable",
     )
     maintain.set_defaults(func=_maintain)
 
@@ -376,7 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--master", help="Spark master (default: local[*]; the config's spark.master is not used)"
     )
     sql.add_argument(
-        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark property, repeatable"
+        "--conf",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="a Spark property, repeatable",
     )
     sql.add_argument("--verbose", action="store_true", help="print the Python and Java stacks of an error")
     sql.set_defaults(func=_sql)

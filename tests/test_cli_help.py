@@ -64,3 +64,16 @@ def test_version_names_the_package_and_its_engines() -> None:
     ):
         assert f"{name} {metadata.version(package)}" in lines[1]
     assert re.search(r"librdkafka \d+\.\d+", lines[1])
+
+
+@pytest.mark.parametrize("command", ["run", "maintain", "sql"])
+def test_a_conf_without_equals_is_a_usage_error_naming_the_option(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = build_parser()
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([command, "--config", "sink.yaml", "--conf", "spark.driver.memory"])
+    assert exited.value.code == 2
+    assert "argument --conf: takes KEY=VALUE, got 'spark.driver.memory'" in capsys.readouterr().err
+    parsed = parser.parse_args([command, "--config", "sink.yaml", "--conf", "spark.a = b=c"])
+    assert parsed.conf == [("spark.a", " b=c")]

@@ -11,6 +11,7 @@ and an example of a valid value (rendered from pydantic's errors and the models'
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Collection
@@ -168,6 +169,14 @@ def _check_kafka_tls(config: SinkConfig, source: str) -> None:
         java_tls_properties(config.kafka)
     except PropertyError as exc:
         raise ConfigError(source, _join("kafka", exc.key), exc.problem, exc.fix) from None
+
+
+def key_value(item: str) -> tuple[str, str]:
+    """A command line's ``KEY=VALUE`` setting, as an argparse type (argparse names the option)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {item!r}")
+    return key.strip(), value
 
 
 def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> SinkConfig:

@@ -98,6 +98,8 @@ class SinkApp:
             self._query.stop()
 
     def run(self) -> int:
+        # Before the first client thread takes an arena of its own.
+        footprint.limit_driver_arenas()
         # Before anything is created or started: a wrong setting ends here in two lines, not in Spark.
         preflight.run(self.config)
         if self.metrics is not None and self.config.metrics is not None:

@@ -14,6 +14,12 @@ memory back. Measured in docs/benchmarks/memory.md (1M records, 2 cores: the pro
   more per worker after a slice), glibc limited to 2 arenas and a fixed mmap threshold (librdkafka's
   fetch buffers are then mapped and returned instead of fragmenting the heap).
 
+* **The driver Python's allocator** (:func:`limit_driver_arenas`): the same glibc limits, set with
+  ``mallopt`` when the app starts, as the driver Python is already running when it could read them
+  from its environment. The coordinator parses and copies each table's metadata in short-lived
+  commit threads; each new thread got an arena of its own, and the driver grew by about 50 MB per
+  100 rounds in a one-process probe (docs/benchmarks/soak.md).
+
 Every value is a default: the YAML's ``spark.conf`` and ``--conf`` of ``fanout-sink run`` override it.
 Under ``spark-submit`` the driver JVM is started by the submit command, so its heap and options must be
 given there (``--driver-memory``, ``--driver-java-options``).
@@ -21,7 +27,13 @@ given there (``--driver-memory``, ``--driver-java-options``).
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
+import sys
 from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
 
 DRIVER_MEMORY = "512m"
 
@@ -31,6 +43,28 @@ WORKER_ENV = {
     "MALLOC_MMAP_THRESHOLD_": "131072",
 }
 """Environment of the Python workers (their daemon reads it when Spark starts it)."""
+
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+"""glibc's ``mallopt`` parameters (malloc.h)."""
+
+
+def limit_driver_arenas(env: Mapping[str, str] = os.environ) -> bool:
+    """Apply :data:`WORKER_ENV`'s glibc limits to this process, unless its environment sets them
+    (glibc read those at start-up, and they win). False where there is no glibc (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    applied = True
+    for param, name in ((_M_ARENA_MAX, "MALLOC_ARENA_MAX"), (_M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_")):
+        if name not in env:
+            applied &= mallopt(param, int(WORKER_ENV[name])) == 1
+    if not applied:
+        log.warning("glibc refused the driver's allocator limits; the driver may keep freed memory")
+    return applied
 
 
 def app_conf(configured: Mapping[str, str], command_line: Mapping[str, str]) -> dict[str, str]:

@@ -6,6 +6,12 @@ The JVM starting with them is checked in test_jvm.py; their effect on memory is 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
+
 from fanout_sink.config.loading import parse_config
 from fanout_sink.spark import footprint, jvm
 
@@ -41,3 +47,43 @@ def test_the_apps_jvm_gets_the_serial_collector_unless_the_user_chooses_one() ->
     assert jvm.driver_java_options(no_archive, False, None) == "", (
         "sessions that run queries keep the JVM's own"
     )
+
+
+_ARENAS = """
+import ctypes, sys, tempfile, threading
+from fanout_sink.spark import footprint
+if sys.argv[1] == "limit":
+    assert footprint.limit_driver_arenas()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = libc.fopen.restype = ctypes.c_void_p
+barrier = threading.Barrier(8)
+def first_malloc():  # glibc gives a thread its arena at its first malloc
+    barrier.wait()
+    libc.malloc(64)
+threads = [threading.Thread(target=first_malloc) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+with tempfile.NamedTemporaryFile() as report:
+    stream = ctypes.c_void_p(libc.fopen(report.name.encode(), b"w"))
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print(open(report.name).read().count("<heap nr="))
+"""
+
+
+def _arenas(mode: str, **env: str) -> int:
+    """glibc's arenas in a fresh interpreter after 8 threads' first allocations (malloc_info)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env
+    done = subprocess.run(
+        [sys.executable, "-c", _ARENAS, mode], env=environ, capture_output=True, text=True, check=True
+    )
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_driver_python_keeps_to_two_arenas_unless_its_environment_says_otherwise() -> None:
+    assert _arenas("none") > 4, "without the limit every new thread takes an arena of its own"
+    assert _arenas("limit") == 2
+    assert 2 < _arenas("limit", MALLOC_ARENA_MAX="4") <= 4, "the user's environment wins"

@@ -55,6 +55,8 @@ class RunContext:
     max_offsets_per_trigger: int
     folder: Path
     taskset: str | None = None
+    maintenance: dict[str, str] | None = None
+    """The sink YAML's ``maintenance`` section (soak and latency modes' ``--maintenance``)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
     def unique_name(self, system: str) -> str:

@@ -150,6 +150,7 @@ def start_sink(
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         folder=folder,
         taskset=args.taskset,
+        maintenance=dict(args.maintenance),
     )
     outcome: list[SystemRun | BaseException] = []
 

@@ -37,9 +37,12 @@ def sink_config(ctx: RunContext, name: str) -> dict[str, Any]:
         table: {"when": f"{ROUTE_FIELD} == '{table.rsplit('.', 1)[1]}'"}
         for table in ctx.variant.table_names()
     }
-    return app_config(
+    config = app_config(
         name, ctx.bootstrap, ctx.topic, ctx.commit_interval_s, ctx.settings, ctx.master, ctx.folder, tables
     )
+    if ctx.maintenance:
+        config["maintenance"] = dict(ctx.maintenance)
+    return config
 
 
 def app_config(

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyspark
 
+from fanout_sink.config.loading import key_value
 from fanout_sink.devtools.bench import (
     connect_peer,
     latency,
@@ -226,6 +227,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warm-up", type=float, default=300.0, help="soak mode: seconds not judged")
     parser.add_argument(
         "--sample-interval", type=float, default=10.0, help="soak mode: seconds between samples"
+    )
+    parser.add_argument(
+        "--maintenance",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="latency / soak mode: a key of the sink YAML's maintenance section "
+        "(--maintenance max-snapshot-age=10m), as a production sink would run",
     )
     parser.add_argument(
         "--taskset",
