@@ -4,6 +4,7 @@ itself runs for 30 minutes by hand (docs/benchmarks/soak.md); these check what d
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from pyiceberg.table import Table
 
 from fanout_sink.catalog import load_catalog
-from fanout_sink.devtools.bench import limit, report, soak
+from fanout_sink.devtools.bench import limit, report, side_by_side, soak
 from fanout_sink.devtools.bench.context import catalog_settings
 from fanout_sink.devtools.bench.proctree import run_child
 from fanout_sink.devtools.bench.report import (
@@ -24,7 +25,7 @@ from fanout_sink.devtools.bench.report import (
     summarise,
     targets,
 )
-from fanout_sink.devtools.bench.workload import Variant, create_tables, value_chunks, values
+from fanout_sink.devtools.bench.workload import Variant, create_tables, parse_variant, value_chunks, values
 
 RATE = 1000.0
 
@@ -233,3 +234,30 @@ def test_soak_md_shows_the_verdicts_the_series_per_minute_and_the_output() -> No
     assert "per process kind: Python workers +30, driver JVM +0." in text
     assert "| 1.50 | driver JVM 300, Python workers 1,700 |" in text
     assert "[soak.md](soak.md)" in report.markdown({"soak": data})
+
+
+def test_command_keys_keep_runs_of_other_systems_variants_and_sizes_apart() -> None:
+    def key(systems: str, variants: str, records: int = 1_000_000, taskset: str | None = None) -> str:
+        return side_by_side.command_key(
+            argparse.Namespace(
+                cores=2,
+                taskset=taskset,
+                records=records,
+                systems=systems.split(","),
+                variants=[parse_variant(v) for v in variants.split(",")],
+            )
+        )
+
+    runs = [
+        key("available-now,continuous,connect", "uniform-3"),
+        key("available-now", "uniform-3"),  # a rerun of one system must not hide the full run's command
+        key("continuous", "uniform-50,mixed-50"),
+        key("available-now,connect", "uniform-3", records=10_000_000),
+        key("continuous,connect", "uniform-3", taskset="0-1"),
+    ]
+    assert len(set(runs)) == len(runs)
+    assert key("available-now", "uniform-3") == runs[1], "the same run again replaces its own command"
+    assert (
+        runs[3]
+        == "throughput, --cores 2 --records 10000000 --systems available-now,connect --variants uniform-3"
+    )

@@ -188,6 +188,16 @@ def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[rep
     return measurements
 
 
+def command_key(args: argparse.Namespace) -> str:
+    """The throughput run's key in results.json's commands: what it measured, so a run of other
+    systems, variants, cores, pinning or size sits beside the earlier ones instead of replacing them."""
+    key = f"throughput, --cores {args.cores}" + (f" --taskset {args.taskset}" if args.taskset else "")
+    if args.records != report.STANDARD_RECORDS:
+        key += f" --records {args.records}"
+    variants = ",".join(variant.name for variant in args.variants)
+    return f"{key} --systems {','.join(args.systems)} --variants {variants}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -274,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 connect_peer.iceberg_version()
             new = throughput(args, bootstrap, work)
             report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
-            key = f"throughput, --cores {args.cores}" + (f" --taskset {args.taskset}" if args.taskset else "")
-            if args.records != report.STANDARD_RECORDS:  # a 10M run's command sits beside the 1M one's
-                key += f" --records {args.records}"
+            key = command_key(args)
             report.merge(results, "commands", lambda old: {**(old or {}), key: command})
         data = report.merge(results, "machine", lambda _: {**machine_facts(), **connect_facts()})
     finally:
