@@ -17,8 +17,8 @@ memory back. Measured in docs/benchmarks/memory.md (1M records, 2 cores: the pro
 * **The driver Python's allocator** (:func:`limit_driver_arenas`): the same glibc limits, set with
   ``mallopt`` when the app starts, as the driver Python is already running when it could read them
   from its environment. The coordinator parses and copies each table's metadata in short-lived
-  commit threads; each new thread got an arena of its own, and the driver grew by about 50 MB per
-  100 rounds in a one-process probe (docs/benchmarks/soak.md).
+  commit threads, each of which would otherwise get an arena of its own. The soaks with this limit
+  and snapshot expiry still saw the driver Python grow about 1.9 MB a minute (docs/benchmarks/soak.md).
 
 Every value is a default: the YAML's ``spark.conf`` and ``--conf`` of ``fanout-sink run`` override it.
 Under ``spark-submit`` the driver JVM is started by the submit command, so its heap and options must be
