@@ -90,6 +90,14 @@ def _setting(item: str) -> tuple[str, str]:
     return key_value(item)
 
 
+def _add_conf(parser: argparse.ArgumentParser) -> None:
+    """``--conf KEY=VALUE``: the same Spark-property option on every command that starts Spark."""
+    parser.add_argument(
+        "--conf", action="append", default=[], type=_setting, metavar="KEY=VALUE",
+        help="a Spark property, repeatable",
+    )  # fmt: skip
+
+
 def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     """An argparse type: a comma-separated list of names out of ``allowed``."""
 
@@ -325,14 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--trigger-interval", help="micro-batch interval, e.g. 10s (default: spark.trigger-interval)"
     )
     run.add_argument("--max-offsets-per-trigger", type=int, help="cap on records per micro-batch")
-    run.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        type=_setting,
-        metavar="KEY=VALUE",
-        help="a Spark property, repeatable",
-    )
+    _add_conf(run)
     run.add_argument(
         "--log-format", choices=("plain", "json"), help="plain text or JSON lines (default: logging.format)"
     )
@@ -358,14 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_argument(
         "--master", help="Spark master (default: spark.master in the config, else local[*])"
     )
-    maintain.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        type=_setting,
-        metavar="KEY=VALUE",
-        help="a Spark property, repeatable",
-    )
+    _add_conf(maintain)
     maintain.set_defaults(func=_maintain)
 
     sql = commands.add_parser(
@@ -385,14 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument(
         "--master", help="Spark master (default: local[*]; the config's spark.master is not used)"
     )
-    sql.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        type=_setting,
-        metavar="KEY=VALUE",
-        help="a Spark property, repeatable",
-    )
+    _add_conf(sql)
     sql.add_argument("--verbose", action="store_true", help="print the Python and Java stacks of an error")
     sql.set_defaults(func=_sql)
 

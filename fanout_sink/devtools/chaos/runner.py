@@ -46,9 +46,9 @@ DRAIN_TIMEOUT_S = 300.0  # topic-recreate: the sink delivers the paused topic to
 NOTICE_TIMEOUT_S = 120.0  # topic-recreate: Spark's next trigger sees the offsets go back and stops
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
 CONTROL_MESSAGE_BYTES = 128 * 1024
-CREATE_TOPIC_ATTEMPTS = 3
 """The control topic's ``max.message.bytes``: a slice of the wide table (300 columns, 16 buckets)
 announces more files than fit one message, so its ``DataWritten`` events are packed by size."""
+CREATE_TOPIC_ATTEMPTS = 3  # the run's topics; an attempt is one minute at most without an answer
 
 
 class ChaosError(FanoutSinkError):
