@@ -34,6 +34,15 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+TOOLING_ROOT = PACKAGE.parent / "tests"
+TOOLING = ("bench", "chaos")
+"""Developer tooling outside the package (``tests/bench``, ``tests/chaos``): importable with ``tests/``
+on the path, never from the package, which a wheel or the executors' pack holds without it."""
+TOOLING_MODULES = {
+    ".".join(path.relative_to(TOOLING_ROOT).with_suffix("").parts): path
+    for unit in TOOLING
+    for path in sorted((TOOLING_ROOT / unit).rglob("*.py"))
+}
 
 
 def _imports(name: str) -> Iterator[tuple[str, list[str], int]]:
@@ -100,8 +109,10 @@ def test_the_import_graph_has_no_cycles() -> None:
 
 
 def test_no_private_name_crosses_a_module() -> None:
+    """Nor does the developer tooling outside the package take one: it uses the product as a user
+    of its public names would."""
     crossing = []
-    for name, path in MODULES.items():
+    for name, path in {**MODULES, **TOOLING_MODULES}.items():
         modules_here: set[str] = set()  # local names bound to fanout_sink modules
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fanout_sink"):
@@ -122,6 +133,20 @@ def test_no_private_name_crosses_a_module() -> None:
             ):
                 crossing.append(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert not crossing, "\n".join(crossing)
+
+
+def test_the_package_never_imports_the_tooling_outside_it() -> None:
+    """The benchmarks, the chaos runner and the tests' helpers live in ``tests/``: an installed wheel
+    does not have them, so an import of one from the package would fail there."""
+    outside = {*TOOLING, "support", "tests"}
+    found = [
+        f"{name}:{line} imports {target}"
+        for name in MODULES
+        for target, _, line in _imports(name)
+        if target.split(".")[0] in outside
+    ]
+    assert not found, "\n".join(found)
+    assert TOOLING_MODULES, "the check no longer sees the tooling"
 
 
 def test_bootstrap_needs_nothing_but_the_standard_library() -> None:

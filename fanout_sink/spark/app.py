@@ -196,7 +196,7 @@ class SinkApp:
 
     def _stream(self, spark: Any, starting: str, limit: int | None) -> Any:
         """The streaming DataFrame that plans the micro-batches: Spark's Kafka source. The benchmark's
-        planner prototype (``devtools/bench/python_source``) puts a Python data source here."""
+        planner prototype (``tests/bench/python_source``) puts a Python data source here."""
         return read_stream(spark, self.config, starting, limit)
 
     def _start_coordinator(self, topics: list[str]) -> Coordinator:

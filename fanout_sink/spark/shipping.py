@@ -44,10 +44,6 @@ _PROJECT_FILES = ("pyproject.toml", "README.md")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?")
 _INSTALL_TIMEOUT_S = 1200
 _COMPLETE = ".complete"
-_NOT_FOR_EXECUTORS = "devtools"
-"""``fanout_sink/devtools`` (the local servers, the demo, the chaos runner, the benchmarks and their
-poms) stays out of the pack: executors run the product's tasks, never these. Leaving them out also
-keeps an edit to a benchmark from rebuilding the pack."""
 
 
 def project_root() -> Path:
@@ -82,14 +78,15 @@ def executor_requirements(root: Path | None = None) -> list[str]:
 
 
 def source_files(root: Path) -> list[Path]:
-    """What the pack's wheel is built from: the package without ``devtools``. Links are followed:
-    ``protocol/event_schemas`` links to the repository's ``schemas/events``, and a copy of the link
-    alone would dangle."""
+    """What the pack's wheel is built from: the package, whole. The chaos runner and the benchmarks
+    live in ``tests/``, outside it; ``devtools`` (the local servers and the demo that ``fanout-sink
+    stack|demo`` run) is part of the product's wheel, so the pack holds what ``pip install`` would,
+    with no list of what to leave out. Links are followed: ``protocol/event_schemas`` links to the
+    repository's ``schemas/events``, and a copy of the link alone would dangle."""
     package = sorted(
         Path(folder, name)
         for folder, folders, names in os.walk(root / "fanout_sink", followlinks=True)
         if "__pycache__" not in Path(folder).parts
-        and Path(folder).relative_to(root).parts[1:2] != (_NOT_FOR_EXECUTORS,)
         for name in names
     )
     return [root / name for name in _PROJECT_FILES if (root / name).is_file()] + package

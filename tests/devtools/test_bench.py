@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from fanout_sink.devtools.bench import slice_pipeline
+from bench import slice_pipeline
 
 
 def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,11 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
-from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.bench import change_report, changes, merge_peer, ours
-from fanout_sink.devtools.bench.change_state import (
+from bench import change_report, changes, merge_peer, ours
+from bench.change_state import (
     ReadCost,
     Replica,
     StateCheck,
@@ -28,7 +25,7 @@ from fanout_sink.devtools.bench.change_state import (
     check_state,
     examine,
 )
-from fanout_sink.devtools.bench.change_stream import (
+from bench.change_stream import (
     KEY,
     TABLE,
     ChangePlan,
@@ -36,8 +33,11 @@ from fanout_sink.devtools.bench.change_stream import (
     create_table,
     generate,
 )
-from fanout_sink.devtools.bench.proctree import ChildRun
-from fanout_sink.devtools.raw_slices import make_raw_slice
+from bench.proctree import ChildRun
+from support.raw_slices import make_raw_slice
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config.loading import parse_config
 from fanout_sink.transform.processor import build_processor
 
 PLAN = ChangePlan(keys=3000, events=6000, seed=5)
@@ -159,7 +159,7 @@ def _system(name: str, wall_s: list[float], mismatches: int = 0, earlier: int = 
 
 def _data(systems: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "command": "python -m fanout_sink.devtools.bench.changes --keys 10",
+        "command": "PYTHONPATH=tests python -m bench.changes --keys 10",
         "plan": {"keys": 10, "events": EVENTS, "updates": 0.7, "inserts": 0.2, "deletes": 0.1, "seed": 1},
         "ops": {"u": 14, "c": 4, "d": 2},
         "produce_s": 0.1,

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from chaos.app_process import child_env
 from pyiceberg.transforms import DayTransform, IdentityTransform
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import load_config
-from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.devtools.stack import object_store as store_env
 from fanout_sink.devtools.stack.broker import KafkaBroker

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from fanout_sink.devtools.bench import maintenance
+from bench import maintenance
 
 pytestmark = pytest.mark.bench
 
@@ -48,6 +47,6 @@ def test_benchmark_runs_end_to_end(bootstrap_servers: str, spark: Any, tmp_path:
     assert data["maintenance"]["settings"]["min-input-files"] == 2
 
     text = (tmp_path / "maintenance.md").read_text()
-    assert "python -m fanout_sink.devtools.bench.maintenance --rounds 4" in text
+    assert "PYTHONPATH=tests python -m bench.maintenance --rounds 4" in text
     assert "| bench.t01 | " in text and " → " in text and "records/s" in text
     assert "| data files | " in text and "## What maintenance did" in text

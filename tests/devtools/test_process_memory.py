@@ -7,8 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from fanout_sink.devtools.bench.proctree import run_child
-from fanout_sink.devtools.bench.report import Measurement, markdown
+from bench.proctree import run_child
+from bench.report import Measurement, markdown
 
 # A parent that starts two children holding 150 MB each (touched, so resident) for two seconds.
 _TREE = textwrap.dedent(

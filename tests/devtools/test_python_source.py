@@ -1,4 +1,4 @@
-"""The planner prototype (``devtools/bench/python_source``) lands exactly the produced rows, also when
+"""The planner prototype (``tests/bench/python_source``) lands exactly the produced rows, also when
 it takes over a sink that Spark's Kafka source planned until then (the checkpoint migration path)."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bench import ours, python_source, side_by_side
+from bench.context import RunContext, child_env
+from bench.end_to_end import produce
+from bench.landed import check_same_rows, landed
+from bench.workload import Variant, values
 
 from fanout_sink.catalog import load_catalog
-from fanout_sink.devtools.bench import ours, python_source, side_by_side
-from fanout_sink.devtools.bench.context import RunContext, child_env
-from fanout_sink.devtools.bench.end_to_end import produce
-from fanout_sink.devtools.bench.landed import check_same_rows, landed
-from fanout_sink.devtools.bench.workload import Variant, values
 from fanout_sink.kafka.clients import KafkaClientFactory
 
 pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench]

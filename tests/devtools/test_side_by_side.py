@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from bench import connect_peer, side_by_side
+from bench.context import catalog_settings
+from bench.landed import LandedRowsMismatchError, check_same_rows, landed
+from bench.report import CONNECT, LIMIT, OURS_BATCH, OURS_CONTINUOUS, Summary, targets
+from bench.workload import Variant
 
 from fanout_sink import jars
 from fanout_sink.catalog import load_catalog
-from fanout_sink.devtools.bench import connect_peer, side_by_side
-from fanout_sink.devtools.bench.context import catalog_settings
-from fanout_sink.devtools.bench.landed import LandedRowsMismatchError, check_same_rows, landed
-from fanout_sink.devtools.bench.report import CONNECT, LIMIT, OURS_BATCH, OURS_CONTINUOUS, Summary, targets
-from fanout_sink.devtools.bench.workload import Variant
 from fanout_sink.errors import StackError
 
 pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench]

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pyiceberg.table import Table
-
-from fanout_sink.catalog import load_catalog
-from fanout_sink.devtools.bench import limit, report, side_by_side, soak
-from fanout_sink.devtools.bench.context import catalog_settings
-from fanout_sink.devtools.bench.proctree import run_child
-from fanout_sink.devtools.bench.report import (
+from bench import limit, report, side_by_side, soak
+from bench.context import catalog_settings
+from bench.proctree import run_child
+from bench.report import (
     CONNECT,
     OURS_BATCH,
     OURS_CONTINUOUS,
@@ -25,7 +22,10 @@ from fanout_sink.devtools.bench.report import (
     summarise,
     targets,
 )
-from fanout_sink.devtools.bench.workload import Variant, create_tables, parse_variant, value_chunks, values
+from bench.workload import Variant, create_tables, parse_variant, value_chunks, values
+from pyiceberg.table import Table
+
+from fanout_sink.catalog import load_catalog
 
 RATE = 1000.0
 
@@ -208,7 +208,7 @@ def test_soak_md_shows_the_verdicts_the_series_per_minute_and_the_output() -> No
     figures = soak.analyse(samples, 0, 120, RATE, 10)
     data = {
         **figures,
-        "command": "python -m fanout_sink.devtools.bench.side_by_side --soak",
+        "command": "PYTHONPATH=tests python -m bench.side_by_side --soak",
         "variant": "uniform-3",
         "rate": RATE,
         "achieved_rate": RATE,

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from fanout_sink.devtools.bench import wide_sink
+from bench import wide_sink
 
 pytestmark = pytest.mark.bench
 

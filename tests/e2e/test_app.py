@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chaos.app_process import child_env
 from pyiceberg.exceptions import NoSuchTableError
 from support.common import register_spark_catalog
 from support.sink_factory import SinkFactory, SinkUnderTest, new_sink
-
-from fanout_sink.devtools.chaos.app_process import child_env
 
 pytestmark = pytest.mark.usefixtures("own_spark")
 

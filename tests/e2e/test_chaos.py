@@ -9,16 +9,16 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from bench.change_stream import create_table
+from chaos import changes, kills, maintenance, scenario
+from chaos.changes import change_traffic
+from chaos.runner import ChaosOptions, ChaosRun
+from chaos.traffic import flood, record
+from chaos.verify import verify
 from confluent_kafka import Consumer, Producer, TopicPartition
 from pyiceberg.table.snapshots import ancestors_of
 
 from fanout_sink import faults
-from fanout_sink.devtools.bench.change_stream import create_table
-from fanout_sink.devtools.chaos import changes, kills, maintenance, scenario
-from fanout_sink.devtools.chaos.changes import change_traffic
-from fanout_sink.devtools.chaos.runner import ChaosOptions, ChaosRun
-from fanout_sink.devtools.chaos.traffic import flood, record
-from fanout_sink.devtools.chaos.verify import verify
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.protocol import table_state
 
@@ -263,7 +263,7 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
     ``snapshot-expiry`` (the ``coordinator`` kind's kill plus the catalog steps tested above) and
     ``maintain`` (a second JVM for a minute or two; tests/e2e/test_maintenance_app.py runs maintenance
     next to the app from two processes). The long run, every kind, is a command:
-    ``python -m fanout_sink.devtools.chaos --cycles 24 --records 40000``.
+    ``PYTHONPATH=tests python -m chaos --cycles 24 --records 40000``.
 
     With change traffic: a Debezium stream (with tombstones) into a change table flows beside the
     records through every breakage; the coordinator kind kills at a seeded one of its points

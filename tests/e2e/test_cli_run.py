@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import yaml
-
-from fanout_sink.devtools.chaos.app_process import child_env
+from chaos.app_process import child_env
 
 
 def test_sigusr1_prints_every_thread_stack_and_the_app_keeps_going(tmp_path: Path) -> None:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from chaos import kills, scenario
+from chaos.app_process import AppProcess, child_env
+from chaos.traffic import Traffic
+from chaos.verify import verify
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.chaos import kills, scenario
-from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
-from fanout_sink.devtools.chaos.traffic import Traffic
-from fanout_sink.devtools.chaos.verify import verify
 from fanout_sink.devtools.stack.spark_cluster import SparkCluster, cmdline, master_status
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from chaos.app_process import child_env
 from support.common import create_topic
 from support.sink_factory import SinkFactory
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.devtools.stack.certificates import make_tls_files
 

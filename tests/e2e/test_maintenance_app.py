@@ -21,10 +21,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+from chaos.app_process import AppProcess, child_env
 from support.sink_factory import STATIC, SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from chaos.app_process import child_env
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 from support.sink_factory import SinkFactory
 
-from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import free_port
 
 pytestmark = pytest.mark.usefixtures("own_spark")

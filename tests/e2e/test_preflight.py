@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from chaos.app_process import child_env
 from confluent_kafka.admin import AdminClient
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import KafkaBroker, free_port
 
 

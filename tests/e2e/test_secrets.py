@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 import yaml
+from chaos.app_process import child_env
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography.hazmat.primitives import serialization
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.cli import main
-from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.devtools.topics import read_to_end
 

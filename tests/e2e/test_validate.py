@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from chaos.app_process import child_env
 from confluent_kafka.admin import AdminClient
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform
 from pyiceberg.types import BooleanType, LongType, NestedField, StringType, TimestamptzType
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.stack.broker import free_port
 
 

@@ -16,13 +16,13 @@ import logging
 from pathlib import Path
 
 import pytest
+from chaos import maintenance
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from support.common import make_processor, produce_json, read_slice, sink_group_offset, write_checkpoint_batch
 from support.expiry_fixtures import Expired, idle_log
 from support.sink_factory import SinkFactory
 
-from fanout_sink.devtools.chaos import maintenance
 from fanout_sink.protocol import channel, legacy_names
 from fanout_sink.spark import planning
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pyiceberg.table
 import pytest
+from bench.wide_sink import NAMESPACE, WidePlan, WideSink
 from pyiceberg.table.metadata import TableMetadata
 
-from fanout_sink.devtools.bench.wide_sink import NAMESPACE, WidePlan, WideSink
 from fanout_sink.protocol import coordinator
 
 TABLES = 24

@@ -32,8 +32,8 @@ def test_the_fingerprint_follows_the_packed_source_files_only(tmp_path: Path) ->
     (tmp_path / "notes.txt").write_text("not packed")
     assert shipping.fingerprint(tmp_path, ["pyarrow==1"]) == first
 
-    (tmp_path / "fanout_sink" / "devtools" / "bench").mkdir(parents=True)
-    (tmp_path / "fanout_sink" / "devtools" / "bench" / "b.py").write_text("developer tooling\n")
+    (tmp_path / "tests" / "bench").mkdir(parents=True)
+    (tmp_path / "tests" / "bench" / "b.py").write_text("developer tooling\n")
     assert shipping.fingerprint(tmp_path, ["pyarrow==1"]) == first
 
     module.write_text("x = 2\n")
@@ -41,15 +41,18 @@ def test_the_fingerprint_follows_the_packed_source_files_only(tmp_path: Path) ->
     assert shipping.fingerprint(tmp_path, ["pyarrow==2"]) != shipping.fingerprint(tmp_path, ["pyarrow==1"])
 
 
-def test_the_pack_leaves_out_the_developer_tooling() -> None:
-    """Executors run the product's tasks: the local servers, the demo, the chaos runner, the
-    benchmarks and their poms stay out of what they receive."""
+def test_the_pack_is_built_from_the_package_and_nothing_else() -> None:
+    """The package, as its wheel holds it; the chaos runner and the benchmarks live in tests/."""
     root = shipping.project_root()
     packed = {str(path.relative_to(root)) for path in shipping.source_files(root)}
 
     assert {"pyproject.toml", "fanout_sink/spark/shipping.py", "fanout_sink/protocol/worker.py"} <= packed
     assert "fanout_sink/protocol/event_schemas/Envelope.avsc" in packed
-    assert not [name for name in packed if name.startswith("fanout_sink/devtools")]
+    assert not [
+        name
+        for name in packed
+        if name not in {"pyproject.toml", "README.md"} and not name.startswith("fanout_sink/")
+    ]
 
 
 def test_a_cluster_master_without_a_pack_says_to_run_fanout_sink_pack(
@@ -91,7 +94,7 @@ def test_the_pack_holds_the_project_and_its_dependencies_but_not_pyspark(executo
     assert "bin/python" in names
     packed = {n.split("site-packages/", 1)[-1] for n in names}
     assert "fanout_sink/spark/shipping.py" in packed
-    assert not [n for n in packed if n.startswith("fanout_sink/devtools")]  # no chaos, bench, stack
+    assert not {"bench", "chaos", "support", "tests"} & set(site)  # the developer tooling stays in tests/
     # Package data, including what a link in the checkout points at (event_schemas -> schemas/events).
     assert {
         "fanout_sink/protocol/event_schemas/Envelope.avsc",

@@ -33,6 +33,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from bench.change_stream import create_table
+from chaos.changes import ROUTE, ChangeTraffic, change_traffic
 from confluent_kafka import Producer
 from pyarrow import fs
 from pyiceberg.types import StringType
@@ -46,8 +48,6 @@ from support.stores_fixtures import (
 )
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.bench.change_stream import create_table
-from fanout_sink.devtools.chaos.changes import ROUTE, ChangeTraffic, change_traffic
 from fanout_sink.devtools.stack.object_store import ObjectStoreState
 from fanout_sink.devtools.stack.postgres import PostgresState
 from fanout_sink.devtools.stack.rest_catalog import RestCatalogState

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from chaos import kills
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from support.common import create_topic, produce_json, write_checkpoint_batch
 from support.sink_factory import SinkUnderTest, new_sink
 
-from fanout_sink.devtools.chaos import kills
 from fanout_sink.devtools.stack.broker import KafkaBroker, stop_pid
 from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
 from fanout_sink.kafka.offsets import source_positions

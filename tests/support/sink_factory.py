@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol
 
 import pytest
 import yaml
+from chaos.app_process import child_env
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from support.common import (
@@ -49,7 +50,6 @@ from support.common import (
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.chaos.app_process import child_env
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator

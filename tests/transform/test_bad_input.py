@@ -20,12 +20,12 @@ from support.bad_records import (
     interleaved,
     sink_settings,
 )
+from support.raw_slices import make_raw_slice
 from support.registry import Registry, wire
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.errors import RecordError
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor

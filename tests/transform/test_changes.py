@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.common import embedded_catalog_settings
+from support.raw_slices import make_raw_slice
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.errors import ConfigError, RecordError, TableError
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.changes import last_change_wins

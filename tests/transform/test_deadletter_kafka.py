@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Producer
+from support.raw_slices import from_messages
 from support.sink_factory import SinkFactory
 
-from fanout_sink.devtools.raw_slices import from_messages
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor
 

@@ -18,12 +18,12 @@ import pyarrow as pa
 import pytest
 from fastavro import parse_schema, schemaless_writer
 from pyiceberg.types import DateType, DecimalType, TimestampType, TimestamptzType, TimeType
+from support.raw_slices import make_raw_slice
 from support.registry import Registry, wire
 
 from fanout_sink.avro_schema import CONNECT_NAME
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.debezium import CONNECT_SCALE, apply_logical_types
 from fanout_sink.transform.processor import RoutingProcessor, build_processor

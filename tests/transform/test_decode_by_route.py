@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.common import embedded_catalog_settings
+from support.raw_slices import make_raw_slice
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import load_config
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.formats import json as json_format

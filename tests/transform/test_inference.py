@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyiceberg.types import LongType, StringType, TimestampType, TimestamptzType
+from support.raw_slices import make_raw_slice
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.inference import Inference, time_named, timestamp_type
 from fanout_sink.transform.processor import build_processor

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.raw_slices import make_raw_slice
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.errors import RecordError
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor

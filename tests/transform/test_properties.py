@@ -18,10 +18,10 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.bad_records import REPO, sink_settings
+from support.raw_slices import make_raw_slice
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform.convert import convert
 from fanout_sink.transform.formats.json import JsonDecoder
 from fanout_sink.transform.processor import build_processor

@@ -17,11 +17,11 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from referencing import Resource
 from referencing.jsonschema import DRAFT7
+from support.raw_slices import make_raw_slice
 from support.registry import Registry, compile_protos, message_class, wire
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.errors import RecordError, SchemaError
 from fanout_sink.transform.formats.decoded import Decoded
 from fanout_sink.transform.formats.json_schema import JsonSchemaReader, json_schema_to_arrow

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.raw_slices import make_raw_slice
 
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform.expressions import NameExpression, Predicate, Projection, RecordView
 from fanout_sink.transform.formats.json import JsonDecoder
 from fanout_sink.transform.routing import UNMATCHED_REASON, NameRules, Router, normalise_table_name

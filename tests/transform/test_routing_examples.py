@@ -14,12 +14,12 @@ from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegis
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from support.raw_slices import from_messages, make_raw_slice
 from support.registry import Registry, compile_protos, message_class
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.raw_slices import from_messages, make_raw_slice
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor

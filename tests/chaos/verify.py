@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.change_state import check_state
 from confluent_kafka import Message
 
-from fanout_sink.devtools.bench.change_state import check_state
-from fanout_sink.devtools.chaos import changes, scenario
-from fanout_sink.devtools.chaos.changes import ChangeTraffic
-from fanout_sink.devtools.chaos.maintenance import ASIDE_INFIX
+from chaos import changes, scenario
+from chaos.changes import ChangeTraffic
+from chaos.maintenance import ASIDE_INFIX
 from fanout_sink.devtools.topics import header_pairs, read_to_end
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions

@@ -1,4 +1,4 @@
-"""``python -m fanout_sink.devtools.chaos``: one chaos run, one verdict line, exit 0 only on PASS."""
+"""``PYTHONPATH=tests python -m chaos``: one chaos run, one verdict line, exit 0 only on PASS."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import logging
 import sys
 from pathlib import Path
 
-from fanout_sink.devtools.chaos.kills import KINDS
-from fanout_sink.devtools.chaos.runner import ChaosOptions, ChaosRun
+from chaos.kills import KINDS
+from chaos.runner import ChaosOptions, ChaosRun
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fanout_sink.devtools.chaos", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
     parser.add_argument("--cycles", type=int, default=5, help="breakages, one per cycle (default 5)")
     parser.add_argument("--records", type=int, default=20_000, help="records to produce (default 20000)")
     parser.add_argument("--seed", type=int, default=1, help="seeds kinds, moments and records (default 1)")

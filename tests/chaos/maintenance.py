@@ -23,7 +23,7 @@ from pyiceberg.transforms import BucketTransform, IdentityTransform, Transform
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets, source_positions
 
-log = logging.getLogger("fanout_sink.devtools.chaos")
+log = logging.getLogger("chaos")
 
 OTHER_WRITER = "chaos.other-writer"
 """Snapshot-summary key of the commits the runner makes as another writer (never the sink's keys)."""

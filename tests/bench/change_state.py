@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fanout_sink.devtools.bench.change_stream import COLUMNS, KEY, TABLE
-from fanout_sink.devtools.bench.table_health import median_s
+from bench.change_stream import COLUMNS, KEY, TABLE
+from bench.table_health import median_s
 
 EXAMPLES = 10
 

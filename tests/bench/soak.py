@@ -29,11 +29,11 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bench import latency, ours
+from bench.context import PARTITIONS, RunContext
+from bench.proctree import TreeUsage
+from bench.workload import ROUTE_FIELD, Variant, value_chunks
 from fanout_sink.catalog import load_catalog
-from fanout_sink.devtools.bench import latency, ours
-from fanout_sink.devtools.bench.context import PARTITIONS, RunContext
-from fanout_sink.devtools.bench.proctree import TreeUsage
-from fanout_sink.devtools.bench.workload import ROUTE_FIELD, Variant, value_chunks
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions
 from fanout_sink.protocol.channel import sink_group

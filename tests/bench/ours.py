@@ -16,11 +16,11 @@ from typing import Any
 
 import yaml
 
+from bench.context import RunContext, SystemRun
+from bench.landed import landed
+from bench.proctree import TreeUsage, run_child
+from bench.workload import ROUTE_FIELD
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.devtools.bench.context import RunContext, SystemRun
-from fanout_sink.devtools.bench.landed import landed
-from fanout_sink.devtools.bench.proctree import TreeUsage, run_child
-from fanout_sink.devtools.bench.workload import ROUTE_FIELD
 
 TRIGGER_INTERVAL = "2s"
 CONTINUOUS = "fanout_sink continuous"

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from bench.context import RunContext, SystemRun
+from bench.landed import landed
+from bench.proctree import run_child
+from bench.workload import ROUTE_FIELD, Variant, parse_variant
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.devtools.bench.context import RunContext, SystemRun
-from fanout_sink.devtools.bench.landed import landed
-from fanout_sink.devtools.bench.proctree import run_child
-from fanout_sink.devtools.bench.workload import ROUTE_FIELD, Variant, parse_variant
 from fanout_sink.spark.session import build_spark_session
 
 SYSTEM = "Spark foreachBatch writer"

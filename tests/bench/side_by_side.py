@@ -1,11 +1,11 @@
 """fanout_sink next to the Iceberg Kafka Connect sink, Spark's own writer and the in-process limit.
 
-    python -m fanout_sink.devtools.bench.side_by_side                      # everything, 1M records, 3 rounds
-    python -m fanout_sink.devtools.bench.side_by_side --records 20000 --rounds 1 --variants uniform-3
-    python -m fanout_sink.devtools.bench.side_by_side --cores 1 --systems continuous
-    python -m fanout_sink.devtools.bench.side_by_side --latency --rate 20000 --duration 120
-    python -m fanout_sink.devtools.bench.side_by_side --soak --duration 1800 --load 0.7
-    python -m fanout_sink.devtools.bench.side_by_side --cores 1 --taskset 0 --systems continuous,connect
+    PYTHONPATH=tests python -m bench.side_by_side                      # everything, 1M records, 3 rounds
+    PYTHONPATH=tests python -m bench.side_by_side --records 20000 --rounds 1 --variants uniform-3
+    PYTHONPATH=tests python -m bench.side_by_side --cores 1 --systems continuous
+    PYTHONPATH=tests python -m bench.side_by_side --latency --rate 20000 --duration 120
+    PYTHONPATH=tests python -m bench.side_by_side --soak --duration 1800 --load 0.7
+    PYTHONPATH=tests python -m bench.side_by_side --cores 1 --taskset 0 --systems continuous,connect
 
 Per variant the records are generated once, written to a fresh topic (2 partitions) on the local
 broker (``fanout-sink stack``, started when down) and to a file for the in-process limit. Each
@@ -35,8 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyspark
 
-from fanout_sink.config.loading import key_value
-from fanout_sink.devtools.bench import (
+from bench import (
     connect_peer,
     latency,
     limit,
@@ -46,10 +45,11 @@ from fanout_sink.devtools.bench import (
     soak,
     spark_writer,
 )
-from fanout_sink.devtools.bench.context import RunContext, SystemRun
-from fanout_sink.devtools.bench.end_to_end import produce_chunks
-from fanout_sink.devtools.bench.landed import TableLanding, check_same_rows, sorted_ids
-from fanout_sink.devtools.bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, value_chunks
+from bench.context import RunContext, SystemRun
+from bench.end_to_end import produce_chunks
+from bench.landed import TableLanding, check_same_rows, sorted_ids
+from bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, value_chunks
+from fanout_sink.config.loading import key_value
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(SYSTEMS)}")
     bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
-    command = "python -m fanout_sink.devtools.bench.side_by_side " + shlex.join(
+    command = "PYTHONPATH=tests python -m bench.side_by_side " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="side-by-side-"))

@@ -25,11 +25,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka.cimpl import NewTopic
 
+from bench import ours, report
+from bench.context import PARTITIONS, RunContext, SystemRun
+from bench.proctree import TreeUsage
+from bench.workload import values
 from fanout_sink.catalog import load_catalog
-from fanout_sink.devtools.bench import ours, report
-from fanout_sink.devtools.bench.context import PARTITIONS, RunContext, SystemRun
-from fanout_sink.devtools.bench.proctree import TreeUsage
-from fanout_sink.devtools.bench.workload import values
 from fanout_sink.kafka.clients import KafkaClientFactory
 
 _STARTED = "streaming query"

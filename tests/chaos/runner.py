@@ -20,19 +20,19 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
 
+from chaos import changes, kills, maintenance, scenario
+from chaos.app_process import AppProcess, child_env
+from chaos.changes import ChangeTraffic, change_traffic, create_change_table
+from chaos.traffic import Traffic, flood
+from chaos.verify import Verdict, verify
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.chaos import changes, kills, maintenance, scenario
-from fanout_sink.devtools.chaos.app_process import AppProcess, child_env
-from fanout_sink.devtools.chaos.changes import ChangeTraffic, change_traffic, create_change_table
-from fanout_sink.devtools.chaos.traffic import Traffic, flood
-from fanout_sink.devtools.chaos.verify import Verdict, verify
 from fanout_sink.devtools.stack.broker import KafkaBroker, log_tail
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.errors import FanoutSinkError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.protocol.channel import coordinator_group, sink_group
 
-log = logging.getLogger("fanout_sink.devtools.chaos")
+log = logging.getLogger("chaos")
 STOP_TIMEOUT_S = 180.0  # SIGTERM finishes one batch and commits: minutes would mean it was ignored
 # "BufferError: Local: Queue full", "fanout_sink.errors.OffsetGapError: gap in ...", not Spark's wrapper;
 # or the CLI's one-line cause of an error it stopped with ("fanout-sink: control topic ... lost events").

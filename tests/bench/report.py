@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fanout_sink.devtools.bench.process_cpu import ROLES
+from bench.process_cpu import ROLES
 
 STANDARD_RECORDS = 1_000_000
 """The issue's standard run size: the targets read it when a larger run (10M) was measured as well."""

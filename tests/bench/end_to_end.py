@@ -1,7 +1,7 @@
 """End-to-end throughput of the app next to the in-process limit of the same work.
 
-    python -m fanout_sink.devtools.bench.end_to_end --records 1000000 --out bench-e2e.md
-    python -m fanout_sink.devtools.bench.end_to_end --records 200000 --tables 50 --out bench-50.md
+    PYTHONPATH=tests python -m bench.end_to_end --records 1000000 --out bench-e2e.md
+    PYTHONPATH=tests python -m bench.end_to_end --records 200000 --tables 50 --out bench-50.md
 
 It produces the records to a fresh topic (2 partitions) on the local broker (or
 ``--bootstrap-servers``), then measures:
@@ -35,11 +35,11 @@ from typing import Any
 
 import yaml
 from confluent_kafka.cimpl import NewTopic
+from support.raw_slices import make_raw_slice
 
+from bench.process_cpu import ProcessTreeCpu
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.bench.process_cpu import ProcessTreeCpu
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory

@@ -1,7 +1,7 @@
 """Decode + route + convert + write one partition slice; vectorised path versus per-record path,
 on a uniform topic and on a mixed-type one.
 
-    python -m fanout_sink.devtools.bench.slice_pipeline --records 200000 --out bench.md
+    PYTHONPATH=tests python -m bench.slice_pipeline --records 200000 --out bench.md
 
 The slice holds JSON orders, payments and clicks. Routing sends orders to two tables (one with a
 projection and a day partition), payments to one, and clicks are dropped. On the *uniform* topic
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from support.raw_slices import make_raw_slice
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.transform.formats.json import JsonDecoder
 from fanout_sink.transform.processor import RoutingProcessor
 
@@ -206,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(results)
     if args.out is not None:
         chosen = [f" --topic {t}" for t in args.topic or ()] + [f" --path {p}" for p in args.path or ()]
-        command = (
-            f"python -m fanout_sink.devtools.bench.slice_pipeline --records {args.records}{''.join(chosen)}"
-        )
+        command = f"PYTHONPATH=tests python -m bench.slice_pipeline --records {args.records}{''.join(chosen)}"
         args.out.write_text(f"# slice pipeline benchmark\n\n`{command}`\n\n{text}\n")
     return 0
 

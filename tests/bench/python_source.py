@@ -1,11 +1,11 @@
 """Prototype planner for issue 26: a PySpark Python streaming data source in place of Spark's Kafka source.
 
-    python -m fanout_sink.devtools.bench.python_source run --config sink.yaml --available-now
-    python -m fanout_sink.devtools.bench.python_source run --config sink.yaml --planner kafka  # the product's
+    PYTHONPATH=tests python -m bench.python_source run --config sink.yaml --available-now
+    PYTHONPATH=tests python -m bench.python_source run --config sink.yaml --planner kafka  # the product's
 
 Bench code, not product. The app (:class:`~fanout_sink.spark.app.SinkApp`: coordinator, batches,
 stop, final commit) runs unchanged except for the stream that plans the micro-batches:
-:class:`~fanout_sink.devtools.bench.range_source.RangeSource`, whose tasks run the product's task on
+:class:`~bench.range_source.RangeSource`, whose tasks run the product's task on
 their range and return one summary row each. The driver collects those rows instead of starting a
 job of its own (:class:`FrameBatchRunner`), so the exactly-once protocol, the sink group and the
 coordinator's round trigger are the product's. The source's offsets are written in the Kafka
@@ -40,12 +40,12 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from bench import ours
+from bench.context import RunContext, SystemRun
+from bench.range_source import SOURCE_NAME, RangeSource, flat, nested
 from fanout_sink import logs
 from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.bench import ours
-from fanout_sink.devtools.bench.context import RunContext, SystemRun
-from fanout_sink.devtools.bench.range_source import SOURCE_NAME, RangeSource, flat, nested
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import log_start_offset, source_positions
 from fanout_sink.protocol.channel import SinkChannel
@@ -55,7 +55,7 @@ from fanout_sink.spark.batch import BatchRunner
 from fanout_sink.spark.session import connector_jars
 from fanout_sink.spark.task import SliceReport
 
-MODULE = "fanout_sink.devtools.bench.python_source"
+MODULE = "bench.python_source"
 SYSTEM = "fanout_sink python-source"
 KAFKA_JARS = re.compile(r"kafka|commons-pool2")
 """The jars only Spark's Kafka source needs (it, its client and the client's pool)."""

@@ -16,17 +16,17 @@ from pathlib import Path
 
 from confluent_kafka.cimpl import NewTopic
 
+from bench.context import RunContext, SystemRun
+from bench.landed import landed
+from bench.proctree import run_child
+from bench.workload import ROUTE_FIELD
 from fanout_sink import jars
 from fanout_sink.catalog import sqlite_path
-from fanout_sink.devtools.bench.context import RunContext, SystemRun
-from fanout_sink.devtools.bench.landed import landed
-from fanout_sink.devtools.bench.proctree import run_child
-from fanout_sink.devtools.bench.workload import ROUTE_FIELD
 from fanout_sink.devtools.stack.broker import free_port
 from fanout_sink.kafka.clients import KafkaClientFactory
 
-CONNECT_WORKER = jars.JarSet("connect-worker", "fanout_sink.devtools.bench")
-ICEBERG_CONNECT_PLUGIN = jars.JarSet("iceberg-connect-plugin", "fanout_sink.devtools.bench")
+CONNECT_WORKER = jars.JarSet("connect-worker", "bench")
+ICEBERG_CONNECT_PLUGIN = jars.JarSet("iceberg-connect-plugin", "bench")
 SYSTEM = "Iceberg Kafka Connect sink"
 _LOG4J2 = """status = warn
 appender.console.type = Console

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import fanout_sink
+from bench.landed import TableLanding, VisibleRows
+from bench.proctree import ChildRun
+from bench.workload import Variant, create_tables
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.bench.landed import TableLanding, VisibleRows
-from fanout_sink.devtools.bench.proctree import ChildRun
-from fanout_sink.devtools.bench.workload import Variant, create_tables
 
 CATALOG_NAME = "bench"
 PARTITIONS = 2
@@ -34,10 +34,15 @@ def catalog_settings(folder: Path) -> CatalogSettings:
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a measured child: this checkout's code first, no inherited Spark gateway."""
+    """The environment of a measured child: this checkout's code first, no inherited Spark gateway.
+
+    ``tests/`` is on its path too: the benchmarks are the package ``bench`` there, which a child run as
+    ``python -m bench.<name>`` imports, and so do the Spark Python workers it starts (they inherit its
+    environment) when they unpickle :mod:`bench.range_source`'s data source."""
     root = str(Path(fanout_sink.__file__).resolve().parents[1])
+    tools = str(Path(__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, tools, env.get("PYTHONPATH", "")) if p)
     return env
 
 

@@ -17,10 +17,10 @@ import sys
 import time
 from typing import Any
 
+from bench.change_stream import COLUMNS, KEY, SOURCE_TABLE, TABLE
+from bench.proctree import ChildRun, run_child
+from bench.spark_writer import for_each_batch_available_now, peer_arguments
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.devtools.bench.change_stream import COLUMNS, KEY, SOURCE_TABLE, TABLE
-from fanout_sink.devtools.bench.proctree import ChildRun, run_child
-from fanout_sink.devtools.bench.spark_writer import for_each_batch_available_now, peer_arguments
 from fanout_sink.spark.session import build_spark_session
 
 SYSTEM = "Spark foreachBatch + MERGE INTO"

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from support.raw_slices import make_raw_slice
 
+from bench.context import PARTITIONS, RunContext, SystemRun
+from bench.landed import landed
+from bench.ours import sink_config
+from bench.proctree import run_child
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import parse_config
-from fanout_sink.devtools.bench.context import PARTITIONS, RunContext, SystemRun
-from fanout_sink.devtools.bench.landed import landed
-from fanout_sink.devtools.bench.ours import sink_config
-from fanout_sink.devtools.bench.proctree import run_child
-from fanout_sink.devtools.raw_slices import make_raw_slice
 from fanout_sink.protocol import datafiles
 from fanout_sink.transform.processor import build_processor
 

@@ -1,7 +1,7 @@
 """A simulated hour of 10 s commits into 10 tables, then table maintenance: what it changes.
 
-    python -m fanout_sink.devtools.bench.maintenance                     # 360 rounds, 10 tables
-    python -m fanout_sink.devtools.bench.maintenance --rounds 30 --tables 2 --out /tmp/m
+    PYTHONPATH=tests python -m bench.maintenance                     # 360 rounds, 10 tables
+    PYTHONPATH=tests python -m bench.maintenance --rounds 30 --tables 2 --out /tmp/m
 
 The hour is streamed by the real worker and coordinator (:mod:`.hour_ingest`) into a fresh SQLite
 catalog on the local broker (``fanout-sink stack``, started when down, or ``--bootstrap-servers``).
@@ -27,8 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
-from fanout_sink.devtools.bench.hour_ingest import (
+from bench.hour_ingest import (
     HourIngest,
     HourPlan,
     IngestResult,
@@ -36,7 +35,8 @@ from fanout_sink.devtools.bench.hour_ingest import (
     create_topic,
     sink_config,
 )
-from fanout_sink.devtools.bench.table_health import FILTER_MINUTES, SCANS, TableHealth, measure
+from bench.table_health import FILTER_MINUTES, SCANS, TableHealth, measure
+from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     args = _parser().parse_args(argv)
     plan = HourPlan(args.rounds, args.tables, args.partitions, args.records, args.interval)
     bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
-    command = "python -m fanout_sink.devtools.bench.maintenance " + shlex.join(
+    command = "PYTHONPATH=tests python -m bench.maintenance " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="maintenance-bench-"))

@@ -1,6 +1,6 @@
 """What a wide sink costs per commit round: N tables fed from N source partitions.
 
-``python -m fanout_sink.devtools.bench.wide_sink --tables 500 --rounds 3 --bootstrap-servers HOST:PORT``
+``PYTHONPATH=tests python -m bench.wide_sink --tables 500 --rounds 3 --bootstrap-servers HOST:PORT``
 
 The sink routes dynamically by the records' ``t`` field (``dynamic.table``, no per-table rules), to
 tables created up front in a fresh SQLite SQL catalog; partition ``p``'s records go to
@@ -30,12 +30,12 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from bench.catalog_calls import CatalogCalls
+from bench.context import catalog_settings
+from bench.hour_ingest import SCHEMA, Slot, create_topic
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.devtools.bench.catalog_calls import CatalogCalls
-from fanout_sink.devtools.bench.context import catalog_settings
-from fanout_sink.devtools.bench.hour_ingest import SCHEMA, Slot, create_topic
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from fanout_sink.devtools.chaos.changes import ChangeTraffic
+from chaos.changes import ChangeTraffic
 from fanout_sink.kafka.clients import KafkaClientFactory
 
 # Share of each record kind; ``noise`` matches no route (filtered), ``bad`` is malformed JSON.

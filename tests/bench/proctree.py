@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fanout_sink.devtools.bench.process_cpu import read_all, read_pss_mb, role, tree_of
+from bench.process_cpu import read_all, read_pss_mb, role, tree_of
 
 _SAMPLE_S = 0.2
 _STOP_GRACE_S = 120.0

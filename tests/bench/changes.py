@@ -1,7 +1,7 @@
 """fanout_sink's change path next to Spark ``foreachBatch`` + ``MERGE INTO`` on one Debezium stream.
 
-    python -m fanout_sink.devtools.bench.changes                          # 1M keys, 2M changes
-    python -m fanout_sink.devtools.bench.changes --keys 20000 --events 40000 --out /tmp/changes
+    PYTHONPATH=tests python -m bench.changes                          # 1M keys, 2M changes
+    PYTHONPATH=tests python -m bench.changes --keys 20000 --events 40000 --out /tmp/changes
 
 The stream (:mod:`.change_stream`) is generated once and produced keyed by id to a fresh topic
 with 2 partitions on the local broker (``fanout-sink stack``, started when down, or
@@ -31,10 +31,9 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
-from fanout_sink.devtools.bench import change_report, merge_peer, ours
-from fanout_sink.devtools.bench.change_state import ReadCost, StateCheck, check_state, examine
-from fanout_sink.devtools.bench.change_stream import (
+from bench import change_report, merge_peer, ours
+from bench.change_state import ReadCost, StateCheck, check_state, examine
+from bench.change_stream import (
     KEY,
     SOURCE_TABLE,
     TABLE,
@@ -43,10 +42,11 @@ from fanout_sink.devtools.bench.change_stream import (
     create_table,
     generate,
 )
-from fanout_sink.devtools.bench.context import child_env
-from fanout_sink.devtools.bench.end_to_end import produce_chunks
-from fanout_sink.devtools.bench.proctree import ChildRun, run_child
-from fanout_sink.devtools.bench.side_by_side import machine_facts
+from bench.context import child_env
+from bench.end_to_end import produce_chunks
+from bench.proctree import ChildRun, run_child
+from bench.side_by_side import machine_facts
+from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in keys if s not in SYSTEMS]
     if unknown:
         raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(SYSTEMS)}")
-    command = "python -m fanout_sink.devtools.bench.changes " + shlex.join(
+    command = "PYTHONPATH=tests python -m bench.changes " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
     plan = ChangePlan(keys=args.keys, events=args.events, seed=args.seed)

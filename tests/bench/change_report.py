@@ -12,8 +12,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from fanout_sink.devtools.bench.change_state import Replica, StateCheck
-from fanout_sink.devtools.bench.proctree import ChildRun
+from bench.change_state import Replica, StateCheck
+from bench.proctree import ChildRun
 
 OURS = "fanout_sink available-now"
 

@@ -5,7 +5,7 @@ break the sink, while the change stream is load that every kind's breakage lands
 in the middle of a change slice, a coordinator killed after a change table's resolution, a broker
 restart while deletes are queued). With it on, each kind is tried against appends and changes at once.
 
-The stream is the change benchmark's (:mod:`fanout_sink.devtools.bench.change_stream`, generated
+The stream is the change benchmark's (:mod:`bench.change_stream`, generated
 column-wise in numpy and Arrow, seeded): a source table of ``keys`` rows exists before the stream
 (the runner creates the sink's table holding them, as a replica starts from Debezium's snapshot),
 then ``events`` changes, 70% updates, 20% inserts, 10% deletes, as Debezium's plain JSON. Here each
@@ -26,8 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from fanout_sink.devtools.bench.change_stream import ChangePlan, create_table, generate
+from bench.change_stream import ChangePlan, create_table, generate
 
 TABLE = "chaos.customers"
 """The change table: in the ``chaos`` namespace beside the append tables, listed and maintained with them."""

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from chaos import changes
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.devtools.chaos import changes
 
 # Static table -> the record types it takes; every routed type also goes to ``region.<region>``.
 ROUTES = {

@@ -1,1 +1,0 @@
-"""Micro-benchmarks (run as ``python -m fanout_sink.devtools.bench.<name>``)."""

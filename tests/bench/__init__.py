@@ -1,0 +1,1 @@
+"""Micro-benchmarks (run as ``PYTHONPATH=tests python -m bench.<name>``)."""
