@@ -178,7 +178,8 @@ class DeleteLoad:
     """How the live position deletes of a table weigh on its data files, matched as readers match
     them (PyIceberg's delete index: partition, sequence number and ``file_path`` bounds, the rules
     of Iceberg Java's ``DeleteFileIndex``), so the decision agrees with what ``rewrite_data_files``
-    will select."""
+    will select; but never to a data file added after the delete file, which no position of it can
+    name (a compacted file between a delete file's bounds, see :func:`delete_load`)."""
 
     delete_files: int
     position_deletes: int
@@ -213,25 +214,32 @@ def delete_load(table: Table, file_threshold: int, ratio_threshold: float) -> De
     if snapshot is None:
         return NO_DELETES
     live: dict[str, DataFile] = {}
+    added_in: dict[str, int] = {}  # file path -> sequence number of the snapshot that added the file
     for manifest in snapshot.manifests(table.io):
-        if manifest.content == ManifestContent.DELETES:
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            added_in[entry.data_file.file_path] = entry.file_sequence_number or 0
+            if manifest.content == ManifestContent.DELETES:
                 live[entry.data_file.file_path] = entry.data_file
     if not live:
         return NO_DELETES
     matched: set[str] = set()
     with_deletes = over = most = 0
     for task in table.scan().plan_files():
-        if not task.delete_files:
+        # A position names a file that existed when its delete file was committed. Compaction gives
+        # its files the sequence number of the snapshot it started from, so readers still match
+        # them to that snapshot's delete files by their path bounds: not a delete, and not a reason
+        # to keep the delete file or to compact the file again.
+        deletes = [d for d in task.delete_files if added_in[d.file_path] >= added_in[task.file.file_path]]
+        if not deletes:
             continue
         with_deletes += 1
-        most = max(most, len(task.delete_files))
-        matched.update(d.file_path for d in task.delete_files)
-        scoped = sum(d.record_count for d in task.delete_files if _file_scoped_to(d, task.file.file_path))
+        most = max(most, len(deletes))
+        matched.update(d.file_path for d in deletes)
+        scoped = sum(d.record_count for d in deletes if _file_scoped_to(d, task.file.file_path))
         ratio = (
             min(scoped, task.file.record_count) / task.file.record_count if task.file.record_count else 0.0
         )
-        if len(task.delete_files) >= file_threshold or ratio >= ratio_threshold:
+        if len(deletes) >= file_threshold or ratio >= ratio_threshold:
             over += 1
     return DeleteLoad(
         delete_files=len(live),
