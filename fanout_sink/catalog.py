@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 _SQLITE_PREFIX = "sqlite:///"
 PY_IO_IMPL = "py-io-impl"
 """PyIceberg's catalog property naming the FileIO class; a user's choice is kept."""
-DURABLE_FILE_IO = "fanout_sink.durable_io.DurableFileIO"
+DURABLE_FILE_IO = "fanout_sink.pyiceberg_internals.DurableFileIO"
 DEFAULT_CATALOG_NAME = "lake"
 DEFAULT_CATALOG_TYPE = "sql"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"

@@ -1,16 +1,17 @@
-"""A PyIceberg ``FileIO`` that makes each file durable on a local (or NFS-mounted) warehouse before
-anything can reference it.
+"""Files of a local (or NFS-mounted) warehouse made durable before anything can reference them.
 
 The exactly-once protocol publishes data file paths in a Kafka transaction (worker) and manifest,
 manifest list and ``metadata.json`` paths in a catalog commit (coordinator). Both are durable once
 acknowledged; the files they name must be too, or a power loss or kernel crash leaves a committed
 reference to a file that is empty or missing. Object stores make a file durable when its upload
-completes; a local filesystem does that only on ``fsync``. So every file written through this
-FileIO is fsynced when its stream is closed (every PyIceberg writer closes its stream before it
+completes; a local filesystem does that only on ``fsync``. So every file written through the
+sink's FileIO is fsynced when its stream is closed (every PyIceberg writer closes its stream before it
 returns the file), and so is its directory entry, including directories the write created.
 
-``catalog.load_catalog`` selects it through the catalog property ``py-io-impl`` when the warehouse
-is local and the user chose no FileIO; other schemes are written as ``PyArrowFileIO`` writes them.
+The FileIO itself, ``DurableFileIO``, subclasses PyIceberg's ``PyArrowFileIO`` and so lives in
+:mod:`fanout_sink.pyiceberg_internals`; ``catalog.load_catalog`` selects it through the catalog
+property ``py-io-impl`` when the warehouse is local and the user chose no FileIO; other schemes are
+written as ``PyArrowFileIO`` writes them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from types import TracebackType
 from typing import Any
 
 from pyiceberg.io import OutputStream
-from pyiceberg.io.pyarrow import BUFFER_SIZE, ONE_MEGABYTE, PyArrowFile, PyArrowFileIO
 
 
 def fsync_path(path: str) -> None:
@@ -32,7 +32,7 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-class _SyncingStream:
+class SyncingStream:
     """An output stream that, once closed, fsyncs its file and the directory entries it created."""
 
     def __init__(self, stream: OutputStream, path: str, new_dirs: list[str]) -> None:
@@ -61,40 +61,10 @@ class _SyncingStream:
         # tell(), flush(), closed ...: what pyarrow's PythonFile asks of a writable file.
         return getattr(self._stream, name)
 
-    def __enter__(self) -> _SyncingStream:
+    def __enter__(self) -> SyncingStream:
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-class _DurableFile(PyArrowFile):
-    def __init__(self, location: str, path: str, fs: Any, buffer_size: int) -> None:
-        super().__init__(location=location, path=path, fs=fs, buffer_size=buffer_size)
-        self.local_path = path
-
-    def create(self, overwrite: bool = False) -> OutputStream:
-        new_dirs = []
-        directory = os.path.dirname(self.local_path)
-        while directory and not os.path.exists(directory):
-            new_dirs.append(directory)
-            directory = os.path.dirname(directory)
-        stream = super().create(overwrite=overwrite)
-        return _SyncingStream(stream, self.local_path, new_dirs)
-
-
-class DurableFileIO(PyArrowFileIO):
-    """``PyArrowFileIO`` whose local files are fsynced (with their directories) when closed."""
-
-    def new_output(self, location: str) -> PyArrowFile:
-        scheme, netloc, path = self.parse_location(location, self.properties)
-        if scheme != "file":
-            return super().new_output(location)
-        return _DurableFile(
-            location=location,
-            path=path,
-            fs=self.fs_by_scheme(scheme, netloc),
-            buffer_size=int(self.properties.get(BUFFER_SIZE, ONE_MEGABYTE)),
-        )

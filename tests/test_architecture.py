@@ -1,5 +1,6 @@
 """The package's import graph draws the design: layers only import downward, no cycles, no private
-names across modules, the product never reaches into developer tooling, Spark stays in ``spark/``."""
+names across modules, the product never reaches into developer tooling, Spark stays in ``spark/``,
+PyIceberg's internals are reached from one module only."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fanout_sink"
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "faults", "processes", "logs"),
-    ("kafka", "catalog", "durable_io", "avro_schema", "jars"),
+    ("kafka", "catalog", "durable_io", "pyiceberg_internals", "avro_schema", "jars"),
     ("config",),
     ("transform",),
     ("protocol",),
@@ -209,6 +210,62 @@ def test_kafka_clients_are_made_only_by_the_factory() -> None:
     elsewhere = [found for name in MODULES if name != CLIENT_FACTORY for found in _client_constructions(name)]
     assert not elsewhere, "make these clients through KafkaClientFactory:\n" + "\n".join(elsewhere)
     assert list(_client_constructions(CLIENT_FACTORY)), "the check no longer sees the factory's own calls"
+
+
+PYICEBERG_INTERNALS = "fanout_sink.pyiceberg_internals"
+TOOLING = ("bench", "chaos")
+"""Developer tooling under ``tests/`` that imports PyIceberg like the package does."""
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an expression like ``a.b[c].d`` starts from."""
+    while isinstance(node, ast.Attribute | ast.Subscript | ast.Call):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _pyiceberg_internals_used(path: Path) -> Iterator[str]:
+    """Private PyIceberg names imported, private attributes of names imported from PyIceberg used, and
+    classes subclassing one of those names, in one source file ("line N ...")."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported: set[str] = set()  # local names bound to PyIceberg modules, classes, functions
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pyiceberg":
+            private_module = any(_private(part) for part in (node.module or "").split("."))
+            for alias in node.names:
+                if private_module or _private(alias.name):
+                    yield f"line {node.lineno} imports {node.module}.{alias.name}"
+                imported.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "pyiceberg":
+                    if any(_private(part) for part in alias.name.split(".")):
+                        yield f"line {node.lineno} imports {alias.name}"
+                    imported.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and _root(node.value) in imported:
+            yield f"line {node.lineno} uses {ast.unparse(node)}"
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                if _root(base) in imported:
+                    yield f"line {node.lineno} subclasses {ast.unparse(base)} ({node.name})"
+
+
+def test_only_one_module_reaches_into_pyiceberg_internals() -> None:
+    """A PyIceberg upgrade may change any private name or any class the sink extends: all of them are
+    in ``fanout_sink/pyiceberg_internals.py``, so an upgrade breaks the sink in that one place, which
+    lists what it reaches into. Developer tooling under ``tests/`` is held to the same rule."""
+    tests = Path(__file__).resolve().parent
+    sources = {name: path for name, path in MODULES.items() if name != PYICEBERG_INTERNALS}
+    for folder in TOOLING:
+        sources.update({str(p.relative_to(tests.parent)): p for p in sorted((tests / folder).rglob("*.py"))})
+    found = [f"{name}: {use}" for name, path in sources.items() for use in _pyiceberg_internals_used(path)]
+    assert not found, f"reach PyIceberg's internals through {PYICEBERG_INTERNALS} only:\n" + "\n".join(found)
+    assert list(_pyiceberg_internals_used(MODULES[PYICEBERG_INTERNALS])), "the check no longer sees its own"
 
 
 RECOVERY = "fanout_sink.protocol.recovery"

@@ -16,8 +16,8 @@ import pytest
 from support.common import ARROW_SCHEMA, TABLE_SCHEMA
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.durable_io import DurableFileIO
 from fanout_sink.protocol import datafiles
+from fanout_sink.pyiceberg_internals import DurableFileIO
 
 
 @pytest.fixture

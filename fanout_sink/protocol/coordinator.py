@@ -40,10 +40,9 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties, Transaction
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import TableUpdate, update_table_metadata
+from pyiceberg.table import Table
 
+from fanout_sink import pyiceberg_internals
 from fanout_sink.errors import FanoutSinkError, ProducerFencedError, TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
@@ -117,48 +116,6 @@ class RoundObserver(Protocol):
     def round_done(self, result: RoundResult, positions: list[PartitionPosition]) -> None: ...
 
     def round_failed(self, error: BaseException) -> None: ...
-
-
-class _StagedTransaction(Transaction):
-    """A transaction that applies its staged updates to the table metadata once per change of them.
-
-    PyIceberg's ``Transaction.table_metadata`` re-applies every staged update, deep-copying the
-    whole metadata, on each access; one append reads it ~19 times, which was ~40 % of a table
-    commit's CPU and grows with the table's snapshots (docs/benchmarks/wide-sinks.md). The result
-    is a pure function of the base metadata and the staged updates (both immutable and replaced,
-    never changed in place), so it is kept until either is replaced.
-    """
-
-    _applied: tuple[TableMetadata, tuple[TableUpdate, ...], TableMetadata] | None = None
-
-    @property
-    def table_metadata(self) -> TableMetadata:
-        base, updates = self._table.metadata, self._updates
-        applied = self._applied
-        if applied is None or applied[0] is not base or applied[1] is not updates:
-            applied = (base, updates, update_table_metadata(base, updates))
-            self._applied = applied
-        return applied[2]
-
-
-def _no_retry_transaction(table: Table) -> Transaction:
-    """A transaction whose commit is attempted exactly once.
-
-    PyIceberg 0.12 retries a failed commit by rebasing the same append onto the new head, reading
-    the retry count from the table properties at commit time. Rebasing without re-checking the
-    stored control offsets could append files another coordinator already appended, so the
-    transaction runs on a view of the table whose properties say ``commit.retry.num-retries=0``.
-    Only updates and requirements are sent to the catalog: the table's real properties are untouched.
-    """
-    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    pinned = Table(
-        table.name(),
-        metadata=table.metadata.model_copy(update={"properties": properties}),
-        metadata_location=table.metadata_location,
-        io=table.io,
-        catalog=table.catalog,
-    )
-    return _StagedTransaction(pinned)
 
 
 class Coordinator:
@@ -683,10 +640,10 @@ class Coordinator:
                     )
                 )
                 fault_point("coordinator.after-resolve", table=identifier)
-            txn = _no_retry_transaction(table)
+            txn = pyiceberg_internals.no_retry_transaction(table)
             # Each file under the spec it was written with: the spec may have changed since. Data
             # and position deletes in one snapshot, the one that records the control offset (I4).
-            delta = row_delta.RowDelta(txn, table.io, snapshot_properties)
+            delta = pyiceberg_internals.RowDelta(txn, table.io, snapshot_properties)
             with delta:
                 for data_file in added:
                     delta.append_data_file(data_file)

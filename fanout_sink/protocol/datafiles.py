@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import PrimitiveType
 
+from fanout_sink import pyiceberg_internals
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import events as ev
 
@@ -38,12 +38,8 @@ def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
     if rows.num_rows == 0:
         return []
     metadata = table.metadata
-    _check_pyarrow_schema_compatible(
-        metadata.schema(), provided_schema=rows.schema, format_version=metadata.format_version
-    )
-    files = list(
-        _dataframe_to_data_files(table_metadata=metadata, df=rows, io=table.io, write_uuid=uuid.uuid4())
-    )
+    pyiceberg_internals.check_schema_compatible(metadata, rows.schema)
+    files = pyiceberg_internals.dataframe_to_data_files(metadata, rows, table.io, uuid.uuid4())
     for data_file in files:
         # PyIceberg 0.12 drops spec_id in DataFile.from_args (it is not a manifest field): the files
         # were written with the table's default spec, so record that.

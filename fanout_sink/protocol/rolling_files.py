@@ -11,7 +11,8 @@ What a worker holds beyond a chunk is the writers' footers, whatever the slice's
 
 Files are written the way PyIceberg's ``_dataframe_to_data_files`` writes them (same conversion to the
 file schema with field ids, same Parquet writer and table write properties, same statistics from the
-Parquet footer, same partition values and locations), so a ``DataFile`` from here equals one from
+Parquet footer, same partition values and locations; its private helpers through
+:mod:`fanout_sink.pyiceberg_internals`), so a ``DataFile`` from here equals one from
 :func:`.datafiles.write_data_files` for the same rows.
 
 Change tables never come here: their rows of one chunk are the keys' last changes in that chunk, and
@@ -29,13 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyiceberg.io import OutputFile
 from pyiceberg.io.fileformat import FileFormatWriter
-from pyiceberg.io.pyarrow import (
-    ParquetFormatModel,
-    _check_pyarrow_schema_compatible,
-    _determine_partitions,
-    _to_requested_schema,
-    pyarrow_to_schema,
-)
+from pyiceberg.io.pyarrow import ParquetFormatModel, pyarrow_to_schema
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionKey
 from pyiceberg.schema import Schema, sanitize_column_names
@@ -44,6 +39,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
+from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import datafiles
 from fanout_sink.protocol import events as ev
 
@@ -99,9 +95,7 @@ class _TableWriter:
 
     def __init__(self, table: Table, schema: pa.Schema, names: _FileNames) -> None:
         metadata = table.metadata
-        _check_pyarrow_schema_compatible(
-            metadata.schema(), provided_schema=schema, format_version=metadata.format_version
-        )
+        pyiceberg_internals.check_schema_compatible(metadata, schema)
         self.table = table
         self.schema = schema
         self._names = names
@@ -124,8 +118,8 @@ class _TableWriter:
         if spec.is_unpartitioned():
             return self._write_partition(None, rows)
         closed = []
-        for part in _determine_partitions(spec=spec, schema=self.table.metadata.schema(), arrow_table=rows):
-            closed += self._write_partition(part.partition_key, part.arrow_table_partition)
+        for partition_key, part in pyiceberg_internals.partitions(spec, self.table.metadata.schema(), rows):
+            closed += self._write_partition(partition_key, part)
         return closed
 
     def close(self) -> list[DataFile]:
@@ -145,13 +139,8 @@ class _TableWriter:
     def _write_partition(self, partition_key: PartitionKey | None, rows: pa.Table) -> list[DataFile]:
         converted = pa.Table.from_batches(
             [
-                _to_requested_schema(
-                    requested_schema=self._file_schema,
-                    file_schema=self._rows_schema,
-                    batch=batch,
-                    downcast_ns_timestamp_to_us=self._downcast,
-                    include_field_ids=True,
-                    format_model=_PARQUET,
+                pyiceberg_internals.to_file_schema(
+                    self._file_schema, self._rows_schema, batch, self._downcast, _PARQUET
                 )
                 for batch in rows.to_batches()
             ]

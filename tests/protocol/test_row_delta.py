@@ -1,8 +1,8 @@
 """Change sets resolved into position deletes and committed in one snapshot, read back by PyIceberg.
 
 No broker: data files are written as a worker writes them (``datafiles.write_data_files``), resolved
-by ``row_delta.resolve`` and committed with ``RowDelta`` as the coordinator does. Every check reads
-the whole table back and compares it with what the changes mean key by key.
+by ``row_delta.resolve`` and committed with ``pyiceberg_internals.RowDelta`` as the coordinator does.
+Every check reads the whole table back and compares it with what the changes mean key by key.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from pyiceberg.types import (
 )
 from support.row_deltas import commit_round, staged
 
+from fanout_sink import pyiceberg_internals
 from fanout_sink.errors import TableError
-from fanout_sink.protocol import datafiles, row_delta
+from fanout_sink.protocol import datafiles, key_lookup, row_delta
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -74,13 +75,13 @@ def lake(tmp_path: Path) -> SqlCatalog:
 def read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The paths whose key columns resolution reads, in order."""
     paths: list[str] = []
-    original = row_delta._read_keys
+    original = key_lookup.read_keys
 
     def spy(io: Any, path: str, *args: Any) -> pa.Table:
         paths.append(path)
         return original(io, path, *args)
 
-    monkeypatch.setattr(row_delta, "_read_keys", spy)
+    monkeypatch.setattr(key_lookup, "read_keys", spy)
     return paths
 
 
@@ -475,7 +476,7 @@ def test_a_table_with_equality_deletes_is_refused_with_how_to_fold_them(lake: Sq
     )
     equality.spec_id = 0
     txn = table.transaction()
-    with row_delta.RowDelta(txn, table.io, {}) as delta:
+    with pyiceberg_internals.RowDelta(txn, table.io, {}) as delta:
         delta._added_delete_files.append(equality)
     txn.commit_transaction()
     with pytest.raises(TableError, match=r"(?s)equality-delete files.*rewrite_data_files"):

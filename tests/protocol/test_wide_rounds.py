@@ -15,7 +15,7 @@ import pytest
 from bench.wide_sink import NAMESPACE, WidePlan, WideSink
 from pyiceberg.table.metadata import TableMetadata
 
-from fanout_sink.protocol import coordinator
+from fanout_sink import pyiceberg_internals
 
 TABLES = 24
 FED = {f"{NAMESPACE}.w00003", f"{NAMESPACE}.w00017"}
@@ -58,7 +58,7 @@ def test_a_table_commit_applies_its_staged_updates_once_per_change(
 
         return apply
 
-    for module in (pyiceberg.table, coordinator):  # PyIceberg's own transaction, and ours
+    for module in (pyiceberg.table, pyiceberg_internals):  # PyIceberg's own transaction, and ours
         if hasattr(module, "update_table_metadata"):
             monkeypatch.setattr(module, "update_table_metadata", counting(module.update_table_metadata))
     wide = WideSink(WidePlan(tables=3, partitions=3, records=5), bootstrap_servers, tmp_path)

@@ -1,0 +1,336 @@
+"""Everything of the sink that extends PyIceberg or reaches into its internals, in one place.
+
+PyIceberg 0.12.0 is pinned. What the sink needs beyond PyIceberg's public API (a fast append that
+keeps each file's partition spec, position deletes in the same snapshot, a commit without PyIceberg's
+rebasing retry, Parquet files written exactly as PyIceberg's append writes them) is built on private
+classes, private functions and private attributes, which may change in any release. A PyIceberg
+upgrade therefore breaks the sink here and nowhere else: ``tests/test_architecture.py`` fails when
+another module imports a private PyIceberg name, uses a private attribute of one, or subclasses a
+PyIceberg class. What this module reaches into:
+
+- ``pyiceberg.table.update.snapshot._FastAppendFiles``: subclassed by :class:`SpecPreservingAppend`
+  (and so :class:`RowDelta`), overriding ``_manifests``, ``_summary`` and ``_refresh_for_retry`` and
+  reading ``_added_data_files``, ``_snapshot_id``, ``_parent_snapshot_id``, ``_operation``,
+  ``_compression``, ``_process_manifests``, ``_existing_manifests`` and ``_transaction._table``.
+- ``pyiceberg.manifest.ManifestWriterV2``: subclassed by :class:`_DeleteManifestWriter`, overriding
+  ``content`` and the private ``_meta``.
+- ``pyiceberg.table.Transaction``: subclassed by :class:`_StagedTransaction`, overriding
+  ``table_metadata`` and reading ``_table`` and ``_updates``.
+- ``pyiceberg.io.pyarrow.PyArrowFileIO`` and ``PyArrowFile``: subclassed by :class:`DurableFileIO`
+  (the FileIO that ``py-io-impl`` selects, so its class path is a catalog property) and
+  :class:`_DurableFile`, overriding ``new_output`` and ``create``.
+- ``pyiceberg.io.pyarrow``'s ``_check_pyarrow_schema_compatible``, ``_dataframe_to_data_files``,
+  ``_determine_partitions`` and ``_to_requested_schema``, and ``Catalog._convert_schema_if_needed``:
+  behind the public wrappers below.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.io import FileIO, OutputStream
+from pyiceberg.io.fileformat import FileFormatModel
+from pyiceberg.io.pyarrow import (
+    BUFFER_SIZE,
+    ONE_MEGABYTE,
+    PyArrowFile,
+    PyArrowFileIO,
+    _check_pyarrow_schema_compatible,
+    _dataframe_to_data_files,
+    _determine_partitions,
+    _to_requested_schema,
+)
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriter,
+    ManifestWriterV2,
+)
+from pyiceberg.partitioning import PartitionKey, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update import TableUpdate, update_table_metadata
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+
+from fanout_sink.durable_io import SyncingStream
+
+
+def check_schema_compatible(metadata: TableMetadata, provided: pa.Schema) -> None:
+    """Raise ``ValueError`` when Arrow rows of schema ``provided`` cannot be written into the table's
+    current schema: the check PyIceberg's own append makes before it writes a file."""
+    _check_pyarrow_schema_compatible(
+        metadata.schema(), provided_schema=provided, format_version=metadata.format_version
+    )
+
+
+def dataframe_to_data_files(
+    metadata: TableMetadata, rows: pa.Table, io: FileIO, write_uuid: uuid.UUID
+) -> list[DataFile]:
+    """``rows`` written as Parquet data files the way PyIceberg's append writes them (bin-packed to
+    the target file size, split by partition, named ``00000-<task>-<write_uuid>``)."""
+    return list(_dataframe_to_data_files(table_metadata=metadata, df=rows, io=io, write_uuid=write_uuid))
+
+
+def partitions(
+    spec: PartitionSpec, schema: Schema, rows: pa.Table
+) -> Iterator[tuple[PartitionKey, pa.Table]]:
+    """``rows`` split by the partition ``spec`` (of ``schema``): each partition's key and rows, as
+    PyIceberg's append splits them."""
+    for part in _determine_partitions(spec=spec, schema=schema, arrow_table=rows):
+        yield part.partition_key, part.arrow_table_partition
+
+
+def to_file_schema(
+    file_schema: Schema,
+    rows_schema: Schema,
+    batch: pa.RecordBatch,
+    downcast_ns_timestamp_to_us: bool,
+    format_model: FileFormatModel,
+) -> pa.RecordBatch:
+    """``batch`` (of Iceberg schema ``rows_schema``) converted to ``file_schema`` with field ids, as
+    PyIceberg converts rows before it writes them to a file."""
+    return _to_requested_schema(
+        requested_schema=file_schema,
+        file_schema=rows_schema,
+        batch=batch,
+        downcast_ns_timestamp_to_us=downcast_ns_timestamp_to_us,
+        include_field_ids=True,
+        format_model=format_model,
+    )
+
+
+def schema_from_arrow(schema: pa.Schema) -> Schema:
+    """An Iceberg schema (field ids not yet assigned) for an Arrow schema, as ``Catalog.create_table``
+    derives it from one."""
+    return Catalog._convert_schema_if_needed(schema)
+
+
+def by_spec(files: Iterable[DataFile]) -> dict[int, list[DataFile]]:
+    """``files`` grouped by the partition spec they were written with, in spec id order."""
+    grouped: dict[int, list[DataFile]] = defaultdict(list)
+    for added in files:
+        grouped[added.spec_id].append(added)
+    return dict(sorted(grouped.items()))
+
+
+class SpecPreservingAppend(_FastAppendFiles):
+    """An Iceberg fast append that keeps every data file under the partition spec it was written with.
+
+    Workers write files under the table's default spec at write time; the coordinator appends them
+    later, possibly after someone changed the partition spec. PyIceberg 0.12's fast append writes all
+    added files into one manifest of the table's *current* default spec (and summarises their
+    partitions with it), which fails on files of an older spec, every round, for good. Iceberg itself
+    allows files of any spec the table still knows: Java's ``FastAppend`` writes one manifest per
+    spec. This does the same: ``_FastAppendFiles`` with one added manifest per partition spec id of
+    the added files, so the files keep their own partition values and stay prunable under their spec.
+    """
+
+    def __init__(self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]) -> None:
+        super().__init__(
+            operation=Operation.APPEND,
+            transaction=transaction,
+            io=io,
+            snapshot_properties=snapshot_properties,
+        )
+
+    def _by_spec(self) -> dict[int, list[DataFile]]:
+        return by_spec(self._added_data_files)
+
+    def _manifests(self) -> list[ManifestFile]:
+        added = [
+            self._added_manifest(self.new_manifest_writer(self.spec(spec_id)), files)
+            for spec_id, files in self._by_spec().items()
+        ]
+        return self._process_manifests(added + self._existing_manifests())
+
+    def _added_manifest(self, writer: ManifestWriter, files: list[DataFile]) -> ManifestFile:
+        """``files`` as ADDED entries of this snapshot (sequence numbers inherited at commit)."""
+        with writer:
+            for data_file in files:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=self._snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=data_file,
+                    )
+                )
+        return writer.to_manifest_file()
+
+    def _collect(self, collector: SnapshotSummaryCollector, schema: Schema) -> None:
+        """Count every added file into the summary, each under its own spec."""
+        self._count(collector, schema, self._by_spec())
+
+    def _count(
+        self, collector: SnapshotSummaryCollector, schema: Schema, grouped: dict[int, list[DataFile]]
+    ) -> None:
+        for spec_id, files in grouped.items():
+            for added in files:
+                collector.add_file(data_file=added, partition_spec=self.spec(spec_id), schema=schema)
+
+    def _summary(self, snapshot_properties: dict[str, str] | None = None) -> Summary:
+        metadata = self._transaction.table_metadata
+        limit = int(
+            metadata.properties.get(
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
+            )
+        )
+        collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+        self._collect(collector, metadata.schema())
+        parent = (
+            metadata.snapshot_by_id(self._parent_snapshot_id)
+            if self._parent_snapshot_id is not None
+            else None
+        )
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **(snapshot_properties or {})),
+            previous_summary=parent.summary if parent is not None else None,
+        )
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """PyIceberg 0.12's v2 manifest writer says every manifest holds data; this one holds deletes."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class RowDelta(SpecPreservingAppend):
+    """One snapshot that adds data files (each under its own spec) and position-delete files.
+
+    Its commit asserts that the table's branch still points at the snapshot the transaction started
+    from, so deletes resolved against that snapshot can never land on another one."""
+
+    def __init__(self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]) -> None:
+        super().__init__(transaction, io, snapshot_properties)
+        self._added_delete_files: list[DataFile] = []
+
+    def __enter__(self) -> RowDelta:
+        return self
+
+    def _refresh_for_retry(self) -> None:
+        """Refuse PyIceberg's retry: it would rebase this snapshot onto a newer head, but the deletes
+        (and which rows count as new) were resolved against the old one. The caller resolves again."""
+        raise CommitFailedException(
+            f"table {'.'.join(self._transaction._table.name())} changed since its changes were resolved "
+            f"against snapshot {self._parent_snapshot_id}; resolve them again on the reloaded table"
+        )
+
+    def add_delete_file(self, delete_file: DataFile) -> RowDelta:
+        if delete_file.content != DataFileContent.POSITION_DELETES:
+            raise ValueError(f"{delete_file.file_path} is not a position-delete file")
+        self._added_delete_files.append(delete_file)
+        self._operation = Operation.OVERWRITE
+        return self
+
+    def _deletes_by_spec(self) -> dict[int, list[DataFile]]:
+        return by_spec(self._added_delete_files)
+
+    def _manifests(self) -> list[ManifestFile]:
+        manifests = super()._manifests()
+        for spec_id, files in self._deletes_by_spec().items():
+            writer = _DeleteManifestWriter(
+                spec=self.spec(spec_id),
+                schema=self.schema(),
+                output_file=self.new_manifest_output(),
+                snapshot_id=self._snapshot_id,
+                avro_compression=self._compression,
+            )
+            manifests.append(self._added_manifest(writer, files))
+        return manifests
+
+    def _collect(self, collector: SnapshotSummaryCollector, schema: Schema) -> None:
+        super()._collect(collector, schema)
+        self._count(collector, schema, self._deletes_by_spec())
+
+
+class _StagedTransaction(Transaction):
+    """A transaction that applies its staged updates to the table metadata once per change of them.
+
+    PyIceberg's ``Transaction.table_metadata`` re-applies every staged update, deep-copying the
+    whole metadata, on each access; one append reads it ~19 times, which was ~40 % of a table
+    commit's CPU and grows with the table's snapshots (docs/benchmarks/wide-sinks.md). The result
+    is a pure function of the base metadata and the staged updates (both immutable and replaced,
+    never changed in place), so it is kept until either is replaced.
+    """
+
+    _applied: tuple[TableMetadata, tuple[TableUpdate, ...], TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates = self._table.metadata, self._updates
+        applied = self._applied
+        if applied is None or applied[0] is not base or applied[1] is not updates:
+            applied = (base, updates, update_table_metadata(base, updates))
+            self._applied = applied
+        return applied[2]
+
+
+def no_retry_transaction(table: Table) -> Transaction:
+    """A transaction whose commit is attempted exactly once.
+
+    PyIceberg 0.12 retries a failed commit by rebasing the same append onto the new head, reading
+    the retry count from the table properties at commit time. Rebasing without re-checking the
+    stored control offsets could append files another coordinator already appended, so the
+    transaction runs on a view of the table whose properties say ``commit.retry.num-retries=0``.
+    Only updates and requirements are sent to the catalog: the table's real properties are untouched.
+    """
+    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    pinned = Table(
+        table.name(),
+        metadata=table.metadata.model_copy(update={"properties": properties}),
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+    )
+    return _StagedTransaction(pinned)
+
+
+class _DurableFile(PyArrowFile):
+    def __init__(self, location: str, path: str, fs: Any, buffer_size: int) -> None:
+        super().__init__(location=location, path=path, fs=fs, buffer_size=buffer_size)
+        self.local_path = path
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        new_dirs = []
+        directory = os.path.dirname(self.local_path)
+        while directory and not os.path.exists(directory):
+            new_dirs.append(directory)
+            directory = os.path.dirname(directory)
+        stream = super().create(overwrite=overwrite)
+        return SyncingStream(stream, self.local_path, new_dirs)
+
+
+class DurableFileIO(PyArrowFileIO):
+    """``PyArrowFileIO`` whose local files are fsynced (with their directories) when closed: why, in
+    :mod:`fanout_sink.durable_io`."""
+
+    def new_output(self, location: str) -> PyArrowFile:
+        scheme, netloc, path = self.parse_location(location, self.properties)
+        if scheme != "file":
+            return super().new_output(location)
+        return _DurableFile(
+            location=location,
+            path=path,
+            fs=self.fs_by_scheme(scheme, netloc),
+            buffer_size=int(self.properties.get(BUFFER_SIZE, ONE_MEGABYTE)),
+        )
