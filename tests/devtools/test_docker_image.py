@@ -2,7 +2,7 @@
 
 No container can start here (the sandbox refuses ``setrlimit``), so podman builds with chroot isolation
 on a Debian base made by debootstrap in place of the registry's Python image
-(:mod:`fanout_sink.devtools.image_build`; podman and debootstrap are installed with apt-get when
+(``tests/support/image_build.py``; podman and debootstrap are installed with apt-get when
 missing). The build runs the image's own checks (``fanout-sink --version``, ``validate --offline`` on
 docker/sink.yaml); this test then reads the built image without running it: its entry point and
 command, and, mounted, the files its services need at start (every jar set, the executors' pack).
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import image_build
 
 from fanout_sink import cli, jars
-from fanout_sink.devtools import image_build
 
 pytestmark = pytest.mark.docker
 

@@ -11,7 +11,7 @@ Everything podman stores (the base image, the layer cache, the image) lives unde
 (``podman/`` in :func:`fanout_sink.jars.cache_dir`), never in the machine's own container storage, so
 the base and the layers are reused by the next build and removed by deleting that folder.
 
-    python -m fanout_sink.devtools.image_build            # builds fanout-sink:local, prints the times
+    PYTHONPATH=tests python -m support.image_build        # builds fanout-sink:local, prints the times
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def build_image(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fanout_sink.devtools.image_build",
+        prog="python -m support.image_build",
         description="Build docker/'s image with podman (chroot isolation) on a debootstrap base.",
     )
     parser.add_argument("--tag", default=DEFAULT_TAG, help="the image's name (default: compose's)")
