@@ -48,8 +48,9 @@ from fanout_sink.errors import ConfigError, PreflightError, TableError
 from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA
 from fanout_sink.preflight import BROKER_TIMEOUT_S, CHECKS, Finding, Preflight
 from fanout_sink.transform.convert import Matching, placeholder_rows, type_mismatches
-from fanout_sink.transform.expressions import META_FIELDS, NameExpression, Projection, RecordView
+from fanout_sink.transform.expressions import NameExpression, Projection
 from fanout_sink.transform.formats.decoded import Decoded
+from fanout_sink.transform.record_view import META_FIELDS, RecordView
 from fanout_sink.transform.routing import NameRules, normalise_table_name
 from fanout_sink.transform.tables import TableKey, check_key, iceberg_schema
 

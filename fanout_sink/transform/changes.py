@@ -18,8 +18,9 @@ import pyarrow.compute as pc
 from fanout_sink.config.models import ChangeSettings
 from fanout_sink.transform import debezium
 from fanout_sink.transform.convert import Matching
-from fanout_sink.transform.expressions import Predicate, RecordView
+from fanout_sink.transform.expressions import Predicate
 from fanout_sink.transform.formats.json import JsonDecoder
+from fanout_sink.transform.record_view import RecordView
 
 _ORDER = " order"
 """The position column of :func:`last_change_wins`; a space keeps it from meeting a key column."""

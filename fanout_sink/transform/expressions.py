@@ -1,22 +1,10 @@
 """jmespath expressions over a batch of records, compiled to ``pyarrow.compute`` where possible.
 
-Expressions are jmespath, evaluated over a *record view*: the record's own fields at top level,
-plus the Kafka metadata of the record
-
-=================  ==========================================================================
-``topic``          source topic (string)
-``partition``      source partition (number)
-``offset``         source offset (number)
-``timestamp``      record timestamp, epoch milliseconds (number)
-``timestamp_type`` Kafka timestamp type (0 create time, 1 log-append time)
-``key``            record key as UTF-8 text (invalid bytes replaced), or null
-``headers``        object of header name -> UTF-8 text value (the last one wins), per record only
-=================  ==========================================================================
-
-The metadata names are visible at top level unless the record has a field of the same name (the
-record wins); they are always reachable under ``_kafka`` (``_kafka.topic``). Besides jmespath's
-built-in functions there is ``regex(subject, 'pattern')``: true when ``pattern`` matches anywhere
-in the string ``subject``. A predicate that raises (e.g. ``starts_with`` on a number) is false.
+Expressions are jmespath, evaluated over a *record view* (:mod:`fanout_sink.transform.record_view`:
+the record's own fields at top level, plus its Kafka metadata, always reachable under ``_kafka``).
+Besides jmespath's built-in functions there is ``regex(subject, 'pattern')``: true when ``pattern``
+matches anywhere in the string ``subject``. A predicate that raises (e.g. ``starts_with`` on a
+number) is false.
 
 Simple predicates -- a field compared with a literal (``==``, ``!=``, ``<``, ``<=``, ``>``,
 ``>=``), membership ``contains(['a', 'b'], field)``, ``contains``/``starts_with``/``ends_with``/
@@ -31,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jmespath
@@ -40,10 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from jmespath import functions as jp_functions
 
-from fanout_sink.transform.formats.decoded import Decoded, arrow_from_python
-
-META_FIELDS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "headers")
-META_ROOT = "_kafka"
+from fanout_sink.transform.formats.decoded import arrow_from_python
+from fanout_sink.transform.record_view import META_ROOT, Fallback, RecordView
 
 
 class _Functions(jp_functions.Functions):
@@ -53,147 +38,6 @@ class _Functions(jp_functions.Functions):
 
 
 JMESPATH_OPTIONS = jmespath.Options(custom_functions=_Functions())
-
-
-class Fallback(Exception):
-    """An expression (or a part of it) cannot be vectorised for this batch."""
-
-
-# --------------------------------------------------------------------------------------------
-# The record view
-
-
-@dataclass
-class RecordView:
-    """Decoded records plus their Kafka metadata, as Arrow columns and (on demand) Python objects."""
-
-    decoded: Decoded
-    meta: pa.Table  # one row per decoded record: the META_FIELDS but headers
-    headers: list[dict[str, str]] | None = None
-    _raw_headers: pa.Array | None = None
-    _python: list[dict[str, Any]] | None = None
-
-    @classmethod
-    def build(cls, decoded: Decoded, raw: pa.Table) -> RecordView:
-        """``raw`` is the slice (``RAW_RECORD_SCHEMA``); ``decoded.rows`` index into it."""
-        take = pa.array(decoded.rows, pa.int64())
-        picked = raw.select(["topic", "partition", "offset", "timestamp", "timestampType", "key"]).take(take)
-        key = picked.column("key").combine_chunks()
-        try:
-            key_text = key.cast(pa.string())
-        except pa.ArrowInvalid:
-            key_text = pa.array(
-                [None if k is None else k.decode("utf-8", "replace") for k in key.to_pylist()], pa.string()
-            )
-        meta = pa.table(
-            {
-                "topic": picked.column("topic"),
-                "partition": picked.column("partition").cast(pa.int64()),
-                "offset": picked.column("offset"),
-                "timestamp": pc.cast(
-                    pc.cast(picked.column("timestamp"), pa.timestamp("ms", tz="UTC"), safe=False), pa.int64()
-                ),
-                "timestamp_type": picked.column("timestampType").cast(pa.int64()),
-                "key": key_text,
-            }
-        )
-        raw_headers = (
-            raw.column("headers").take(take).combine_chunks() if "headers" in raw.column_names else None
-        )
-        return cls(decoded, meta, _raw_headers=raw_headers)
-
-    def __len__(self) -> int:
-        return int(self.meta.num_rows)
-
-    def subset(self, positions: np.ndarray, key: str | None = None) -> RecordView:
-        """The records at ``positions`` with every field (:meth:`Decoded.subset`, ``key`` naming
-        their table); its ``decoded.rows`` are positions in this view."""
-        decoded = self.decoded.subset(positions, key)
-        chosen = decoded.rows
-        take = pa.array(chosen, pa.int64())
-        listed = chosen.tolist()
-        return RecordView(
-            decoded,
-            self.meta.take(take),
-            None if self.headers is None else [self.headers[p] for p in listed],
-            None if self._raw_headers is None else self._raw_headers.take(take),
-            None if self._python is None else [self._python[p] for p in listed],
-        )
-
-    def with_records(self, positions: np.ndarray, records: pa.Table) -> RecordView:
-        """The records at ``positions`` with their fields replaced by ``records`` (one row each) and
-        their Kafka metadata kept: a change event's row image, which ``select`` reads as a record.
-        Its ``decoded.rows`` are ``positions``."""
-        take = pa.array(positions, pa.int64())
-        listed = positions.tolist()
-        return RecordView(
-            Decoded(records, positions),
-            self.meta.take(take),
-            None if self.headers is None else [self.headers[p] for p in listed],
-            None if self._raw_headers is None else self._raw_headers.take(take),
-        )
-
-    @property
-    def records(self) -> pa.Table:
-        return self.decoded.records
-
-    def header_objects(self) -> list[dict[str, str]]:
-        if self.headers is None:
-            result: list[dict[str, str]] = []
-            values = self._raw_headers.to_pylist() if self._raw_headers is not None else [None] * len(self)
-            for entries in values:
-                obj: dict[str, str] = {}
-                for entry in entries or []:
-                    value = entry["value"]
-                    obj[entry["key"]] = "" if value is None else value.decode("utf-8", "replace")
-                result.append(obj)
-            self.headers = result
-        return self.headers
-
-    def python(self) -> list[dict[str, Any]]:
-        """Per-record objects for jmespath: record fields, unshadowed metadata, ``_kafka``."""
-        if self._python is None:
-            records = self.decoded.python()
-            metas = self.meta.to_pylist()
-            headers = self.header_objects()
-            view = []
-            for record, meta, hdrs in zip(records, metas, headers, strict=True):
-                meta["headers"] = hdrs
-                obj = dict(meta)
-                for key, value in record.items():
-                    if value is not None or key not in obj:
-                        obj[key] = value
-                obj[META_ROOT] = meta
-                view.append(obj)
-            self._python = view
-        return self._python
-
-    def column(self, name: str) -> pa.Array:
-        """A top-level name as a column: a record field, else metadata; unknown names are all null."""
-        if name == META_ROOT:  # always the metadata, even when a record has a field of that name
-            return pa.StructArray.from_arrays(
-                [c.combine_chunks() for c in self.meta.columns], names=self.meta.column_names
-            )
-        if name in self.decoded.lossy:
-            raise Fallback(f"column {name} has mixed types in this batch")
-        if self.decoded.routed is not None and name not in self.decoded.routed:
-            raise Fallback(f"column {name} is not among the routing fields decoded")
-        records = self.decoded.records
-        if name in records.column_names:
-            column = records.column(name).combine_chunks()
-            if name in META_FIELDS and column.null_count:
-                if name == "headers":
-                    raise Fallback("headers are evaluated per record")
-                meta = self.meta.column(name).combine_chunks()
-                if column.type != meta.type:
-                    raise Fallback(f"record field {name} shadows metadata with another type")
-                column = pc.coalesce(column, meta)
-            return column
-        if name == "headers":
-            raise Fallback("headers are evaluated per record")
-        if name in self.meta.column_names:
-            return self.meta.column(name).combine_chunks()
-        return pa.nulls(len(self))
 
 
 # --------------------------------------------------------------------------------------------

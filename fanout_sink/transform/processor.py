@@ -40,9 +40,10 @@ from fanout_sink.transform import deadletter
 from fanout_sink.transform.changes import last_change_wins, message_key_columns, null_keys, read_changes
 from fanout_sink.transform.convert import Matching, convert
 from fanout_sink.transform.debezium import unwrap_connect_json
-from fanout_sink.transform.expressions import Predicate, Projection, RecordView
+from fanout_sink.transform.expressions import Predicate, Projection
 from fanout_sink.transform.formats import build_decoder
 from fanout_sink.transform.formats.decoded import Decoded, Decoder
+from fanout_sink.transform.record_view import RecordView
 from fanout_sink.transform.records import RAW_RECORD_SCHEMA, RoutedSlice, TableRows
 from fanout_sink.transform.routing import UNMATCHED_REASON, Router
 from fanout_sink.transform.tables import TableKey, TableManager

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.transform.expressions import NameExpression, Predicate, RecordView, string_column
+from fanout_sink.transform.expressions import NameExpression, Predicate, string_column
 from fanout_sink.transform.formats.decoded import FieldPaths
+from fanout_sink.transform.record_view import RecordView
 
 UNMATCHED_REASON = "no table matched the record (unmatched.action is dead-letter)"
 

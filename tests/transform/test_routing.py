@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from support.raw_slices import make_raw_slice
 
 from fanout_sink.config.loading import parse_config
-from fanout_sink.transform.expressions import NameExpression, Predicate, Projection, RecordView
+from fanout_sink.transform.expressions import NameExpression, Predicate, Projection
 from fanout_sink.transform.formats.json import JsonDecoder
+from fanout_sink.transform.record_view import RecordView
 from fanout_sink.transform.routing import UNMATCHED_REASON, NameRules, Router, normalise_table_name
 
 
