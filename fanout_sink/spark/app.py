@@ -25,7 +25,7 @@ from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.round_trigger import RoundTrigger
-from fanout_sink.spark import footprint, maintenance, planning, progress
+from fanout_sink.spark import footprint, maintenance_schedule, planning, progress
 from fanout_sink.spark.batch import BatchRunner, StopRequested
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
@@ -148,8 +148,10 @@ class SinkApp:
                 self._stop_coordinator()
                 raise
             self._coordinator = coordinator.result()
-        interval = maintenance.schedule_interval(self.config)
-        schedule = maintenance.MaintenanceSchedule(spark, self.config, interval) if interval else None
+        interval = maintenance_schedule.schedule_interval(self.config)
+        schedule = (
+            maintenance_schedule.MaintenanceSchedule(spark, self.config, interval) if interval else None
+        )
         try:
             if starting is None:
                 starting = planning.plan_start(self.config, partitions, spark)

@@ -300,26 +300,28 @@ class _TableRun:
     """One table's steps, with their timings, in one maintenance run."""
 
     def __init__(
-        self,
-        spark: Any,
-        catalog: Catalog,
-        catalog_name: str,
-        sink: str,
-        identifier: str,
-        stop: threading.Event | None = None,
+        self, spark: Any, catalog: Catalog, config: SinkConfig, identifier: str, stop: threading.Event | None
     ) -> None:
+        self.started = time.monotonic()
         self.spark = spark
         self.stop = stop
         self.catalog = catalog
-        self.sink = sink
+        self.sink = config.name
         self.identifier = identifier
-        self.qualified = f"`{catalog_name}`.{_quote(identifier)}"
-        self.procedures = f"`{catalog_name}`.system"
+        self.settings = config.maintenance_for(identifier)
+        self.qualified = f"`{config.catalog.name}`.{_quote(identifier)}"
+        self.procedures = f"`{config.catalog.name}`.system"
         # Catalog-qualified: a bare `ns.table` makes Iceberg try `ns` as a catalog first (a WARNING
         # with a stack trace per call).
-        self.argument = _sql_string(f"{catalog_name}.{identifier}")
+        self.argument = _sql_string(f"{config.catalog.name}.{identifier}")
         self.steps: list[Step] = []
         self.floor_written: dict[str, str] = {}
+        self.before: Figures | None = None
+
+    @property
+    def stopping(self) -> bool:
+        """The app is stopping: the remaining steps are skipped."""
+        return self.stop is not None and self.stop.is_set()
 
     def record(self, name: StepName, action: StepAction, detail: str, started: float) -> None:
         step = Step(name, action, detail, time.monotonic() - started)
@@ -343,8 +345,21 @@ class _TableRun:
         self.spark.sql(f"REFRESH TABLE {self.qualified}")
         return self.catalog.load_table(self.identifier)
 
-    def compact(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+    def rewrite(self, dry_run: bool) -> None:
+        """The table's figures before, then compaction, delete-file rewrite, manifest rewrite and
+        expiry, each guarded; none of them when the table cannot be loaded (dropped since it was
+        listed, or its metadata cannot be read)."""
+        self.before = self.measure()
+        if self.before is None:
+            return
+        self.guarded("compact", self.compact, dry_run)
+        self.guarded("deletes", self.compact_deletes, dry_run)
+        self.guarded("manifests", self.rewrite_manifests, dry_run)
+        self.guarded("expire", self.expire, dry_run)
+
+    def compact(self, dry_run: bool) -> None:
         started = time.monotonic()
+        settings = self.settings
         table = self.catalog.load_table(self.identifier)
         target = target_file_size(table, settings)
         found = compaction_candidates(table, target, settings.min_input_files)
@@ -397,13 +412,14 @@ class _TableRun:
         )
         self.record("compact", "ran", "; ".join(reasons) + ": " + _counts(row), started)
 
-    def compact_deletes(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+    def compact_deletes(self, dry_run: bool) -> None:
         """``rewrite_position_delete_files`` for the delete files compaction left, where it pays: a
         data file that readers open several delete files for (the sink writes one per partition and
         round; the rewrite leaves one per data file), or dangling ones (the rewrite drops rows that
         name files no longer live). ``rewrite-all``, since Iceberg's own selection by file count per
         partition also rewrites delete files that are one per data file already."""
         started = time.monotonic()
+        settings = self.settings
         table = self.catalog.load_table(self.identifier)
         deletes = delete_load(table, settings.delete_file_threshold, settings.delete_ratio_threshold)
         found = (
@@ -425,8 +441,9 @@ class _TableRun:
         )
         self.record("deletes", "ran", f"{found}: {_counts(row)}", started)
 
-    def rewrite_manifests(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+    def rewrite_manifests(self, dry_run: bool) -> None:
         started = time.monotonic()
+        settings = self.settings
         table = self.catalog.load_table(self.identifier)
         count = live_manifests(table)
         if count < settings.rewrite_manifests_min_count:
@@ -445,8 +462,9 @@ class _TableRun:
         row = _row(self.spark, f"CALL {self.procedures}.rewrite_manifests(table => {self.argument})")
         self.record("manifests", "ran", _counts(row), started)
 
-    def expire(self, settings: MaintenanceSettings, dry_run: bool) -> None:
+    def expire(self, dry_run: bool) -> None:
         started = time.monotonic()
+        settings = self.settings
         table = self.catalog.load_table(self.identifier)
         if orphans.gc_disabled(table):
             self.record("expire", "skipped", orphans.GC_DISABLED, started)
@@ -486,7 +504,7 @@ class _TableRun:
 
     def guarded(self, name: StepName, action: Any, *args: Any) -> None:
         started = time.monotonic()
-        if self.stop is not None and self.stop.is_set():
+        if self.stopping:
             self.record(name, "skipped", "the app is stopping", started)
             return
         try:
@@ -506,6 +524,119 @@ class _TableRun:
             f"ALTER TABLE {self.qualified} SET TBLPROPERTIES "
             f"({_sql_string(table_state.MAINTENANCE_LAST_RUN_MS)} = {_sql_string(str(now_ms))})"
         )
+
+    def record_orphans(self, cleanup: _OrphanCleanup, dry_run: bool) -> None:
+        """The orphan cleanup's step for this table, from the cleanup of all tables."""
+        result = cleanup.results.get(self.identifier)
+        action: StepAction
+        if result is not None and result.refused is not None:
+            detail, action = result.refused, "skipped"
+        elif cleanup.failure is not None or result is None or result.error is not None:
+            detail = cleanup.failure or (result.error if result is not None else "not run") or ""
+            action = "failed"
+        else:
+            verb = "would remove" if dry_run else "removed"
+            detail = (
+                f"{verb} {len(result.removed)} of {result.listed} files, kept {result.kept_pending} pending "
+                f"and {result.kept_fresh} younger than {_span(self.settings.orphan_older_than)}"
+                + (f", {len(result.failed)} failed to delete" if result.failed else "")
+            )
+            action = "dry-run" if dry_run else "ran"
+        if self.stopping:
+            action, detail = "skipped", "the app is stopping"
+        self.record("orphans", action, detail, cleanup.started)
+
+    def mark_last_run(self, dry_run: bool) -> None:
+        """The ``last-run-ms`` property, unless a step failed, the app is stopping or this is a dry run
+        (so ``status`` shows the last complete maintenance)."""
+        if not dry_run and not self.stopping and all(step.action != "failed" for step in self.steps):
+            self.guarded("last-run", self.mark_done)
+
+    def outcome(self, cleanup: _OrphanCleanup, dry_run: bool) -> TableMaintenance:
+        """What the run did to this table, with its figures after; logged."""
+        after = self.measure() or NO_FIGURES
+        outcome = TableMaintenance(
+            table=self.identifier,
+            before=self.before or NO_FIGURES,
+            after=after,
+            steps=tuple(self.steps),
+            orphans_removed=cleanup.removed(self.identifier),
+            duration_s=time.monotonic() - self.started,
+            floor_written=self.floor_written,
+        )
+        log.info(
+            "maintenance %s done in %.1fs: data files %d -> %d, delete files %d -> %d, bytes %d -> %d, "
+            "snapshots %d -> %d, manifests %d -> %d, orphans %s %d%s",
+            self.identifier,
+            outcome.duration_s,
+            outcome.before.data_files,
+            after.data_files,
+            outcome.before.delete_files,
+            after.delete_files,
+            outcome.before.bytes,
+            after.bytes,
+            outcome.before.snapshots,
+            after.snapshots,
+            outcome.before.manifests,
+            after.manifests,
+            "to remove" if dry_run else "removed",
+            len(outcome.orphans_removed),
+            "" if outcome.ok else " (some steps failed)",
+        )
+        return outcome
+
+
+@dataclass(frozen=True)
+class _OrphanCleanup:
+    """The orphan cleanup of all tables at once (one read of the control topic for all of them)."""
+
+    results: dict[str, orphans.OrphanResult]
+    failure: str | None
+    """Why no table was cleaned (the control topic could not be read, or the app is stopping)."""
+    started: float
+
+    def removed(self, identifier: str) -> tuple[str, ...]:
+        """Paths removed from the table (in a dry run: that would be removed)."""
+        result = self.results.get(identifier)
+        return result.removed if result is not None else ()
+
+
+def _warn_short_orphan_ages(runs: Sequence[_TableRun]) -> None:
+    """A WARNING per table whose ``orphan-older-than`` is under :data:`SHORT_ORPHAN_AGE`."""
+    for run in runs:
+        age = run.settings.orphan_older_than
+        if age < SHORT_ORPHAN_AGE:
+            log.warning(
+                "maintenance %s: orphan-older-than %s is under 1h: a worker's data files are unannounced "
+                "until its transaction commits, so a slice that takes longer than that loses its files; "
+                "fix: keep orphan-older-than at hours or days outside tests",
+                run.identifier,
+                _span(age),
+            )
+
+
+def _clean_orphans(
+    catalog: Catalog,
+    config: SinkConfig,
+    runs: Sequence[_TableRun],
+    dry_run: bool,
+    stop: threading.Event | None,
+) -> _OrphanCleanup:
+    """Orphan cleanup of every table, each with its own ``orphan-older-than``; nothing is removed when
+    the control topic cannot be read."""
+    started = time.monotonic()
+    try:
+        if stop is not None and stop.is_set():
+            raise InterruptedError("the app is stopping")
+        cleaned = orphans.clean_tables(
+            catalog,
+            {run.identifier: run.settings.orphan_older_than for run in runs},
+            lambda: orphans.pending_files(SinkChannel.from_config(config)),
+            dry_run,
+        )
+    except Exception as exc:  # the control topic could not be read: nothing is removed
+        return _OrphanCleanup({}, f"{type(exc).__name__}: {exc}", started)
+    return _OrphanCleanup(cleaned, None, started)
 
 
 def select_tables(catalog: Catalog, sink: str, tables: Sequence[str] | None) -> list[str]:
@@ -536,98 +667,18 @@ def maintain(
     anything (the orphans listed are those that would be removed). Once ``stop`` is set (the app
     is stopping), the remaining steps are skipped."""
     catalog = load_catalog(config.catalog)
-    identifiers = select_tables(catalog, config.name, tables)
-    runs: dict[str, _TableRun] = {}
-    before: dict[str, Figures] = {}
-    started: dict[str, float] = {}
-    for identifier in identifiers:
-        started[identifier] = time.monotonic()
-        settings = config.maintenance_for(identifier)
-        run = runs[identifier] = _TableRun(spark, catalog, config.catalog.name, config.name, identifier, stop)
-        measured = run.measure()
-        if measured is None:  # dropped since it was listed, or its metadata cannot be read
-            continue
-        before[identifier] = measured
-        run.guarded("compact", run.compact, settings, dry_run)
-        run.guarded("deletes", run.compact_deletes, settings, dry_run)
-        run.guarded("manifests", run.rewrite_manifests, settings, dry_run)
-        run.guarded("expire", run.expire, settings, dry_run)
-    ages = {identifier: config.maintenance_for(identifier).orphan_older_than for identifier in identifiers}
-    for identifier, age in ages.items():
-        if age < SHORT_ORPHAN_AGE:
-            log.warning(
-                "maintenance %s: orphan-older-than %s is under 1h: a worker's data files are unannounced "
-                "until its transaction commits, so a slice that takes longer than that loses its files; "
-                "fix: keep orphan-older-than at hours or days outside tests",
-                identifier,
-                _span(age),
-            )
-    orphan_start = time.monotonic()
-    try:
-        if stop is not None and stop.is_set():
-            raise InterruptedError("the app is stopping")
-        cleaned = orphans.clean_tables(
-            catalog,
-            ages,
-            lambda: orphans.pending_files(SinkChannel.from_config(config)),
-            dry_run,
-        )
-        failure = None
-    except Exception as exc:  # the control topic could not be read: nothing is removed
-        cleaned, failure = {}, f"{type(exc).__name__}: {exc}"
+    runs = []
+    for identifier in select_tables(catalog, config.name, tables):
+        run = _TableRun(spark, catalog, config, identifier, stop)
+        run.rewrite(dry_run)
+        runs.append(run)
+    _warn_short_orphan_ages(runs)
+    cleanup = _clean_orphans(catalog, config, runs, dry_run, stop)
     results = []
-    for identifier, run in runs.items():
-        result = cleaned.get(identifier)
-        action: StepAction
-        if result is not None and result.refused is not None:
-            detail, action = result.refused, "skipped"
-        elif failure is not None or result is None or result.error is not None:
-            detail = failure or (result.error if result is not None else "not run") or ""
-            action = "failed"
-        else:
-            verb = "would remove" if dry_run else "removed"
-            detail = (
-                f"{verb} {len(result.removed)} of {result.listed} files, kept {result.kept_pending} pending "
-                f"and {result.kept_fresh} younger than {_span(ages[identifier])}"
-                + (f", {len(result.failed)} failed to delete" if result.failed else "")
-            )
-            action = "dry-run" if dry_run else "ran"
-        if stop is not None and stop.is_set():
-            action, detail = "skipped", "the app is stopping"
-        run.record("orphans", action, detail, orphan_start)
-        stopped = stop is not None and stop.is_set()
-        if not dry_run and not stopped and all(step.action != "failed" for step in run.steps):
-            run.guarded("last-run", run.mark_done)
-        after = run.measure() or NO_FIGURES
-        outcome = TableMaintenance(
-            table=identifier,
-            before=before.get(identifier, NO_FIGURES),
-            after=after,
-            steps=tuple(run.steps),
-            orphans_removed=result.removed if result is not None else (),
-            duration_s=time.monotonic() - started[identifier],
-            floor_written=run.floor_written,
-        )
-        log.info(
-            "maintenance %s done in %.1fs: data files %d -> %d, delete files %d -> %d, bytes %d -> %d, "
-            "snapshots %d -> %d, manifests %d -> %d, orphans %s %d%s",
-            identifier,
-            outcome.duration_s,
-            outcome.before.data_files,
-            after.data_files,
-            outcome.before.delete_files,
-            after.delete_files,
-            outcome.before.bytes,
-            after.bytes,
-            outcome.before.snapshots,
-            after.snapshots,
-            outcome.before.manifests,
-            after.manifests,
-            "to remove" if dry_run else "removed",
-            len(outcome.orphans_removed),
-            "" if outcome.ok else " (some steps failed)",
-        )
-        results.append(outcome)
+    for run in runs:
+        run.record_orphans(cleanup, dry_run)
+        run.mark_last_run(dry_run)
+        results.append(run.outcome(cleanup, dry_run))
     return results
 
 
@@ -652,87 +703,3 @@ def render_text(results: Sequence[TableMaintenance]) -> str:
         )
         lines += [f"  {step.name}: {step.action} {step.detail}" for step in r.steps]
     return "\n".join(lines)
-
-
-def schedule_interval(config: SinkConfig) -> timedelta | None:
-    """How often the app looks for tables due for maintenance: the shortest ``interval`` configured
-    (top level or any table's); None when none is, and ``run`` then never maintains."""
-    intervals = [config.maintenance.interval] + [
-        settings.maintenance.interval
-        for settings in config.tables.values()
-        if settings.maintenance is not None
-    ]
-    found = [interval for interval in intervals if interval is not None]
-    return min(found) if found else None
-
-
-def due_tables(catalog: Catalog, config: SinkConfig, now_ms: int) -> list[str]:
-    """The sink's tables whose own ``interval`` has passed since their last maintenance."""
-    due = []
-    for found in table_state.sink_tables(catalog, config.name):
-        interval = config.maintenance_for(found.identifier).interval
-        if interval is None:
-            continue
-        last = found.table.metadata.properties.get(table_state.MAINTENANCE_LAST_RUN_MS)
-        if last is None or now_ms - int(last) >= interval.total_seconds() * 1000:
-            due.append(found.identifier)
-    return due
-
-
-class MaintenanceSchedule:
-    """``maintenance.interval`` inside ``run``: a daemon thread that maintains the due tables with the
-    app's own Spark session, one run at a time.
-
-    A failing run is one ERROR line and is tried again at the next interval: maintenance must never
-    stop the sink. ``stop()`` cancels a run in progress (its Spark jobs, through the thread's job
-    group) and waits for the thread, so that the app's final commit round runs alone.
-    """
-
-    JOB_GROUP = "fanout-sink-maintenance"
-
-    def __init__(self, spark: Any, config: SinkConfig, interval: timedelta) -> None:
-        self.spark = spark
-        self.config = config
-        self.interval = interval
-        self.runs = 0
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="fanout-sink-maintenance", daemon=True)
-
-    def start(self) -> None:
-        log.info("maintenance scheduled every %s", self.interval)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        self.spark.sparkContext.setJobGroup(self.JOB_GROUP, "scheduled table maintenance", True)
-        catalog = load_catalog(self.config.catalog)
-        while not self._stopping.wait(self.interval.total_seconds()):
-            try:
-                due = due_tables(catalog, self.config, int(time.time() * 1000))
-                if due:
-                    results = maintain(self.spark, self.config, due, stop=self._stopping)
-                    self.runs += 1
-                    failed = [f"{r.table} {s.name}" for r in results for s in r.steps if s.action == "failed"]
-                    if failed:
-                        log.error(
-                            "scheduled maintenance: steps failed (%s), retried in %s; fix: see the WARNING "
-                            "lines above for each cause",
-                            ", ".join(failed),
-                            self.interval,
-                        )
-            except Exception as exc:
-                if self._stopping.is_set():
-                    return
-                log.error(
-                    "scheduled maintenance failed: %s: %s; retried in %s; fix: check that the catalog and "
-                    "the control topic are reachable, or run `fanout-sink maintain` for the cause",
-                    type(exc).__name__,
-                    str(exc).splitlines()[0] if str(exc) else "",
-                    self.interval,
-                )
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        self._stopping.set()
-        if not self._thread.is_alive():
-            return
-        self.spark.sparkContext.cancelJobGroup(self.JOB_GROUP)
-        self._thread.join(timeout_s)

@@ -29,7 +29,7 @@ from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol import datafiles, row_delta, table_state
-from fanout_sink.spark import maintenance
+from fanout_sink.spark import maintenance, maintenance_schedule
 from fanout_sink.spark.maintenance import maintain
 
 
@@ -167,9 +167,10 @@ def test_tables_are_due_by_their_own_interval_since_their_last_run(
         with catalog.load_table(f"sink.{name}").transaction() as txn:
             txn.set_properties({table_state.MAINTENANCE_LAST_RUN_MS: str(last)})
     config = _config(catalog_settings, interval="30s")
-    assert maintenance.schedule_interval(config) == timedelta(seconds=30)
-    assert maintenance.due_tables(catalog, config, now_ms) == ["sink.fast"]  # slow: 1 h; done: 1 s ago
-    assert maintenance.schedule_interval(_config(catalog_settings)) == timedelta(hours=1)
+    assert maintenance_schedule.schedule_interval(config) == timedelta(seconds=30)
+    due = maintenance_schedule.due_tables(catalog, config, now_ms)
+    assert due == ["sink.fast"]  # slow: 1 h; done: 1 s ago
+    assert maintenance_schedule.schedule_interval(_config(catalog_settings)) == timedelta(hours=1)
 
 
 class _StubContext:
@@ -201,17 +202,19 @@ def test_a_failing_scheduled_run_is_logged_and_retried_and_stop_cancels(
         second.set()
         return []
 
-    monkeypatch.setattr(maintenance, "maintain", flaky)
-    monkeypatch.setattr(maintenance, "due_tables", lambda *_: ["sink.t"])
+    monkeypatch.setattr(maintenance_schedule, "maintain", flaky)
+    monkeypatch.setattr(maintenance_schedule, "due_tables", lambda *_: ["sink.t"])
     spark = _StubSpark()
-    schedule = maintenance.MaintenanceSchedule(spark, _config(catalog_settings), timedelta(milliseconds=50))
+    schedule = maintenance_schedule.MaintenanceSchedule(
+        spark, _config(catalog_settings), timedelta(milliseconds=50)
+    )
     with caplog.at_level(logging.ERROR, logger="fanout_sink.maintenance"):
         schedule.start()
         assert second.wait(30)
         schedule.stop()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "RuntimeError: catalog unreachable" in errors[0] and "fix:" in errors[0]
-    assert schedule.runs >= 1 and spark.sparkContext.cancelled == [maintenance.MaintenanceSchedule.JOB_GROUP]
+    assert schedule.runs >= 1 and spark.sparkContext.cancelled == [schedule.JOB_GROUP]
 
 
 def test_maintain_refuses_a_table_that_is_not_the_sinks_before_starting_spark(
