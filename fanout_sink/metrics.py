@@ -27,7 +27,7 @@ from fanout_sink.config.models import MetricsSettings
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.protocol.coordinator import RoundResult
-from fanout_sink.protocol.worker import SliceResult
+from fanout_sink.protocol.slices import SliceResult
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +235,8 @@ class SinkMetrics:
         """A micro-batch whose slices all committed (the driver's ``foreachBatch`` thread)."""
         self.batch_seconds.labels(self.sink).observe(seconds)
         for result in results:
-            self.records.labels(self.sink, result.topic).inc(result.records_in)
-            self.dead_letters.labels(self.sink, result.topic).inc(result.dead_lettered)
+            self.records.labels(self.sink, result.slice.topic).inc(result.records_in)
+            self.dead_letters.labels(self.sink, result.slice.topic).inc(result.dead_lettered)
         self._changed()
 
     def _set_table_vtts(self, identifier: str, vtts_s: float) -> None:

@@ -159,7 +159,7 @@ def data_file_stats(table: Table) -> DataFileStats:
     )
 
 
-def pending_tables(catalog: Catalog, sink: SinkChannel) -> list[PendingTable]:
+def pending_tables(catalog: Catalog, channel: SinkChannel) -> list[PendingTable]:
     """Tables still waiting for files: ``DataWritten`` events from the coordinator group's low
     watermark on, at or above the table's stored control offset.
 
@@ -167,7 +167,7 @@ def pending_tables(catalog: Catalog, sink: SinkChannel) -> list[PendingTable]:
     table that stays here round after round is failing; the coordinator logs an ERROR for it each
     round, with the cause.
     """
-    reader = ControlReader(sink)
+    reader = ControlReader(channel)
     try:
         try:
             recovery.seek_to_low_watermark(reader)
@@ -186,7 +186,7 @@ def pending_tables(catalog: Catalog, sink: SinkChannel) -> list[PendingTable]:
         if identifier not in floors:
             try:
                 floors[identifier] = table_state.read_state(
-                    catalog.load_table(identifier), sink.sink
+                    catalog.load_table(identifier), channel.sink
                 ).next_control_offset()
             except Exception:  # a table that cannot be loaded holds none of them
                 floors[identifier] = 0
@@ -206,23 +206,23 @@ def subscribed_topics(clients: KafkaClientFactory, topics: list[str], pattern: s
 
 
 def collect_status(
-    sink: SinkChannel,
+    channel: SinkChannel,
     catalog_settings: CatalogSettings,
     source_topics: list[str],
     source_pattern: str | None = None,
 ) -> SinkStatus:
     catalog = load_catalog(catalog_settings)
     now_ms = int(time.time() * 1000)
-    topics = subscribed_topics(sink.clients, source_topics, source_pattern)
+    topics = subscribed_topics(channel.clients, source_topics, source_pattern)
     return SinkStatus(
-        sink=sink.sink,
-        control_topic=sink.control_topic,
+        sink=channel.sink,
+        control_topic=channel.control_topic,
         collected_at_ms=now_ms,
         source_pattern=source_pattern,
         source_topics=topics,
-        tables=table_states(catalog, sink.sink, now_ms),
-        partitions=source_positions(sink.clients, sink.sink_group, topics),
-        pending=pending_tables(catalog, sink),
+        tables=table_states(catalog, channel.sink, now_ms),
+        partitions=source_positions(channel.clients, channel.sink_group, topics),
+        pending=pending_tables(catalog, channel),
     )
 
 

@@ -13,7 +13,7 @@ from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.coordinator import RoundResult, TableCommit
-from fanout_sink.protocol.worker import SliceResult
+from fanout_sink.protocol.slices import Slice, SliceResult
 
 
 def value(metrics: SinkMetrics, name: str, **labels: str) -> float | None:
@@ -85,9 +85,9 @@ def test_batches_count_records_and_dead_letters_per_source_topic() -> None:
     metrics.batch_done(
         1.5,
         [
-            SliceResult("t", 0, 0, 10, None, records_in=10, dead_lettered=2),
-            SliceResult("t", 1, 0, 5, None, records_in=5),
-            SliceResult("u", 0, 0, 4, None, records_in=4, dead_lettered=1),
+            SliceResult(Slice("t", 0, 0, 10), None, records_in=10, dead_lettered=2),
+            SliceResult(Slice("t", 1, 0, 5), None, records_in=5),
+            SliceResult(Slice("u", 0, 0, 4), None, records_in=4, dead_lettered=1),
         ],
     )
     assert value(metrics, "fanout_sink_dead_letters_total", topic="t") == 2

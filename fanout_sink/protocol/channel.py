@@ -243,6 +243,25 @@ class ControlReader:
                 "the same name (start a new sink name, with new tables or after checking them)"
             )
 
+    def recorded_low_watermark(self) -> int | None:
+        """The low watermark the newest ``CommitComplete`` still in the log recorded; None when none,
+        or when the log starts at 0 (nothing was deleted: the whole history is there to read).
+
+        The last round committed its low watermark in the same transaction as its ``CommitComplete``,
+        so that event says where the coordinator stood when the coordinator group's offset is gone.
+        Reads from the log start on: seek afterwards."""
+        timeout_s = self.channel.timeout_s
+        low, high = self.watermarks(timeout_s)
+        if low == 0:
+            return None
+        recorded: int | None = None
+        self.seek(low)
+        for item in self.read_until(high, max(timeout_s, self.channel.scan_timeout_s)):
+            payload = item.event.payload
+            if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
+                recorded = payload.low_watermark
+        return recorded
+
     def seek(self, offset: int) -> int:
         """Read from control offset ``offset`` on (``status`` and tests read the whole history)."""
         self._consumer.assign([TopicPartition(self.topic, CONTROL_PARTITION, offset)])

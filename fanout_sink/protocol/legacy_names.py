@@ -31,29 +31,29 @@ def legacy_coordinator_group(sink: str) -> str:
 
 
 def legacy_sink_positions(
-    sink: SinkChannel, partitions: list[TopicPartitionKey]
+    channel: SinkChannel, partitions: list[TopicPartitionKey]
 ) -> dict[TopicPartitionKey, int]:
     """The offsets the legacy sink group holds for ``partitions`` (the ones it has none for left out).
 
     Keeps I1 across the rename: each is a position a committed transaction of the old version
     delivered, so recovery may restore it under the new name.
     """
-    legacy = GroupOffsets(sink.clients, legacy_sink_group(sink.sink), stable=False)
+    legacy = GroupOffsets(channel.clients, legacy_sink_group(channel.sink), stable=False)
     try:
         return {k: v for k, v in legacy.committed(partitions).items() if v is not None}
     finally:
         legacy.close()
 
 
-def legacy_low_watermark(sink: SinkChannel) -> int | None:
+def legacy_low_watermark(channel: SinkChannel) -> int | None:
     """The low watermark under the coordinator group's legacy name, for a deployment that ran before
     the rename (its new group has no offset yet); None when there is none.
 
     Keeps I4 across the rename: the coordinator resumes where the old one acknowledged, never above
     a table's pending files.
     """
-    legacy = GroupOffsets(sink.clients, legacy_coordinator_group(sink.sink), stable=False)
-    key = (sink.control_topic, CONTROL_PARTITION)
+    legacy = GroupOffsets(channel.clients, legacy_coordinator_group(channel.sink), stable=False)
+    key = (channel.control_topic, CONTROL_PARTITION)
     try:
         found = legacy.committed([key])[key]
     finally:
@@ -61,8 +61,8 @@ def legacy_low_watermark(sink: SinkChannel) -> int | None:
     if found is not None:
         log.info(
             "coordinator group %r has no offset yet; migrated the low watermark %d of the legacy group %r",
-            sink.coordinator_group,
+            channel.coordinator_group,
             found,
-            legacy_coordinator_group(sink.sink),
+            legacy_coordinator_group(channel.sink),
         )
     return found

@@ -123,11 +123,11 @@ def list_files(io: FileIO, location: str) -> list[ListedFile]:
     ]
 
 
-def pending_files(sink: SinkChannel) -> set[str]:
+def pending_files(channel: SinkChannel) -> set[str]:
     """Normalised paths of every data file (and deleted-keys file) announced by a committed
-    ``DataWritten`` event of ``sink`` at or above the coordinator group's low watermark: what the
-    coordinator may still append or read."""
-    reader = ControlReader(sink)
+    ``DataWritten`` event of the channel's sink at or above the coordinator group's low watermark:
+    what the coordinator may still append or read."""
+    reader = ControlReader(channel)
     try:
         recovery.seek_to_low_watermark(reader)
         return {

@@ -56,6 +56,7 @@ from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
 from fanout_sink.protocol.legacy_names import legacy_low_watermark, legacy_sink_group, legacy_sink_positions
+from fanout_sink.protocol.slices import Slice
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,10 @@ class Recovery:
 # -- the sink group's offsets ----------------------------------------------------------------------
 
 
-def sink_group_metadata(sink: SinkChannel) -> bytes:
+def sink_group_metadata(channel: SinkChannel) -> bytes:
     """The generation -1 metadata every sink-group offset commit carries (I3: nobody joins the
     group, so the broker accepts these commits only from transactional producers)."""
-    return sink.clients.group_metadata(sink.sink_group)
+    return channel.clients.group_metadata(channel.sink_group)
 
 
 def send_delivered(
@@ -98,13 +99,15 @@ def send_delivered(
     producer.send_offsets([TopicPartition(topic, partition, offset)], metadata)
 
 
-def delivered_offsets(sink: SinkChannel, partitions: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+def delivered_offsets(
+    channel: SinkChannel, partitions: list[TopicPartitionKey]
+) -> dict[TopicPartitionKey, int]:
     """What the sink group says was delivered, read without waiting for open transactions.
 
     Only where Spark starts reading depends on it: an answer that is too low (a transaction still
     pending) is harmless for I1, because each worker fences, reads stably and skips what is delivered.
     """
-    reader = GroupOffsets(sink.clients, sink.sink_group, stable=False)
+    reader = GroupOffsets(channel.clients, channel.sink_group, stable=False)
     try:
         found = reader.committed(partitions)
     finally:
@@ -121,16 +124,16 @@ class PositionWriter:
     overwritten.
     """
 
-    def __init__(self, sink: SinkChannel) -> None:
-        self.sink = sink
-        self._offsets = GroupOffsets(sink.clients, sink.sink_group, stable=True)
-        self._metadata = sink_group_metadata(sink)
+    def __init__(self, channel: SinkChannel) -> None:
+        self.channel = channel
+        self._offsets = GroupOffsets(channel.clients, channel.sink_group, stable=True)
+        self._metadata = sink_group_metadata(channel)
 
     def commit(self, topic: str, partition: int, offset: int, expected: int | None) -> int | None:
         """Commit ``offset`` if the group holds ``expected``; returns what the group holds afterwards."""
-        txn_id = self.sink.worker_transactional_id(topic, partition)
+        txn_id = self.channel.worker_transactional_id(topic, partition)
         producer = TransactionalProducer(
-            self.sink.clients,
+            self.channel.clients,
             txn_id,
             fenced_message=(
                 f"committing the delivered position {offset} of {topic}[{partition}] was fenced: a "
@@ -154,7 +157,7 @@ class PositionWriter:
 # -- recovering positions the group lost -----------------------------------------------------------
 
 
-def control_topic_positions(sink: SinkChannel) -> tuple[ev.DeliveredPositions, bool]:
+def control_topic_positions(channel: SinkChannel) -> tuple[ev.DeliveredPositions, bool]:
     """The delivered position per source partition the control topic still proves (with the topic id
     they were read from, :class:`~fanout_sink.protocol.events.DeliveredPositions`), and whether that
     covers the sink's whole history.
@@ -166,7 +169,7 @@ def control_topic_positions(sink: SinkChannel) -> tuple[ev.DeliveredPositions, b
     accounts for every report below the log start (retention deletes only what the coordinator
     acknowledged, which is below the last round).
     """
-    reader = ControlReader(sink)
+    reader = ControlReader(channel)
     found = ev.DeliveredPositions()
     parts_seen: dict[str, set[int]] = {}
     try:
@@ -174,7 +177,7 @@ def control_topic_positions(sink: SinkChannel) -> tuple[ev.DeliveredPositions, b
         complete = log_start == 0
         if end > log_start:
             reader.seek(log_start)
-            for item in reader.read_until(end, sink.scan_timeout_s):
+            for item in reader.read_until(end, channel.scan_timeout_s):
                 payload = item.event.payload
                 if isinstance(payload, ev.DataComplete):
                     found.take_report(payload)
@@ -191,7 +194,7 @@ def control_topic_positions(sink: SinkChannel) -> tuple[ev.DeliveredPositions, b
 
 
 def restore_positions(
-    sink: SinkChannel, positions: dict[TopicPartitionKey, int], source: str
+    channel: SinkChannel, positions: dict[TopicPartitionKey, int], source: str
 ) -> dict[TopicPartitionKey, int]:
     """Writes positions recovered from ``source`` into the sink group; returns what it holds afterwards.
 
@@ -199,7 +202,7 @@ def restore_positions(
     """
     if not positions:
         return {}
-    writer = PositionWriter(sink)
+    writer = PositionWriter(channel)
     restored: dict[TopicPartitionKey, int] = {}
     try:
         for (topic, partition), offset in sorted(positions.items()):
@@ -209,7 +212,7 @@ def restore_positions(
             log.warning(
                 "sink group %r had no offset for %s[%d] (expired, or not migrated yet): restored the "
                 "delivered position %d recovered from %s",
-                sink.sink_group,
+                channel.sink_group,
                 topic,
                 partition,
                 offset,
@@ -221,12 +224,12 @@ def restore_positions(
 
 
 def recreated_topics(
-    sink: SinkChannel, recorded: ev.DeliveredPositions, topics: set[str]
+    channel: SinkChannel, recorded: ev.DeliveredPositions, topics: set[str]
 ) -> dict[str, tuple[str, str]]:
     """Of ``topics``, those whose recorded positions were read under another topic id than the topic
     has now: topic -> (recorded id, current id). Positions without an id (events before version 4)
     cannot tell, and count as this topic's."""
-    current = topic_ids(sink.clients, topics)
+    current = topic_ids(channel.clients, topics)
     found: dict[str, tuple[str, str]] = {}
     for topic in sorted(topics):
         recorded_id = recorded.recorded_id(topic)
@@ -236,17 +239,17 @@ def recreated_topics(
 
 
 def recover_positions(
-    sink: SinkChannel, partitions: list[TopicPartitionKey], on_recreated: str = "earliest"
+    channel: SinkChannel, partitions: list[TopicPartitionKey], on_recreated: str = "earliest"
 ) -> Recovery:
     """The sink group's offsets of ``partitions``, with the missing ones recovered and restored (the
     planner's start; see the module docstring). Keeps I1 across offset expiry, the rename and a
     recreated topic (``on_recreated``: ``source.recreated-topic-offsets``)."""
-    committed = delivered_offsets(sink, partitions)
+    committed = delivered_offsets(channel, partitions)
     missing = [key for key in partitions if key not in committed]
     if not missing:
         return Recovery(dict(committed))
-    recorded, complete = control_topic_positions(sink)
-    recreated = recreated_topics(sink, recorded, {topic for topic, _ in missing})
+    recorded, complete = control_topic_positions(channel)
+    recreated = recreated_topics(channel, recorded, {topic for topic, _ in missing})
     for topic, (old_id, new_id) in recreated.items():
         if on_recreated == "fail":
             raise TopicRecreatedError(topic, old_id, new_id)
@@ -260,10 +263,12 @@ def recover_positions(
         )
     from_control = {key: offset for key, offset in recorded.offsets.items() if key[0] not in recreated}
     from_legacy = {
-        key: offset for key, offset in legacy_sink_positions(sink, missing).items() if key[0] not in recreated
+        key: offset
+        for key, offset in legacy_sink_positions(channel, missing).items()
+        if key[0] not in recreated
     }
-    control_source = f"the control topic {sink.control_topic!r} (DataComplete events)"
-    legacy_source = f"the legacy group {legacy_sink_group(sink.sink)!r} (migrated)"
+    control_source = f"the control topic {channel.control_topic!r} (DataComplete events)"
+    legacy_source = f"the legacy group {legacy_sink_group(channel.sink)!r} (migrated)"
     delivered = dict(committed)
     for source, found in ((control_source, from_control), (legacy_source, from_legacy)):
         # The larger of the two wins: each is a position some committed transaction delivered.
@@ -273,7 +278,7 @@ def recover_positions(
             if k in missing and v >= max(from_control.get(k, 0), from_legacy.get(k, 0))
         }
         best = {k: v for k, v in best.items() if k not in delivered}
-        delivered.update(restore_positions(sink, best, source))
+        delivered.update(restore_positions(channel, best, source))
     again = frozenset(key for key in missing if key[0] in recreated)
     left = frozenset(key for key in missing if key not in delivered) - again
     if not complete:
@@ -282,7 +287,10 @@ def recover_positions(
 
 
 def known_positions(
-    sink: SinkChannel, found: Recovery, checkpoint_ends: dict[TopicPartitionKey, int], starting_offsets: str
+    channel: SinkChannel,
+    found: Recovery,
+    checkpoint_ends: dict[TopicPartitionKey, int],
+    starting_offsets: str,
 ) -> dict[TopicPartitionKey, int]:
     """The delivered positions the planner may start from: ``found.delivered``, plus Spark's
     checkpoint's for the partitions whose position is unknown (restored into the sink group).
@@ -299,7 +307,7 @@ def known_positions(
             "(log start > 0); trusting Spark's checkpoint, which delivered up to %d",
             topic,
             part,
-            sink.control_topic,
+            channel.control_topic,
             trusted[(topic, part)],
         )
     for topic, part in sorted(found.unknown - trusted.keys()):
@@ -309,20 +317,14 @@ def known_positions(
             "%r, which may duplicate or skip records",
             topic,
             part,
-            sink.control_topic,
+            channel.control_topic,
             starting_offsets,
         )
-    return {**found.delivered, **restore_positions(sink, trusted, "Spark's checkpoint")}
+    return {**found.delivered, **restore_positions(channel, trusted, "Spark's checkpoint")}
 
 
 def restore_in_slice(
-    sink: SinkChannel,
-    producer: TransactionalProducer,
-    metadata: bytes,
-    topic: str,
-    partition: int,
-    topic_id: str | None,
-    start: int,
+    channel: SinkChannel, producer: TransactionalProducer, metadata: bytes, planned: Slice
 ) -> int | None:
     """The delivered position of a partition whose sink-group offset vanished while the app ran.
 
@@ -333,29 +335,30 @@ def restore_in_slice(
     next slice reads it as usual. It reads the control topic's history, so the worker calls it only
     when the group is silent: once for a partition's first slice, and after an expiry.
 
-    A position recorded under another topic id than ``topic_id`` (the topic now) is the old topic's
-    of a recreated one and is never restored. The new topic's slice may go ahead only if it starts
-    at the partition's log start (planning read it from its beginning); a slice planned from later
-    on (Spark went on from the old topic's positions) would skip the records before it, so it stops
-    with :class:`TopicRecreatedError`, and the restart's planning reads the topic from its beginning.
+    A position recorded under another topic id than ``planned.topic_id`` (the topic now) is the old
+    topic's of a recreated one and is never restored. The new topic's slice may go ahead only if it
+    starts at the partition's log start (planning read it from its beginning); a slice planned from
+    later on (Spark went on from the old topic's positions) would skip the records before it, so it
+    stops with :class:`TopicRecreatedError`, and the restart's planning reads the topic from its
+    beginning.
     """
-    found, _complete = control_topic_positions(sink)
+    topic, partition, topic_id = planned.topic, planned.partition, planned.topic_id
+    found, _complete = control_topic_positions(channel)
     recorded_id = found.recorded_id(topic)
     if recorded_id is not None and topic_id is not None and recorded_id != topic_id:
-        if start > log_start_offset(sink.clients, topic, partition):
+        if planned.start > log_start_offset(channel.clients, topic, partition):
             raise TopicRecreatedError(topic, recorded_id, topic_id, running=True)
         return None
     recovered = found.offsets.get((topic, partition))
     if recovered is None:
         return None
     log.warning(
-        "sink group %r had no offset for %s[%d] (expired while the sink ran?); restored the delivered "
+        "sink group %r had no offset for %s (expired while the sink ran?); restored the delivered "
         "position %d from the control topic %r before delivering the slice",
-        sink.sink_group,
-        topic,
-        partition,
+        channel.sink_group,
+        planned.label,
         recovered,
-        sink.control_topic,
+        channel.control_topic,
         extra={"topic": topic, "partition": partition, "offset": recovered},
     )
     with producer.transaction():
@@ -377,7 +380,7 @@ class OffsetRefresher:
     to be committed by a worker, and refreshing it would fence that worker (I3).
     """
 
-    sink: SinkChannel
+    channel: SinkChannel
     interval_s: float
     _seen: dict[TopicPartitionKey, tuple[int, float]] = field(default_factory=dict)
 
@@ -397,7 +400,7 @@ class OffsetRefresher:
         if not due:
             return []
         refreshed: list[TopicPartitionKey] = []
-        writer = PositionWriter(self.sink)
+        writer = PositionWriter(self.channel)
         try:
             for position in due:
                 key = (position.topic, position.partition)
@@ -425,41 +428,23 @@ def seek_to_low_watermark(reader: ControlReader) -> int:
     now starts later (retention, delete-records), this raises ``ControlTopicError`` instead of
     starting at the log start. Without a committed offset, the legacy coordinator group's is
     migrated (:mod:`legacy_names`), else the low watermark the newest retained ``CommitComplete``
-    recorded (:func:`recorded_low_watermark`).
+    recorded (``ControlReader.recorded_low_watermark``): the coordinator group's offset expired
+    after a downtime longer than the broker's ``offsets.retention.minutes``, and by then retention
+    may have deleted the start of the log.
     """
-    committed = reader.committed(reader.channel.timeout_s)
+    channel = reader.channel
+    committed = reader.committed(channel.timeout_s)
     if committed is None:
-        committed = legacy_low_watermark(reader.channel)
+        committed = legacy_low_watermark(channel)
     if committed is None:
-        committed = recorded_low_watermark(reader)
-    reader.check_still_there(committed, reader.channel.timeout_s)
+        committed = reader.recorded_low_watermark()
+        if committed is not None:
+            log.warning(
+                "coordinator group %r has no offset (expired after a long downtime?); resuming from the "
+                "low watermark %d recorded by the last CommitComplete on %r",
+                channel.coordinator_group,
+                committed,
+                channel.control_topic,
+            )
+    reader.check_still_there(committed, channel.timeout_s)
     return reader.seek(committed if committed is not None else 0)
-
-
-def recorded_low_watermark(reader: ControlReader) -> int | None:
-    """The low watermark the newest ``CommitComplete`` still in the log recorded; None when none.
-
-    Keeps I4 after the coordinator group's offset expired (a downtime longer than the broker's
-    ``offsets.retention.minutes``); by then retention may have deleted the start of the log. The
-    last round committed its low watermark in the same transaction as its ``CommitComplete``, so
-    that event says where the coordinator stood. Only needed when the log no longer starts at 0.
-    """
-    sink = reader.channel
-    low, high = reader.watermarks(sink.timeout_s)
-    if low == 0:
-        return None
-    recorded: int | None = None
-    reader.seek(low)
-    for item in reader.read_until(high, max(sink.timeout_s, sink.scan_timeout_s)):
-        payload = item.event.payload
-        if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
-            recorded = payload.low_watermark
-    if recorded is not None:
-        log.warning(
-            "coordinator group %r has no offset (expired after a long downtime?); resuming from the low "
-            "watermark %d recorded by the last CommitComplete on %r",
-            sink.coordinator_group,
-            recorded,
-            sink.control_topic,
-        )
-    return recorded

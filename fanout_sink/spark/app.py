@@ -111,11 +111,13 @@ class SinkApp:
                 self.metrics.close()
 
     def _run(self) -> int:
-        sink = SinkChannel.from_config(self.config)
-        ensure_control_topic(sink, settings=self.config.control.topic_settings())
+        channel = SinkChannel.from_config(self.config)
+        ensure_control_topic(channel, settings=self.config.control.topic_settings())
         if self.config.dead_letter is not None:
             dead_letter = self.config.dead_letter
-            ensure_topic(sink.clients, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings())
+            ensure_topic(
+                channel.clients, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
+            )
         partitions = planning.source_partitions(self.config)
         checkpoint = self.config.checkpoint_location
         # A checkpoint on an object store or HDFS is read through the session's JVM: planned after it.

@@ -29,6 +29,7 @@ from fanout_sink.logs import TRACEBACK
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.round_trigger import RoundTrigger
+from fanout_sink.protocol.slices import Slice
 from fanout_sink.spark import planning
 from fanout_sink.spark.task import SliceReport, config_key, run_task
 from fanout_sink.spark.task_failure import task_failure
@@ -129,7 +130,9 @@ class BatchRunner:
                         raise
             if self._rounds is not None:  # a slice that found its range delivered writes no report
                 done_before = [r.result for r in reports if not r.result.transaction_committed]
-                self._rounds.delivered_before(batch_id, [(r.topic, r.partition) for r in done_before])
+                self._rounds.delivered_before(
+                    batch_id, [(r.slice.topic, r.slice.partition) for r in done_before]
+                )
             seconds = time.monotonic() - started
             log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:
@@ -159,7 +162,7 @@ class BatchRunner:
             )
 
     def _run(self, frame: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
-        """One task per range that moved (``numSlices`` = ranges: one element each), in the order of
+        """One task per range that moved (``numSlices`` = slices: one element each), in the order of
         the ranges; the reports come back pickled. ``frame`` (the micro-batch, never executed here)
         is for a planner whose source's tasks deliver the ranges themselves (the benchmark's
         ``python_source`` prototype)."""
@@ -169,8 +172,11 @@ class BatchRunner:
             return []
         # One describe per batch: every slice's DataComplete names the topic id it was read from.
         ids = topic_ids(SinkChannel.from_config(self.config).clients, {topic for (topic, _), _ in moved})
-        task = functools.partial(run_task, self._config_key, self.config, batch_id, ids)
+        slices = [
+            Slice(topic, partition, start, end, ids.get(topic)) for (topic, partition), (start, end) in moved
+        ]
+        task = functools.partial(run_task, self._config_key, self.config, batch_id)
         reports: list[SliceReport] = (
-            context.parallelize(moved, numSlices=len(moved)).mapPartitions(task).collect()
+            context.parallelize(slices, numSlices=len(slices)).mapPartitions(task).collect()
         )
         return reports

@@ -343,11 +343,11 @@ def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None
     earliest. ``spark`` is needed for a checkpoint that is not on local disk (:func:`open_checkpoint`).
     """
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
-    sink = SinkChannel.from_config(config)
-    found = recovery.recover_positions(sink, wanted, config.source.recreated_topic_offsets)
+    channel = SinkChannel.from_config(config)
+    found = recovery.recover_positions(channel, wanted, config.source.recreated_topic_offsets)
     checkpoint = config.checkpoint_location
     ends = last_committed_ends(checkpoint, spark) or {}
-    known = recovery.known_positions(sink, found, ends, config.source.starting_offsets)
+    known = recovery.known_positions(channel, found, ends, config.source.starting_offsets)
     shown = {f"{t}[{p}]": o for (t, p), o in sorted(known.items())}
     log.info("source partitions %s; the sink has delivered up to %s", partitions, shown)
     # A partition the sink never delivered was never advanced by a batch that carried a record (each

@@ -1,6 +1,6 @@
 """The executor side of a micro-batch: one Spark task delivers one source topic-partition's range.
 
-The driver hands each task a planned range ``((topic, partition), (start, end))`` (an RDD element,
+The driver hands each task a planned :class:`~fanout_sink.protocol.slices.Slice` (an RDD element,
 never Kafka rows: the micro-batch DataFrame of Spark's Kafka source is never executed). The task's
 worker fences, reads the delivered offset, and only then reads what is left of the range with
 librdkafka (:class:`~fanout_sink.kafka.range_reader.RangeReader`) straight into Arrow. What it did
@@ -29,13 +29,11 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.worker import SliceResult, SliceWorker
+from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
 
 PROFILE_ENV = "FANOUT_SINK_PROFILE"
-
-PlannedRange = tuple[tuple[str, int], tuple[int, int]]
-"""``((topic, partition), (start, end))``: one task's input."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +85,8 @@ def _executor_state(key: str, config: SinkConfig) -> _ExecutorState:
             # The executor's lines join the driver's (local) or the executor's log (cluster): alike.
             logs.configure(config.logging.format, config.logging.level)
             processor = build_processor(config, load_catalog(config.catalog))
-            sink = SinkChannel.from_config(config)
-            reader = RangeReader(sink.clients, sink.sink_group)
+            channel = SinkChannel.from_config(config)
+            reader = RangeReader(channel.clients, channel.sink_group)
             _EXECUTOR_STATE[key] = _ExecutorState(slice_worker(config), processor, reader)
             _freeze_long_lived()
         return _EXECUTOR_STATE[key]
@@ -108,33 +106,25 @@ def _freeze_long_lived() -> None:
     gc.freeze()
 
 
-def run_task(
-    key: str, config: SinkConfig, batch_id: int, topic_ids: dict[str, str], ranges: Iterable[PlannedRange]
-) -> Iterator[SliceReport]:
-    """One Spark task = one source topic-partition's range of the micro-batch (one element);
-    ``topic_ids`` are the source topics' ids when the driver planned the batch."""
+def run_task(key: str, config: SinkConfig, batch_id: int, slices: Iterable[Slice]) -> Iterator[SliceReport]:
+    """One Spark task = one source topic-partition's slice of the micro-batch (one element), with
+    the topic's id the driver asked when it planned the batch."""
     state = _executor_state(key, config)
     profile_dir = os.environ.get(PROFILE_ENV)
-    for (topic, partition), (start, end) in ranges:
+    for planned in slices:
         # Chunks, not the whole range: the task's memory holds one chunk's working set.
         read = functools.partial(
-            state.reader.read_chunks, topic, partition, max_records=state.worker.chunk_records
+            state.reader.read_chunks,
+            planned.topic,
+            planned.partition,
+            max_records=state.worker.writer.chunk_records,
         )
-        deliver = functools.partial(
-            state.worker.commit_slice,
-            topic,
-            partition,
-            start,
-            end,
-            read,
-            state.processor,
-            topic_ids.get(topic),
-        )
+        deliver = functools.partial(state.worker.commit_slice, planned, read, state.processor)
         if profile_dir:
             profiler = cProfile.Profile()
             result = profiler.runcall(deliver)
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
-            profiler.dump_stats(Path(profile_dir) / f"{topic}-{partition}-{batch_id}.prof")
+            profiler.dump_stats(Path(profile_dir) / f"{planned.topic}-{planned.partition}-{batch_id}.prof")
         else:
             result = deliver()
         yield SliceReport.here(result)

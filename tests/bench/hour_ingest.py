@@ -34,6 +34,7 @@ from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.slices import Slice
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import SliceProcessor
@@ -220,9 +221,9 @@ class HourIngest:
         """One partition's slice of the round, as a Spark task delivers it; returns its records."""
         start = self.next_offsets[partition]
         read = functools.partial(
-            slot.reader.read_chunks, self.topic, partition, max_records=slot.worker.chunk_records
+            slot.reader.read_chunks, self.topic, partition, max_records=slot.worker.writer.chunk_records
         )
-        sliced = slot.worker.commit_slice(self.topic, partition, start, end, read, slot.processor)
+        sliced = slot.worker.commit_slice(Slice(self.topic, partition, start, end), read, slot.processor)
         if not sliced.transaction_committed:
             raise RuntimeError(f"slice {self.topic}[{partition}] {start}..{end} was not committed")
         self.next_offsets[partition] = end
@@ -233,11 +234,11 @@ class HourIngest:
         interval_ms = int(plan.interval_s * 1000)
         end_ms = int(time.time() * 1000) // interval_ms * interval_ms
         result = IngestResult(start_ms=end_ms - plan.rounds * interval_ms, end_ms=end_ms)
-        sink = SinkChannel.from_config(self.config)
-        producer = sink.clients.producer({"enable.idempotence": True, "linger.ms": 5})
+        channel = SinkChannel.from_config(self.config)
+        producer = channel.clients.producer({"enable.idempotence": True, "linger.ms": 5})
         slots = [Slot.open(self.config, self.catalog) for _ in range(plan.partitions)]
         coordinator = Coordinator(
-            sink,
+            channel,
             self.catalog,
             source_topics=[self.topic],
             commit_interval_s=plan.interval_s,
@@ -287,10 +288,10 @@ class Slot:
 
     @classmethod
     def open(cls, config: SinkConfig, catalog: Any) -> Slot:
-        sink = SinkChannel.from_config(config)
+        channel = SinkChannel.from_config(config)
         return cls(
-            SliceWorker(sink),
-            RangeReader(sink.clients, sink.sink_group),
+            SliceWorker(channel),
+            RangeReader(channel.clients, channel.sink_group),
             build_processor(config, catalog),
         )
 

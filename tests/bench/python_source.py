@@ -160,8 +160,8 @@ class PlannerApp(SinkApp):
     def _stream(self, spark: Any, starting: str, limit: int | None) -> Any:
         if self.planner == "kafka":
             return super()._stream(spark, starting, limit)
-        sink = SinkChannel.from_config(self.config)
-        start = resolve(sink.clients, sink.sink_group, starting)
+        channel = SinkChannel.from_config(self.config)
+        start = resolve(channel.clients, channel.sink_group, starting)
         files = planning.open_checkpoint(self.config.checkpoint_location)
         if not files.names("offsets") and files.read("sources", "0", "0") is None:
             # What the Kafka source writes before its first batch: planning reads batch 0's start here.
@@ -182,8 +182,8 @@ class PlannerApp(SinkApp):
         durations = BatchDurations(self)
         spark.streams.addListener(durations)
         if self.planner == "python" and self.available_now:
-            sink = SinkChannel.from_config(self.config)
-            positions = source_positions(sink.clients, sink.sink_group, sorted(json.loads(starting)))
+            channel = SinkChannel.from_config(self.config)
+            positions = source_positions(channel.clients, channel.sink_group, sorted(json.loads(starting)))
             until = self._until = {(p.topic, p.partition): p.end for p in positions}
 
             def reached(batch_id: int, ends: dict[tuple[str, int], int]) -> None:

@@ -145,11 +145,13 @@ class RangeStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         """The product's task on this range; one row: the slice's report, pickled. The batch id is
         unknown here (it only names a profile file): the range's start stands in for it."""
         assert isinstance(partition, RangePartition)
+        from fanout_sink.protocol.slices import Slice
         from fanout_sink.spark.task import config_key, run_task
 
-        ids = {partition.topic: partition.topic_id} if partition.topic_id else {}
-        planned = [((partition.topic, partition.partition), (partition.start, partition.end))]
-        for report in run_task(config_key(self.config), self.config, partition.start, ids, planned):
+        planned = Slice(
+            partition.topic, partition.partition, partition.start, partition.end, partition.topic_id
+        )
+        for report in run_task(config_key(self.config), self.config, partition.start, [planned]):
             yield partition.topic, partition.partition, pickle.dumps(report)
 
 

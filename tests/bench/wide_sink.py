@@ -38,6 +38,7 @@ from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.slices import Slice
 
 NAMESPACE = "wide"
 COMMIT_INTERVAL_S = 10.0
@@ -136,12 +137,12 @@ class WideSink:
         # The workers' catalog is their own (as in an executor), counted apart.
         self.worker_catalog = load_catalog(settings)
         self.worker_calls = CatalogCalls(self.worker_catalog)
-        self.sink = SinkChannel.from_config(self.config)
-        self.producer = self.sink.clients.producer({"enable.idempotence": True, "linger.ms": 5})
+        self.channel = SinkChannel.from_config(self.config)
+        self.producer = self.channel.clients.producer({"enable.idempotence": True, "linger.ms": 5})
         self.slots = [Slot.open(self.config, self.worker_catalog) for _ in range(self.parallel)]
-        self.coordinator = Coordinator(self.sink, catalog, source_topics=[self.topic])
+        self.coordinator = Coordinator(self.channel, catalog, source_topics=[self.topic])
         self.coordinator.open()
-        self.control = self.sink.clients.consumer(
+        self.control = self.channel.clients.consumer(
             {"group.id": f"{name}-bytes", "enable.auto.commit": False, "isolation.level": "read_uncommitted"}
         )
         self.control_position = 0
@@ -167,14 +168,14 @@ class WideSink:
     def _deliver(self, slot: Slot, partition: int, end: int) -> int:
         start = self.next_offsets[partition]
         read = lambda s, e: slot.reader.read(self.topic, partition, s, e)  # noqa: E731
-        sliced = slot.worker.commit_slice(self.topic, partition, start, end, read, slot.processor)
+        sliced = slot.worker.commit_slice(Slice(self.topic, partition, start, end), read, slot.processor)
         if not sliced.transaction_committed:
             raise RuntimeError(f"slice {self.topic}[{partition}] [{start}, {end}) was not committed")
         return sliced.records_in
 
     def _control_bytes(self) -> tuple[int, int]:
         """Bytes and messages the control topic gained since the last call (keys and values)."""
-        topic = self.sink.control_topic
+        topic = self.channel.control_topic
         _, high = self.control.get_watermark_offsets(TopicPartition(topic, CONTROL_PARTITION), timeout=30)
         self.control.assign([TopicPartition(topic, CONTROL_PARTITION, self.control_position)])
         size = count = 0

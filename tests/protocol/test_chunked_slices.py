@@ -15,6 +15,7 @@ from support.sink_factory import SinkFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel
 from fanout_sink.protocol.rolling_files import target_file_bytes
+from fanout_sink.protocol.slices import Slice
 from fanout_sink.transform.processor import build_processor
 
 RECORDS = 3_000
@@ -50,7 +51,9 @@ def test_a_slice_larger_than_the_chunk_writes_the_same_rows_and_rolls_files_by_s
     coordinator = sink.coordinator()
 
     result = worker.commit_slice(
-        sink.topic, 0, 0, RECORDS, _counting(reader, sink.topic, CHUNK, sizes), make_processor(sink.catalog)
+        Slice(sink.topic, 0, 0, RECORDS),
+        _counting(reader, sink.topic, CHUNK, sizes),
+        make_processor(sink.catalog),
     )
     assert result.transaction_committed and result.records_in == RECORDS
     assert sizes == [CHUNK] * (RECORDS // CHUNK), "the reader handed the slice out in chunks"
@@ -99,7 +102,7 @@ def test_a_key_changed_in_two_chunks_of_one_slice_ends_in_its_later_change(sink_
     # Live before the slice: 5 and 6.
     produce_json(sink.bootstrap, sink.topic, 0, [change(5, 50), change(6, 60)])
     read = functools.partial(reader.read_chunks, sink.topic, 0, max_records=3)
-    assert worker.commit_slice(sink.topic, 0, 0, 2, read, process).transaction_committed
+    assert worker.commit_slice(Slice(sink.topic, 0, 0, 2), read, process).transaction_committed
     coordinator.commit_round()
     # One slice of three chunks of three changes each.
     produce_json(
@@ -113,7 +116,9 @@ def test_a_key_changed_in_two_chunks_of_one_slice_ends_in_its_later_change(sink_
         ],
     )
     sizes: list[int] = []
-    result = worker.commit_slice(sink.topic, 0, 2, 11, _counting(reader, sink.topic, 3, sizes), process)
+    result = worker.commit_slice(
+        Slice(sink.topic, 0, 2, 11), _counting(reader, sink.topic, 3, sizes), process
+    )
     assert result.transaction_committed and sizes == [3, 3, 3]
     assert result.files["sink.a"] == 3, "a change table's chunks are written one by one"
     coordinator.commit_round()

@@ -24,6 +24,7 @@ from fanout_sink import faults
 from fanout_sink.errors import ProducerFencedError
 from fanout_sink.protocol import channel, round_trigger, table_state
 from fanout_sink.protocol.round_trigger import RoundTrigger
+from fanout_sink.protocol.slices import Slice
 
 
 def _sink(sink_factory: SinkFactory, topics: int, partitions: int) -> SinkUnderTest:
@@ -107,7 +108,7 @@ def test_vtts_is_held_back_by_a_partition_that_is_behind_and_unreported(
 
     end = end_offset(bootstrap_servers, topic, 0)
     worker.commit_slice(
-        topic, 0, 1, end, read_slice(bootstrap_servers, topic, 0, 1, end), make_processor(catalog)
+        Slice(topic, 0, 1, end), read_slice(bootstrap_servers, topic, 0, 1, end), make_processor(catalog)
     )
     result = coordinator.commit_round()
     assert result.tables["sink.a"].outcome == "committed" and result.vtts_ms is None

@@ -22,6 +22,7 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.slices import Slice
 from fanout_sink.transform.records import RoutedSlice, TableRows
 
 COLUMNS = 60
@@ -64,7 +65,7 @@ def _deliver(sink: SinkUnderTest, count: int) -> int:
 
     worker = sink.worker()
     try:
-        result = worker.commit_slice(sink.topic, 0, 0, count, raw, process)
+        result = worker.commit_slice(Slice(sink.topic, 0, 0, count), raw, process)
     finally:
         worker.close()
     assert result.transaction_committed and result.files == {"sink.wide": PARTITIONS}

@@ -21,7 +21,8 @@ from support.common import create_tables, make_processor, produce_json, read_sli
 from fanout_sink import faults
 from fanout_sink.protocol import channel, legacy_names, recovery
 from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.worker import SliceResult, SliceWorker
+from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.protocol.worker import SliceWorker
 
 SINK_NAMES = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,12}\Z")
 TOPIC_NAMES = st.from_regex(r"\A[A-Za-z0-9._-]{1,12}\Z")
@@ -77,11 +78,11 @@ def test_sinks_whose_dashed_names_collide_do_not_fence_each_other(
         if topic != first_topic:
             return
         raw = read_slice(bootstrap_servers, second_topic, 0, 0, 4)
-        second_results.append(second.commit_slice(second_topic, 0, 0, 4, raw, process))
+        second_results.append(second.commit_slice(Slice(second_topic, 0, 0, 4), raw, process))
 
     raw = read_slice(bootstrap_servers, first_topic, 0, 0, 4)
     with faults.register("worker.after-write-files", second_sink_commits):
-        first_result = first.commit_slice(first_topic, 0, 0, 4, raw, process)
+        first_result = first.commit_slice(Slice(first_topic, 0, 0, 4), raw, process)
     assert first_result.transaction_committed and second_results[0].transaction_committed
     assert sink_group_offset(bootstrap_servers, first_sink, first_topic, 0) == 4
     assert sink_group_offset(bootstrap_servers, second_sink, second_topic, 0) == 4

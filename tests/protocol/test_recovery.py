@@ -24,6 +24,7 @@ from support.expiry_fixtures import Expired, idle_log
 from support.sink_factory import SinkFactory
 
 from fanout_sink.protocol import channel, legacy_names
+from fanout_sink.protocol.slices import Slice
 from fanout_sink.spark import planning
 
 EARLIEST, LATEST = {"starting-offsets": "earliest"}, {"starting-offsets": "latest"}
@@ -176,7 +177,7 @@ def test_a_replayed_slice_after_the_offset_expired_while_running_is_not_delivere
     s = expired.replayed
 
     replay = expired.replay_worker.commit_slice(
-        s.topic, 0, 0, 6, read_slice(s.bootstrap, s.topic, 0, 0, 6), make_processor(s.catalog)
+        Slice(s.topic, 0, 0, 6), read_slice(s.bootstrap, s.topic, 0, 0, 6), make_processor(s.catalog)
     )
 
     assert not replay.transaction_committed and replay.skipped_delivered == 6

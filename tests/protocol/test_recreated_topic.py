@@ -31,6 +31,7 @@ from fanout_sink.errors import TopicRecreatedError
 from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import ControlReader
+from fanout_sink.protocol.slices import Slice
 from fanout_sink.spark import planning
 
 OLD_ROWS, NEW_ROWS = 6, 3
@@ -80,7 +81,7 @@ def _restart_and_continue(sink: SinkUnderTest) -> None:
     if end > start:
         worker = sink.worker()
         raw = read_slice(sink.bootstrap, sink.topic, 0, start, end)
-        worker.commit_slice(sink.topic, 0, start, end, raw, make_processor(sink.catalog))
+        worker.commit_slice(Slice(sink.topic, 0, start, end), raw, make_processor(sink.catalog))
         worker.close()
     coordinator = sink.coordinator()
     coordinator.poll_once()
@@ -158,7 +159,9 @@ def test_a_worker_handed_the_old_topics_position_stops_instead_of_skipping(sink_
     try:
         raw = read_slice(sink.bootstrap, sink.topic, 0, OLD_ROWS, OLD_ROWS + 2)
         with pytest.raises(TopicRecreatedError, match="restart"):
-            worker.commit_slice(sink.topic, 0, OLD_ROWS, OLD_ROWS + 2, raw, make_processor(sink.catalog))
+            worker.commit_slice(
+                Slice(sink.topic, 0, OLD_ROWS, OLD_ROWS + 2), raw, make_processor(sink.catalog)
+            )
     finally:
         worker.close()
     assert sink.committed(sink.topic, 0) is None

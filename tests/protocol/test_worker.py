@@ -21,7 +21,8 @@ from fanout_sink.errors import OffsetGapError, ProducerFencedError
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol.worker import SliceResult, SliceWorker
+from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.protocol.worker import SliceWorker
 
 
 def _control_events(sink: SinkUnderTest) -> list[ev.Payload]:
@@ -49,7 +50,7 @@ def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
     raw = read_slice(bootstrap_servers, source, 0, 0, 10)
     process = make_processor(catalog)
 
-    result = worker.commit_slice(source, 0, 0, 10, raw, process)
+    result = worker.commit_slice(Slice(source, 0, 0, 10), raw, process)
     assert result.transaction_committed
     assert result.rows == {"sink.a": 5, "sink.b": 5}
     assert sink.committed(source, 0) == 10
@@ -64,11 +65,13 @@ def test_slice_is_published_with_its_offset_and_redelivery_is_skipped(
     assert complete[0].max_timestamp_ms is not None
 
     # The same slice again (a retried task after its transaction committed): nothing is sent twice.
-    again = worker.commit_slice(source, 0, 0, 10, raw, process)
+    again = worker.commit_slice(Slice(source, 0, 0, 10), raw, process)
     assert not again.transaction_committed and again.skipped_delivered == 10
     # An overlapping slice: the delivered head is dropped.
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(10, 15)])
-    overlap = worker.commit_slice(source, 0, 5, 15, read_slice(bootstrap_servers, source, 0, 5, 15), process)
+    overlap = worker.commit_slice(
+        Slice(source, 0, 5, 15), read_slice(bootstrap_servers, source, 0, 5, 15), process
+    )
     assert overlap.skipped_delivered == 5 and overlap.rows == {"sink.a": 5}
     assert sink.committed(source, 0) == 15
     assert len([p for p in _control_events(sink) if isinstance(p, ev.DataWritten)]) == 3
@@ -90,11 +93,11 @@ def test_a_source_is_read_only_where_the_sink_group_has_not_delivered(
         return reader.read(source, 0, first, until)
 
     process = make_processor(catalog)
-    first = worker.commit_slice(source, 0, 0, 10, read, process)
+    first = worker.commit_slice(Slice(source, 0, 0, 10), read, process)
     assert first.transaction_committed and first.records_in == 10 and first.rows == {"sink.a": 5, "sink.b": 5}
-    replay = worker.commit_slice(source, 0, 0, 10, read, process)
+    replay = worker.commit_slice(Slice(source, 0, 0, 10), read, process)
     assert not replay.transaction_committed and (replay.records_in, replay.skipped_delivered) == (0, 0)
-    overlap = worker.commit_slice(source, 0, 5, 15, read, process)
+    overlap = worker.commit_slice(Slice(source, 0, 5, 15), read, process)
     assert (overlap.records_in, overlap.skipped_delivered) == (5, 0)
     assert overlap.rows == {"sink.a": 3, "sink.b": 2}  # ids 10-14 only
     assert reads == [(0, 10), (10, 15)], "the replay read nothing, the overlap only what was left"
@@ -109,9 +112,11 @@ def test_gap_fails_loudly_naming_the_offsets(
     sink, source, worker = _setup(sink_factory)
     produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(20)])
     process = make_processor(catalog)
-    worker.commit_slice(source, 0, 0, 10, read_slice(bootstrap_servers, source, 0, 0, 10), process)
+    worker.commit_slice(Slice(source, 0, 0, 10), read_slice(bootstrap_servers, source, 0, 0, 10), process)
     with pytest.raises(OffsetGapError, match=rf"gap in {source}\[0\].*up to offset 10.*\[12, 20\)"):
-        worker.commit_slice(source, 0, 12, 20, read_slice(bootstrap_servers, source, 0, 12, 20), process)
+        worker.commit_slice(
+            Slice(source, 0, 12, 20), read_slice(bootstrap_servers, source, 0, 12, 20), process
+        )
     assert sink.committed(source, 0) == 10
     worker.close()
 
@@ -139,7 +144,7 @@ def test_holes_from_aborted_records_commit_the_planned_end_and_dead_letters_ride
     raw = read_slice(bootstrap_servers, source, 0, 0, end)
     assert raw.num_rows == 3
 
-    result = worker.commit_slice(source, 0, 0, end, raw, make_processor(catalog))
+    result = worker.commit_slice(Slice(source, 0, 0, end), raw, make_processor(catalog))
     assert (result.rows, result.dead_lettered, result.filtered) == ({"sink.a": 1}, 1, 1)
     assert sink.committed(source, 0) == end
 
@@ -171,7 +176,7 @@ def test_holes_from_aborted_records_commit_the_planned_end_and_dead_letters_ride
     later = end_offset(bootstrap_servers, source, 0)
     empty = read_slice(bootstrap_servers, source, 0, end, later)
     assert empty.num_rows == 0
-    worker.commit_slice(source, 0, end, later, empty, make_processor(catalog))
+    worker.commit_slice(Slice(source, 0, end, later), empty, make_processor(catalog))
     assert sink.committed(source, 0) == later
     worker.close()
 
@@ -192,16 +197,16 @@ def test_zombie_attempt_is_fenced_and_the_newer_attempt_delivers_once(
             return
         started.append(True)
         successor = sink.worker()
-        successor_results.append(successor.commit_slice(source, 0, 0, 6, raw, process))
+        successor_results.append(successor.commit_slice(Slice(source, 0, 0, 6), raw, process))
         successor.close()
 
     with faults.register("worker.after-write-files", successor_runs), pytest.raises(ProducerFencedError):
-        zombie.commit_slice(source, 0, 0, 6, raw, process)
+        zombie.commit_slice(Slice(source, 0, 0, 6), raw, process)
     assert successor_results[0].transaction_committed
     written = [p for p in _control_events(sink) if isinstance(p, ev.DataWritten)]
     assert len(written) == 1 and sum(f.record_count for f in written[0].files) == 6
     # The fenced producer was dropped: the zombie's next call fences back and finds the slice delivered.
-    assert zombie.commit_slice(source, 0, 0, 6, raw, process).skipped_delivered == 6
+    assert zombie.commit_slice(Slice(source, 0, 0, 6), raw, process).skipped_delivered == 6
     zombie.close()
 
 
@@ -221,7 +226,7 @@ def test_cached_producer_fenced_by_a_moved_task_starts_over_without_failing(
     def deliver(worker: SliceWorker, batch: int) -> SliceResult:
         start, end = batch * 3, batch * 3 + 3
         return worker.commit_slice(
-            source, 0, start, end, read_slice(bootstrap_servers, source, 0, start, end), process
+            Slice(source, 0, start, end), read_slice(bootstrap_servers, source, 0, start, end), process
         )
 
     for batch, worker in enumerate((first, second, first)):

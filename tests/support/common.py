@@ -27,7 +27,8 @@ from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.protocol.channel import sink_group
-from fanout_sink.protocol.worker import SliceResult, SliceWorker
+from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.records import (
     RAW_RECORD_SCHEMA,
     DeadLetter,
@@ -206,7 +207,7 @@ def run_batch(
             start = planner.committed([(topic, partition)])[(topic, partition)] or 0
             end = end_offset(bootstrap, topic, partition)
             raw = read_slice(bootstrap, topic, partition, start, end)
-            results.append(worker.commit_slice(topic, partition, start, end, raw, process))
+            results.append(worker.commit_slice(Slice(topic, partition, start, end), raw, process))
     planner.close()
     return results
 
@@ -224,7 +225,7 @@ def run_planned_batch(
     for (topic, partition), (start, end) in sorted(ranges.items()):
         if end > start:
             raw = read_slice(bootstrap, topic, partition, start, end)
-            results.append(worker.commit_slice(topic, partition, start, end, raw, process))
+            results.append(worker.commit_slice(Slice(topic, partition, start, end), raw, process))
     return results
 
 

@@ -28,7 +28,14 @@ def main() -> int:
     ranges = planned_ranges(config.checkpoint_location, int(sys.argv[2]))
     bootstrap = config.kafka["bootstrap.servers"]
     results = run_planned_batch(worker, bootstrap, ranges, make_processor(load_catalog(config.catalog)))
-    print(json.dumps([[r.topic, r.partition, r.transaction_committed, r.skipped_delivered] for r in results]))
+    print(
+        json.dumps(
+            [
+                [r.slice.topic, r.slice.partition, r.transaction_committed, r.skipped_delivered]
+                for r in results
+            ]
+        )
+    )
     worker.close()
     return 0
 

@@ -53,7 +53,8 @@ from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
-from fanout_sink.protocol.worker import SliceResult, SliceWorker
+from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
 from fanout_sink.transform.records import SliceProcessor
 
@@ -174,7 +175,7 @@ class SinkUnderTest:
     def deliver(self, worker: SliceWorker, end: int, partition: int = 0) -> SliceResult:
         """Deliver ``[0, end)`` of a partition of :attr:`topic` in one committed worker transaction."""
         raw = read_slice(self.bootstrap, self.topic, partition, 0, end)
-        result = worker.commit_slice(self.topic, partition, 0, end, raw, make_processor(self.catalog))
+        result = worker.commit_slice(Slice(self.topic, partition, 0, end), raw, make_processor(self.catalog))
         assert result.transaction_committed
         return result
 

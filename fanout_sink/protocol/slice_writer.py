@@ -1,0 +1,393 @@
+"""What a slice writes: its records routed into data files and key files, and the ``DataWritten``
+events that will announce them.
+
+The worker (:mod:`.worker`) fences, reads the delivered offset and owns the transaction; it hands
+this module the records left to deliver, and commits what comes back. Here a slice streams through
+routing and conversion (the ``SliceProcessor``) in chunks of at most ``chunk_records`` records, so
+a worker holds one chunk's working set whatever the slice's size: append tables' rows wait for
+their target file size across chunks (:mod:`.rolling_files`), a change table's chunks are written
+with their key files and announced one by one, in order. Files are invisible until a round appends
+them; a crash before the transaction leaves only orphan files.
+
+A slice is written again, from a new read of its records, when its files come out too old to
+commit (a stall past half of orphan cleanup's safety age) or when one of its tables was dropped
+and recreated meanwhile. The events are packed to fit the control topic's messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from fanout_sink.errors import FanoutSinkError
+from fanout_sink.faults import fault_point
+from fanout_sink.kafka.topics import max_message_bytes
+from fanout_sink.protocol import datafiles
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.channel import SinkChannel, event_budget
+from fanout_sink.protocol.rolling_files import RollingFiles
+from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.transform.records import DeadLetter, SliceProcessor
+
+log = logging.getLogger(__name__)
+
+SliceSource = Callable[[int, int], pa.Table | Iterable[pa.Table]]
+"""``read(from, until)``: the visible records of ``[from, until)`` of the slice's partition, in
+``RAW_RECORD_SCHEMA``, offsets ascending: one table, or chunks of it (``RangeReader.read_chunks``
+in a task, so the slice is never whole in memory). The worker calls it after fencing and reading
+the delivered offset, so a replayed slice reads only what is left; again only when it writes the
+slice again (files too old to commit, a table recreated meanwhile): it keeps no records in between."""
+
+DEFAULT_CHUNK_RECORDS = 50_000
+"""Records per chunk unless configured (``spark.max-records-per-batch``)."""
+
+STALL_REWRITES = 3
+"""Writes of one slice at most after stalls past half the orphan age, before the worker gives up."""
+
+TABLE_CHECKS = 3
+"""Writes of one slice at most when its tables keep being recreated; the last one goes out unchecked
+(the coordinator rewrites files found for an old table uuid into the new table)."""
+
+
+def _without_bounds(record: ev.DataFileRecord) -> ev.DataFileRecord:
+    return record.model_copy(update={"lower_bounds": {}, "upper_bounds": {}})
+
+
+def _without_metrics(record: ev.DataFileRecord) -> ev.DataFileRecord:
+    return record.model_copy(
+        update={
+            "lower_bounds": {},
+            "upper_bounds": {},
+            "column_sizes": {},
+            "value_counts": {},
+            "null_value_counts": {},
+            "nan_value_counts": {},
+        }
+    )
+
+
+def table_ref(table: Table) -> ev.TableRef:
+    """The reference a ``DataWritten`` carries: identifier plus the uuid the files were written for."""
+    *namespace, name = table.name()
+    return ev.TableRef(namespace=tuple(namespace), name=name, uuid=str(table.metadata.table_uuid))
+
+
+@dataclass
+class SliceWrite:
+    """What one write of a slice made, gathered over its chunks."""
+
+    events: list[ev.DataWritten] = field(default_factory=list)
+    tables: dict[str, Table] = field(default_factory=dict)
+    """Per identifier, the table as the processor last handed it out (checked before the transaction)."""
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    table_changed: Callable[[str, Table | None], None] | None = None
+    oldest_ms: int | None = None
+    newest_ms: int | None = None
+    """Oldest and newest record timestamp of the slice (the coordinator derives VTTS from both)."""
+
+    def take_timestamps(self, chunk: pa.Table) -> None:
+        bounds = pc.min_max(chunk["timestamp"].cast(pa.int64())).as_py()
+        low, high = bounds["min"], bounds["max"]
+        if low is not None:
+            low_ms = int(low) // 1000
+            self.oldest_ms = low_ms if self.oldest_ms is None else min(self.oldest_ms, low_ms)
+        if high is not None:
+            high_ms = int(high) // 1000
+            self.newest_ms = high_ms if self.newest_ms is None else max(self.newest_ms, high_ms)
+
+
+class SliceWriter:
+    """Writes slices of one sink; holds no slice between calls (one per worker, shared by its threads)."""
+
+    def __init__(
+        self,
+        channel: SinkChannel,
+        max_files_per_event: int = 100,
+        file_age_limit_s: float | None = None,
+        chunk_records: int = DEFAULT_CHUNK_RECORDS,
+    ) -> None:
+        """``file_age_limit_s``: orphan cleanup's safety age (``maintenance.orphan-older-than``, the
+        smallest configured): files written more than half of it before their transaction are
+        written again, since cleanup may delete them before the transaction names them.
+        ``chunk_records``: records processed at once (a source's chunks are taken as they come; a
+        table handed in is cut to this size)."""
+        self.channel = channel
+        self.sink = channel.sink
+        self.control_topic = channel.control_topic
+        self.max_files_per_event = max(1, max_files_per_event)
+        self.file_age_limit_s = file_age_limit_s
+        self.chunk_records = max(1, chunk_records)
+        self._control_max_bytes: int | None = None
+
+    def control_limit(self) -> int:
+        """The control topic's message size limit, asked once per process."""
+        if self._control_max_bytes is None:
+            self._control_max_bytes = max_message_bytes(self.channel.clients, self.control_topic)
+        return self._control_max_bytes
+
+    def write(
+        self,
+        planned: Slice,
+        source: pa.Table | SliceSource,
+        committed: int | None,
+        process: SliceProcessor,
+        result: SliceResult,
+    ) -> SliceWrite:
+        """The slice's records from the delivered offset ``committed`` on, written; what announces them.
+
+        ``result`` gets the counts of the last write (a write again starts them over)."""
+        chunks = functools.partial(self._chunks, planned, source, committed, result)
+        for attempt in range(1, TABLE_CHECKS + 1):
+            written = self._write_in_time(planned, chunks, process, result)
+            # Right before the transaction: are the tables still the ones the files were written
+            # for? A processor's cached table outlives a drop and recreate, and files for the old
+            # uuid would never be the new table's.
+            changed = self._changed_tables(written.tables) if attempt < TABLE_CHECKS else {}
+            if not changed:
+                break
+            for identifier, current in changed.items():
+                log.warning(
+                    "%s: table %s was %s since it was loaded; writing the slice again",
+                    planned,
+                    identifier,
+                    "dropped" if current is None else f"recreated (uuid {current.metadata.table_uuid})",
+                    extra={
+                        "topic": planned.topic,
+                        "partition": planned.partition,
+                        "offset": planned.start,
+                        "table": identifier,
+                    },
+                )
+                if written.table_changed is not None:
+                    written.table_changed(identifier, current)
+        return written
+
+    def _chunks(
+        self, planned: Slice, source: pa.Table | SliceSource, committed: int | None, result: SliceResult
+    ) -> Iterator[pa.Table]:
+        """The slice's records left to deliver, chunk by chunk; read anew for every write."""
+        first = max(planned.start, committed or planned.start)
+        read = source(first, planned.end) if callable(source) else source
+        got: Iterable[pa.Table] = read
+        if isinstance(read, pa.Table):
+            size = self.chunk_records
+            got = (read.slice(i, size) for i in range(0, read.num_rows, size))
+        try:
+            for chunk in got:
+                result.records_in += chunk.num_rows
+                if committed is None or committed <= planned.start:
+                    yield chunk
+                    continue
+                left = pc.greater_equal(chunk["offset"], pa.scalar(committed, pa.int64()))
+                kept = chunk.filter(left)
+                result.skipped_delivered += chunk.num_rows - kept.num_rows
+                yield kept
+        finally:
+            close = getattr(got, "close", None)
+            if close is not None:  # a reader's generator releases its assignment
+                close()
+
+    def _write_in_time(
+        self,
+        planned: Slice,
+        chunks: Callable[[], Iterator[pa.Table]],
+        process: SliceProcessor,
+        result: SliceResult,
+    ) -> SliceWrite:
+        """:meth:`_write`, again while the files come out too old to commit."""
+        stalls = 0
+        while True:
+            written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
+            written = self._write(planned, chunks(), process, result)
+            fault_point("worker.after-write-files", topic=planned.topic, partition=planned.partition)
+            if not self._stalled(written_at, planned, stalls):
+                return written
+            stalls += 1
+
+    def _stalled(self, written_at: float, planned: Slice, stalls: int) -> bool:
+        """Whether the slice's files are too old to commit: an unannounced file older than orphan
+        cleanup's safety age may be gone already, and a table whose snapshot names a missing file
+        fails every scan. Half the age leaves the transaction itself ample time."""
+        limit = self.file_age_limit_s
+        age = time.time() - written_at
+        if limit is None or age <= limit / 2:
+            return False
+        if stalls >= STALL_REWRITES:
+            raise FanoutSinkError(
+                f"{planned}: the slice's files were {age:.0f} s old before their transaction "
+                f"{stalls + 1} times in a row, more than half of orphan cleanup's safety age "
+                f"({limit:.0f} s).\n  fix: raise maintenance.orphan-older-than well above the time a "
+                "slice takes (hours or days outside tests)"
+            )
+        log.warning(
+            "%s: files written %.0f s ago, more than half of maintenance.orphan-older-than (%.0f s): "
+            "orphan cleanup may delete them before the transaction names them; writing them again",
+            planned,
+            age,
+            limit,
+            extra={"topic": planned.topic, "partition": planned.partition, "offset": planned.start},
+        )
+        return True
+
+    def _write(
+        self, planned: Slice, chunks: Iterator[pa.Table], process: SliceProcessor, result: SliceResult
+    ) -> SliceWrite:
+        """Route the slice chunk by chunk and write its data files; the events that will announce them.
+
+        An append table's rows roll into files of its target size across chunks. A change table's
+        chunk is written and announced at once: its events follow the earlier chunks' in the
+        transaction, and the coordinator lets a key's last change set win, so a key changed in two
+        chunks ends in the later change."""
+        out = SliceWrite()
+        result.records_in = result.skipped_delivered = result.filtered = 0
+        result.rows, result.files, result.deleted_keys = {}, {}, {}
+        rolling = RollingFiles()
+        try:
+            for chunk in chunks:
+                if chunk.num_rows:
+                    self._write_chunk(planned, chunk, process, result, out, rolling)
+            written = rolling.finish()
+        except BaseException:
+            rolling.discard()
+            raise
+        for identifier, files in written.items():
+            result.files[identifier] = len(files.records)
+            out.events += self._announce(self._data_written(files.table, planned), files.records)
+        return out
+
+    def _write_chunk(
+        self,
+        planned: Slice,
+        chunk: pa.Table,
+        process: SliceProcessor,
+        result: SliceResult,
+        out: SliceWrite,
+        rolling: RollingFiles,
+    ) -> None:
+        """One chunk of a slice routed: append tables' rows into their open files, a change table's
+        rows written and announced now."""
+        out.take_timestamps(chunk)
+        routed = process(chunk)
+        out.table_changed = routed.table_changed
+        out.dead_letters += routed.dead_letters
+        result.filtered += routed.filtered
+        for identifier, table_rows in routed.tables.items():
+            table = table_rows.table
+            out.tables[identifier] = table
+            result.rows[identifier] = result.rows.get(identifier, 0) + table_rows.rows.num_rows
+            if not table_rows.key:
+                rolling.add(identifier, table, table_rows.rows)
+                continue
+            data_files = datafiles.write_data_files(table, table_rows.rows)
+            result.files[identifier] = result.files.get(identifier, 0) + len(data_files)
+            deleted = table_rows.deleted_keys
+            key_files: tuple[ev.KeyFile, ...] = ()
+            if deleted is not None and deleted.num_rows:
+                key_files = (datafiles.write_key_file(table, deleted),)
+                result.deleted_keys[identifier] = result.deleted_keys.get(identifier, 0) + deleted.num_rows
+            records = [datafiles.to_record(f, table) for f in data_files]
+            first = self._data_written(table, planned, table_rows.key, key_files)
+            out.events += self._announce(first, records)
+
+    @staticmethod
+    def _data_written(
+        table: Table, planned: Slice, key: tuple[str, ...] = (), key_files: tuple[ev.KeyFile, ...] = ()
+    ) -> ev.DataWritten:
+        """The first event announcing a table's files (a change table's: of one chunk, with its key)."""
+        return ev.DataWritten(
+            table=table_ref(table),
+            files=(),
+            topic=planned.topic,
+            partition=planned.partition,
+            next_offset=planned.end,
+            key=key,
+            deleted_keys=key_files,
+        )
+
+    def _announce(self, first: ev.DataWritten, records: list[ev.DataFileRecord]) -> list[ev.DataWritten]:
+        """``records`` in as few ``DataWritten`` events as fit the control topic (``first`` carries
+        the slice's deleted keys, the others none): a message over the topic's ``max.message.bytes``
+        would fail the transaction on every retry and stall the partition for good. A file whose
+        record alone does not fit travels without its column bounds, then without any column metrics
+        (both optional in Iceberg: readers only prune less)."""
+        budget = event_budget(self.sink, self.control_limit())
+        base = self._event_bytes(first)
+        if base > budget:
+            raise FanoutSinkError(
+                f"the control event for {first.table.identifier} from {first.topic}[{first.partition}] needs "
+                f"{base} bytes before any file, more than the control topic {self.control_topic} accepts "
+                f"({self.control_limit()}).\n  fix: raise the topic's max.message.bytes"
+            )
+        groups: list[list[ev.DataFileRecord]] = [[]]
+        size = base
+        for original in records:
+            record, own = self._fitting(first, base, original, budget - base)
+            if groups[-1] and (size + own > budget or len(groups[-1]) >= self.max_files_per_event):
+                groups.append([])
+                size = base
+            groups[-1].append(record)
+            size += own
+        events = [
+            first.model_copy(
+                update={"files": tuple(files)} if i == 0 else {"files": tuple(files), "deleted_keys": ()}
+            )
+            for i, files in enumerate(groups)
+        ]
+        return [e for e in events if e.files or e.deleted_keys]
+
+    def _event_bytes(self, event: ev.DataWritten) -> int:
+        return len(ev.encode(ev.Event(sink=self.sink, payload=event)))
+
+    def _fitting(
+        self, first: ev.DataWritten, empty: int, record: ev.DataFileRecord, room: int
+    ) -> tuple[ev.DataFileRecord, int]:
+        """The record (cut down if needed) and the bytes it adds to ``first`` (``empty`` bytes)."""
+        for cut in (record, _without_bounds(record), _without_metrics(record)):
+            own = self._event_bytes(first.model_copy(update={"files": (cut,)})) - empty
+            if own <= room:
+                if cut is not record:
+                    log.warning(
+                        "data file %s of %s: its statistics do not fit one control event (%d bytes "
+                        "allowed); sent without %s, so readers prune this file less",
+                        record.file_path,
+                        first.table.identifier,
+                        room,
+                        "column bounds" if cut.value_counts else "column metrics",
+                    )
+                return cut, own
+        raise FanoutSinkError(
+            f"data file {record.file_path} of {first.table.identifier} does not fit one event of the "
+            f"control topic {self.control_topic} even without column metrics ({self.control_limit()} "
+            "bytes allowed).\n  fix: raise the control topic's max.message.bytes"
+        )
+
+    @staticmethod
+    def _changed_tables(tables: dict[str, Table]) -> dict[str, Table | None]:
+        """Tables of the slice that the catalog now holds under another uuid (or not at all).
+
+        One catalog load per table and slice: the price of never writing rows for a table that
+        was dropped and recreated meanwhile (files the coordinator would have to rewrite or refuse).
+        """
+        changed: dict[str, Table | None] = {}
+        for identifier, table in tables.items():
+            try:
+                current = table.catalog.load_table(table.name())
+            except NoSuchTableError:
+                changed[identifier] = None
+                continue
+            except Exception:
+                # The check only narrows a window; a table that cannot be loaded now is the
+                # coordinator's to report (it re-checks the uuid and rewrites or names stale files).
+                log.warning("could not re-check table %s before the transaction", identifier, exc_info=True)
+                continue
+            if current.metadata.table_uuid != table.metadata.table_uuid:
+                changed[identifier] = current
+        return changed
