@@ -12,8 +12,9 @@ from fanout_sink.config.models import MetricsSettings
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.metrics import SinkMetrics
-from fanout_sink.protocol.coordinator import RoundResult, TableCommit
+from fanout_sink.protocol.coordinator import RoundResult
 from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.protocol.table_commit import TableCommit
 
 
 def value(metrics: SinkMetrics, name: str, **labels: str) -> float | None:

@@ -10,9 +10,10 @@ It keeps the driver half of the invariants:
 - I4: each table's snapshot summary records the control offset it is committed up to (and so do
   the table properties, in the same commit, so that snapshot expiry cannot erase it); after any
   crash, events below it are skipped for that table only.
-- Dropped-and-recreated tables: files carry the table uuid they were written for; files for
-  another uuid are never appended as they are (Iceberg also asserts the uuid at commit): their rows
-  are rewritten into the new table when the columns fit, else an ERROR names the files.
+
+One table's commit (those checks, stale and missing files, change resolution, the snapshot) is
+:mod:`fanout_sink.protocol.table_commit`'s; the coordinator keeps the rounds around it, the control
+topic's events and transactions, and reports the tables that keep failing.
 
 Rounds start when :class:`~fanout_sink.protocol.round_trigger.RoundTrigger` says: as soon as every
 planned range of a micro-batch has reported, at least every commit interval, never closer together
@@ -31,62 +32,29 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
-import pyarrow as pa
 from confluent_kafka import KafkaException, TopicPartition
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.io import FileIO, load_file_io
-from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
 
-from fanout_sink import pyiceberg_internals
-from fanout_sink.errors import FanoutSinkError, ProducerFencedError, TableError
+from fanout_sink.errors import FanoutSinkError, ProducerFencedError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
 from fanout_sink.kafka.topics import max_message_bytes
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel, datafiles, recovery, row_delta, table_state
+from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import round_trigger as trigger
-from fanout_sink.protocol.channel import ControlEvent, SinkChannel
+from fanout_sink.protocol.channel import ControlEvent, ControlReader, SinkChannel
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 """How long the thread waits for control events between two looks at the trigger: a batch's last
 report starts its round within this."""
-
-COMMIT_ATTEMPTS = 3
-"""Tries per table and round when the catalog reports a conflict (each reloads and re-checks the floor)."""
-MISSING_TABLE_WAIT_S = 10.0
-"""A table not found at commit is looked up again this long before its files are refused: dropping
-and creating a table (or renaming it aside and creating a new one) leaves a moment with no table,
-and a round that meets it would otherwise quarantine rows the new table should get (chaos found it)."""
-
-
-@dataclass
-class TableCommit:
-    """What happened to one table in one round."""
-
-    identifier: str
-    outcome: str  # "committed" | "already-committed" | "refused" | "table-missing" | "failed"
-    table_uuid: str | None = None
-    snapshot_id: int | None = None
-    files: int = 0
-    rows: int = 0
-    stale_files: int = 0  # written for another table uuid: never appended
-    inserted: int = 0  # change tables: keys new to the table
-    updated: int = 0  # change tables: keys whose live row was replaced
-    deleted: int = 0  # change tables: live rows removed by deleted keys
-    delete_files: int = 0  # change tables: position-delete files committed
-    missing_files: int = 0  # announced but gone (never appended: an ERROR names them)
-    refused_files: int = 0  # for a table that is gone or whose columns they do not fit: quarantined
-    attempts: int = 0
-    error: str | None = None
 
 
 @dataclass
@@ -123,7 +91,7 @@ class Coordinator:
 
     def __init__(
         self,
-        sink: SinkChannel,
+        channel: SinkChannel,
         catalog: Catalog,
         source_topics: list[str] | None = None,
         commit_interval_s: float = 30.0,
@@ -133,18 +101,19 @@ class Coordinator:
         observer: RoundObserver | None = None,
         rounds: trigger.RoundTrigger | None = None,
     ) -> None:
-        self.channel = sink
-        self.sink = sink.sink
-        self.control_topic = sink.control_topic
+        self.channel = channel
+        self.sink = channel.sink
+        self.control_topic = channel.control_topic
         self.catalog = catalog
         self.source_topics = list(source_topics or [])
         self.commit_interval_s = commit_interval_s
         self.commit_timeout_s = commit_timeout_s
         self.max_parallel_commits = max(1, max_parallel_commits)
-        self.timeout_s = sink.timeout_s
+        self.timeout_s = channel.timeout_s
         self.state = CommitState()
+        self._tables = TableCommitter(self.sink, catalog, self.state)
         self._producer: TransactionalProducer | None = None
-        self._reader: channel.ControlReader | None = None
+        self._reader: ControlReader | None = None
         self._metadata: bytes | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -168,7 +137,7 @@ class Coordinator:
         channel.ensure_control_topic(self.channel)
         self._producer = self._new_producer()
         self._metadata = self.channel.clients.group_metadata(self.channel.coordinator_group)
-        self._reader = channel.ControlReader(self.channel)
+        self._reader = ControlReader(self.channel)
         start = recovery.seek_to_low_watermark(self._reader)
         log.info("coordinator of sink %r reads the control topic from offset %d", self.sink, start)
 
@@ -235,7 +204,7 @@ class Coordinator:
 
     # -- rounds -----------------------------------------------------------------------------------
 
-    def _ready(self) -> tuple[TransactionalProducer, channel.ControlReader]:
+    def _ready(self) -> tuple[TransactionalProducer, ControlReader]:
         if self._fenced:
             # Re-opening would fence the newer coordinator back: a fenced coordinator stays down.
             raise ProducerFencedError(f"coordinator of sink {self.sink!r} was fenced and cannot be reused")
@@ -401,7 +370,7 @@ class Coordinator:
         pool = ThreadPoolExecutor(max_workers=self.max_parallel_commits, thread_name_prefix="table-commit")
         try:
             futures = {
-                identifier: pool.submit(self._commit_table, identifier, items, round_end, commit_id, vtts)
+                identifier: pool.submit(self._tables.commit, identifier, items, round_end, commit_id, vtts)
                 for identifier, items in due.items()
             }
             deadline = time.monotonic() + self.commit_timeout_s
@@ -457,221 +426,3 @@ class Coordinator:
                 oldest.offset,
                 extra={"table": identifier},
             )
-
-    def _quarantined(self, io: FileIO, paths: list[str]) -> str:
-        """The refused files copied where cleanup cannot take them; how the ERROR says where they are."""
-        try:
-            copies = datafiles.quarantine(io, paths, self.sink)
-        except OSError as exc:  # the ERROR still names the originals
-            return f"copying them to a quarantine folder failed ({exc}); they stay only until orphan cleanup"
-        return f"copied to {', '.join(copies)} (outside every table location: no cleanup removes them)"
-
-    def _rewrite_stale(self, table: Table, stale: list[PendingFiles], outcome: TableCommit) -> list[DataFile]:
-        """Files written for an older table of this name (dropped and recreated while they were in
-        flight), rewritten as files of ``table`` when their columns fit; otherwise quarantined and
-        named in an ERROR (``outcome.refused_files``).
-        """
-        identifier = ".".join(table.name())
-        records = [r for p in stale for r in p.event.files]
-        paths = [r.file_path for r in records]
-        rows = sum(r.record_count for r in records)
-        try:
-            rewritten = datafiles.rewrite_data_files(table, paths)
-        except (TableError, OSError, pa.ArrowException) as exc:
-            outcome.refused_files = len(paths)
-            log.error(
-                "table %s was dropped and recreated (uuid now %s): %d file(s) with %d row(s) written for "
-                "the old table do not fit the new one (%s) and are NOT appended: %s, %s\n"
-                "  fix: the rows are in those Parquet files; add them to the table by hand if they are "
-                "wanted (the sink goes on with the new table).",
-                identifier,
-                table.metadata.table_uuid,
-                len(paths),
-                rows,
-                exc,
-                ", ".join(paths),
-                self._quarantined(table.io, paths),
-            )
-            return []
-        log.warning(
-            "table %s was dropped and recreated: %d file(s) with %d row(s) written for the old table "
-            "rewritten into the new one",
-            identifier,
-            len(paths),
-            rows,
-        )
-        return rewritten
-
-    def _present(self, table: Table, items: list[PendingFiles], outcome: TableCommit) -> list[PendingFiles]:
-        """``items`` without the data files that no longer exist, with one ERROR naming them.
-
-        A snapshot that names a missing file fails every scan of the table. Workers rewrite files
-        that waited too long for their transaction, but a paused process can still lose its files to
-        orphan cleanup, or someone deletes them: those rows are lost, the table must stay readable.
-        """
-        paths = [r.file_path for p in items for r in p.event.files]
-        if not paths:
-            return items
-        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-check") as pool:
-            exists = dict(
-                zip(paths, pool.map(lambda path: table.io.new_input(path).exists(), paths), strict=True)
-            )
-        missing = [path for path, present in exists.items() if not present]
-        if missing and outcome.missing_files != len(missing):  # once per round, not per attempt
-            sources = sorted(
-                {f"{p.event.topic}[{p.event.partition}] up to offset {p.event.next_offset}"
-                 for p in items if any(not exists[r.file_path] for r in p.event.files)}
-            )  # fmt: skip
-            log.error(
-                "table %s: %d data file(s) announced on the control topic do not exist and are NOT "
-                "appended, so that the table stays readable: %s. Their rows (from %s) are not in the "
-                "table.\n  fix: find what deleted them (orphan cleanup with maintenance.orphan-older-than "
-                "shorter than a stalled slice, or a manual delete) and deliver those records again.",
-                ".".join(table.name()),
-                len(missing),
-                ", ".join(missing),
-                "; ".join(sources),
-                extra={"table": ".".join(table.name())},
-            )
-        outcome.missing_files = len(missing)
-        if not missing:
-            return items
-        return [
-            replace(
-                p,
-                event=p.event.model_copy(
-                    update={"files": tuple(r for r in p.event.files if exists[r.file_path])}
-                ),
-            )
-            for p in items
-        ]
-
-    def _resolve(
-        self, table: Table, changes: list[PendingFiles]
-    ) -> tuple[list[DataFile], row_delta.Resolution]:
-        """A change table's events of this round, in control-topic order (a partition's slices in
-        offset order), resolved into position deletes against the table as loaded for this attempt."""
-        keys = {p.event.key for p in changes}
-        if len(keys) > 1:
-            raise TableError(
-                f"change events for table {'.'.join(table.name())} carry different keys {sorted(keys)}: "
-                "the route's changes.key changed while files were in flight.\n  fix: restore the "
-                "previous key until these events are committed, then change it (and the table's "
-                "identifier fields) in one step"
-            )
-        (key,) = keys
-        sets = [
-            row_delta.ChangeSet(
-                data_files=[datafiles.from_record(r, table) for r in p.event.files],
-                deleted_keys=datafiles.read_key_files(table, key, p.event.deleted_keys),
-            )
-            for p in sorted(changes, key=lambda p: p.offset)
-        ]
-        return [f for change in sets for f in change.data_files], row_delta.resolve(table, key, sets)
-
-    def _load_table_or_wait(self, identifier: str) -> Table:
-        """The table, looked up again for :data:`MISSING_TABLE_WAIT_S` while it is not found."""
-        deadline = time.monotonic() + MISSING_TABLE_WAIT_S
-        while True:
-            try:
-                return self.catalog.load_table(identifier)
-            except NoSuchTableError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.5)
-
-    def _commit_table(
-        self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
-    ) -> TableCommit:
-        outcome = TableCommit(identifier, "failed")
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            outcome.attempts = attempt
-            try:
-                table = self._load_table_or_wait(identifier)
-            except NoSuchTableError:
-                owed = self.state.owed(items)  # the rest went into the table before it was dropped
-                if not owed:
-                    outcome.outcome = "already-committed"
-                    return outcome
-                paths = [r.file_path for p in owed for r in p.event.files]
-                outcome.refused_files = len(paths)
-                log.error(
-                    "table %s is gone: %d file(s) with %d row(s) written for it are NOT appended: %s, %s\n"
-                    "  fix: the rows are in those Parquet files; recreate the table and add them by hand "
-                    "if they are wanted.",
-                    identifier,
-                    len(paths),
-                    sum(r.record_count for p in owed for r in p.event.files),
-                    ", ".join(paths),
-                    self._quarantined(load_file_io(self.catalog.properties, paths[0]), paths)
-                    if paths
-                    else "",
-                )
-                outcome.outcome = "table-missing"
-                return outcome
-            table_uuid = str(table.metadata.table_uuid)
-            outcome.table_uuid = table_uuid
-            floor = table_state.read_state(table, self.sink).next_control_offset(channel.CONTROL_PARTITION)
-            todo = [p for p in items if p.offset >= floor]
-            stale = self.state.owed([p for p in todo if p.event.table.uuid != table_uuid])
-            outcome.stale_files = sum(len(p.event.files) for p in stale)
-            current = self._present(table, [p for p in todo if p.event.table.uuid == table_uuid], outcome)
-            appends = [
-                datafiles.from_record(r, table) for p in current if not p.event.key for r in p.event.files
-            ]
-            if stale:
-                appends += self._rewrite_stale(table, stale, outcome)
-            changes = [p for p in current if p.event.key]
-            if not appends and not changes:
-                outcome.outcome = "refused" if outcome.refused_files else "already-committed"
-                return outcome
-            properties = table_state.summary_properties(
-                self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts
-            )
-            added, resolution = appends, None
-            if changes:
-                changed, resolution = self._resolve(table, changes)
-                added = appends + changed
-            snapshot_properties = dict(properties)
-            if resolution is not None:
-                snapshot_properties.update(
-                    table_state.change_properties(
-                        self.sink, resolution.inserted, resolution.updated, resolution.deleted
-                    )
-                )
-                fault_point("coordinator.after-resolve", table=identifier)
-            txn = pyiceberg_internals.no_retry_transaction(table)
-            # Each file under the spec it was written with: the spec may have changed since. Data
-            # and position deletes in one snapshot, the one that records the control offset (I4).
-            delta = pyiceberg_internals.RowDelta(txn, table.io, snapshot_properties)
-            with delta:
-                for data_file in added:
-                    delta.append_data_file(data_file)
-                for delete_file in resolution.delete_files if resolution else ():
-                    delta.add_delete_file(delete_file)
-            # The same state as table properties, in the same metadata commit: it outlives the
-            # snapshot when others commit on top and the sink's snapshots are expired.
-            txn.set_properties(properties)
-            if stale_keys := table_state.stale_properties(table, self.sink, vtts):
-                txn.remove_properties(*stale_keys)
-            fault_point("coordinator.before-table-commit", table=identifier, catalog=self.catalog)
-            try:
-                committed = txn.commit_transaction()
-            except CommitFailedException as exc:
-                log.warning(
-                    "commit of %s conflicted (attempt %d): reloading and re-checking", identifier, attempt
-                )
-                outcome.error = str(exc)
-                continue
-            fault_point("coordinator.after-table-commit", table=identifier)
-            outcome.outcome = "committed"
-            outcome.files = len(added)
-            outcome.rows = sum(data_file.record_count for data_file in added)
-            if resolution is not None:
-                outcome.inserted, outcome.updated = resolution.inserted, resolution.updated
-                outcome.deleted, outcome.delete_files = resolution.deleted, len(resolution.delete_files)
-            outcome.error = None
-            snapshot = committed.current_snapshot()
-            outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None
-            return outcome
-        return outcome

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes, to_bytes
-from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
@@ -189,35 +188,3 @@ def from_record(record: ev.DataFileRecord, table: Table) -> DataFile:
     )
     data_file.spec_id = record.spec_id
     return data_file
-
-
-QUARANTINE_FOLDER = "_fanout_sink_quarantine"
-
-
-def quarantine_path(path: str, sink: str) -> str:
-    """Where a refused data file is kept: beside its table's folder, outside every table location,
-    so that no orphan cleanup (the sink's or Iceberg's, which list a table's location) can take it.
-
-    ``<ns folder>/<table>/data/<name>`` -> ``<ns folder>/_fanout_sink_quarantine/<sink>/<table>/<name>``
-    """
-    head, found, name = path.rpartition("/data/")
-    if not found:
-        head, _, name = path.rpartition("/")
-    folder, _, table = head.rpartition("/")
-    return f"{folder}/{QUARANTINE_FOLDER}/{sink}/{table}/{name}"
-
-
-def quarantine(io: FileIO, paths: Sequence[str], sink: str) -> list[str]:
-    """Copy refused data files to their quarantine paths (idempotent: a copy already there is kept,
-    so a coordinator that crashed halfway repeats it safely); the copies' paths. The originals are
-    left to orphan cleanup."""
-    copies = []
-    for path in paths:
-        target = quarantine_path(path, sink)
-        if not io.new_input(target).exists():
-            with io.new_input(path).open() as source:
-                data = source.read()
-            with io.new_output(target).create(overwrite=True) as stream:
-                stream.write(data)
-        copies.append(target)
-    return copies

@@ -206,7 +206,7 @@ class SinkApp:
     def _start_coordinator(self, topics: list[str]) -> Coordinator:
         control = self.config.control
         coordinator = Coordinator(
-            sink=SinkChannel.from_config(self.config),
+            channel=SinkChannel.from_config(self.config),
             catalog=load_catalog(self.config.catalog),
             source_topics=topics,
             commit_interval_s=control.commit_interval.total_seconds(),

@@ -60,7 +60,7 @@ def test_the_coordinator_never_appends_a_file_that_is_gone(
     Path(gone).unlink()
 
     coordinator = sink.coordinator()
-    with caplog.at_level(logging.ERROR, logger="fanout_sink.protocol.coordinator"):
+    with caplog.at_level(logging.ERROR, logger="fanout_sink.protocol.table_commit"):
         result = coordinator.commit_round()
     coordinator.close()
     outcome = result.tables["sink.a"]

@@ -207,7 +207,7 @@ def test_files_for_a_dropped_table_that_do_not_fit_its_successor_are_named_in_an
         f"{NAMESPACE}.a",
         schema=Schema(*TABLE_SCHEMA.fields, NestedField(3, "region", StringType(), required=True)),
     )
-    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
+    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.table_commit")
     coordinator = sink.coordinator()
     result = coordinator.commit_round()
     coordinator.close()
@@ -255,7 +255,7 @@ def test_files_for_a_table_that_is_gone_are_kept_where_cleanup_cannot_take_them(
 ) -> None:
     sink = sink_factory(partitions={"src": 1}, tables="a", prefix="s")
     _write_three_rows_then_drop_the_table(sink, bootstrap_servers, catalog)
-    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
+    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.table_commit")
     coordinator = sink.coordinator()
     outcome = coordinator.commit_round().tables[f"{NAMESPACE}.a"]
     coordinator.close()
