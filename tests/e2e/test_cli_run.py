@@ -5,36 +5,23 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-import yaml
 from chaos.app_process import child_env
+from support.sink_factory import SinkFactory
 
 
-def test_sigusr1_prints_every_thread_stack_and_the_app_keeps_going(tmp_path: Path) -> None:
+def test_sigusr1_prints_every_thread_stack_and_the_app_keeps_going(sink_factory: SinkFactory) -> None:
     """Real: the CLI in a child process and a TCP listener that never answers (a hung broker: the
     connection is accepted by the kernel, no Kafka reply comes), so the app waits in its pre-flight
     check, for up to ``preflight.BROKER_TIMEOUT_S`` (10 s) after start-up, as a stuck one would."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hung:
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
-        config = tmp_path / "sink.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "name": "stuck",
-                    "kafka": {"bootstrap.servers": f"127.0.0.1:{hung.getsockname()[1]}"},
-                    "source": {"topics": ["t"]},
-                    "tables": {"a.b": {}},
-                }
-            )
-        )
+        sink = sink_factory(overrides={"kafka": {"bootstrap.servers": f"127.0.0.1:{hung.getsockname()[1]}"}})
         app = subprocess.Popen(
-            [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env(),
-        )  # fmt: skip
+            sink.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env()
+        )
         try:
             hung.settimeout(120)
             # Once connected, the app is in its pre-flight check, past registering the dump signal.

@@ -10,18 +10,11 @@ workers, the coordinator, the range reader, the transactions and the pre-flight 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
-import yaml
-from chaos.app_process import child_env
-from support.common import create_topic
 from support.sink_factory import SinkFactory
 
-from fanout_sink.catalog import CatalogSettings
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.devtools.stack.certificates import make_tls_files
 
@@ -75,7 +68,7 @@ def test_the_app_lands_exact_rows_over_tls_with_both_kafka_clients(
 )
 def test_a_tls_mistake_fails_before_start_naming_the_broker_and_the_key(
     tls_broker: KafkaBroker,
-    catalog_settings: CatalogSettings,
+    sink_factory: SinkFactory,
     tmp_path: Path,
     mistake: str,
     says: str,
@@ -87,19 +80,8 @@ def test_a_tls_mistake_fails_before_start_naming_the_broker_and_the_key(
         kafka["ssl.ca.location"] = str(other.ca)
     else:
         kafka.update({**other.client_properties(), "ssl.ca.location": kafka["ssl.ca.location"]})
-    config = tmp_path / "sink.yaml"
-    sink = {
-        "name": f"tls-{uuid.uuid4().hex[:6]}",
-        "kafka": kafka,
-        "source": {"topics": [create_topic(tls_broker.bootstrap_servers, "orders", 3)]},
-        "catalog": catalog_settings.model_dump(exclude_none=True),
-        "tables": {"a.b": {}},
-    }
-    config.write_text(yaml.safe_dump(sink))
-    done = subprocess.run(
-        [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config)],
-        capture_output=True, text=True, env=child_env(env), timeout=120, check=False,
-    )  # fmt: skip
+    sink = sink_factory(bootstrap=tls_broker.bootstrap_servers, overrides={"kafka": kafka})
+    done = sink.attempt(env=env, timeout=120)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, f"{mistake}: {done.stderr[-3000:]}"
     cause, fix = lines[-2:]

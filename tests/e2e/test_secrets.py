@@ -10,8 +10,6 @@ markers the local warehouse ignores.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,10 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
-from chaos.app_process import child_env
 from confluent_kafka import Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography.hazmat.primitives import serialization
+from support.common import create_topic
+from support.sink_factory import SinkFactory
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.cli import main
@@ -40,48 +38,6 @@ def _found(data: bytes | str, markers: Iterable[str]) -> list[str]:
     """The markers in ``data`` (also with their ``MARKER-`` prefix cut, in case of partial echoes)."""
     blob = data.encode() if isinstance(data, str) else data
     return [m for m in markers if m.encode() in blob or m.split("-")[-1].encode() in blob]
-
-
-def _sink_yaml(
-    folder: Path,
-    name: str,
-    kafka: dict[str, str],
-    topics: dict[str, str],
-    catalog_secrets: dict[str, str],
-    registry_auth: str,
-) -> Path:
-    """A sink config whose catalog and registry carry secrets that a local warehouse never uses."""
-    catalog = CatalogSettings.model_validate(
-        {
-            "name": f"lake_{uuid.uuid4().hex[:8]}",
-            "uri": f"sqlite:///{folder / 'catalog.db'}",
-            "warehouse": f"file://{folder / 'warehouse'}",
-            **catalog_secrets,
-        }
-    )
-    config = folder / "sink.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "kafka": kafka,
-                "source": {
-                    "topics": [topics["source"]],
-                    "format": "json",
-                    "schema-registry": {
-                        "url": "http://127.0.0.1:9",
-                        "basic.auth.user.info": registry_auth,
-                    },
-                },
-                "control": {"topic": topics["control"], "commit-interval": "2s"},
-                "catalog": catalog.model_dump(),
-                "tables": {"shop.orders": {"when": "type == 'order'"}},
-                "dead-letter": {"topic": topics["dlq"]},
-                "spark": {"checkpoint-location": str(folder / "checkpoints"), "master": "local[2]"},
-            }
-        )
-    )
-    return config
 
 
 def _log4j_info(folder: Path) -> Path:
@@ -116,6 +72,7 @@ def _message_bytes(message: Message) -> bytes:
 @pytest.mark.usefixtures("own_spark")
 def test_marker_secrets_reach_no_output_of_a_sasl_run(
     tls_broker: KafkaBroker,
+    sink_factory: SinkFactory,
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -137,20 +94,6 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).splitlines()
     markers.append(decrypted[len(decrypted) // 2].decode())  # base64: no "-" to split the marker at
-    name = f"sink-{uuid.uuid4().hex[:6]}"
-    topics = {"source": f"src-{name}", "control": f"{name}-control", "dlq": f"{name}-dlq"}
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})  # the PLAINTEXT listener
-    for future in admin.create_topics([NewTopic(topics["source"], 2), NewTopic(topics["dlq"], 1)]).values():
-        future.result(30)
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
-    for i in range(GOOD):
-        producer.produce(
-            topics["source"], json.dumps({"type": "order", "id": f"o-{i}"}).encode(), partition=i % 2
-        )
-    for i in range(BAD):
-        producer.produce(topics["source"], b"{not json", partition=i % 2)
-    producer.flush(30)
-
     app_dir = tmp_path / "app"  # everything the app writes; the broker's own files live beside it
     (app_dir / "events").mkdir(parents=True)
     kafka = {
@@ -162,9 +105,38 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         **tls.client_properties(),
         "ssl.key.password": "${KAFKA_KEY_PASSWORD}",
     }
-    config = _sink_yaml(app_dir, name, kafka, topics, catalog_secrets, registry_auth)
-    command = [
-        sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config), "--available-now",
+    # A catalog and a registry carrying secrets that a local warehouse never uses.
+    settings = CatalogSettings.model_validate(
+        {
+            "name": f"lake_{uuid.uuid4().hex[:8]}",
+            "uri": f"sqlite:///{app_dir / 'catalog.db'}",
+            "warehouse": f"file://{app_dir / 'warehouse'}",
+            **catalog_secrets,
+        }
+    )
+    dlq = create_topic(broker.bootstrap_servers, "dlq")  # the PLAINTEXT listener, as the sink's topics
+    sink = sink_factory(
+        bootstrap=broker.bootstrap_servers,
+        folder=app_dir,
+        settings=settings,
+        partitions={"source": 2},
+        source={"schema-registry": {"url": "http://127.0.0.1:9", "basic.auth.user.info": registry_auth}},
+        overrides={
+            "kafka": kafka,
+            "tables": {"shop.orders": {"when": "type == 'order'"}},
+            "dynamic": None,
+            "dead-letter": {"topic": dlq},
+        },
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for i in range(GOOD):
+        producer.produce(sink.topic, json.dumps({"type": "order", "id": f"o-{i}"}).encode(), partition=i % 2)
+    for i in range(BAD):
+        producer.produce(sink.topic, b"{not json", partition=i % 2)
+    producer.flush(30)
+
+    options = [
+        "--available-now",
         "--conf", "spark.eventLog.enabled=true", "--conf", "spark.eventLog.compress=false",
         "--conf", f"spark.eventLog.dir=file://{app_dir / 'events'}",
         "--conf", f"spark.local.dir={app_dir / 'spark-local'}",
@@ -175,9 +147,7 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         "KAFKA_KEY_PASSWORD": key_password,
         "FANOUT_SINK_SPARK_LOG_LEVEL": "INFO",
     }
-    run = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, check=False, env=child_env(env)
-    )
+    run = sink.attempt(*options, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "final commit round" in run.stderr
     assert "sasl.jaas.config = [hidden]" in run.stderr, "Spark logged at INFO, the Kafka client's config too"
@@ -190,9 +160,7 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
     # The rows landed: the app really authenticated with the password.
     monkeypatch.setenv("KAFKA_PASSWORD", password)
     monkeypatch.setenv("KAFKA_KEY_PASSWORD", key_password)
-    settings = CatalogSettings.model_validate(yaml.safe_load(config.read_text())["catalog"])
-    catalog = load_catalog(settings)
-    table = catalog.load_table("shop.orders")
+    table = load_catalog(settings).load_table("shop.orders")
     assert table.scan().to_arrow().num_rows == GOOD
     for snapshot in table.snapshots():
         leaks[f"snapshot {snapshot.snapshot_id} summary"] = _found(
@@ -200,14 +168,15 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         )
     leaks["table properties"] = _found(json.dumps(table.properties), markers)
 
-    control = _messages(broker, topics["control"], at_least=3)
-    dead_letters = _messages(broker, topics["dlq"], at_least=BAD)
+    control = _messages(broker, sink.control_topic, at_least=3)
+    dead_letters = _messages(broker, dlq, at_least=BAD)
     assert len(dead_letters) == BAD
     for label, messages in (("control topic", control), ("dead-letter topic", dead_letters)):
         leaks[label] = [m for message in messages for m in _found(_message_bytes(message), markers)]
 
     capfd.readouterr()
-    for args in (["status", "--config", str(config)], ["status", "--config", str(config), "--json"]):
+    config = str(sink.config_file)
+    for args in (["status", "--config", config], ["status", "--config", config, "--json"]):
         assert main(args) == 0
         out, err = capfd.readouterr()
         assert "shop.orders: commit" in out or '"shop.orders"' in out, out
@@ -215,17 +184,18 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
         leaks[" ".join(args[::2])] = _found(out + err, markers)
 
     # A run that fails inside a batch: Spark's error, with its query description and plan, names no secret.
-    producer.produce(topics["source"], json.dumps({"type": "order", "id": "o-late"}).encode(), partition=0)
+    producer.produce(sink.topic, json.dumps({"type": "order", "id": "o-late"}).encode(), partition=0)
     producer.flush(30)
-    failed = subprocess.run(
-        [*command, "--conf", "spark.task.maxFailures=1"],
-        capture_output=True, text=True, timeout=300, check=False,
-        env=child_env({**env, "FANOUT_SINK_FAULTS": "worker.after-write-files=raise"}),
+    failed = sink.attempt(
+        *options,
+        "--conf", "spark.task.maxFailures=1",
+        env={**env, "FANOUT_SINK_FAULTS": "worker.after-write-files=raise"},
+        timeout=300,
     )  # fmt: skip
     assert failed.returncode != 0 and "InjectedFault" in failed.stderr, failed.stderr[-3000:]
     leaks["failing run's output"] = _found(failed.stdout + failed.stderr, markers)
 
-    files = [path for path in app_dir.rglob("*") if path.is_file() and path != config]
+    files = [path for path in app_dir.rglob("*") if path.is_file() and path != sink.config_file]
     assert any(path.name.startswith("events_") for path in files), "Spark wrote an event log"
     assert any("checkpoints" in path.parts for path in files) and any(path.suffix == ".db" for path in files)
     for path in files:

@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import example, given
 from hypothesis import strategies as st
-from support.common import create_tables, make_processor, produce_json, read_slice, sink_group_offset
+from support.common import produce_json
+from support.sink_factory import SinkFactory, field_routes
 
 from fanout_sink import faults
 from fanout_sink.protocol import channel, legacy_names, recovery
-from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.slices import Slice, SliceResult
-from fanout_sink.protocol.worker import SliceWorker
+from fanout_sink.protocol.slices import SliceResult
 
 SINK_NAMES = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,12}\Z")
 TOPIC_NAMES = st.from_regex(r"\A[A-Za-z0-9._-]{1,12}\Z")
@@ -53,41 +50,36 @@ def test_sink_x_coordinator_and_sink_x_use_different_groups() -> None:
 
 
 def test_sinks_whose_dashed_names_collide_do_not_fence_each_other(
-    bootstrap_servers: str, catalog: Any, make_topic: Callable[..., str]
+    bootstrap_servers: str, sink_factory: SinkFactory
 ) -> None:
     """Sink ``P`` reads topic ``b-R`` and sink ``P-b`` reads topic ``R``: with '-' joins both workers
     used the transactional id ``fanout-sink-P-b-R-0``, so the second fenced the first mid-slice."""
     tag = uuid.uuid4().hex[:8]
-    first_sink, first_topic = f"n{tag}", f"b-r{tag}"
-    second_sink, second_topic = f"n{tag}-b", f"r{tag}"
+    first_topic, second_topic = f"b-r{tag}", f"r{tag}"
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     for future in admin.create_topics([NewTopic(t, 1, 1) for t in (first_topic, second_topic)]).values():
         future.result(timeout=30)
-    conf = {"bootstrap.servers": bootstrap_servers}
-    create_tables(catalog, ["a", "b"])
-    process = make_processor(catalog)
-    for topic in (first_topic, second_topic):
-        produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
-    first = SliceWorker(SinkChannel(first_sink, conf, f"{first_sink}-control"))
-    second = SliceWorker(SinkChannel(second_sink, conf, f"{second_sink}-control"))
+    first = sink_factory(name=f"n{tag}", topics={"src": first_topic}, tables="ab")
+    second = sink_factory(name=f"n{tag}-b", topics={"src": second_topic}, overrides=field_routes("ab"))
+    for sink in (first, second):
+        produce_json(bootstrap_servers, sink.topic, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
+    first_worker, second_worker = first.worker(), second.worker()
     second_results: list[SliceResult] = []
 
     def second_sink_commits(
         topic: str, **_: object
     ) -> None:  # the first sink is about to open its transaction
-        if topic != first_topic:
+        if topic != first.topic:
             return
-        raw = read_slice(bootstrap_servers, second_topic, 0, 0, 4)
-        second_results.append(second.commit_slice(Slice(second_topic, 0, 0, 4), raw, process))
+        second_results.append(second.deliver(second_worker, 4))
 
-    raw = read_slice(bootstrap_servers, first_topic, 0, 0, 4)
     with faults.register("worker.after-write-files", second_sink_commits):
-        first_result = first.commit_slice(Slice(first_topic, 0, 0, 4), raw, process)
+        first_result = first.deliver(first_worker, 4)
     assert first_result.transaction_committed and second_results[0].transaction_committed
-    assert sink_group_offset(bootstrap_servers, first_sink, first_topic, 0) == 4
-    assert sink_group_offset(bootstrap_servers, second_sink, second_topic, 0) == 4
-    first.close()
-    second.close()
+    assert first.committed(first.topic, 0) == 4
+    assert second.committed(second.topic, 0) == 4
+    first_worker.close()
+    second_worker.close()
 
 
 def test_coordinator_resumes_from_the_legacy_named_group_when_the_new_one_is_empty(
