@@ -261,12 +261,9 @@ def recover_positions(
             {f"{t}[{p}]": o for (t, p), o in sorted(recorded.of_topic(topic).items())},
             new_id,
         )
+    legacy = legacy_sink_positions(channel, missing)
     from_control = {key: offset for key, offset in recorded.offsets.items() if key[0] not in recreated}
-    from_legacy = {
-        key: offset
-        for key, offset in legacy_sink_positions(channel, missing).items()
-        if key[0] not in recreated
-    }
+    from_legacy = {key: offset for key, offset in legacy.items() if key[0] not in recreated}
     control_source = f"the control topic {channel.control_topic!r} (DataComplete events)"
     legacy_source = f"the legacy group {legacy_sink_group(channel.sink)!r} (migrated)"
     delivered = dict(committed)
@@ -275,9 +272,8 @@ def recover_positions(
         best = {
             k: v
             for k, v in found.items()
-            if k in missing and v >= max(from_control.get(k, 0), from_legacy.get(k, 0))
+            if k in missing and k not in delivered and v >= max(from_control.get(k, 0), from_legacy.get(k, 0))
         }
-        best = {k: v for k, v in best.items() if k not in delivered}
         delivered.update(restore_positions(channel, best, source))
     again = frozenset(key for key in missing if key[0] in recreated)
     left = frozenset(key for key in missing if key not in delivered) - again
