@@ -196,7 +196,11 @@ class SinkApp:
             writer = writer.trigger(processingTime=f"{int(interval.total_seconds() * 1000)} milliseconds")
         self._query = writer.start()
         self._query_started.set()
-        self._query.awaitTermination()
+        # Waits of a second: CPython runs a signal handler in the main thread only, between bytecodes,
+        # and the kernel may hand SIGTERM to another of the app's threads; an unbounded wait here then
+        # hid it until the query ended (CI: no "stop requested" for 180 s, then SIGKILL).
+        while not self._query.awaitTermination(1):
+            pass
 
     def _stream(self, spark: Any, starting: str, limit: int | None) -> Any:
         """The streaming DataFrame that plans the micro-batches: Spark's Kafka source. The benchmark's
