@@ -12,16 +12,18 @@ It keeps the driver half of the invariants:
   crash, events below it are skipped for that table only.
 
 One table's commit (those checks, stale and missing files, change resolution, the snapshot) is
-:mod:`fanout_sink.protocol.table_commit`'s; the coordinator keeps the rounds around it, the control
-topic's events and transactions, and reports the tables that keep failing.
+:mod:`fanout_sink.protocol.table_commit`'s, and who runs a round's commits (threads here, or the
+Spark executors) is :attr:`Coordinator.table_commits`'s (:mod:`fanout_sink.protocol.table_commits`);
+the coordinator keeps the rounds around them, the control topic's events and transactions, and
+reports the tables that keep failing.
 
 Rounds start when :class:`~fanout_sink.protocol.round_trigger.RoundTrigger` says: as soon as every
 planned range of a micro-batch has reported, at least every commit interval, never closer together
 than the commit minimum interval. A round: publish ``StartCommit`` (fails fast when fenced), read
 source positions (for VTTS), take the control topic's last stable offset as the round end, read up
-to it, commit tables in parallel, then in one transaction publish ``CommitToTable``/``CommitComplete``
-and move the coordinator group's offset to the low watermark (the oldest control offset a table
-still needs).
+to it, commit tables in parallel (wherever :attr:`Coordinator.table_commits` runs them), then in one
+transaction publish ``CommitToTable``/``CommitComplete`` and move the coordinator group's offset to
+the low watermark (the oldest control offset a table still needs).
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +49,7 @@ from fanout_sink.protocol import round_trigger as trigger
 from fanout_sink.protocol.channel import ControlEvent, ControlReader, SinkChannel
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
+from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner, ThreadedCommits
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,11 @@ class Coordinator:
         self.max_parallel_commits = max(1, max_parallel_commits)
         self.timeout_s = channel.timeout_s
         self.state = CommitState()
-        self._tables = TableCommitter(self.sink, catalog, self.state)
+        self.table_commits: TableCommitRunner = ThreadedCommits(
+            TableCommitter(self.sink, catalog, self.state), self.max_parallel_commits
+        )
+        """Who runs a round's table commits: threads of this process, until the app hands rounds of
+        many tables to its Spark executors (``fanout_sink.spark.table_commits``)."""
         self._producer: TransactionalProducer | None = None
         self._reader: ControlReader | None = None
         self._metadata: bytes | None = None
@@ -366,30 +371,23 @@ class Coordinator:
     ) -> dict[str, TableCommit]:
         if not due:
             return {}
-        results: dict[str, TableCommit] = {}
-        pool = ThreadPoolExecutor(max_workers=self.max_parallel_commits, thread_name_prefix="table-commit")
+        uuids = {p.event.table.uuid for items in due.values() for p in items}
+        tables = RoundTables(
+            due,
+            round_end,
+            commit_id,
+            vtts,
+            deadline=time.time() + self.commit_timeout_s,
+            floors={u: f for u, f in self.state.committed_through.items() if u in uuids},
+            failing=frozenset(self.failing),
+        )
         try:
-            futures = {
-                identifier: pool.submit(self._tables.commit, identifier, items, round_end, commit_id, vtts)
-                for identifier, items in due.items()
-            }
-            deadline = time.monotonic() + self.commit_timeout_s
-            for identifier, future in futures.items():
-                try:
-                    results[identifier] = future.result(timeout=max(0.0, deadline - time.monotonic()))
-                except FutureTimeout:
-                    # Left pending: if the commit lands later, the next round's re-check skips it.
-                    results[identifier] = TableCommit(identifier, "failed", error="commit timeout")
-                except Exception as exc:
-                    # The traceback once, when the table starts failing; an ERROR every round after.
-                    if identifier not in self.failing:
-                        log.warning(
-                            "commit of %s failed", identifier, exc_info=True, extra={"table": identifier}
-                        )
-                    results[identifier] = TableCommit(identifier, "failed", error=repr(exc))
-        finally:
-            # Do not wait for a commit that timed out: the round goes on without it.
-            pool.shutdown(wait=False, cancel_futures=True)
+            results = self.table_commits(tables)
+        except Exception as exc:  # a runner that fails as a whole fails its tables, not the round
+            log.warning("table commits of round %s failed", commit_id, exc_info=True)
+            results = {t: TableCommit(t, "failed", error=repr(exc)) for t in due}
+        # Left pending when a runner gives no outcome: the next round's re-check skips what landed.
+        results = {t: results.get(t) or TableCommit(t, "failed", error="no outcome") for t in due}
         self._report_failures(due, results)
         return results
 

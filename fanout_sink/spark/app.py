@@ -25,7 +25,7 @@ from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.round_trigger import RoundTrigger
-from fanout_sink.spark import footprint, maintenance_schedule, planning, progress
+from fanout_sink.spark import footprint, maintenance_schedule, planning, progress, table_commits
 from fanout_sink.spark.batch import BatchRunner, StopRequested
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
@@ -139,6 +139,8 @@ class SinkApp:
                         "spark.sql.streaming.metricsEnabled": "true",
                         # Executors import the task's modules once, before forking their workers.
                         "spark.python.daemon.module": "fanout_sink.spark.worker_daemon",
+                        # Rounds of many tables commit in Spark jobs beside the batches.
+                        **table_commits.spark_conf(),
                         **footprint.app_conf(self.config.spark.conf, dict(self.options.spark_conf)),
                     },
                     light_jit=True,
@@ -150,6 +152,12 @@ class SinkApp:
                 self._stop_coordinator()
                 raise
             self._coordinator = coordinator.result()
+        self._coordinator.table_commits = table_commits.SparkTableCommits(
+            spark.sparkContext,
+            self.config,
+            on_driver=self._coordinator.table_commits,
+            min_tables=self.config.control.distributed_commit_min_tables,
+        )
         interval = maintenance_schedule.schedule_interval(self.config)
         schedule = (
             maintenance_schedule.MaintenanceSchedule(spark, self.config, interval) if interval else None

@@ -1,0 +1,121 @@
+"""A round's table commits and who runs them: the seam between the coordinator and its commit workers.
+
+The coordinator (:mod:`fanout_sink.protocol.coordinator`) decides which tables a round commits and
+what follows (settling, the low watermark, ``CommitToTable``/``CommitComplete``); the commits
+themselves are independent per table, so they can run anywhere a
+:class:`~fanout_sink.protocol.table_commit.TableCommitter` can load the tables: in threads of the
+coordinator's process (:class:`ThreadedCommits`, the default) or spread over the Spark cluster's
+Python workers (``fanout_sink.spark.table_commits``), which lifts the one GIL that caps the driver.
+
+Wherever a table is committed, the same rules hold (I3, I4): every attempt re-checks the table's
+floor on freshly loaded metadata, so a commit repeated by another process, a retried task or the
+next round appends nothing twice. A table without an outcome (a timeout, a lost task, a runner that
+failed) counts as ``failed``: its files stay pending and hold the low watermark.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from fanout_sink.protocol.commit_state import PendingFiles
+from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundTables:
+    """One round's due tables as a runner gets them. Picklable, so that a runner can ship parts of it
+    (:meth:`split`) to other processes."""
+
+    due: dict[str, list[PendingFiles]]
+    """Per table identifier, its pending files below the round end."""
+    round_end: int
+    commit_id: str
+    vtts: int | None
+    deadline: float
+    """Wall-clock time (``time.time()``) by which the round stops waiting for a table."""
+    floors: dict[str, int] = field(default_factory=dict)
+    """Per table uuid of the due files, the floor its last ``CommitToTable`` announced
+    (``CommitState.committed_through``): what a committer outside the coordinator's process needs
+    for files of a table swapped away."""
+    failing: frozenset[str] = frozenset()
+    """Tables that failed in the rounds before: their next failure's traceback is not logged again."""
+
+    def remaining_s(self) -> float:
+        return max(0.0, self.deadline - time.time())
+
+    def only(self, tables: Iterable[str]) -> RoundTables:
+        """The same round narrowed to ``tables``."""
+        wanted = set(tables)
+        return replace(self, due={t: items for t, items in self.due.items() if t in wanted})
+
+    def split(self, groups: int) -> list[RoundTables]:
+        """At most ``groups`` non-empty parts of about equal file counts (largest tables first, each to
+        the lightest part), so that no part waits on a few heavy tables of another's share."""
+        parts: list[dict[str, list[PendingFiles]]] = [{} for _ in range(max(1, min(groups, len(self.due))))]
+        weights = [0] * len(parts)
+        for table, items in sorted(self.due.items(), key=lambda kv: -_files(kv[1])):
+            lightest = weights.index(min(weights))
+            parts[lightest][table] = items
+            weights[lightest] += _files(items)
+        return [replace(self, due=dict(sorted(part.items()))) for part in parts if part]
+
+
+def _files(items: list[PendingFiles]) -> int:
+    return sum(len(p.event.files) for p in items) or 1
+
+
+class TableCommitRunner(Protocol):
+    """Runs a round's table commits; returns an outcome per table it got to (a missing one is failed)."""
+
+    def __call__(self, tables: RoundTables) -> dict[str, TableCommit]: ...
+
+
+def commit_in_threads(committer: TableCommitter, tables: RoundTables, threads: int) -> dict[str, TableCommit]:
+    """Every table of ``tables`` committed by ``committer`` on up to ``threads`` threads of this
+    process; a table not done by the deadline, or whose commit raised, is ``failed``."""
+    if not tables.due:
+        return {}
+    results: dict[str, TableCommit] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="table-commit")
+    try:
+        futures = {
+            identifier: pool.submit(
+                committer.commit, identifier, items, tables.round_end, tables.commit_id, tables.vtts
+            )
+            for identifier, items in tables.due.items()
+        }
+        for identifier, future in futures.items():
+            try:
+                results[identifier] = future.result(timeout=tables.remaining_s())
+            except FutureTimeout:
+                # Left pending: if the commit lands later, the next round's re-check skips it.
+                results[identifier] = TableCommit(identifier, "failed", error="commit timeout")
+            except Exception as exc:
+                # The traceback once, when the table starts failing; the coordinator's ERROR every round.
+                if identifier not in tables.failing:
+                    log.warning("commit of %s failed", identifier, exc_info=True, extra={"table": identifier})
+                results[identifier] = TableCommit(identifier, "failed", error=repr(exc))
+    finally:
+        # Do not wait for a commit that timed out: the round goes on without it.
+        pool.shutdown(wait=False, cancel_futures=True)
+    return results
+
+
+@dataclass(frozen=True)
+class ThreadedCommits:
+    """The default runner: the coordinator's own committer on a few threads of its process (the
+    commits wait on the catalog and on storage, but their CPU shares the process's one GIL)."""
+
+    committer: TableCommitter
+    threads: int = 4
+
+    def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
+        return commit_in_threads(self.committer, tables, self.threads)

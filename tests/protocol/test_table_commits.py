@@ -1,0 +1,109 @@
+"""Who runs a round's table commits (``protocol/table_commits.py``): the coordinator hands the round to a
+runner, and whatever the runner loses stays pending until a later commit finds each table's floor."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from support.common import produce_json, table_ids
+from support.sink_factory import SinkFactory, SinkUnderTest
+
+from fanout_sink.catalog import load_catalog
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
+from fanout_sink.protocol.table_commits import RoundTables, commit_in_threads
+
+
+def _pending(offset: int, files: int) -> PendingFiles:
+    record = ev.DataFileRecord(
+        file_path=f"f{offset}.parquet", file_format="PARQUET", spec_id=0, record_count=1, file_size_in_bytes=1
+    )
+    table = ev.TableRef(namespace=("n",), name=f"t{offset}", uuid="u")
+    return PendingFiles(
+        offset, ev.DataWritten(table=table, files=(record,) * files, topic="s", partition=0, next_offset=1)
+    )
+
+
+def test_a_round_split_into_groups_keeps_every_table_once_and_balances_files() -> None:
+    heavy = {f"t{i}": [_pending(i, 10)] for i in range(2)}
+    light = {f"u{i}": [_pending(10 + i, 1)] for i in range(20)}
+    tables = RoundTables({**heavy, **light}, 100, "c", None, deadline=0.0, floors={"u": 3})
+    parts = tables.split(2)
+    assert sorted(t for part in parts for t in part.due) == sorted(tables.due)
+    files = [sum(len(p.event.files) for items in part.due.values() for p in items) for part in parts]
+    assert files == [20, 20]
+    assert all((p.round_end, p.commit_id, p.floors) == (100, "c", {"u": 3}) for p in parts)
+    assert len(tables.split(50)) == 22  # never an empty group
+    assert pickle.loads(pickle.dumps(tables)) == tables  # shipped to executors as it is
+
+
+def _sink(sink_factory: SinkFactory) -> tuple[SinkUnderTest, dict[str, list[int]]]:
+    """Tables a, b and c, with ids 0-29 delivered round-robin and announced on the control topic."""
+    sink = sink_factory(partitions={"src": 1}, tables="abc", prefix="tc")
+    produce_json(sink.bootstrap, sink.topic, 0, [{"id": i, "table": "abc"[i % 3]} for i in range(30)])
+    sink.batch()
+    return sink, {t: [i for i in range(30) if "abc"[i % 3] == t] for t in "abc"}
+
+
+class _LostAfterFirstTable:
+    """A runner in another process (its own catalog, the round pickled to it, the floors it was
+    given) that commits the round's first table and is lost before it reports anything."""
+
+    def __init__(self, sink: SinkUnderTest) -> None:
+        self.sink = sink
+        self.committed: list[TableCommit] = []
+
+    def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
+        shipped: RoundTables = pickle.loads(pickle.dumps(tables))
+        state = CommitState(committed_through=dict(shipped.floors))
+        committer = TableCommitter(self.sink.name, load_catalog(self.sink.settings), state)
+        self.committed = list(commit_in_threads(committer, shipped.only(list(shipped.due)[:1]), 1).values())
+        return {}
+
+
+def test_tables_a_lost_runner_gave_no_outcome_stay_pending_and_the_next_round_commits_each_once(
+    sink_factory: SinkFactory, catalog: Any
+) -> None:
+    sink, expected = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    driver = coordinator.table_commits
+    lost = _LostAfterFirstTable(sink)
+    coordinator.table_commits = lost
+    first = coordinator.commit_round()
+    assert [c.outcome for c in lost.committed] == ["committed"]
+    assert {t: c.outcome for t, c in first.tables.items()} == dict.fromkeys(
+        ["sink.a", "sink.b", "sink.c"], "failed"
+    )
+    assert first.low_watermark < first.round_end  # the files the round has no outcome for hold it
+    assert table_ids(catalog, "a") == expected["a"] and table_ids(catalog, "b") == []
+
+    coordinator.table_commits = driver
+    second = coordinator.commit_round()
+    outcomes = {t: c.outcome for t, c in second.tables.items()}
+    assert outcomes == {"sink.a": "already-committed", "sink.b": "committed", "sink.c": "committed"}
+    assert second.low_watermark == second.round_end
+    for table in "abc":
+        assert table_ids(catalog, table) == expected[table]  # sorted, duplicates kept: none
+    coordinator.close()
+
+
+def test_a_runner_that_raises_fails_its_tables_not_the_round(sink_factory: SinkFactory, catalog: Any) -> None:
+    sink, expected = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    driver = coordinator.table_commits
+
+    def broken(tables: RoundTables) -> dict[str, TableCommit]:
+        raise RuntimeError("the cluster is gone")
+
+    coordinator.table_commits = broken
+    failed = coordinator.commit_round()
+    assert {c.outcome for c in failed.tables.values()} == {"failed"}
+    assert "the cluster is gone" in (failed.tables["sink.a"].error or "")
+    assert set(coordinator.failing) == {"sink.a", "sink.b", "sink.c"}
+    coordinator.table_commits = driver
+    assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
+    for table in "abc":
+        assert table_ids(catalog, table) == expected[table]
+    coordinator.close()
