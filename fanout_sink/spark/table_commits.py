@@ -40,10 +40,12 @@ from typing import Any
 from fanout_sink import logs
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import SinkConfig
+from fanout_sink.logs import TRACEBACK
 from fanout_sink.protocol.commit_state import CommitState
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner, commit_in_threads
 from fanout_sink.spark.task import config_key
+from fanout_sink.spark.task_failure import task_failure
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +113,13 @@ class SparkTableCommits:
                 context.parallelize(parts, numSlices=len(parts)).mapPartitions(task).collect()
             )
         except Exception as exc:  # lost tasks past their retries, a cancelled job, a stopped context
+            failure = task_failure(exc)
             log.warning(
-                "commit %s: the Spark job over %d table(s) gave no outcome (%s)",
+                "commit %s: the Spark job over %d table(s) gave no outcome: %s",
                 tables.commit_id,
                 len(tables.due),
-                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                failure.summary,
+                extra={TRACEBACK: failure.traceback},
             )
             log.debug("commit %s: the job's error", tables.commit_id, exc_info=True)
             return {}

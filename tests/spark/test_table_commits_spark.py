@@ -1,0 +1,86 @@
+"""A round's table commits run as a Spark job (``spark/table_commits.py``) on the suite's local session:
+every table once, small rounds on the driver, and what a failed job left committed on the driver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support.common import produce_json, table_ids
+from support.sink_factory import SinkFactory, SinkUnderTest
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.protocol.table_commit import TableCommit
+from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner
+from fanout_sink.spark.table_commits import SparkTableCommits
+
+
+class _Driver:
+    """The coordinator's own runner, counting the tables it was handed."""
+
+    def __init__(self, runner: TableCommitRunner) -> None:
+        self.runner = runner
+        self.tables: list[str] = []
+
+    def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
+        self.tables += list(tables.due)
+        return self.runner(tables)
+
+
+def _round(sink_factory: SinkFactory) -> tuple[SinkUnderTest, dict[str, list[int]]]:
+    """Tables a, b and c with ids 0-29 delivered and announced, not committed yet."""
+    sink = sink_factory(partitions={"src": 1}, tables="abc", prefix="sc")
+    produce_json(sink.bootstrap, sink.topic, 0, [{"id": i, "table": "abc"[i % 3]} for i in range(30)])
+    sink.batch()
+    return sink, {t: [i for i in range(30) if "abc"[i % 3] == t] for t in "abc"}
+
+
+def test_a_round_of_tables_is_committed_once_by_spark_tasks(
+    spark: Any, sink_factory: SinkFactory, catalog: Any
+) -> None:
+    sink, expected = _round(sink_factory)
+    coordinator = sink.coordinator()
+    driver = _Driver(coordinator.table_commits)
+    coordinator.table_commits = SparkTableCommits(spark.sparkContext, sink.config, driver, min_tables=3)
+    result = coordinator.commit_round()
+    assert {c.outcome for c in result.tables.values()} == {"committed"}
+    assert driver.tables == []  # every outcome came from the job's tasks
+    for table in "abc":
+        assert table_ids(catalog, table) == expected[table]
+    # The next round's floor check happens wherever the commit runs: nothing is appended twice.
+    produce_json(sink.bootstrap, sink.topic, 0, [{"id": 30, "table": "a"}])
+    sink.batch()
+    assert {t: c.outcome for t, c in coordinator.commit_round().tables.items()} == {"sink.a": "committed"}
+    assert table_ids(catalog, "a") == [*expected["a"], 30]
+    coordinator.close()
+
+
+def test_a_round_of_fewer_tables_than_the_minimum_stays_on_the_driver(
+    spark: Any, sink_factory: SinkFactory, catalog: Any
+) -> None:
+    sink, expected = _round(sink_factory)
+    coordinator = sink.coordinator()
+    driver = _Driver(coordinator.table_commits)
+    coordinator.table_commits = SparkTableCommits(spark.sparkContext, sink.config, driver, min_tables=4)
+    assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
+    assert driver.tables == ["sink.a", "sink.b", "sink.c"]
+    assert table_ids(catalog, "b") == expected["b"]
+    coordinator.close()
+
+
+def test_tables_a_failed_commit_job_left_without_outcome_are_committed_on_the_driver(
+    spark: Any, sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """The executors cannot open the catalog (their copy of the config names a catalog type that does
+    not exist): every task fails, the job gives no outcome, and the driver commits the round."""
+    sink, expected = _round(sink_factory)
+    coordinator = sink.coordinator()
+    driver = _Driver(coordinator.table_commits)
+    unreachable = CatalogSettings(name="nowhere", type="no-such-type")
+    config = sink.config.model_copy(update={"catalog": unreachable})
+    coordinator.table_commits = SparkTableCommits(spark.sparkContext, config, driver, min_tables=1)
+    result = coordinator.commit_round()
+    assert {c.outcome for c in result.tables.values()} == {"committed"}
+    assert driver.tables == ["sink.a", "sink.b", "sink.c"]
+    for table in "abc":
+        assert table_ids(catalog, table) == expected[table]
+    coordinator.close()
