@@ -558,6 +558,12 @@ class SparkSettings(_Section):
     ``spark.sql.execution.arrow.maxRecordsPerBatch``): a Python worker's memory holds one such chunk's
     working set, whatever ``max-offsets-per-trigger`` is; append tables' files still roll at their
     target size across chunks."""
+    partition_groups: int | None = Field(default=None, ge=1, le=100_000, examples=[8])
+    """Groups the source partitions are packed into: a batch runs one Spark task per group that has
+    data, delivering all its partitions' ranges in one Kafka transaction. Unset: the executors' cores
+    as the app sees them at start (``spark.default.parallelism``, the cores of a ``local[N]`` master,
+    or ``spark.executor.instances`` x ``spark.executor.cores``). A partition keeps its group while the
+    count stays; a restart with another count fences the old groups' transactional ids first."""
     checkpoint_location: str | None = Field(default=None, examples=["/var/lib/fanout-sink/checkpoints"])
     conf: dict[str, str] = Field(
         default_factory=dict,

@@ -62,17 +62,24 @@ class GroupOffsets:
         )
 
     def committed(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        return {key: offset for key, (offset, _) in self.committed_with_metadata(partitions).items()}
+
+    def committed_with_metadata(
+        self, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int | None, str]]:
+        """Each partition's committed offset and the metadata string committed with it ("" if none)."""
         timeout_s = self.timeout_s
 
-        def ask() -> dict[tuple[str, int], int | None]:
-            found: dict[tuple[str, int], int | None] = {}
+        def ask() -> dict[tuple[str, int], tuple[int | None, str]]:
+            found: dict[tuple[str, int], tuple[int | None, str]] = {}
             answer = self._consumer.committed(
                 [TopicPartition(t, p) for t, p in partitions], timeout=timeout_s
             )
             for tp in answer:
                 if tp.error is not None:
                     raise KafkaException(tp.error)
-                found[(tp.topic, tp.partition)] = int(tp.offset) if tp.offset >= 0 else None
+                offset = int(tp.offset) if tp.offset >= 0 else None
+                found[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
             return found
 
         return retry_transient(ask, timeout_s)

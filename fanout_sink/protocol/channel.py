@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -39,6 +39,7 @@ from fanout_sink.kafka.clients import DEFAULT_TIMEOUT_S, KafkaClientFactory, Kaf
 from fanout_sink.kafka.topics import TopicSettings, ensure_topic
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.partition_groups import PartitionGroups
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,19 @@ def coordinator_group(sink: str) -> str:
 
 
 def worker_transactional_id(sink: str, topic: str, partition: int) -> str:
+    """A partition's own transactional id (no packing: :class:`PartitionGroups` without a count)."""
     return _name(sink, topic, partition)
+
+
+def group_transactional_id(sink: str, count: int, index: int) -> str:
+    """Group ``index`` of a layout of ``count`` groups: another count never reuses an id, so an old
+    layout's producers are fenced explicitly (:mod:`.group_layout`), not by chance."""
+    return _name(sink, "groups", count, index)
+
+
+def layout_group(sink: str) -> str:
+    """The group whose one committed offset's metadata records the partition-group layout in use."""
+    return _name(sink, "layout")
 
 
 def coordinator_transactional_id(sink: str) -> str:
@@ -91,10 +104,17 @@ class SinkChannel:
     """How long one Kafka call may wait."""
     scan_timeout_s: float = CONTROL_SCAN_TIMEOUT_S
     """How long reading the control topic's whole retained history may take."""
+    groups: PartitionGroups = field(default_factory=PartitionGroups)
+    """How source partitions share transactional ids (``spark.partition-groups``)."""
 
     @classmethod
     def from_config(cls, config: SinkConfig) -> SinkChannel:
-        return cls(sink=config.name, kafka=dict(config.kafka), control_topic=config.control_topic)
+        return cls(
+            sink=config.name,
+            kafka=dict(config.kafka),
+            control_topic=config.control_topic,
+            groups=PartitionGroups(config.spark.partition_groups),
+        )
 
     @property
     def clients(self) -> KafkaClientFactory:
@@ -113,8 +133,16 @@ class SinkChannel:
     def coordinator_transactional_id(self) -> str:
         return coordinator_transactional_id(self.sink)
 
+    @property
+    def layout_group(self) -> str:
+        return layout_group(self.sink)
+
     def worker_transactional_id(self, topic: str, partition: int) -> str:
-        return worker_transactional_id(self.sink, topic, partition)
+        """The transactional id that delivers ``topic[partition]``: its group's under packing."""
+        count = self.groups.count
+        if count is None:
+            return worker_transactional_id(self.sink, topic, partition)
+        return group_transactional_id(self.sink, count, self.groups.group_of(topic, partition))
 
 
 def ensure_control_topic(channel: SinkChannel, *, settings: TopicSettings | None = None) -> None:

@@ -101,7 +101,10 @@ class Coordinator:
         offsets_refresh_interval_s: float | None = None,
         observer: RoundObserver | None = None,
         rounds: trigger.RoundTrigger | None = None,
+        workers_idle: threading.Lock | None = None,
     ) -> None:
+        """``workers_idle``: held while workers deliver (the app's batch lock); idle partitions'
+        offsets are refreshed only while it is free (:class:`~.recovery.OffsetRefresher`)."""
         self.channel = channel
         self.sink = channel.sink
         self.control_topic = channel.control_topic
@@ -131,6 +134,7 @@ class Coordinator:
         """Tables whose commit failed in the latest rounds, by identifier."""
         self.offsets_refresh_interval_s = offsets_refresh_interval_s
         self._refresher: recovery.OffsetRefresher | None = None
+        self._workers_idle = workers_idle
         self.observer = observer
         self.rounds = rounds or trigger.RoundTrigger(commit_interval_s)
         """When the thread's next round is due; the driver tells it what each batch planned."""
@@ -358,7 +362,7 @@ class Coordinator:
             interval = self.offsets_refresh_interval_s
             if interval is None:
                 interval = offsets_retention_s(self.channel.clients) / 4
-            self._refresher = recovery.OffsetRefresher(self.channel, interval)
+            self._refresher = recovery.OffsetRefresher(self.channel, interval, self._workers_idle)
             log.info("idle partitions' sink-group offsets are re-committed every %.0f s", interval)
         try:
             self._refresher.refresh(positions)

@@ -44,7 +44,9 @@ Two things keep the position known:
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
@@ -88,15 +90,19 @@ def sink_group_metadata(channel: SinkChannel) -> bytes:
 
 
 def send_delivered(
-    producer: TransactionalProducer, metadata: bytes, topic: str, partition: int, offset: int
+    producer: TransactionalProducer, metadata: bytes, delivered: Mapping[TopicPartitionKey, int]
 ) -> None:
-    """Send ``offset`` as the partition's delivered position inside the producer's open transaction.
+    """Send each partition's delivered position inside the producer's open transaction.
 
     Keeps I1 and I2: the offset commits or aborts together with the events and dead letters of the
     same transaction, so the sink group never holds a position whose records are not announced.
-    ``offset`` is the planned end (never last record + 1: offsets have holes).
+    ``offset`` is the planned end (never last record + 1: offsets have holes). The offset's metadata
+    names the producer's transactional id, so a start under another partition-group layout knows
+    which ids delivered last and fences them (:mod:`.group_layout`).
     """
-    producer.send_offsets([TopicPartition(topic, partition, offset)], metadata)
+    name = producer.transactional_id
+    offsets = [TopicPartition(t, p, offset, metadata=name) for (t, p), offset in delivered.items()]
+    producer.send_offsets(offsets, metadata)
 
 
 def delivered_offsets(
@@ -145,7 +151,7 @@ class PositionWriter:
             if current != expected:
                 return current
             with producer.transaction():
-                send_delivered(producer, self._metadata, topic, partition, offset)
+                send_delivered(producer, self._metadata, {(topic, partition): offset})
             return offset
         finally:
             producer.flush()
@@ -319,50 +325,61 @@ def known_positions(
     return {**found.delivered, **restore_positions(channel, trusted, "Spark's checkpoint")}
 
 
-def restore_in_slice(
-    channel: SinkChannel, producer: TransactionalProducer, metadata: bytes, planned: Slice
-) -> int | None:
-    """The delivered position of a partition whose sink-group offset vanished while the app ran.
+def restore_in_slices(
+    channel: SinkChannel, producer: TransactionalProducer, metadata: bytes, slices: list[Slice]
+) -> dict[TopicPartitionKey, int | None]:
+    """The delivered positions of partitions whose sink-group offsets vanished while the app ran.
 
     Keeps I1 for a worker: the broker expires an offset ``offsets.retention.minutes`` after its last
     commit, for example when a broker outage outlasts it, and a batch replayed afterwards would
-    otherwise be delivered again. The control topic proves the position; it is restored into the
-    group at once, under the worker's producer that has just fenced older attempts (I3), so the
-    next slice reads it as usual. It reads the control topic's history, so the worker calls it only
-    when the group is silent: once for a partition's first slice, and after an expiry.
+    otherwise be delivered again. The control topic proves the positions; they are restored into the
+    group at once, in one transaction under the worker's producer that has just fenced older
+    attempts (I3), so the next slices read them as usual. It reads the control topic's history once
+    for all the group's silent partitions, so the worker calls it only when the group is silent:
+    for partitions' first slices, and after an expiry.
 
-    A position recorded under another topic id than ``planned.topic_id`` (the topic now) is the old
-    topic's of a recreated one and is never restored. The new topic's slice may go ahead only if it
-    starts at the partition's log start (planning read it from its beginning); a slice planned from
-    later on (Spark went on from the old topic's positions) would skip the records before it, so it
-    stops with :class:`TopicRecreatedError`, and the restart's planning reads the topic from its
-    beginning.
+    A position recorded under another topic id than the slice's ``topic_id`` (the topic now) is the
+    old topic's of a recreated one and is never restored. The new topic's slice may go ahead only if
+    it starts at the partition's log start (planning read it from its beginning); a slice planned
+    from later on (Spark went on from the old topic's positions) would skip the records before it, so
+    it stops with :class:`TopicRecreatedError`, and the restart's planning reads the topic from its
+    beginning. A partition with nothing recorded was never delivered (``None``).
     """
-    topic, partition, topic_id = planned.topic, planned.partition, planned.topic_id
     found, _complete = control_topic_positions(channel)
-    recorded_id = found.recorded_id(topic)
-    if recorded_id is not None and topic_id is not None and recorded_id != topic_id:
-        if planned.start > log_start_offset(channel.clients, topic, partition):
-            raise TopicRecreatedError(topic, recorded_id, topic_id, running=True)
-        return None
-    recovered = found.offsets.get((topic, partition))
-    if recovered is None:
-        return None
-    log.warning(
-        "sink group %r had no offset for %s (expired while the sink ran?); restored the delivered "
-        "position %d from the control topic %r before delivering the slice",
-        channel.sink_group,
-        planned.label,
-        recovered,
-        channel.control_topic,
-        extra={"topic": topic, "partition": partition, "offset": recovered},
-    )
-    with producer.transaction():
-        send_delivered(producer, metadata, topic, partition, recovered)
-    return recovered
+    restored: dict[TopicPartitionKey, int | None] = {}
+    for planned in slices:
+        topic, partition, topic_id = planned.topic, planned.partition, planned.topic_id
+        key = (topic, partition)
+        restored[key] = None
+        recorded_id = found.recorded_id(topic)
+        if recorded_id is not None and topic_id is not None and recorded_id != topic_id:
+            if planned.start > log_start_offset(channel.clients, topic, partition):
+                raise TopicRecreatedError(topic, recorded_id, topic_id, running=True)
+            continue
+        recovered = found.offsets.get(key)
+        if recovered is None:
+            continue
+        restored[key] = recovered
+        log.warning(
+            "sink group %r had no offset for %s (expired while the sink ran?); restored the delivered "
+            "position %d from the control topic %r before delivering the slice",
+            channel.sink_group,
+            planned.label,
+            recovered,
+            channel.control_topic,
+            extra={"topic": topic, "partition": partition, "offset": recovered},
+        )
+    positions = {key: offset for key, offset in restored.items() if offset is not None}
+    if positions:
+        with producer.transaction():
+            send_delivered(producer, metadata, positions)
+    return restored
 
 
 # -- keeping positions from expiring ---------------------------------------------------------------
+
+IDLE_WAIT_S = 5.0
+"""How long a round's refresh waits for the running batch to end before leaving it to the next round."""
 
 
 @dataclass
@@ -373,11 +390,15 @@ class OffsetRefresher:
     committed offsets come from the coordinator's round (``source_positions``). A partition counts
     as committed "now" when it is first seen and whenever its offset changes; a refresh is due
     ``interval_s`` later. Only caught-up partitions are refreshed: one with records waiting is about
-    to be committed by a worker, and refreshing it would fence that worker (I3).
+    to be committed by a worker, and refreshing it would fence that worker (I3). Under packing a
+    refresh fences the partition's whole group, whose other partitions may be mid-delivery: with
+    ``workers_idle`` (the app's batch lock) refreshes run between batches only, waiting for one at
+    most :data:`IDLE_WAIT_S`, else left due for the next round.
     """
 
     channel: SinkChannel
     interval_s: float
+    workers_idle: threading.Lock | None = None
     _seen: dict[TopicPartitionKey, tuple[int, float]] = field(default_factory=dict)
 
     def refresh(self, positions: list[PartitionPosition]) -> list[TopicPartitionKey]:
@@ -395,6 +416,10 @@ class OffsetRefresher:
                 due.append(position)
         if not due:
             return []
+        idle = self.workers_idle
+        if idle is not None and not idle.acquire(timeout=IDLE_WAIT_S):
+            log.info("a batch is running: idle partitions' offsets are re-committed after it")
+            return []
         refreshed: list[TopicPartitionKey] = []
         writer = PositionWriter(self.channel)
         try:
@@ -407,6 +432,8 @@ class OffsetRefresher:
                 self._seen[key] = (offset, time.monotonic())
         finally:
             writer.close()
+            if idle is not None:
+                idle.release()
         log.info(
             "re-committed the unchanged offsets of %s so that the broker does not expire them",
             ", ".join(f"{t}[{p}]" for t, p in refreshed) or "no partition",

@@ -1,25 +1,26 @@
-"""What a slice writes: its records routed into data files and key files, and the ``DataWritten``
-events that will announce them.
+"""What a group of slices writes: their records routed into data files and key files, and the
+``DataWritten`` events that will announce them.
 
-The worker (:mod:`.worker`) fences, reads the delivered offset and owns the transaction; it hands
-this module the records left to deliver, and commits what comes back. Here a slice streams through
+The worker (:mod:`.worker`) fences, reads the delivered offsets and owns the transaction; it hands
+this module the records left to deliver of each slice of a partition group, and commits what comes
+back. The group's slices share their open files: an append table gets one file per task (rolled at
+its target size), not one per partition. Here each slice streams through
 routing and conversion (the ``SliceProcessor``) in chunks of at most ``chunk_records`` records, so
 a worker holds one chunk's working set whatever the slice's size: append tables' rows wait for
 their target file size across chunks (:mod:`.rolling_files`), a change table's chunks are written
 with their key files and announced one by one, in order. Files are invisible until a round appends
 them; a crash before the transaction leaves only orphan files.
 
-A slice is written again, from a new read of its records, when its files come out too old to
+A group is written again, from a new read of its records, when its files come out too old to
 commit (a stall past half of orphan cleanup's safety age) or when one of its tables was dropped
 and recreated meanwhile. The events are packed to fit the control topic's messages.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -80,32 +81,50 @@ def table_ref(table: Table) -> ev.TableRef:
     return ev.TableRef(namespace=tuple(namespace), name=name, uuid=str(table.metadata.table_uuid))
 
 
+@dataclass(frozen=True)
+class SliceInput:
+    """One slice of a group as the writer takes it: where its records come from, the delivered
+    offset the worker read (``None``: never delivered), and the result its counts go to."""
+
+    planned: Slice
+    source: pa.Table | SliceSource
+    committed: int | None
+    result: SliceResult
+
+
 @dataclass
 class SliceWrite:
-    """What one write of a slice made, gathered over its chunks."""
+    """What one write of a group made, gathered over its slices and chunks."""
 
     events: list[ev.DataWritten] = field(default_factory=list)
     tables: dict[str, Table] = field(default_factory=dict)
     """Per identifier, the table as the processor last handed it out (checked before the transaction)."""
     dead_letters: list[DeadLetter] = field(default_factory=list)
     table_changed: Callable[[str, Table | None], None] | None = None
-    oldest_ms: int | None = None
-    newest_ms: int | None = None
-    """Oldest and newest record timestamp of the slice (the coordinator derives VTTS from both)."""
+    times: dict[Slice, tuple[int, int]] = field(default_factory=dict)
+    """Per slice, its oldest and newest record timestamp in ms (the coordinator derives VTTS from both)."""
+    last_slice: dict[str, Slice] = field(default_factory=dict)
+    """Per append table, the slice its rolled files' last rows came from (named by their events)."""
 
-    def take_timestamps(self, chunk: pa.Table) -> None:
+    def take_timestamps(self, planned: Slice, chunk: pa.Table) -> None:
         bounds = pc.min_max(chunk["timestamp"].cast(pa.int64())).as_py()
         low, high = bounds["min"], bounds["max"]
-        if low is not None:
-            low_ms = int(low) // 1000
-            self.oldest_ms = low_ms if self.oldest_ms is None else min(self.oldest_ms, low_ms)
-        if high is not None:
-            high_ms = int(high) // 1000
-            self.newest_ms = high_ms if self.newest_ms is None else max(self.newest_ms, high_ms)
+        if low is None or high is None:
+            return
+        low_ms, high_ms = int(low) // 1000, int(high) // 1000
+        seen = self.times.get(planned)
+        if seen is not None:
+            low_ms, high_ms = min(seen[0], low_ms), max(seen[1], high_ms)
+        self.times[planned] = (low_ms, high_ms)
+
+    def timestamps(self, planned: Slice) -> tuple[int | None, int | None]:
+        """The slice's oldest and newest record timestamp, ``(None, None)`` without records."""
+        return self.times.get(planned, (None, None))
 
 
 class SliceWriter:
-    """Writes slices of one sink; holds no slice between calls (one per worker, shared by its threads)."""
+    """Writes groups of slices of one sink; holds none between calls (one per worker, shared by its
+    threads)."""
 
     def __init__(
         self,
@@ -133,20 +152,13 @@ class SliceWriter:
             self._control_max_bytes = max_message_bytes(self.channel.clients, self.control_topic)
         return self._control_max_bytes
 
-    def write(
-        self,
-        planned: Slice,
-        source: pa.Table | SliceSource,
-        committed: int | None,
-        process: SliceProcessor,
-        result: SliceResult,
-    ) -> SliceWrite:
-        """The slice's records from the delivered offset ``committed`` on, written; what announces them.
+    def write(self, parts: Sequence[SliceInput], process: SliceProcessor) -> SliceWrite:
+        """Each slice's records from its delivered offset on, written; what announces them.
 
-        ``result`` gets the counts of the last write (a write again starts them over)."""
-        chunks = functools.partial(self._chunks, planned, source, committed, result)
+        Each slice's ``result`` gets the counts of the last write (a write again starts them over)."""
+        planned = parts[0].planned  # names the group in messages and fault points
         for attempt in range(1, TABLE_CHECKS + 1):
-            written = self._write_in_time(planned, chunks, process, result)
+            written = self._write_in_time(parts, process)
             # Right before the transaction: are the tables still the ones the files were written
             # for? A processor's cached table outlives a drop and recreate, and files for the old
             # uuid would never be the new table's.
@@ -170,10 +182,9 @@ class SliceWriter:
                     written.table_changed(identifier, current)
         return written
 
-    def _chunks(
-        self, planned: Slice, source: pa.Table | SliceSource, committed: int | None, result: SliceResult
-    ) -> Iterator[pa.Table]:
+    def _chunks(self, part: SliceInput) -> Iterator[pa.Table]:
         """The slice's records left to deliver, chunk by chunk; read anew for every write."""
+        planned, source, committed, result = part.planned, part.source, part.committed, part.result
         first = max(planned.start, committed or planned.start)
         read = source(first, planned.end) if callable(source) else source
         got: Iterable[pa.Table] = read
@@ -195,18 +206,13 @@ class SliceWriter:
             if close is not None:  # a reader's generator releases its assignment
                 close()
 
-    def _write_in_time(
-        self,
-        planned: Slice,
-        chunks: Callable[[], Iterator[pa.Table]],
-        process: SliceProcessor,
-        result: SliceResult,
-    ) -> SliceWrite:
+    def _write_in_time(self, parts: Sequence[SliceInput], process: SliceProcessor) -> SliceWrite:
         """:meth:`_write`, again while the files come out too old to commit."""
         stalls = 0
+        planned = parts[0].planned
         while True:
             written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
-            written = self._write(planned, chunks(), process, result)
+            written = self._write(parts, process)
             fault_point("worker.after-write-files", topic=planned.topic, partition=planned.partition)
             if not self._stalled(written_at, planned, stalls):
                 return written
@@ -237,30 +243,34 @@ class SliceWriter:
         )
         return True
 
-    def _write(
-        self, planned: Slice, chunks: Iterator[pa.Table], process: SliceProcessor, result: SliceResult
-    ) -> SliceWrite:
-        """Route the slice chunk by chunk and write its data files; the events that will announce them.
+    def _write(self, parts: Sequence[SliceInput], process: SliceProcessor) -> SliceWrite:
+        """Route the group's slices one after another, chunk by chunk, and write their data files;
+        the events that will announce them.
 
-        An append table's rows roll into files of its target size across chunks. A change table's
-        chunk is written and announced at once: its events follow the earlier chunks' in the
+        An append table's rows roll into files of its target size across chunks and slices. A change
+        table's chunk is written and announced at once: its events follow the earlier chunks' in the
         transaction, and the coordinator lets a key's last change set win, so a key changed in two
         chunks ends in the later change."""
         out = SliceWrite()
-        result.records_in = result.skipped_delivered = result.filtered = 0
-        result.rows, result.files, result.deleted_keys = {}, {}, {}
+        for part in parts:
+            result = part.result
+            result.records_in = result.skipped_delivered = result.filtered = result.dead_lettered = 0
+            result.rows, result.files, result.deleted_keys = {}, {}, {}
         rolling = RollingFiles()
         try:
-            for chunk in chunks:
-                if chunk.num_rows:
-                    self._write_chunk(planned, chunk, process, result, out, rolling)
+            for part in parts:
+                for chunk in self._chunks(part):
+                    if chunk.num_rows:
+                        self._write_chunk(part.planned, chunk, process, part.result, out, rolling)
             written = rolling.finish()
         except BaseException:
             rolling.discard()
             raise
+        results = {part.planned: part.result for part in parts}
         for identifier, files in written.items():
-            result.files[identifier] = len(files.records)
-            out.events += self._announce(self._data_written(files.table, planned), files.records)
+            last = out.last_slice[identifier]
+            results[last].files[identifier] = len(files.records)
+            out.events += self._announce(self._data_written(files.table, last), files.records)
         return out
 
     def _write_chunk(
@@ -274,10 +284,11 @@ class SliceWriter:
     ) -> None:
         """One chunk of a slice routed: append tables' rows into their open files, a change table's
         rows written and announced now."""
-        out.take_timestamps(chunk)
+        out.take_timestamps(planned, chunk)
         routed = process(chunk)
         out.table_changed = routed.table_changed
         out.dead_letters += routed.dead_letters
+        result.dead_lettered += len(routed.dead_letters)
         result.filtered += routed.filtered
         for identifier, table_rows in routed.tables.items():
             table = table_rows.table
@@ -285,6 +296,7 @@ class SliceWriter:
             result.rows[identifier] = result.rows.get(identifier, 0) + table_rows.rows.num_rows
             if not table_rows.key:
                 rolling.add(identifier, table, table_rows.rows)
+                out.last_slice[identifier] = planned
                 continue
             data_files = datafiles.write_data_files(table, table_rows.rows)
             result.files[identifier] = result.files.get(identifier, 0) + len(data_files)

@@ -4,7 +4,7 @@ delivering it did.
 The driver plans slices (``spark/batch.py``), a task delivers one (``spark/task.py``), the worker
 commits it in one transaction (``protocol/worker.py``) after writing its files
 (``protocol/slice_writer.py``), and recovery restores its partition's position when the sink group
-lost it (``recovery.restore_in_slice``).
+lost it (``recovery.restore_in_slices``).
 """
 
 from __future__ import annotations

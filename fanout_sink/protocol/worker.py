@@ -1,26 +1,29 @@
-"""The worker commit unit: one source topic-partition slice -> data files + one Kafka transaction.
+"""The worker commit unit: a partition group's slices -> data files + one Kafka transaction.
 
 This is where invariants I1 (no gap, no overlap), I2 (events and offsets are atomic) and the
-worker half of I3 (fencing) are kept. The order of steps is the protocol:
+worker half of I3 (fencing) are kept. A group is the slices of one batch whose partitions share a
+transactional id (:mod:`.partition_groups`; without packing, one partition alone). The order of
+steps is the protocol:
 
-1. Get the producer of the transactional id ``fanout-sink:<sink>:<topic>:<partition>``. Creating it
-   runs ``init_transactions``, which fences every older attempt holding that id, so no attempt
-   started before can commit after this point.
-2. Only then read the sink-managed group's committed offset (``require_stable``: pending
-   transactional commits are waited for). It is the truth about what was delivered:
+1. Get the producer of the group's transactional id (``fanout-sink:<sink>:groups:<count>:<index>``,
+   or ``fanout-sink:<sink>:<topic>:<partition>`` for one partition). Creating it runs
+   ``init_transactions``, which fences every older attempt holding that id, so no attempt started
+   before can commit after this point.
+2. Only then read the sink-managed group's committed offsets (``require_stable``: pending
+   transactional commits are waited for). They are the truth about what was delivered, per slice:
    at or past the slice's end, nothing is left to do (nothing is read); inside the slice, only
    ``[committed, end)`` is read (or, for records handed in already read, the delivered head is
    dropped); before the slice's start, records in between were lost upstream: stop (a gap).
-3. Read the source records that are left (a :data:`~.slice_writer.SliceSource`), route and convert
-   them (the ``SliceProcessor``), write data files (invisible until appended): the
-   :class:`~.slice_writer.SliceWriter`. A slice streams through these steps in chunks of at most
-   ``chunk_records`` records, so a worker holds one chunk's working set whatever the slice's size;
-   append tables' rows wait for their target file size across chunks (:mod:`.rolling_files`), a
-   change table's chunks are announced one by one, in order.
-4. One transaction: ``DataWritten`` per table, ``DataComplete``, dead letters, and the source offset
-   (the planned end offset, never last record + 1: offsets have holes) sent to the sink group with
-   generation -1 metadata (``recovery.send_delivered``, the one writer of the sink group). Commit. A
-   crash before the commit leaves only orphan files.
+3. Read the source records that are left (a :data:`~.slice_writer.SliceSource` per slice), route
+   and convert them (the ``SliceProcessor``), write data files (invisible until appended): the
+   :class:`~.slice_writer.SliceWriter`. Slices stream through these steps one after another in
+   chunks of at most ``chunk_records`` records, so a worker holds one chunk's working set whatever
+   the group's size; append tables' rows wait for their target file size across chunks and slices
+   (:mod:`.rolling_files`), a change table's chunks are announced one by one, in order.
+4. One transaction: ``DataWritten`` per table, a ``DataComplete`` per slice, dead letters, and each
+   slice's source offset (the planned end offset, never last record + 1: offsets have holes) sent to
+   the sink group with generation -1 metadata (``recovery.send_delivered``, the one writer of the
+   sink group). Commit. A crash before the commit leaves only orphan files.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -39,7 +43,13 @@ from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.slice_writer import DEFAULT_CHUNK_RECORDS, SliceSource, SliceWrite, SliceWriter
+from fanout_sink.protocol.slice_writer import (
+    DEFAULT_CHUNK_RECORDS,
+    SliceInput,
+    SliceSource,
+    SliceWrite,
+    SliceWriter,
+)
 from fanout_sink.protocol.slices import Slice, SliceResult
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.records import SliceProcessor
@@ -76,8 +86,9 @@ class SliceWorker:
         self.timeout_s = channel.timeout_s
         self._group_metadata: bytes | None = None
         self._producers: dict[str, TransactionalProducer] = {}
-        self._committed_to: dict[str, int] = {}
-        """Per transactional id, the end offset of the last slice its cached producer committed."""
+        self._committed_to: dict[str, dict[tuple[str, int], int]] = {}
+        """Per transactional id and partition, the end offset of the last slice its cached producer
+        committed."""
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._offsets: GroupOffsets | None = None
@@ -86,10 +97,14 @@ class SliceWorker:
 
     def committed_offset(self, topic: str, partition: int) -> int | None:
         """The sink-managed group's stable committed offset for one source partition."""
+        return self.committed_offsets([(topic, partition)])[(topic, partition)]
+
+    def committed_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """The sink-managed group's stable committed offsets, in one request."""
         with self._guard:
             if self._offsets is None:
                 self._offsets = GroupOffsets(self.channel.clients, self.group, stable=True)
-            return self._offsets.committed([(topic, partition)])[(topic, partition)]
+            return self._offsets.committed(partitions)
 
     def _metadata(self) -> bytes:
         if self._group_metadata is None:
@@ -106,7 +121,7 @@ class SliceWorker:
         with self._guard:
             return self._locks.setdefault(txn_id, threading.Lock())
 
-    def _producer(self, txn_id: str, planned: Slice) -> TransactionalProducer:
+    def _producer(self, txn_id: str, group: str) -> TransactionalProducer:
         producer = self._producers.get(txn_id)
         if producer is None:
             limits = [self.writer.control_limit()]
@@ -117,9 +132,9 @@ class SliceWorker:
                 txn_id,
                 batch_bytes=min(limits),
                 fenced_message=(
-                    f"the transaction for {planned.label} was fenced: a newer attempt for this "
-                    f"partition (transactional id {txn_id!r}) took over. This attempt stops; the "
-                    "newer one delivers the records."
+                    f"the transaction for {group} was fenced: a newer attempt for these partitions "
+                    f"(transactional id {txn_id!r}) took over. This attempt stops; the newer one "
+                    "delivers the records."
                 ),
             )
             self._producers[txn_id] = producer
@@ -128,100 +143,145 @@ class SliceWorker:
     def commit_slice(
         self, planned: Slice, source: pa.Table | SliceSource, process: SliceProcessor
     ) -> SliceResult:
-        """Deliver the planned offset range ``[planned.start, planned.end)`` of one source partition.
+        """Deliver one source partition's planned range: a group of one slice (:meth:`commit_group`)."""
+        return self.commit_group([(planned, source)], process)[0]
 
-        ``source`` reads the records when the worker knows what is left; a table of the range's
-        records already read (tests, tools) is taken as it is and its delivered head dropped.
-        Without ``planned.topic_id`` the worker asks the broker for the topic's id.
+    def commit_group(
+        self, work: Sequence[tuple[Slice, pa.Table | SliceSource]], process: SliceProcessor
+    ) -> list[SliceResult]:
+        """Deliver the planned offset ranges ``[start, end)`` of a partition group's slices in one
+        transaction; one result per slice, in the order given.
+
+        The slices' partitions must share one transactional id (one group of the channel's
+        :class:`~.partition_groups.PartitionGroups`). Each source reads the slice's records when the
+        worker knows what is left; a table of the range's records already read (tests, tools) is
+        taken as it is and its delivered head dropped. Slices without a ``topic_id`` get it from the
+        broker.
         """
-        if planned.topic_id is None:
-            topic_id = topic_ids(self.channel.clients, [planned.topic]).get(planned.topic)
-            planned = dataclasses.replace(planned, topic_id=topic_id)
-        txn_id = self.channel.worker_transactional_id(planned.topic, planned.partition)
+        work = self._with_topic_ids(work)
+        txn_ids = {self.channel.worker_transactional_id(p.topic, p.partition) for p, _ in work}
+        if len(txn_ids) != 1:
+            raise ValueError(f"the slices of one group share one transactional id, not {sorted(txn_ids)}")
+        txn_id = txn_ids.pop()
         if not self._control_checked:
             # Producing to a missing topic only times out; creating or checking it once says why.
             channel.ensure_control_topic(self.channel)
             self._control_checked = True
         with self._lock(txn_id):
-            if txn_id in self._producers and self._committed_to.get(txn_id) != planned.start:
-                # Another process delivered the range in between (Spark ran the partition's last
-                # task in another Python worker): its producer fenced the cached one, which would
-                # only find out at the transaction, after the slice's work. Start with a new one.
+            ends = self._committed_to.setdefault(txn_id, {})
+            if txn_id in self._producers and not self._continues(ends, [p for p, _ in work]):
+                # Another process delivered the group in between (Spark ran its last task in another
+                # Python worker): its producer fenced the cached one, which would only find out at
+                # the transaction, after the slices' work. Start with a new one.
                 self._producers.pop(txn_id)
             cached = txn_id in self._producers
             try:
-                result = self._attempt(txn_id, planned, source, process)
+                results = self._attempt(txn_id, work, process)
             except ProducerFencedError:
                 if not cached:
                     raise
-                # The cached producer was fenced since its last slice: this partition ran in another
-                # process meanwhile (Spark moved the task). That is not a zombie situation, so start
-                # over once with a new producer, which fences in turn and re-reads the offset.
+                # The cached producer was fenced since its last use: the group ran in another process
+                # meanwhile (Spark moved the task). That is not a zombie situation, so start over
+                # once with a new producer, which fences in turn and re-reads the offsets.
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
-                result = self._attempt(txn_id, planned, source, process)
-            if result.transaction_committed:
-                self._committed_to[txn_id] = planned.end
-            return result
+                results = self._attempt(txn_id, work, process)
+            for result in results:
+                if result.transaction_committed:
+                    ends[(result.slice.topic, result.slice.partition)] = result.slice.end
+            return results
+
+    @staticmethod
+    def _continues(ends: dict[tuple[str, int], int], slices: list[Slice]) -> bool:
+        """Whether the cached producer's last commits end where these slices start: a partition it
+        committed that does not go on from its last end was delivered by another process since, and
+        a producer that never committed any of them cannot be trusted either."""
+        known = [(ends[(s.topic, s.partition)], s.start) for s in slices if (s.topic, s.partition) in ends]
+        return bool(known) and all(end == start for end, start in known)
+
+    def _with_topic_ids(
+        self, work: Sequence[tuple[Slice, pa.Table | SliceSource]]
+    ) -> list[tuple[Slice, pa.Table | SliceSource]]:
+        missing = {p.topic for p, _ in work if p.topic_id is None}
+        if not missing:
+            return list(work)
+        ids = topic_ids(self.channel.clients, sorted(missing))
+        return [
+            (p if p.topic_id is not None else dataclasses.replace(p, topic_id=ids.get(p.topic)), source)
+            for p, source in work
+        ]
 
     def _attempt(
-        self, txn_id: str, planned: Slice, source: pa.Table | SliceSource, process: SliceProcessor
-    ) -> SliceResult:
+        self, txn_id: str, work: list[tuple[Slice, pa.Table | SliceSource]], process: SliceProcessor
+    ) -> list[SliceResult]:
         # A new producer fences older attempts before anything is read.
-        producer = self._producer(txn_id, planned)
-        committed = self.committed_offset(planned.topic, planned.partition)
-        if committed is None:  # expired while the app ran, this partition's first slice, or recreated
-            committed = recovery.restore_in_slice(self.channel, producer, self._metadata(), planned)
-        result = SliceResult(planned, committed)
-        if committed is not None and committed >= planned.end:
-            # Nothing is read; records handed in already read were all delivered.
-            result.skipped_delivered = result.records_in = 0 if callable(source) else source.num_rows
-            return result
-        if committed is not None and committed < planned.start:
-            raise OffsetGapError(
-                planned.topic, planned.partition, committed, planned.start, planned.end, self.group
-            )
-        written = self.writer.write(planned, source, committed, process, result)
-        self._commit(txn_id, producer, planned, written)
-        result.dead_lettered = len(written.dead_letters)
-        result.transaction_committed = True
-        return result
+        producer = self._producer(txn_id, ", ".join(p.label for p, _ in work))
+        delivered = self.committed_offsets([(p.topic, p.partition) for p, _ in work])
+        lost = [p for p, _ in work if delivered[(p.topic, p.partition)] is None]
+        if lost:  # expired while the app ran, the partitions' first slices, or recreated topics
+            delivered.update(recovery.restore_in_slices(self.channel, producer, self._metadata(), lost))
+        results: list[SliceResult] = []
+        parts: list[SliceInput] = []
+        for planned, source in work:
+            committed = delivered[(planned.topic, planned.partition)]
+            result = SliceResult(planned, committed)
+            results.append(result)
+            if committed is not None and committed >= planned.end:
+                # Nothing is read; records handed in already read were all delivered.
+                result.skipped_delivered = result.records_in = 0 if callable(source) else source.num_rows
+                continue
+            if committed is not None and committed < planned.start:
+                raise OffsetGapError(
+                    planned.topic, planned.partition, committed, planned.start, planned.end, self.group
+                )
+            parts.append(SliceInput(planned, source, committed, result))
+        if not parts:
+            return results
+        written = self.writer.write(parts, process)
+        self._commit(txn_id, producer, parts, written)
+        for part in parts:
+            part.result.transaction_committed = True
+        return results
 
     def _commit(
-        self, txn_id: str, producer: TransactionalProducer, planned: Slice, written: SliceWrite
+        self, txn_id: str, producer: TransactionalProducer, parts: list[SliceInput], written: SliceWrite
     ) -> None:
-        """The slice's one transaction: its events, ``DataComplete``, dead letters and offset."""
+        """The group's one transaction: its events, a ``DataComplete`` per slice, dead letters and offsets."""
         dead_letter_topic = self.dead_letter_topic
+        first = parts[0].planned
         if written.dead_letters and dead_letter_topic is None:
             bad = written.dead_letters[0]
             raise FanoutSinkError(
-                f"{len(written.dead_letters)} record(s) of {planned.label} in [{planned.start}, "
-                f"{planned.end}) could not be delivered and no dead-letter topic is configured (first: "
-                f"headers {bad.headers}).\n  fix: configure dead-letter.topic, or fix the records / routes."
+                f"{len(written.dead_letters)} record(s) of {', '.join(str(p.planned) for p in parts)} could "
+                f"not be delivered and no dead-letter topic is configured (first: headers {bad.headers}).\n"
+                "  fix: configure dead-letter.topic, or fix the records / routes."
             )
-        topic, partition = planned.topic, planned.partition
         try:
             with producer.transaction():
                 for event in written.events:
                     channel.produce_event(producer, self.control_topic, self.sink, event)
-                complete = ev.DataComplete(
-                    topic=topic,
-                    partition=partition,
-                    next_offset=planned.end,
-                    min_timestamp_ms=written.oldest_ms,
-                    max_timestamp_ms=written.newest_ms,
-                    topic_id=planned.topic_id,
-                )
-                channel.produce_event(producer, self.control_topic, self.sink, complete)
+                for part in parts:
+                    planned = part.planned
+                    oldest_ms, newest_ms = written.timestamps(planned)
+                    complete = ev.DataComplete(
+                        topic=planned.topic,
+                        partition=planned.partition,
+                        next_offset=planned.end,
+                        min_timestamp_ms=oldest_ms,
+                        max_timestamp_ms=newest_ms,
+                        topic_id=planned.topic_id,
+                    )
+                    channel.produce_event(producer, self.control_topic, self.sink, complete)
                 if written.dead_letters and dead_letter_topic is not None:
                     # Cut to size: one oversized dead letter would fail this transaction on every retry.
                     limit = self._dead_letter_limit(dead_letter_topic)
                     deadletter.publish(producer, dead_letter_topic, written.dead_letters, limit)
-                recovery.send_delivered(producer, self._metadata(), topic, partition, planned.end)
-                fault_point("worker.before-commit", topic=topic, partition=partition)
+                ends = {(p.planned.topic, p.planned.partition): p.planned.end for p in parts}
+                recovery.send_delivered(producer, self._metadata(), ends)
+                fault_point("worker.before-commit", topic=first.topic, partition=first.partition)
         finally:
             if not producer.usable:  # the next attempt's producer fences this one
                 self._producers.pop(txn_id, None)
-        fault_point("worker.after-commit", topic=topic, partition=partition)
+        fault_point("worker.after-commit", topic=first.topic, partition=first.partition)
 
     def close(self) -> None:
         """Flush and drop the cached producers (an open transaction, if any, times out and aborts)."""

@@ -22,10 +22,11 @@ from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import RecordError
 from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.metrics import SinkMetrics
+from fanout_sink.protocol import group_layout
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.round_trigger import RoundTrigger
-from fanout_sink.spark import footprint, maintenance_schedule, planning, progress, table_commits
+from fanout_sink.spark import footprint, maintenance_schedule, planning, progress, table_commits, task_groups
 from fanout_sink.spark.batch import BatchRunner, StopRequested
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
@@ -50,8 +51,12 @@ class SinkApp:
     """Runs one sink: the streaming query, its batches and the coordinator thread."""
 
     def __init__(self, config: SinkConfig, options: RunOptions | None = None) -> None:
+        self.options = options = options or RunOptions()
+        master = options.master or config.spark.master
+        # Decided once: the driver, the coordinator and every task must pack alike.
+        conf = {**config.spark.conf, **dict(options.spark_conf)}
+        config = task_groups.with_group_count(config, master, conf)
         self.config = config
-        self.options = options or RunOptions()
         self.metrics = (
             SinkMetrics(config.name, config.control.commit_interval.total_seconds())
             if config.metrics is not None
@@ -119,6 +124,8 @@ class SinkApp:
                 channel.clients, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
             )
         partitions = planning.source_partitions(self.config)
+        # Before anything delivers or restores a position under this layout's transactional ids.
+        group_layout.fence_other_layouts(channel, [(t, p) for t, n in partitions.items() for p in range(n)])
         checkpoint = self.config.checkpoint_location
         # A checkpoint on an object store or HDFS is read through the session's JVM: planned after it.
         local = planning.is_local_checkpoint(checkpoint)
@@ -228,6 +235,7 @@ class SinkApp:
             ),
             observer=self.metrics,
             rounds=self.rounds,
+            workers_idle=self.batches.lock,
         )
         coordinator.start()
         return coordinator

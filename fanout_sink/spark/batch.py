@@ -1,9 +1,10 @@
 """The driver's part of one micro-batch (the ``foreachBatch`` body).
 
 It plans the batch's ranges from Spark's checkpoint and has the executors deliver them, one Spark
-task per topic-partition whose range moved (:mod:`fanout_sink.spark.task`; a task reads its range
-from Kafka itself). The micro-batch DataFrame of Spark's Kafka source is never executed: Spark only
-plans (end offsets, checkpoint, triggers, ``maxOffsetsPerTrigger``) and schedules. A range without a
+task per partition group (``spark.partition-groups``) with a range that moved
+(:mod:`fanout_sink.spark.task`; a task reads its ranges from Kafka itself). The micro-batch
+DataFrame of Spark's Kafka source is never executed: Spark only plans (end offsets, checkpoint,
+triggers, ``maxOffsetsPerTrigger``) and schedules. A range without a
 visible record (markers, aborted records) is a task like any other: its end offset must reach the
 sink group too. It retries a failed batch and turns a bad record's task failure back into the
 :class:`~fanout_sink.errors.RecordError` that caused it.
@@ -162,10 +163,10 @@ class BatchRunner:
             )
 
     def _run(self, frame: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
-        """One task per range that moved (``numSlices`` = slices: one element each), in the order of
-        the ranges; the reports come back pickled. ``frame`` (the micro-batch, never executed here)
-        is for a planner whose source's tasks deliver the ranges themselves (the benchmark's
-        ``python_source`` prototype)."""
+        """One task per partition group with a range that moved (``numSlices`` = groups: one element
+        each), groups in index order; the reports (one per slice) come back pickled. ``frame`` (the
+        micro-batch, never executed here) is for a planner whose source's tasks deliver the ranges
+        themselves (the benchmark's ``python_source`` prototype)."""
         context = frame.sparkSession.sparkContext
         moved = sorted((key, (start, end)) for key, (start, end) in ranges.items() if end > start)
         if not moved:
@@ -175,8 +176,9 @@ class BatchRunner:
         slices = [
             Slice(topic, partition, start, end, ids.get(topic)) for (topic, partition), (start, end) in moved
         ]
+        groups = SinkChannel.from_config(self.config).groups.pack(slices)
         task = functools.partial(run_task, self._config_key, self.config, batch_id)
         reports: list[SliceReport] = (
-            context.parallelize(slices, numSlices=len(slices)).mapPartitions(task).collect()
+            context.parallelize(groups, numSlices=len(groups)).mapPartitions(task).collect()
         )
         return reports

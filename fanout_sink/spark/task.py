@@ -1,14 +1,17 @@
-"""The executor side of a micro-batch: one Spark task delivers one source topic-partition's range.
+"""The executor side of a micro-batch: one Spark task delivers one partition group's ranges.
 
-The driver hands each task a planned :class:`~fanout_sink.protocol.slices.Slice` (an RDD element,
-never Kafka rows: the micro-batch DataFrame of Spark's Kafka source is never executed). The task's
-worker fences, reads the delivered offset, and only then reads what is left of the range with
-librdkafka (:class:`~fanout_sink.kafka.range_reader.RangeReader`) straight into Arrow. What it did
-travels back to the driver as a pickled :class:`SliceReport`.
+The driver hands each task the planned :class:`~fanout_sink.protocol.slices.Slice` s of one
+partition group (an RDD element, never Kafka rows: the micro-batch DataFrame of Spark's Kafka
+source is never executed). The task's worker fences, reads the delivered offsets, and only then
+reads what is left of each range with librdkafka
+(:class:`~fanout_sink.kafka.range_reader.RangeReader`) straight into Arrow, one slice after
+another, in one transaction. What it did travels back to the driver as a pickled
+:class:`SliceReport` per slice.
 
 ``FANOUT_SINK_PROFILE=<dir>`` (in the app's environment, which local executors inherit) runs every
 task under cProfile (wall clock, its default: waits on the broker show too) and dumps
-``<dir>/<topic>-<partition>-<batch>.prof`` (``python -m pstats`` reads it).
+``<dir>/<topic>-<partition>-<batch>.prof``, named after the group's first slice (``python -m
+pstats`` reads it).
 """
 
 from __future__ import annotations
@@ -106,25 +109,36 @@ def _freeze_long_lived() -> None:
     gc.freeze()
 
 
-def run_task(key: str, config: SinkConfig, batch_id: int, slices: Iterable[Slice]) -> Iterator[SliceReport]:
-    """One Spark task = one source topic-partition's slice of the micro-batch (one element), with
-    the topic's id the driver asked when it planned the batch."""
+def run_task(
+    key: str, config: SinkConfig, batch_id: int, groups: Iterable[list[Slice]]
+) -> Iterator[SliceReport]:
+    """One Spark task = one partition group's slices of the micro-batch (one element), each with the
+    topic's id the driver asked when it planned the batch; a report per slice."""
     state = _executor_state(key, config)
     profile_dir = os.environ.get(PROFILE_ENV)
-    for planned in slices:
-        # Chunks, not the whole range: the task's memory holds one chunk's working set.
-        read = functools.partial(
-            state.reader.read_chunks,
-            planned.topic,
-            planned.partition,
-            max_records=state.worker.writer.chunk_records,
-        )
-        deliver = functools.partial(state.worker.commit_slice, planned, read, state.processor)
+    for group in groups:
+        # Chunks, not whole ranges: the task's memory holds one chunk's working set.
+        work = [
+            (
+                planned,
+                functools.partial(
+                    state.reader.read_chunks,
+                    planned.topic,
+                    planned.partition,
+                    max_records=state.worker.writer.chunk_records,
+                ),
+            )
+            for planned in group
+        ]
+        deliver = functools.partial(state.worker.commit_group, work, state.processor)
         if profile_dir:
             profiler = cProfile.Profile()
-            result = profiler.runcall(deliver)
+            results = profiler.runcall(deliver)
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
-            profiler.dump_stats(Path(profile_dir) / f"{planned.topic}-{planned.partition}-{batch_id}.prof")
+            first = group[0]
+            name = f"{first.topic}-{first.partition}-{batch_id}.prof"
+            profiler.dump_stats(Path(profile_dir) / name)
         else:
-            result = deliver()
-        yield SliceReport.here(result)
+            results = deliver()
+        for result in results:
+            yield SliceReport.here(result)

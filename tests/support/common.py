@@ -219,13 +219,14 @@ def run_planned_batch(
     process: SliceProcessor,
 ) -> list[SliceResult]:
     """Deliver planned ranges ``{(topic, partition): (start, end)}`` as Spark's batch does
-    (``spark/batch.py``): a slice per partition whose range is not empty, with the visible records of
-    [start, end) read like the Kafka source."""
+    (``spark/batch.py``): a slice per partition whose range is not empty, packed into the worker's
+    partition groups (one transaction per group), with the visible records of [start, end) read like
+    the Kafka source."""
+    slices = [Slice(t, p, start, end) for (t, p), (start, end) in sorted(ranges.items()) if end > start]
     results = []
-    for (topic, partition), (start, end) in sorted(ranges.items()):
-        if end > start:
-            raw = read_slice(bootstrap, topic, partition, start, end)
-            results.append(worker.commit_slice(Slice(topic, partition, start, end), raw, process))
+    for group in worker.channel.groups.pack(slices):
+        work = [(s, read_slice(bootstrap, s.topic, s.partition, s.start, s.end)) for s in group]
+        results += worker.commit_group(work, process)
     return results
 
 

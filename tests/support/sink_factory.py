@@ -305,6 +305,7 @@ def new_sink(
     source: Mapping[str, Any] | None = None,
     commit_interval: str = "2s",
     commit_min_interval: str | None = None,
+    partition_groups: int | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> SinkUnderTest:
     """Create a sink's topics, write its YAML (``<name>.yaml``) into ``folder`` and return the sink.
@@ -313,7 +314,9 @@ def new_sink(
     unless ``topics`` names existing ones (role -> name; none: ``source`` may name a ``pattern``).
     The sink is called ``name``, or ``<prefix>-<random>``. ``settings`` defaults to a fresh embedded
     catalog in ``folder``; ``tables`` (e.g. ``"ab"``) makes the protocol tests' sink and creates its
-    tables; ``kafka`` and ``source`` add to those sections; ``overrides`` replaces top-level sections.
+    tables; ``kafka`` and ``source`` add to those sections; ``partition_groups`` packs the source
+    partitions (``spark.partition-groups``; none: one group per partition outside the app, which
+    decides a count at start); ``overrides`` replaces top-level sections.
     """
     if topics is None:
         topics = {role: create_topic(bootstrap, role, n, topic_config) for role, n in partitions.items()}
@@ -341,7 +344,11 @@ def new_sink(
         },
         "catalog": settings.model_dump(),
         **(field_routes(tables) if tables else shop_routes()),
-        "spark": {"checkpoint-location": str(folder / "checkpoints"), "master": "local[2]"},
+        "spark": {
+            "checkpoint-location": str(folder / "checkpoints"),
+            "master": "local[2]",
+            **({"partition-groups": partition_groups} if partition_groups else {}),
+        },
         **(overrides or {}),
     }
     config_file = folder / f"{name}.yaml"  # one folder may hold several sinks
