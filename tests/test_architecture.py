@@ -270,6 +270,8 @@ def test_only_one_module_reaches_into_pyiceberg_internals() -> None:
 
 RECOVERY = "fanout_sink.protocol.recovery"
 COORDINATOR = "fanout_sink.protocol.coordinator"
+GROUP_LAYOUT = "fanout_sink.protocol.group_layout"
+"""Commits one offset of its own layout group (never the sink group's): the partition-group layout."""
 OFFSET_SENDERS = {
     # The transactional envelope implements send_offsets with it; nothing else calls librdkafka's.
     "send_offsets_to_transaction": {"fanout_sink.kafka.transaction"},
@@ -303,7 +305,7 @@ def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
     to exactly-once behaviour has one place to look. An offset commit needs group metadata and a
     send; the metadata of any group but the coordinator's is made only in recovery, offsets are sent
     only by recovery and by the coordinator (which holds its own group's metadata only), and no
-    consumer commits or stores offsets."""
+    consumer commits or stores offsets, except the layout record's one commit to its own group."""
     found = []
     for name in MODULES:
         for called, call in _calls(name):
@@ -311,7 +313,8 @@ def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
             if called in OFFSET_SENDERS and name not in OFFSET_SENDERS[called]:
                 found.append(where)
             elif called == "commit" and any(k.arg in ("offsets", "message") for k in call.keywords):
-                found.append(where + "offsets=...)")
+                if name != GROUP_LAYOUT:
+                    found.append(where + "offsets=...)")
             elif called == "group_metadata" and name not in (RECOVERY, CLIENT_FACTORY):
                 if "coordinator_group" not in ast.unparse(call):
                     found.append(
@@ -320,6 +323,8 @@ def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
             elif called == "sink_group_metadata" and name == COORDINATOR:
                 found.append(where + "): the coordinator sends its own group's offsets only")
     assert not found, "only protocol/recovery.py writes the sink group's offsets:\n" + "\n".join(found)
+    record = MODULES[GROUP_LAYOUT].read_text().split("def _write_record")[1].split("\ndef ")[0]
+    assert '"group.id": channel.layout_group' in record, "the layout record commits to its own group only"
     senders = {called for called, _ in _calls(RECOVERY)}
     assert {"send_offsets", "group_metadata"} <= senders, "the check no longer sees recovery's own writes"
 
