@@ -1,0 +1,260 @@
+"""A whole database's topics: N one-partition topics, a topic pattern, N dynamic tables, one SIGKILL.
+
+``PYTHONPATH=tests python -m bench.many_topics --topics 300 --events 60000 --kill-after 60
+--bootstrap-servers HOST:PORT``
+
+The shape of issue 32's whole-database run (a Debezium connector writes one topic per table): it
+creates ``--topics`` topics ``<prefix>.t<i>`` of one partition each, produces ``--events`` JSON events
+spread evenly over them (event ``n`` to topic ``n % topics``, with ``tbl`` naming its table and a
+unique ``id``), and runs ``fanout-sink run --available-now`` over ``source.pattern`` with
+``dynamic.table`` + auto-create into a fresh embedded (SQLite) catalog. After ``--kill-after`` seconds
+it SIGKILLs the app's whole process group (driver, JVM, Python workers), then restarts it and times
+the restart until it exits: the drain that issue 32 measured at 315 s before partition packing. It
+prints the restart's records/s, its batch lines' slices and the partition groups (Spark tasks per
+batch: one per group that has data), then reads every table through PyIceberg and requires its ids
+exactly (none missing, none twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from confluent_kafka.cimpl import NewTopic
+
+from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.kafka.clients import KafkaClientFactory
+
+NAMESPACE = "db"
+_BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in.*\((\d+\.\d+)s, (\d+) slices, peak worker RSS")
+_GROUPS_LINE = re.compile(r"packing source partitions into (\d+) partition group")
+_FINAL_COMMIT = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ fanout_sink\.app: final commit round", re.M
+)
+
+
+@dataclass
+class Batch:
+    batch: int
+    records: int
+    seconds: float
+    slices: int
+
+
+@dataclass
+class RunFigures:
+    """One app run: its wall until exit (or the kill), its batches and partition groups."""
+
+    wall_s: float
+    final_commit_s: float | None
+    """From start to the log's final commit round: every table holds its rows; Spark's shutdown follows."""
+    killed: bool
+    exit_code: int
+    groups: int | None
+    batches: list[Batch] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return sum(b.records for b in self.batches)
+
+
+@dataclass
+class ManyTopicsResult:
+    topics: int
+    events: int
+    kill_after_s: float
+    produce_s: float
+    first: RunFigures
+    restart: RunFigures
+    tables_exact: int
+    problems: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def create_topics(bootstrap: str, names: list[str]) -> None:
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
+    for future in admin.create_topics([NewTopic(name, 1, 1) for name in names]).values():
+        future.result(timeout=60)
+
+
+def produce(bootstrap: str, topics: list[str], events: int) -> tuple[float, dict[str, set[int]]]:
+    """Seconds to produce ``events`` events over ``topics``, and each table's expected ids."""
+    producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
+        {"linger.ms": 20, "compression.type": "lz4"}
+    )
+    expected: dict[str, set[int]] = {}
+    started = time.monotonic()
+    for n in range(events):
+        i = n % len(topics)
+        table = f"t{i}"
+        value = {"id": n, "tbl": table, "op": "c", "name": f"row-{n}", "amount": n % 1000 / 10}
+        while True:
+            try:
+                producer.produce(topics[i], value=json.dumps(value).encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+        expected.setdefault(f"{NAMESPACE}.{table}", set()).add(n)
+    if producer.flush(120):
+        raise TimeoutError("events still undelivered after 120 s; is the broker up?")
+    return time.monotonic() - started, expected
+
+
+def sink_config(
+    name: str, prefix: str, bootstrap: str, settings: CatalogSettings, folder: Path
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kafka": {"bootstrap.servers": bootstrap},
+        "source": {"pattern": f"{re.escape(prefix)}\\.t[0-9]+", "format": "json"},
+        "control": {"topic": f"{name}-control", "commit-interval": "10s"},
+        "catalog": settings.model_dump(),
+        "spark": {"master": "local[2]", "checkpoint-location": str(folder / "checkpoints")},
+        "dynamic": {
+            "table": f"join('.', ['{NAMESPACE}', tbl])",
+            "allow": f"^{NAMESPACE}\\.t[0-9]+$",
+            "auto-create": True,
+            "applies-to": "all",
+        },
+    }
+
+
+def run_app(config_path: Path, log_path: Path, kill_after_s: float | None) -> RunFigures:
+    """Run the app with ``--available-now`` in its own process group; SIGKILL the group after
+    ``kill_after_s`` (None: wait for its exit)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    command = [
+        sys.executable,
+        "-m",
+        "fanout_sink.cli",
+        "run",
+        "--config",
+        str(config_path),
+        "--available-now",
+    ]
+    started, started_at = time.monotonic(), time.time()
+    with log_path.open("w") as log:
+        app = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        killed = False
+        try:
+            app.wait(timeout=kill_after_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(app.pid, signal.SIGKILL)
+            app.wait()
+            killed = True
+    wall = time.monotonic() - started
+    text = log_path.read_text()
+    groups = _GROUPS_LINE.search(text)
+    final = _FINAL_COMMIT.search(text)
+    final_at = datetime.strptime(final.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if final else None
+    return RunFigures(
+        wall_s=round(wall, 1),
+        final_commit_s=round(final_at - started_at, 1) if final_at is not None else None,
+        killed=killed,
+        exit_code=app.returncode,
+        groups=int(groups.group(1)) if groups else None,
+        batches=[Batch(int(b), int(r), float(s), int(n)) for b, r, s, n in _BATCH_LINE.findall(text)],
+    )
+
+
+def check_tables(settings: CatalogSettings, expected: dict[str, set[int]]) -> tuple[int, list[str]]:
+    """Tables holding exactly their ids, and what is wrong with the others."""
+    catalog = load_catalog(settings)
+    exact, problems = 0, []
+    for table, ids in sorted(expected.items()):
+        got = catalog.load_table(table).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
+        duplicates = len(got) - len(set(got))
+        missing = len(ids - set(got))
+        extra = len(set(got) - ids)
+        if duplicates or missing or extra:
+            problems.append(f"{table}: {duplicates} duplicates, {missing} missing, {extra} unexpected")
+        else:
+            exact += 1
+    return exact, problems
+
+
+def run(topics: int, events: int, kill_after_s: float, bootstrap: str, folder: Path) -> ManyTopicsResult:
+    run_id = uuid.uuid4().hex[:6]
+    prefix = f"mt{run_id}"
+    names = [f"{prefix}.t{i}" for i in range(topics)]
+    create_topics(bootstrap, names)
+    produce_s, expected = produce(bootstrap, names, events)
+    print(f"{topics} topics created, {events:,} events produced in {produce_s:.1f} s", flush=True)
+    settings = CatalogSettings(
+        name="bench", uri=f"sqlite:///{folder / 'catalog.db'}", warehouse=f"file://{folder / 'warehouse'}"
+    )
+    config_path = folder / "sink.yaml"
+    config_path.write_text(yaml.safe_dump(sink_config(f"many-{run_id}", prefix, bootstrap, settings, folder)))
+    first = run_app(config_path, folder / "first.log", kill_after_s)
+    print(f"first run: {'SIGKILLed' if first.killed else 'exited'} after {first.wall_s:.1f} s, "
+          f"{first.records:,} records in {len(first.batches)} logged batch(es)", flush=True)  # fmt: skip
+    restart = run_app(config_path, folder / "restart.log", None)
+    if restart.exit_code != 0:
+        raise SystemExit(f"the restart failed ({restart.exit_code}); log in {folder / 'restart.log'}")
+    exact, problems = check_tables(settings, expected)
+    return ManyTopicsResult(
+        topics, events, kill_after_s, round(produce_s, 1), first, restart, exact, problems
+    )
+
+
+def report(result: ManyTopicsResult) -> str:
+    """A markdown table row (with its header) for docs/benchmarks/wide-sinks.md."""
+    restart = result.restart
+    slices = ", ".join(f"{b.records:,} rec / {b.seconds:.1f} s / {b.slices} slices" for b in restart.batches)
+    rate = restart.records / restart.wall_s if restart.wall_s else 0.0
+    verdict = "exact" if not result.problems else f"{len(result.problems)} NOT exact"
+    return "\n".join(
+        [
+            "| topics = tables | events | killed after s | restart: final commit s "
+            "| restart wall s (to exit) | restart records | records/s (wall) "
+            "| partition groups (Spark tasks per batch) | restart batches | tables exact |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+            f"| {result.topics} | {result.events:,} | "
+            f"{result.first.wall_s:.0f}{'' if result.first.killed else ' (exited first)'} | "
+            f"{restart.final_commit_s} | {restart.wall_s:.1f} | {restart.records:,} | {rate:,.0f} | "
+            f"{restart.groups} | {slices} | "
+            f"{result.tables_exact}/{result.topics} {verdict} |",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topics", type=int, default=300)
+    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--kill-after", type=float, default=60.0, help="seconds into the first run")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="kept (logs, catalog); default: a temp dir"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="a JSON file for the figures")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="many-topics-") as scratch:
+        folder = args.work_dir or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        result = run(args.topics, args.events, args.kill_after, args.bootstrap_servers, folder)
+    print(report(result))
+    for problem in result.problems[:20]:
+        print(problem)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return 1 if result.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
