@@ -13,6 +13,8 @@ from typing import Any
 import pyiceberg.table
 import pytest
 from bench.wide_sink import NAMESPACE, WidePlan, WideSink
+from pyiceberg.io import InputFile
+from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
 
 from fanout_sink import pyiceberg_internals
@@ -32,9 +34,9 @@ def test_a_round_asks_the_catalog_about_the_tables_that_received_data_only(
     finally:
         wide.close()
     assert few.tables_committed == len(FED) and few.slices == len(FED)
-    # Coordinator: per fed table one load for the floor and uuid, one commit (the SQL catalog's
-    # commit loads the table once more itself); nothing for the 22 idle tables.
-    assert few.coordinator_catalog_calls == {"commit_table": 2, "load_table": 4}, few
+    # Coordinator: per fed table one load (for the floor and uuid, and the commit's base: the SQL
+    # catalog's commit does not load it again), one commit; nothing for the 22 idle tables.
+    assert few.coordinator_catalog_calls == {"commit_table": 2, "load_table": 2}, few
     # Workers: one load per table and slice, the re-check of the table's uuid before the
     # transaction; the cached tables are not reloaded, and the idle ones not touched.
     assert few.worker_catalog_calls == {"load_table": 2}, few
@@ -70,3 +72,40 @@ def test_a_table_commit_applies_its_staged_updates_once_per_change(
         wide.close()
     # Per table: the append's snapshot and ref, then the properties: one application per stage.
     assert len(applied) <= 3 * 3, applied
+
+
+def test_a_table_commit_reads_the_table_metadata_once(
+    bootstrap_servers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The floor check and the commit share one load of the table: the SQL catalog's commit loaded
+    the table a second time (its metadata JSON read and parsed again), ~a fifth of a table commit's
+    CPU (issue 32, docs/benchmarks/wide-sinks.md)."""
+    reads: list[str] = []
+    counting = False
+    own_read = FromInputFile.table_metadata
+
+    def read(input_file: InputFile, *args: Any, **kwargs: Any) -> TableMetadata:
+        if counting:
+            reads.append(input_file.location.split("/metadata/")[0].rsplit("/", 1)[-1])
+        return own_read(input_file, *args, **kwargs)
+
+    monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(read))
+    wide = WideSink(WidePlan(tables=3, partitions=3, records=5), bootstrap_servers, tmp_path)
+    own_round = wide.coordinator.commit_round
+
+    def counted_round(*args: Any, **kwargs: Any) -> Any:  # the workers' own loads are not counted
+        nonlocal counting
+        counting = True
+        try:
+            return own_round(*args, **kwargs)
+        finally:
+            counting = False
+
+    monkeypatch.setattr(wide.coordinator, "commit_round", counted_round)
+    try:
+        wide.round()  # the first commit of each table
+        reads.clear()
+        assert wide.round().tables_committed == 3
+    finally:
+        wide.close()
+    assert sorted(reads) == sorted(name.split(".")[-1] for name in wide.plan.table_names()), reads
