@@ -39,8 +39,6 @@ RECORD_KEY = "partition-groups"
 FENCING_THREADS = 8
 """Ids initialised at once: each ``init_transactions`` is a round trip or two to the broker."""
 
-_NO_RECORD = object()
-
 
 def _read_record(channel: SinkChannel) -> PartitionGroups | None:
     """The layout recorded by the last start, or None if none is (or it expired)."""

@@ -54,7 +54,7 @@ class PartitionGroups:
                 else self.group_of(planned.topic, planned.partition)
             )
             groups.setdefault(key, []).append(planned)
-        return [groups[key] for key in sorted(groups, key=str if self.count is None else None)]
+        return [groups[key] for key in sorted(groups)]  # all ints, or all (topic, partition) pairs
 
     def describe(self) -> str:
         return "one group per partition" if self.count is None else f"{self.count} partition group(s)"

@@ -95,10 +95,6 @@ class SliceWorker:
         self._control_checked = False
         self._dead_letter_max_bytes: int | None = None
 
-    def committed_offset(self, topic: str, partition: int) -> int | None:
-        """The sink-managed group's stable committed offset for one source partition."""
-        return self.committed_offsets([(topic, partition)])[(topic, partition)]
-
     def committed_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
         """The sink-managed group's stable committed offsets, in one request."""
         with self._guard:
