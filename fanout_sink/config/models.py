@@ -214,14 +214,22 @@ class _ReplicatedTopic(_Section):
         return self
 
 
+DEFAULT_CONTROL_RETENTION_MS = 7 * 24 * 3600 * 1000
+"""7 days: Kafka's own default ``log.retention.hours`` and ``offsets.retention.minutes``, so the
+control topic forgets no sooner than the broker forgets the sink's group offsets."""
+MIN_CONTROL_RETENTION_MS = 3600 * 1000
+
+
 class ControlSettings(_ReplicatedTopic):
     """``control:`` the sink's control topic and its commit cadence.
 
-    The sink re-reads the control topic from the oldest event a table still needs, so it keeps its
-    events forever by default (``retention-ms``/``retention-bytes`` -1, ``cleanup.policy=delete``).
-    It grows by one record per data file (its column statistics) plus a few events per round; a finite
-    retention must outlast any outage of a table or of the sink, or the sink stops at start with
-    ``ControlTopicError`` rather than skip events.
+    The control topic grows by one record per data file (its column statistics) plus a few events per
+    round. A restart reads only its tail: the events a table still needs (from the low watermark on)
+    and the newest whole round, which carries every delivered position forward. So it is created with
+    a finite retention (``retention-ms``, Kafka's ``retention.ms``: 7 days by default; -1 keeps every
+    event) and ``cleanup.policy=delete``. What that retention must outlast: a table failing round
+    after round (its events stay pending) and a sink down after a crash that left events pending; a
+    sink stopped cleanly may stay down longer (docs/design.md, "The control topic's tail").
     """
 
     topic: str | None = Field(default=None, examples=["shop-events-control"])
@@ -240,11 +248,20 @@ class ControlSettings(_ReplicatedTopic):
     """How often the coordinator re-commits an idle partition's sink-group offset (the group is never
     joined, so the broker expires each offset ``offsets.retention.minutes`` after its last commit).
     Unset: a quarter of the broker's ``offsets.retention.minutes``."""
-    retention_ms: int = Field(default=-1, ge=-1, examples=[-1])
+    retention_ms: int = Field(default=DEFAULT_CONTROL_RETENTION_MS, ge=-1, examples=[604800000, -1])
+    """Kafka's ``retention.ms`` for a control topic the sink creates; -1 keeps every event. At
+    least an hour when finite: rounds run every ``commit-interval`` and each one's events must
+    survive until the next restart reads them."""
     retention_bytes: int = Field(default=-1, ge=-1, examples=[-1])
 
     @model_validator(mode="after")
     def _check_cadence(self) -> ControlSettings:
+        if 0 <= self.retention_ms < MIN_CONTROL_RETENTION_MS:
+            raise ValueError(
+                f"retention-ms {self.retention_ms} is shorter than an hour: a restart reads the control "
+                "topic's events since the last round, and a table that fails for a few rounds holds "
+                "events back; e.g. retention-ms: 604800000 (7 days), or -1 to keep every event"
+            )
         if "commit_min_interval" in self.model_fields_set and self.commit_min_interval > self.commit_interval:
             raise ValueError(
                 f"commit-min-interval ({self.commit_min_interval}) is longer than commit-interval "

@@ -146,12 +146,12 @@ class SinkChannel:
 
 
 def ensure_control_topic(channel: SinkChannel, *, settings: TopicSettings | None = None) -> None:
-    """Create the control topic (one partition, kept forever, as durable as the source offsets), or
-    check the existing one.
+    """Create the control topic (one partition, ``control.retention-ms``, as durable as the source
+    offsets), or check the existing one.
 
     ``settings`` come from the YAML ``control:`` section; the app passes them at start and an
     existing topic is then checked in full: exactly one partition, replication, no compaction, and
-    a loud warning for a finite retention. Workers and the coordinator pass none: they create the
+    a warning for a retention shorter than configured. Workers and the coordinator pass none: they create the
     topic with the defaults if it is missing, and check only its partition count.
     """
     check = settings is not None
@@ -172,8 +172,10 @@ def ensure_control_topic(channel: SinkChannel, *, settings: TopicSettings | None
 
 def _check_retention(topic: str, settings: TopicSettings, actual: Mapping[str, str]) -> None:
     """Compaction would delete events in the middle of the log, which no offset check can notice:
-    refused. A finite retention deletes from the start, which the reader does notice (it stops with
-    ``ControlTopicError``): warned about, since it turns a long table outage into a stopped sink."""
+    refused. Retention deletes from the start, and a restart needs only the tail (the events a table
+    still needs, and the newest round): a topic that keeps every event works as before and is told
+    how to bound it; one that keeps less than configured is warned about, since a table failing or
+    a crashed sink staying down longer than that stops the sink with ``ControlTopicError``."""
     if "compact" in actual.get("cleanup.policy", ""):
         raise TopicError(
             f"control topic {topic!r} has cleanup.policy={actual['cleanup.policy']}: compaction keeps only "
@@ -182,20 +184,32 @@ def _check_retention(topic: str, settings: TopicSettings, actual: Mapping[str, s
             "--add-config cleanup.policy=delete"
         )
     for key in ("retention.ms", "retention.bytes"):
-        value = actual.get(key)
-        if value is not None and value != "-1" and value != settings.config.get(key):
+        value, wanted = int(actual.get(key, "-1")), int(settings.config.get(key, "-1"))
+        if value == -1 and wanted != -1:
+            log.info(
+                "control topic %r keeps every event (%s=-1) and grows with every round; a restart reads "
+                "only its tail, so it can be bounded like new control topics: kafka-configs --alter "
+                "--entity-type topics --entity-name %s --add-config %s=%d",
+                topic,
+                key,
+                topic,
+                key,
+                wanted,
+            )
+        elif value != -1 and (wanted == -1 or value < wanted):
             log.warning(
-                "control topic %r has %s=%s (configured: control.%s=%s). Events a table has not "
-                "committed yet are deleted once that limit passes (a long catalog outage, a sink down "
-                "for days), and the sink then stops with ControlTopicError instead of skipping them. "
-                "fix: kafka-configs --alter --entity-type topics --entity-name %s --add-config %s=-1",
+                "control topic %r has %s=%d, less than configured (control.%s=%d). A table failing for "
+                "longer than that, or a sink that crashed with events pending and stays down that long, "
+                "then stops with ControlTopicError instead of skipping them. fix: kafka-configs --alter "
+                "--entity-type topics --entity-name %s --add-config %s=%d",
                 topic,
                 key,
                 value,
                 key.replace(".", "-"),
-                settings.config.get(key),
+                wanted,
                 topic,
                 key,
+                wanted,
             )
 
 
@@ -250,11 +264,12 @@ class ControlReader:
         )
         self._position = 0
 
-    def committed(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
-        """The coordinator group's committed low watermark; None when it has none (where to start
-        reading then is recovery's decision: ``recovery.seek_to_low_watermark``)."""
-        committed = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0].offset
-        return int(committed) if committed >= 0 else None
+    def committed(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int | None, str | None]:
+        """The coordinator group's committed low watermark and the metadata committed with it (the
+        round's ``control_tail.RoundMark``); (None, None) when it has none (where to start reading
+        then is recovery's decision: ``recovery.seek_to_low_watermark``)."""
+        found = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0]
+        return (int(found.offset), found.metadata) if found.offset >= 0 else (None, None)
 
     def check_still_there(self, needed_from: int | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Raise unless the log still holds every offset from ``needed_from`` (None: from 0) on."""
@@ -270,25 +285,6 @@ class ControlReader:
                 "  fix: restore the original control topic; a sink cannot move to a new control topic under "
                 "the same name (start a new sink name, with new tables or after checking them)"
             )
-
-    def recorded_low_watermark(self) -> int | None:
-        """The low watermark the newest ``CommitComplete`` still in the log recorded; None when none,
-        or when the log starts at 0 (nothing was deleted: the whole history is there to read).
-
-        The last round committed its low watermark in the same transaction as its ``CommitComplete``,
-        so that event says where the coordinator stood when the coordinator group's offset is gone.
-        Reads from the log start on: seek afterwards."""
-        timeout_s = self.channel.timeout_s
-        low, high = self.watermarks(timeout_s)
-        if low == 0:
-            return None
-        recorded: int | None = None
-        self.seek(low)
-        for item in self.read_until(high, max(timeout_s, self.channel.scan_timeout_s)):
-            payload = item.event.payload
-            if isinstance(payload, ev.CommitComplete) and payload.low_watermark is not None:
-                recorded = payload.low_watermark
-        return recorded
 
     def seek(self, offset: int) -> int:
         """Read from control offset ``offset`` on (``status`` and tests read the whole history)."""

@@ -48,6 +48,7 @@ from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import round_trigger as trigger
 from fanout_sink.protocol.channel import ControlEvent, ControlReader, SinkChannel
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.protocol.control_tail import RoundMark
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner, ThreadedCommits
 
@@ -149,6 +150,16 @@ class Coordinator:
         self._reader = ControlReader(self.channel)
         start = recovery.seek_to_low_watermark(self._reader)
         log.info("coordinator of sink %r reads the control topic from offset %d", self.sink, start)
+        committed, metadata = self._reader.committed(self.timeout_s)
+        mark = RoundMark.decode(metadata)
+        if committed is not None and start > committed and mark is not None:
+            # Retention deleted only events no table needed (recovery.seek_to_low_watermark): the
+            # new log start is acknowledged at once, so that a crash before the first round, after
+            # workers wrote again, does not find the deletion unexplained.
+            moved = mark.moved_to(start).encode()
+            self._publish(
+                [], [TopicPartition(self.control_topic, channel.CONTROL_PARTITION, start, metadata=moved)]
+            )
 
     def start(self) -> None:
         """Run rounds in a daemon thread (the Spark driver hosts it) whenever :attr:`rounds` says one
@@ -337,7 +348,11 @@ class Coordinator:
             payloads.extend(
                 ev.split_round(complete, self.sink, channel.event_budget(self.sink, self._limit()))
             )
-            watermark = TopicPartition(self.control_topic, channel.CONTROL_PARTITION, result.low_watermark)
+            # The mark outlives the topic's retention: it tells a restart whether deleted events mattered.
+            mark = RoundMark.of_round(round_end, len(payloads)).encode()
+            watermark = TopicPartition(
+                self.control_topic, channel.CONTROL_PARTITION, result.low_watermark, metadata=mark
+            )
             self._publish(payloads, [watermark])
             self.rounds.done(round_end)
             self.last_round = result

@@ -57,6 +57,7 @@ from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
+from fanout_sink.protocol.control_tail import RoundMark, read_tail
 from fanout_sink.protocol.legacy_names import legacy_low_watermark, legacy_sink_group, legacy_sink_positions
 from fanout_sink.protocol.slices import Slice
 
@@ -171,32 +172,12 @@ def control_topic_positions(channel: SinkChannel) -> tuple[ev.DeliveredPositions
     Keeps I1 when the sink group lost offsets: a position is the largest committed
     ``DataComplete.next_offset`` (committed in the same transaction as the offset, I2), or what a
     ``CommitComplete`` carried forward in ``delivered`` for the reports below its ``reports_below``.
-    The history is complete when the log starts at 0, or when a ``CommitComplete`` still in the log
-    accounts for every report below the log start (retention deletes only what the coordinator
-    acknowledged, which is below the last round).
+    Read from the topic's tail back to its newest whole round (:func:`control_tail.read_tail`), which
+    gives what the whole history gives; the history is complete when the log starts at 0, or when
+    a whole round read accounts for every report before the part read.
     """
-    reader = ControlReader(channel)
-    found = ev.DeliveredPositions()
-    parts_seen: dict[str, set[int]] = {}
-    try:
-        log_start, end = reader.watermarks()
-        complete = log_start == 0
-        if end > log_start:
-            reader.seek(log_start)
-            for item in reader.read_until(end, channel.scan_timeout_s):
-                payload = item.event.payload
-                if isinstance(payload, ev.DataComplete):
-                    found.take_report(payload)
-                elif isinstance(payload, ev.CommitComplete) and payload.reports_below is not None:
-                    found.take_round(payload)
-                    # A round in parts accounts for the history only once every part was read.
-                    seen = parts_seen.setdefault(payload.commit_id, set())
-                    seen.add(payload.part)
-                    whole = len(seen) == payload.parts
-                    complete = complete or (whole and payload.reports_below >= log_start)
-    finally:
-        reader.close()
-    return found, complete
+    tail = read_tail(channel)
+    return tail.positions, tail.complete
 
 
 def restore_positions(
@@ -449,18 +430,20 @@ def seek_to_low_watermark(reader: ControlReader) -> int:
 
     Keeps I4: every event from the low watermark on may still be needed by a table, so if the log
     now starts later (retention, delete-records), this raises ``ControlTopicError`` instead of
-    starting at the log start. Without a committed offset, the legacy coordinator group's is
-    migrated (:mod:`legacy_names`), else the low watermark the newest retained ``CommitComplete``
-    recorded (``ControlReader.recorded_low_watermark``): the coordinator group's offset expired
-    after a downtime longer than the broker's ``offsets.retention.minutes``, and by then retention
-    may have deleted the start of the log.
+    starting at the log start, unless the :class:`~fanout_sink.protocol.control_tail.RoundMark`
+    committed with the low watermark proves that the deleted events held nothing a table needs
+    (the last round left nothing pending and nothing was written after it: a sink stopped cleanly,
+    then down longer than the topic's retention). Without a committed offset, the legacy
+    coordinator group's is migrated (:mod:`legacy_names`), else the low watermark the newest
+    ``CommitComplete`` of the topic's tail recorded (:func:`control_tail.read_tail`): the coordinator
+    group's offset expired after a downtime longer than the broker's ``offsets.retention.minutes``.
     """
     channel = reader.channel
-    committed = reader.committed(channel.timeout_s)
+    committed, metadata = reader.committed(channel.timeout_s)
     if committed is None:
         committed = legacy_low_watermark(channel)
     if committed is None:
-        committed = reader.recorded_low_watermark()
+        committed = read_tail(channel).low_watermark
         if committed is not None:
             log.warning(
                 "coordinator group %r has no offset (expired after a long downtime?); resuming from the "
@@ -469,5 +452,23 @@ def seek_to_low_watermark(reader: ControlReader) -> int:
                 committed,
                 channel.control_topic,
             )
+    log_start, log_end = reader.watermarks(channel.timeout_s)
+    mark = RoundMark.decode(metadata)
+    if (
+        committed is not None
+        and log_start > committed
+        and mark is not None
+        and mark.nothing_needed_below(committed, log_end)
+    ):
+        log.info(
+            "control topic %r lost offsets %d..%d (retention while the sink was down): only the last "
+            "round's own events, which no table needs (it left nothing pending, nothing came after it); "
+            "reading from the log start %d",
+            channel.control_topic,
+            committed,
+            log_start - 1,
+            log_start,
+        )
+        return reader.seek(log_start)
     reader.check_still_there(committed, channel.timeout_s)
     return reader.seek(committed if committed is not None else 0)

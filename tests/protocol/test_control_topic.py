@@ -200,7 +200,7 @@ def test_the_sink_creates_its_topics_to_keep_events_and_as_durable_as_the_offset
     topic_level = ConfigSource.DYNAMIC_TOPIC_CONFIG
     assert deliberate == {
         "cleanup.policy": ("delete", topic_level),
-        "retention.ms": ("-1", topic_level),
+        "retention.ms": ("604800000", topic_level),  # 7 days: a restart reads only the tail
         "retention.bytes": ("-1", topic_level),
         "min.insync.replicas": ("1", topic_level),
     }
@@ -232,12 +232,23 @@ def test_existing_sink_topics_are_checked_at_start(
             channel.SinkChannel("test", conf, compacted), settings=ControlSettings().topic_settings()
         )
 
-    week = make_topic("control-week", config={"retention.ms": "604800000"})
-    with caplog.at_level(logging.WARNING, logger="fanout_sink.protocol.channel"):
+    hour = make_topic("control-hour", config={"retention.ms": "3600000"})
+    with caplog.at_level(logging.INFO, logger="fanout_sink.protocol.channel"):
         channel.ensure_control_topic(
-            channel.SinkChannel("test", conf, week), settings=ControlSettings().topic_settings()
+            channel.SinkChannel("test", conf, hour), settings=ControlSettings().topic_settings()
         )
-    assert "retention.ms=604800000" in caplog.text and "retention.ms=-1" in caplog.text
+    (shorter,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "retention.ms=3600000, less than configured (control.retention-ms=604800000)" in shorter.message
+    caplog.clear()
+
+    # A topic of an older sink keeps every event: it keeps working, and the log says how to bound it.
+    forever = make_topic("control-forever", config={"retention.ms": "-1"})
+    with caplog.at_level(logging.INFO, logger="fanout_sink.protocol.channel"):
+        channel.ensure_control_topic(
+            channel.SinkChannel("test", conf, forever), settings=ControlSettings().topic_settings()
+        )
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "keeps every event (retention.ms=-1)" in caplog.text and "retention.ms=604800000" in caplog.text
 
 
 def test_vtts_is_known_again_right_after_a_coordinator_restart(
