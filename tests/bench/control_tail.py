@@ -16,6 +16,7 @@ import argparse
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def write_history(sink: channel.SinkChannel, plan: Plan) -> int:
         ev.TableRef(namespace=("bench",), name=f"t{t}", uuid=str(uuid.uuid4())) for t in range(plan.tables)
     ]
 
-    def publish(payloads: list[ev.Payload]) -> None:
+    def publish(payloads: Sequence[ev.Payload]) -> None:
         nonlocal written
         with producer.transaction():
             for payload in payloads:
