@@ -21,6 +21,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
+from fanout_sink.kafka.topics import pattern_topics
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +89,22 @@ class GroupOffsets:
         self._consumer.close()
 
 
-def source_positions(clients: KafkaClientFactory, group: str, topics: list[str]) -> list[PartitionPosition]:
+def source_positions(
+    clients: KafkaClientFactory, group: str, topics: list[str], pattern: str | None = None
+) -> list[PartitionPosition]:
     """Committed (by ``group``, not waiting for open transactions) and last stable offset of every
-    partition of ``topics``.
+    partition of ``topics`` and of the topics ``pattern`` (``source.pattern``) matches now.
 
     Every commit round calls this (and the lag metric comes from it), so the ends are one batched
-    ``ListOffsets`` per partition leader, not one request per partition.
+    ``ListOffsets`` per partition leader, not one request per partition. The pattern is matched
+    against the metadata that call needs anyway, so a topic created while the sink runs (a new
+    table in a replicated database) holds VTTS back and shows its lag from the first round after
+    its creation, as Spark's ``subscribePattern`` starts reading it.
     """
     admin, timeout_s = clients.admin(), clients.timeout_s
     metadata = admin.list_topics(timeout=timeout_s).topics
+    if pattern is not None:
+        topics = sorted({*topics, *pattern_topics(pattern, metadata)})
     partitions = [(t, p) for t in topics if t in metadata for p in sorted(metadata[t].partitions)]
     if not partitions:
         return []

@@ -96,6 +96,7 @@ class Coordinator:
         channel: SinkChannel,
         catalog: Catalog,
         source_topics: list[str] | None = None,
+        source_pattern: str | None = None,
         commit_interval_s: float = 30.0,
         commit_timeout_s: float = 60.0,
         max_parallel_commits: int = 4,
@@ -104,13 +105,17 @@ class Coordinator:
         rounds: trigger.RoundTrigger | None = None,
         workers_idle: threading.Lock | None = None,
     ) -> None:
-        """``workers_idle``: held while workers deliver (the app's batch lock); idle partitions'
-        offsets are refreshed only while it is free (:class:`~.recovery.OffsetRefresher`)."""
+        """``source_topics``/``source_pattern``: the sink's ``source`` section; the pattern is matched
+        again every round, so a topic created while the sink runs counts for VTTS, lag and offset
+        refreshes as soon as it exists. ``workers_idle``: held while workers deliver (the app's
+        batch lock); idle partitions' offsets are refreshed only while it is free
+        (:class:`~.recovery.OffsetRefresher`)."""
         self.channel = channel
         self.sink = channel.sink
         self.control_topic = channel.control_topic
         self.catalog = catalog
         self.source_topics = list(source_topics or [])
+        self.source_pattern = source_pattern
         self.commit_interval_s = commit_interval_s
         self.commit_timeout_s = commit_timeout_s
         self.max_parallel_commits = max(1, max_parallel_commits)
@@ -305,9 +310,12 @@ class Coordinator:
             self.rounds.started()
             commit_id = str(uuid.uuid4())
             self._publish([ev.StartCommit(commit_id=commit_id)])
+            sourced = bool(self.source_topics or self.source_pattern)
             positions = (
-                source_positions(self.channel.clients, self.channel.sink_group, self.source_topics)
-                if self.source_topics
+                source_positions(
+                    self.channel.clients, self.channel.sink_group, self.source_topics, self.source_pattern
+                )
+                if sourced
                 else []
             )
             round_end = reader.end_offset(self.timeout_s)
@@ -315,7 +323,7 @@ class Coordinator:
             # but what was read stays in the state and holds the low watermark back.
             for item in reader.read_until(round_end, self.timeout_s):
                 self._take(item)
-            vtts = self.state.vtts(positions, round_end) if self.source_topics else None
+            vtts = self.state.vtts(positions, round_end) if sourced else None
             due = self.state.due(round_end)
             result = RoundResult(commit_id, round_end, round_end, vtts, reason=reason)
             result.tables = self._commit_tables(due, round_end, commit_id, vtts)

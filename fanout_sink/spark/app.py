@@ -135,7 +135,7 @@ class SinkApp:
         # The coordinator needs no Spark: it opens its producer, catalog and control-topic position
         # while the driver JVM starts, instead of after it.
         with ThreadPoolExecutor(1, thread_name_prefix="fanout-sink-start") as starter:
-            coordinator = starter.submit(self._start_coordinator, list(partitions))
+            coordinator = starter.submit(self._start_coordinator, list(self.config.source.topics))
             try:
                 spark = build_spark_session(
                     self.config.catalog,
@@ -228,6 +228,7 @@ class SinkApp:
             channel=SinkChannel.from_config(self.config),
             catalog=load_catalog(self.config.catalog),
             source_topics=topics,
+            source_pattern=self.config.source.pattern,
             commit_interval_s=control.commit_interval.total_seconds(),
             commit_timeout_s=control.commit_timeout.total_seconds(),
             offsets_refresh_interval_s=(

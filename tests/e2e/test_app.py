@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from chaos.app_process import child_env
 from pyiceberg.exceptions import NoSuchTableError
-from support.common import register_spark_catalog
+from support.common import create_named_topic, register_spark_catalog
 from support.sink_factory import SinkFactory, SinkUnderTest, new_sink
 
 pytestmark = pytest.mark.usefixtures("own_spark")
@@ -158,6 +159,36 @@ def test_a_finished_batch_is_committed_without_waiting_for_the_commit_interval(
     assert app.returncode == 0, rest[-3000:]
     assert visible, "the batch's rows were not in the tables while the app ran: the commit waited"
     assert "(batch-complete)" in rest, rest[-3000:]
+    sink_run.assert_exact()
+
+
+def test_a_topic_created_while_running_lands_without_a_restart(
+    bootstrap_servers: str, sink_factory: SinkFactory
+) -> None:
+    """``source.pattern`` over a database's topics: a table added to the database while the sink
+    runs gets a topic of its own, which Spark's Kafka source finds when it plans a batch; its
+    records land beside the others', once, with no restart."""
+    prefix = f"db{uuid.uuid4().hex[:8]}"
+    orders = create_named_topic(bootstrap_servers, f"{prefix}.orders", 3)
+    sink_run = sink_factory(
+        topics={"orders": orders},
+        overrides={"source": {"format": "json", "pattern": re.escape(prefix) + r"\..+"}},
+    )
+    sink_run.produce(300, roles={"orders"})
+    app = _start_streaming(sink_run)
+    try:
+        _read_until(app, "batch 0:")
+        sink_run.topics["clicks"] = create_named_topic(bootstrap_servers, f"{prefix}.clicks", 2)
+        sink_run.produce(300)
+        assert sink_run.expected["shop.clicks"], "the new topic got records"
+        deadline = time.monotonic() + 180  # a bound for a loaded machine, not a measured time
+        while not (landed := _holds_expected(sink_run)) and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        app.send_signal(signal.SIGTERM)
+        _, rest = app.communicate(timeout=180)
+    assert app.returncode == 0, rest[-3000:]
+    assert landed, "the new topic's records did not land while the app ran"
     sink_run.assert_exact()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -12,9 +14,11 @@ from support.common import (
     ARROW_SCHEMA,
     NAMESPACE,
     TABLE_SCHEMA,
+    create_named_topic,
     end_offset,
     make_processor,
     produce_json,
+    read_slice,
     run_planned_batch,
     table_ids,
 )
@@ -22,7 +26,9 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
 from fanout_sink.errors import ProducerFencedError
+from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.protocol import channel, round_trigger, table_state
+from fanout_sink.protocol.coordinator import RoundResult
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.slices import Slice
 
@@ -104,8 +110,6 @@ def test_vtts_is_held_back_by_a_partition_that_is_behind_and_unreported(
     assert coordinator.commit_round().vtts_ms is not None  # partition 1 is empty: caught up
     produce_json(bootstrap_servers, topic, 1, [{"id": 2, "table": "a"}])  # behind, never reported
     produce_json(bootstrap_servers, topic, 0, [{"id": 3, "table": "a"}])
-    from support.common import end_offset, read_slice
-
     end = end_offset(bootstrap_servers, topic, 0)
     worker.commit_slice(
         Slice(topic, 0, 1, end), read_slice(bootstrap_servers, topic, 0, 1, end), make_processor(catalog)
@@ -114,6 +118,51 @@ def test_vtts_is_held_back_by_a_partition_that_is_behind_and_unreported(
     assert result.tables["sink.a"].outcome == "committed" and result.vtts_ms is None
     assert table_state.read_state(catalog.load_table("sink.a"), sink.name).vtts_ms is None
     assert table_ids(catalog, "a") == [1, 3]
+    worker.close()
+    coordinator.close()
+
+
+class _Positions:
+    """The partitions each round read (the app's metrics observer sees the same list)."""
+
+    def __init__(self) -> None:
+        self.rounds: list[list[PartitionPosition]] = []
+
+    def round_done(self, result: RoundResult, positions: list[PartitionPosition]) -> None:
+        self.rounds.append(positions)
+
+    def round_failed(self, error: BaseException) -> None:
+        raise AssertionError(error)
+
+
+def test_a_topic_created_while_running_counts_for_vtts_from_the_next_round(
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """A replicated database gains a table: its new topic matches ``source.pattern``, Spark starts
+    reading it, and until its records are delivered VTTS must not claim them committed."""
+    prefix = f"db{uuid.uuid4().hex[:8]}"
+    first = create_named_topic(bootstrap_servers, f"{prefix}.t0")
+    sink = sink_factory(topics={"t0": first}, tables="ab", prefix="s")
+    seen = _Positions()
+    coordinator = sink.coordinator(source_pattern=re.escape(prefix) + r"\..+", observer=seen)
+    produce_json(bootstrap_servers, first, 0, [{"id": 1, "table": "a"}])
+    worker = sink.worker()
+    sink.batch(worker)
+    assert coordinator.commit_round().vtts_ms is not None
+
+    added = create_named_topic(bootstrap_servers, f"{prefix}.t1")
+    produce_json(bootstrap_servers, added, 0, [{"id": 2, "table": "b"}])
+    behind = coordinator.commit_round()
+    assert [(p.topic, p.lag) for p in seen.rounds[-1]] == [(first, 0), (added, 1)]
+    assert behind.vtts_ms is None  # the new topic's record is not in any table yet
+
+    end = end_offset(bootstrap_servers, added, 0)
+    worker.commit_slice(
+        Slice(added, 0, 0, end), read_slice(bootstrap_servers, added, 0, 0, end), make_processor(catalog)
+    )
+    caught_up = coordinator.commit_round()
+    assert caught_up.tables["sink.b"].outcome == "committed" and caught_up.vtts_ms is not None
+    assert (table_ids(catalog, "a"), table_ids(catalog, "b")) == ([1], [2])
     worker.close()
     coordinator.close()
 

@@ -69,7 +69,13 @@ def create_topic(
     bootstrap: str, prefix: str, partitions: int = 1, config: Mapping[str, str] | None = None
 ) -> str:
     """Create a uniquely named topic and return its name."""
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    return create_named_topic(bootstrap, f"{prefix}-{uuid.uuid4().hex[:8]}", partitions, config)
+
+
+def create_named_topic(
+    bootstrap: str, name: str, partitions: int = 1, config: Mapping[str, str] | None = None
+) -> str:
+    """Create the topic ``name`` (for names a ``source.pattern`` must match) and return it."""
     admin = AdminClient({"bootstrap.servers": bootstrap})  # referenced until its future resolves
     admin.create_topics([NewTopic(name, partitions, 1, config=dict(config or {}))])[name].result(30)
     return name

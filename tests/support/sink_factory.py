@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -232,12 +232,15 @@ class SinkUnderTest:
 
     # -- the app in a child process, on the shop events
 
-    def produce(self, count: int) -> None:
-        """Produce the next ``count`` shop events in one transaction and expect their ids."""
+    def produce(self, count: int, roles: Collection[str] | None = None) -> None:
+        """Produce the next ``count`` shop events in one transaction and expect their ids; with
+        ``roles``, only the events of those topics (the others' ids are skipped, not expected)."""
         producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.name}-source"})
         producer.init_transactions(30)
         producer.begin_transaction()
         for event in shop_events(count, start=self.produced):
+            if roles is not None and event.topic not in roles:
+                continue
             producer.produce(self.topics[event.topic], key=event.key, value=event.value)
             kind = event.key.decode().split("-")[0]
             for table, wanted in {**STATIC, **DYNAMIC}.items():
