@@ -229,14 +229,18 @@ def test_schema_files_checked_at_load(tmp_path: Path) -> None:
 
 
 def test_sink_topics_settings() -> None:
-    """The control topic keeps its events forever unless told otherwise; replication follows the
-    broker (None here) unless set; min-insync-replicas above replication-factor is refused."""
+    """The control topic keeps its events 7 days unless told otherwise (start-up reads only its tail,
+    so a finite retention is safe); replication follows the broker (None here) unless set;
+    min-insync-replicas above replication-factor is refused, and so is a retention under an hour."""
     defaults = parse_config(_base(), "x").control.topic_settings()
     assert dict(defaults.config) == {
         "cleanup.policy": "delete",
-        "retention.ms": "-1",
+        "retention.ms": "604800000",
         "retention.bytes": "-1",
     }
+    forever = parse_config(_base(control={"retention-ms": -1}), "x").control.topic_settings()
+    assert forever.config["retention.ms"] == "-1"
+    assert "retention-ms 60000 is shorter than an hour" in _error(_base(control={"retention-ms": 60_000}))
     assert (defaults.replication_factor, defaults.min_insync_replicas) == (None, None)
     config = parse_config(
         _base(
