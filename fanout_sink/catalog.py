@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fanout_sink.user_info import split_user_info
 
 _SQLITE_PREFIX = "sqlite:///"
 PY_IO_IMPL = "py-io-impl"
@@ -165,7 +167,8 @@ def jdbc_catalog_properties(uri: str) -> dict[str, str]:
     path = sqlite_path(uri)
     if path is not None:
         return {"uri": f"jdbc:sqlite:{path}"}
-    parts = urlsplit(uri)
+    bare, user, password = split_user_info(uri)
+    parts = urlsplit(bare)
     dialect = parts.scheme.split("+", 1)[0]
     host = parts.hostname or ""
     if ":" in host:
@@ -173,10 +176,10 @@ def jdbc_catalog_properties(uri: str) -> dict[str, str]:
     netloc = host + (f":{parts.port}" if parts.port is not None else "")
     query = f"?{parts.query}" if parts.query else ""
     props = {"uri": f"jdbc:{_JDBC_DIALECTS.get(dialect, dialect)}://{netloc}{parts.path}{query}"}
-    if parts.username:
-        props["jdbc.user"] = unquote(parts.username)
-    if parts.password is not None:
-        props["jdbc.password"] = unquote(parts.password)
+    if user:
+        props["jdbc.user"] = user
+    if password is not None:
+        props["jdbc.password"] = password
     return props
 
 
@@ -231,15 +234,14 @@ def uses_s3(props: dict[str, str]) -> bool:
 def _uri_properties(kind: str | None, uri: str, props: dict[str, str]) -> dict[str, str]:
     """A REST URI's user info as Iceberg Java's basic auth (``rest.auth.basic.*``, names Spark
     redacts), and the URI without it: a password must not sit in a value Spark shows."""
-    parts = urlsplit(uri)
-    if kind != "rest" or parts.password is None or "rest.auth.type" in props:
+    bare, user, password = split_user_info(uri)
+    if kind != "rest" or password is None or "rest.auth.type" in props:
         return {"uri": uri}
-    netloc = parts.netloc.rsplit("@", 1)[1]
     return {
-        "uri": parts._replace(netloc=netloc).geturl(),
+        "uri": bare,
         "rest.auth.type": "basic",
-        "rest.auth.basic.username": unquote(parts.username or ""),
-        "rest.auth.basic.password": unquote(parts.password),
+        "rest.auth.basic.username": user or "",
+        "rest.auth.basic.password": password,
     }
 
 

@@ -13,6 +13,7 @@ from fanout_sink.config.loading import load_config, parse_config, write_standalo
 from fanout_sink.config.models import PartitionField, parse_duration
 from fanout_sink.config.secrets import is_secret_key
 from fanout_sink.errors import ConfigError
+from fanout_sink.user_info import redact_url
 
 DESIGN_SKETCH = """
 name: shop-events
@@ -323,6 +324,37 @@ def test_credentials_inside_urls_and_under_api_key_headers_are_redacted() -> Non
     redacted = config.redacted()
     assert redacted["source"]["schema_registry"]["url"] == "https://registry-user:***@registry.example:8081"
     assert is_secret_key("header.X-Api-Key") and is_secret_key("apikey")
+
+
+def test_a_slash_in_a_password_any_header_and_a_token_only_url_are_redacted() -> None:
+    """Issue 33 item 6: SQLAlchemy takes ``/`` inside a password, a header can carry a secret under
+    any name (``X-Auth``, ``Cookie``), and a URL's user info may be a token without a password."""
+    config = parse_config(
+        _base(
+            source={
+                "topics": ["a"],
+                "format": "confluent-avro",
+                "schema-registry": {"url": "https://tok3n-9a8b@registry.example:8081"},
+            },
+            catalog={
+                "name": "lake",
+                "type": "rest",
+                "uri": "https://rest-user:re/st-pw@catalog.example/api",
+                "header.X-Auth": "xauth-5c1e",
+                "header.Cookie": "session=ck-77d2",
+            },
+        ),
+        "sink.yaml",
+    )
+    for text in (repr(config), str(config), str(config.redacted())):
+        for secret in ("re/st-pw", "st-pw", "tok3n", "xauth-5c1e", "ck-77d2"):
+            assert secret not in text, f"{secret} visible in {text[:400]}"
+    redacted = config.redacted()
+    assert redacted["catalog"]["uri"] == "https://rest-user:***@catalog.example/api"
+    assert redacted["source"]["schema_registry"]["url"] == "https://***@registry.example:8081"
+    assert redact_url("postgresql://u:p/w:x@h:5432/db and s3://bucket/key@v2") == (
+        "postgresql://u:***@h:5432/db and s3://bucket/key@v2"
+    )
 
 
 def test_a_standalone_copy_resolves_only_the_named_variables_and_schema_paths(
