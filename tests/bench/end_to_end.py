@@ -94,13 +94,16 @@ def produce(bootstrap: str, topic: str, values: list[bytes]) -> float:
 
 
 def produce_chunks(
-    bootstrap: str, topic: str, chunks: Iterable[tuple[list[bytes] | None, list[bytes]]]
+    bootstrap: str,
+    topic: str,
+    chunks: Iterable[tuple[list[bytes] | None, list[bytes]]],
+    partitions: int = PARTITIONS,
 ) -> float:
-    """Seconds to create ``topic`` and produce each chunk's values in order. A chunk without keys
-    goes round-robin (value n to partition n % PARTITIONS); with keys, the producer's partitioner
-    places each message by its key, so a key's messages stay in one partition, in order."""
+    """Seconds to create ``topic`` of ``partitions`` and produce each chunk's values in order. A chunk
+    without keys goes round-robin (value n to partition n % partitions); with keys, the producer's
+    partitioner places each message by its key, so a key's messages stay in one partition, in order."""
     admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
     producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
         {"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"}
     )
@@ -110,7 +113,7 @@ def produce_chunks(
             while True:
                 try:
                     if keys is None:
-                        producer.produce(topic, value=value, partition=n % PARTITIONS)
+                        producer.produce(topic, value=value, partition=n % partitions)
                     else:
                         producer.produce(topic, value=value, key=keys[n])
                     break

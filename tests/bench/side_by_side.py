@@ -7,7 +7,7 @@
     PYTHONPATH=tests python -m bench.side_by_side --soak --duration 1800 --load 0.7
     PYTHONPATH=tests python -m bench.side_by_side --cores 1 --taskset 0 --systems continuous,connect
 
-Per variant the records are generated once, written to a fresh topic (2 partitions) on the local
+Per variant the records are generated once, written to a fresh topic (2 partitions, or `--partitions`) on the local
 broker (``fanout-sink stack``, started when down) and to a file for the in-process limit. Each
 round runs every chosen system once, in an order rotated per round, each into a fresh catalog;
 after each run the ids per table are compared with the generated ones. Results merge into
@@ -45,7 +45,7 @@ from bench import (
     soak,
     spark_writer,
 )
-from bench.context import RunContext, SystemRun
+from bench.context import PARTITIONS, RunContext, SystemRun
 from bench.end_to_end import produce_chunks
 from bench.landed import TableLanding, check_same_rows, sorted_ids
 from bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, value_chunks
@@ -135,9 +135,11 @@ def _measure(
     )
 
 
-def _write_and_produce(bootstrap: str, topic: str, values_file: Path, chunks: Iterable[list[bytes]]) -> float:
-    """Write the records to ``values_file`` and produce them to a new ``topic``, one chunk in memory at
-    a time; returns their megabytes."""
+def _write_and_produce(
+    bootstrap: str, topic: str, values_file: Path, chunks: Iterable[list[bytes]], partitions: int
+) -> float:
+    """Write the records to ``values_file`` and produce them to a new ``topic`` of ``partitions``, one
+    chunk in memory at a time; returns their megabytes."""
     size = 0
 
     def written() -> Iterator[tuple[None, list[bytes]]]:
@@ -148,7 +150,7 @@ def _write_and_produce(bootstrap: str, topic: str, values_file: Path, chunks: It
                 size += sum(len(v) for v in chunk)
                 yield None, chunk
 
-    produce_chunks(bootstrap, topic, written())
+    produce_chunks(bootstrap, topic, written(), partitions)
     return size / 1e6
 
 
@@ -157,7 +159,9 @@ def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[rep
     for variant in args.variants:
         values_file = work / f"{variant.name}.jsonl"
         topic = f"side-by-side-{variant.name}-{uuid.uuid4().hex[:6]}"
-        megabytes = _write_and_produce(bootstrap, topic, values_file, value_chunks(variant, args.records))
+        megabytes = _write_and_produce(
+            bootstrap, topic, values_file, value_chunks(variant, args.records), args.partitions
+        )
         expected = expected_landing(values_file, variant)
         print(f"{variant.name}: {args.records:,} records, {megabytes:.1f} MB on topic {topic}", flush=True)
         for round_no in range(args.rounds):
@@ -194,6 +198,8 @@ def command_key(args: argparse.Namespace) -> str:
     key = f"throughput, --cores {args.cores}" + (f" --taskset {args.taskset}" if args.taskset else "")
     if args.records != report.STANDARD_RECORDS:
         key += f" --records {args.records}"
+    if args.partitions != PARTITIONS:
+        key += f" --partitions {args.partitions}"
     variants = ",".join(variant.name for variant in args.variants)
     return f"{key} --systems {','.join(args.systems)} --variants {variants}"
 
@@ -222,6 +228,12 @@ def _parser() -> argparse.ArgumentParser:
         "--commit-interval", type=float, default=10.0, help="seconds, for the sink and Connect"
     )
     parser.add_argument("--max-offsets-per-trigger", type=int, default=400_000)
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=PARTITIONS,
+        help="source partitions of each variant's topic (the in-process limit keeps its own split)",
+    )
     parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"), help="results.json, .md, .png")
     parser.add_argument("--work-dir", type=Path, help="run folders (default: a temporary folder)")
