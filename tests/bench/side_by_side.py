@@ -7,8 +7,9 @@
     PYTHONPATH=tests python -m bench.side_by_side --soak --duration 1800 --load 0.7
     PYTHONPATH=tests python -m bench.side_by_side --cores 1 --taskset 0 --systems continuous,connect
 
-Per variant the records are generated once, written to a fresh topic (2 partitions, or `--partitions`) on the local
-broker (``fanout-sink stack``, started when down) and to a file for the in-process limit. Each
+Per variant the records are generated once, written to a fresh topic (2 partitions, or
+``--partitions``) on the local broker (``fanout-sink stack``, started when down) and to a file for
+the in-process limit. Each
 round runs every chosen system once, in an order rotated per round, each into a fresh catalog;
 after each run the ids per table are compared with the generated ones. Results merge into
 ``<out>/results.json``; ``<out>/throughput.md`` and ``<out>/throughput.png`` are rendered from it.
