@@ -237,12 +237,15 @@ def test_soak_md_shows_the_verdicts_the_series_per_minute_and_the_output() -> No
 
 
 def test_command_keys_keep_runs_of_other_systems_variants_and_sizes_apart() -> None:
-    def key(systems: str, variants: str, records: int = 1_000_000, taskset: str | None = None) -> str:
+    def key(
+        systems: str, variants: str, records: int = 1_000_000, taskset: str | None = None, partitions: int = 2
+    ) -> str:
         return side_by_side.command_key(
             argparse.Namespace(
                 cores=2,
                 taskset=taskset,
                 records=records,
+                partitions=partitions,
                 systems=systems.split(","),
                 variants=[parse_variant(v) for v in variants.split(",")],
             )
@@ -254,6 +257,7 @@ def test_command_keys_keep_runs_of_other_systems_variants_and_sizes_apart() -> N
         key("continuous", "uniform-50,mixed-50"),
         key("available-now,connect", "uniform-3", records=10_000_000),
         key("continuous,connect", "uniform-3", taskset="0-1"),
+        key("continuous", "uniform-3", partitions=8),
     ]
     assert len(set(runs)) == len(runs)
     assert key("available-now", "uniform-3") == runs[1], "the same run again replaces its own command"
