@@ -58,13 +58,18 @@ def read_changes(
     return Changes(view, np.arange(len(view)), deletes, np.zeros(0, dtype=np.int64), [])
 
 
-def message_key_columns(view: RecordView) -> tuple[tuple[str, ...], list[tuple[int, str]]]:
-    """The key columns named by the records' Kafka message keys, and the records (positions in
-    ``view``) whose message key is no JSON object, with the reason.
+def message_key_columns(
+    view: RecordView, table_key: tuple[str, ...] | None
+) -> tuple[tuple[str, ...], list[tuple[int, str]]]:
+    """The key columns of a change table keyed by its records' Kafka message keys, and the records
+    (positions in ``view``) whose message key does not give them, with the reason.
 
     Debezium keys each event by its row's primary key: ``{"id": 1}``, or Connect's
-    ``{"schema": ..., "payload": {"id": 1}}``. The key columns are the fields those objects hold
-    (in their order); their values are read from the row image like any key's.
+    ``{"schema": ..., "payload": {"id": 1}}``; the fields a message key holds (in their order) name
+    the key columns, whose values are read from the row image like any key's. The key columns
+    belong to the table: an existing table's identifier fields (``table_key``), else, for the table
+    the slice creates, the fields most of its message keys hold (the first such shape on a tie). A
+    record whose message key holds other fields is the bad one, not every record beside it.
     """
     keys = view.meta.column("key").combine_chunks()
     decoded = debezium.unwrap_connect_json(JsonDecoder()(keys.cast(pa.binary()), None))
@@ -73,16 +78,35 @@ def message_key_columns(view: RecordView) -> tuple[tuple[str, ...], list[tuple[i
         (int(p), f"the Kafka message key is no JSON object ({reason}); {hint}")
         for p, reason in decoded.failures
     ]
-    names = tuple(
-        name
-        for name in decoded.records.column_names
-        if decoded.records.column(name).null_count < len(decoded.rows)
-    )
-    if not names:
-        good = decoded.rows.tolist()
-        bad += [(int(p), f"the Kafka message key names no field; {hint}") for p in good]
-        bad.sort()
-    return names, bad
+    fields = decoded.records.column_names
+    held = np.zeros(len(decoded.rows), dtype=np.int64)  # per record: a bit per field its key holds
+    for bit, name in enumerate(fields):
+        valid = decoded.records.column(name).is_valid().to_numpy(zero_copy_only=False)
+        held |= valid.astype(np.int64) << bit
+    shapes, first, counts = np.unique(held, return_index=True, return_counts=True)
+    if table_key is not None:
+        key, origin = table_key, "the table's identifier fields"
+        wanted = sum(1 << fields.index(name) for name in key) if set(key) <= set(fields) else -1
+    elif (shapes != 0).any():
+        usable = shapes != 0
+        # The most common shape; on a tie, the one seen first.
+        wanted = int(shapes[usable][np.lexsort((first[usable], -counts[usable]))[0]])
+        key = tuple(name for bit, name in enumerate(fields) if wanted >> bit & 1)
+        origin = "the fields most of the slice's message keys hold"
+    else:
+        key, origin, wanted = (), "", -1
+    for shape in shapes[shapes != wanted].tolist():
+        names = [name for bit, name in enumerate(fields) if shape >> bit & 1]
+        if names:
+            reason = (
+                f"the Kafka message key names {names}, but the table's key is {list(key)} ({origin}); "
+                f"{hint}: produce this record with the table's key, or set changes.key"
+            )
+        else:
+            reason = f"the Kafka message key names no field; {hint}"
+        bad += [(int(p), reason) for p in decoded.rows[held == shape].tolist()]
+    bad.sort()
+    return key, bad
 
 
 def null_keys(rows: pa.Table, key: tuple[str, ...], matching: Matching) -> list[tuple[int, str, str]]:

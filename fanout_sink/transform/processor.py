@@ -324,7 +324,7 @@ class RoutingProcessor:
         if settings.changes.key is not None:
             key = tuple(settings.changes.key)
         else:
-            key, keyless_messages = message_key_columns(sub)
+            key, keyless_messages = message_key_columns(sub, self.tables.identifier_fields(name))
             failures.extend(_Failure(int(origins[p]), "decode", r, table=name) for p, r in keyless_messages)
             if keyless_messages:
                 keep = _all_but(len(sub), [p for p, _ in keyless_messages])

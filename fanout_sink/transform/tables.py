@@ -262,6 +262,18 @@ class TableManager:
             return None
         return entry[0]
 
+    def identifier_fields(self, name: str) -> tuple[str, ...] | None:
+        """An existing table's identifier fields, in schema order (None: no such table, or it has
+        none). Loading it here caches it for the ``ensure`` that follows, so it costs no extra load."""
+        table = self.cached(name)
+        if table is None:
+            try:
+                table = self._remember(name, self.catalog.load_table(name))
+            except NoSuchTableError:
+                return None
+        schema = table.schema()
+        return tuple(schema.find_column_name(i) or "" for i in schema.identifier_field_ids) or None
+
     def replace(self, name: str, table: Table | None) -> None:
         """Cache ``table`` for ``name`` now, or forget ``name`` (``None``): it was dropped or recreated.
 

@@ -442,8 +442,49 @@ def test_a_dynamic_route_replicates_tables_keyed_by_their_message_keys(
     )
     assert out.tables == {} and process.last_stats.reconciles()
     reason = dict(out.dead_letters[0].headers)[deadletter.REASON].decode()
-    assert "has identifier fields ['id'], but its key is ['cid']" in reason
-    assert "the Kafka message keys' fields (dynamic.changes.key is unset)" in reason
+    assert (
+        "the Kafka message key names ['cid'], but the table's key is ['id'] (the table's identifier fields)"
+        in reason
+    )
+
+
+def test_one_odd_message_key_is_a_dead_letter_not_its_whole_slice(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    """Issue 33 item 2: the key columns belong to the table. One record keyed ``{"id": 4, "v": 1}``
+    among records keyed ``{"id": n}`` made the key ``(id, v)`` and dead-lettered every record of the
+    slice as missing ``v``; now that record alone is the bad one, for a new table and an existing one."""
+    config = parse_config(
+        {
+            "name": "cdc",
+            "source": {"pattern": "^dbserver1\\..*"},
+            "catalog": catalog_settings.model_dump(),
+            "dynamic": {
+                "table": "join('.', ['crm', source.table])",
+                "auto-create": True,
+                "changes": {"format": "debezium"},
+            },
+            "dead-letter": {"topic": "dlq"},
+        },
+        "sink.yaml",
+    )
+    process = build_processor(config, catalog)
+
+    def items(ids: range, odd: int) -> RoutedSlice:
+        rows = [{"id": n, "v": n * 10} for n in ids]
+        keys = [json.dumps({"id": n, "v": 1} if n == odd else {"id": n}).encode() for n in ids]
+        events = [json.dumps({"op": "c", "after": r, "source": {"table": "items"}}).encode() for r in rows]
+        return process(make_raw_slice(events, topic="dbserver1.crm.items", keys=keys))
+
+    for ids, odd in ((range(10), 4), (range(10, 13), 11)):  # creates the table, then finds it keyed
+        out = items(ids, odd)
+        assert process.last_stats.reconciles()
+        table = out.tables["crm.items"]
+        assert table.key == ("id",) and table.table.schema().identifier_field_names() == {"id"}
+        assert sorted(r["id"] for r in table.rows.to_pylist()) == [n for n in ids if n != odd]
+        assert _offsets(out) == [ids.index(odd)]
+        reason = dict(out.dead_letters[0].headers)[deadletter.REASON].decode()
+        assert "the Kafka message key names ['id', 'v'], but the table's key is ['id']" in reason
 
 
 _any_record = st.one_of(
