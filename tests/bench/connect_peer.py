@@ -2,9 +2,10 @@
 
 The worker's classpath (``poms/connect-worker.xml``) and the plugin folder
 (``poms/iceberg-connect-plugin.xml``; the official runtime ZIP is not on Maven Central) are fetched
-and cached like every other jar set. Routing is static by the route field, one regex per table;
-the tables exist before the connector starts (created by PyIceberg in the same SQLite file, which
-Iceberg's JdbcCatalog reads when the catalog names match); the commit interval equals the sink's.
+and cached like every other jar set. Routing is by the route field, static (one regex per table)
+or dynamic (the field names the table); the tables exist before the connector starts (created by
+PyIceberg in the same SQLite file, which Iceberg's JdbcCatalog reads when the catalog names match);
+the commit interval equals the sink's.
 Connect never finishes on its own: the run is done when every record is visible, then SIGTERM.
 The worker flushes offsets at the commit interval (see ``offset.flush.interval.ms`` below).
 """
@@ -28,6 +29,7 @@ from fanout_sink.kafka.clients import KafkaClientFactory
 CONNECT_WORKER = jars.JarSet("connect-worker", "bench")
 ICEBERG_CONNECT_PLUGIN = jars.JarSet("iceberg-connect-plugin", "bench")
 SYSTEM = "Iceberg Kafka Connect sink"
+LOG = "connect.log"
 _LOG4J2 = """status = warn
 appender.console.type = Console
 appender.console.name = console
@@ -70,8 +72,14 @@ def _plugin_path(folder: Path) -> Path:
     return plugins
 
 
-def run(ctx: RunContext) -> SystemRun:
-    catalog = ctx.prepare()
+def connector_command(ctx: RunContext, *, dynamic: bool = False) -> list[str]:
+    """Create the run's control topic, write the worker, connector and log4j2 files into its folder
+    (the tables already created), and return the Connect worker's command line.
+
+    Static routing (the default) names each table with a route regex on the route field; ``dynamic``
+    takes the field's value as the table's identifier (``iceberg.tables.dynamic-enabled``), as a
+    sink of hundreds of tables routes: one regex per table is matched against every record.
+    """
     name = ctx.unique_name("iceberg")
     control = f"{name}-control"
     admin = KafkaClientFactory({"bootstrap.servers": ctx.bootstrap}).admin()
@@ -92,14 +100,21 @@ def run(ctx: RunContext) -> SystemRun:
         "plugin.discovery": "service_load",  # what Connect itself advises for these jars: faster start-up
     }
     tables = ctx.variant.table_names()
+    routing = (
+        {"iceberg.tables.dynamic-enabled": "true"}
+        if dynamic
+        else {
+            "iceberg.tables": ",".join(tables),
+            **{f"iceberg.table.{t}.route-regex": f"^{t.rsplit('.', 1)[1]}$" for t in tables},
+        }
+    )
     connector = {
         "name": name,
         "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
         "tasks.max": str(ctx.cores),
         "topics": ctx.topic,
-        "iceberg.tables": ",".join(tables),
         "iceberg.tables.route-field": ROUTE_FIELD,
-        **{f"iceberg.table.{t}.route-regex": f"^{t.rsplit('.', 1)[1]}$" for t in tables},
+        **routing,
         "iceberg.control.topic": control,
         "iceberg.control.group-id-prefix": f"{name}-cg",
         "iceberg.control.commit.interval-ms": str(int(ctx.commit_interval_s * 1000)),
@@ -115,13 +130,18 @@ def run(ctx: RunContext) -> SystemRun:
     (ctx.folder / "connector.properties").write_text(_properties(connector))
     (ctx.folder / "log4j2.properties").write_text(_LOG4J2)
     classpath = os.path.join(jars.fetch(CONNECT_WORKER), "*")
-    command = [
+    return [
         "java", "-Xms256m", "-Xmx2g", f"-Dlog4j2.configurationFile={ctx.folder / 'log4j2.properties'}",
         "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
         str(ctx.folder / "worker.properties"), str(ctx.folder / "connector.properties"),
     ]  # fmt: skip
+
+
+def run(ctx: RunContext) -> SystemRun:
+    catalog = ctx.prepare()
+    command = connector_command(ctx)
     visible = ctx.visible()
-    log = ctx.folder / "connect.log"
+    log = ctx.folder / LOG
     child = run_child(
         command,
         env=ctx.child_env(),
@@ -132,4 +152,4 @@ def run(ctx: RunContext) -> SystemRun:
     )
     if visible.total() < ctx.records:
         raise child.failure(SYSTEM, log, "exited before every row was visible")
-    return SystemRun.of_child(SYSTEM, child, landed(catalog, tables))
+    return SystemRun.of_child(SYSTEM, child, landed(catalog, ctx.variant.table_names()))

@@ -67,7 +67,7 @@ def app_config(
     }
 
 
-def _timed_batches(log: str) -> list[tuple[float, int, float]]:
+def timed_batches(log: str) -> list[tuple[float, int, float]]:
     """(end as epoch seconds, records, seconds) of every record-carrying batch the app logged."""
     return [
         (datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(records), float(seconds))
@@ -78,7 +78,7 @@ def _timed_batches(log: str) -> list[tuple[float, int, float]]:
 
 def steady_seconds(log: str) -> tuple[float | None, int]:
     """(seconds from the first record-carrying batch's start to the last one's end, records in them)."""
-    batches = _timed_batches(log)
+    batches = timed_batches(log)
     if not batches:
         return None, 0
     first_start = batches[0][0] - batches[0][2]
@@ -87,7 +87,7 @@ def steady_seconds(log: str) -> tuple[float | None, int]:
 
 def first_batch_started(log: str) -> float | None:
     """When the first record-carrying batch started (epoch seconds): the app's start-up ends there."""
-    batches = _timed_batches(log)
+    batches = timed_batches(log)
     return batches[0][0] - batches[0][2] if batches else None
 
 

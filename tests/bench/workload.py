@@ -77,16 +77,29 @@ def value_chunks(
     """``records`` JSON values with unique ids ``r-<n>``, routed round-robin-ish over the tables, in
     lists of at most ``chunk`` (even, so value n still goes to partition n % 2 chunk by chunk): 10M
     records are 2.8 GB as Python bytes, so the benchmark writes and produces them a chunk at a time."""
+    for _, chunk_values in routed_chunks(variant, records, chunk, seed):
+        yield chunk_values
+
+
+def routed_chunks(
+    variant: Variant, records: int, chunk: int = 100_000, seed: int = 11, qualified: bool = False
+) -> Iterator[tuple[list[int], list[bytes]]]:
+    """:func:`value_chunks` with each value's table number beside it, so a benchmark knows every
+    table's ids without parsing its records back. ``qualified`` puts the whole table name
+    (``bench.t7``) in the route field instead of ``t7``: what the Connect peer's dynamic routing
+    needs, as it takes the field's value as the table identifier."""
     if chunk % 2:
         raise ValueError(f"chunk {chunk} must be even: chunks keep value n on partition n % 2")
     rng = random.Random(seed)
+    prefix = f"{NAMESPACE}." if qualified else ""
+    tables: list[int] = []
     out: list[bytes] = []
     for n in range(records):
         table = rng.randrange(variant.tables)
         amount: Any = round(rng.uniform(1, 500), 2)
         record = {
             "id": f"r-{n}",
-            ROUTE_FIELD: f"t{table}",
+            ROUTE_FIELD: f"{prefix}t{table}",
             "seq": n,
             "session": f"s-{rng.randrange(1, 20_000):05d}",
             "page": rng.choice(_PAGES),
@@ -95,12 +108,13 @@ def value_chunks(
             "ts": _BASE_MS + n * 7,
             "agent": rng.choice(_AGENTS),
         }
+        tables.append(table)
         out.append(json.dumps(record, separators=(",", ":")).encode())
         if len(out) == chunk:
-            yield out
-            out = []
+            yield tables, out
+            tables, out = [], []
     if out:
-        yield out
+        yield tables, out
 
 
 def values(variant: Variant, records: int, seed: int = 11) -> list[bytes]:

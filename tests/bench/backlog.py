@@ -1,0 +1,517 @@
+"""Catch-up after downtime (issue 32 item 4): one backlog drained by fanout_sink, then by the Iceberg
+Kafka Connect sink.
+
+    PYTHONPATH=tests python -m bench.backlog --records 20000000 --tables 500 --bootstrap-servers HOST:PORT
+    PYTHONPATH=tests python -m bench.backlog --records 200000 --tables 50 --systems ours
+
+A sink stopped for a day finds its whole backlog waiting when it starts again. So the records are all
+produced first: one topic of ``--partitions`` partitions (round-robin), the side-by-side benchmark's
+click-like JSON records (``bench.workload``), each naming its table ``bench.t<k>`` in its ``table``
+field, spread over ``--tables`` tables. Both systems route by that field's value, which is how each
+routes hundreds of tables: fanout_sink with ``dynamic.table``, Connect with
+``iceberg.tables.dynamic-enabled``; both into the same pre-created tables (``auto-create`` off for
+both, so neither infers its own types). Each system then starts on the full backlog, into a fresh
+catalog of its own, and runs until every table holds all its rows (SIGTERM then): fanout_sink as
+``fanout-sink run`` in continuous mode with bounded micro-batches (``--max-offsets-per-trigger``),
+Connect standalone with the same commit interval.
+
+Measured per system, from its start: when the first table became visible (its first snapshot with
+rows, polled through the catalog every second), when the backlog was drained (every table at its
+count), CPU seconds and peak RSS of the whole process tree (``bench.proctree``), the tree's RSS
+sampled over time (memory stays flat, or grows with the backlog), and its commit rounds read back
+from the tables' snapshots (grouped by the commit id both systems write into each snapshot summary:
+how long each round's table commits took against the commit interval). fanout_sink's micro-batches
+and its commit jobs come from its log. Every table's ids are then compared with the produced ones
+(none missing, none twice). Figures merge into ``<out>/backlog.json``; ``<out>/backlog.md`` is
+rendered from it below its hand-written part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from bench import connect_peer, ours
+from bench.context import RunContext
+from bench.end_to_end import produce_chunks
+from bench.landed import TableLanding, VisibleRows, check_same_rows, landed, sorted_ids
+from bench.proctree import ChildRun, TreeUsage, run_child
+from bench.side_by_side import machine_facts
+from bench.workload import NAMESPACE, ROUTE_FIELD, Variant, routed_chunks
+from fanout_sink.devtools.stack import daemon
+from fanout_sink.kafka.clients import KafkaClientFactory
+
+FIRST_VISIBLE_TARGET_S = 120.0
+"""The issue's target: the first tables visible within 2 minutes of start."""
+FLAT_GROWTH = 0.10
+"""Memory counts as flat when the second half of the drain peaks at most this much above the first."""
+POLL_S = 1.0
+"""How often the catalog is polled for visible rows (the resolution of the first-visible time)."""
+MARKER = "<!-- bench.backlog renders everything below this line from backlog.json -->"
+OURS = "fanout_sink"
+GENERATED = "the produced backlog"
+_COMMIT_JOB = re.compile(r"commit \S+: (\d+) tables in \d+ Spark task\(s\), (\d+\.\d) s")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The tree's RSS and the rows visible ``at_s`` seconds after the system started."""
+
+    at_s: float
+    rss_mb: float
+    rows: int
+    tables: int
+
+
+class Watch:
+    """The ``done`` of :func:`.proctree.run_child`: polls the catalog's visible rows (every
+    :data:`POLL_S`), notes when the first table shows rows, samples the tree's RSS every
+    ``sample_s``, and holds once every table has all its rows."""
+
+    def __init__(self, visible: VisibleRows, expected: dict[str, int], sample_s: float) -> None:
+        self.visible = visible
+        self.expected = expected
+        self.sample_s = sample_s
+        self.usage = TreeUsage()
+        self.samples: list[Sample] = []
+        self.first_visible_s: float | None = None
+        self.started_at = time.time()
+        self.started = time.monotonic()
+        self._polled = self._sampled = float("-inf")
+        self._rows: dict[str, int] = {}
+
+    def __call__(self) -> bool:
+        now = time.monotonic() - self.started
+        if now - self._polled >= POLL_S:
+            self._polled = now
+            # The catalog being written or not created yet: the next poll reads it.
+            with contextlib.suppress(sqlite3.OperationalError):
+                self._rows = self.visible()
+            if self.first_visible_s is None and any(self._rows.values()):
+                self.first_visible_s = now
+        if now - self._sampled >= self.sample_s:
+            self._sampled = now
+            tables = sum(1 for rows in self._rows.values() if rows)
+            self.samples.append(
+                Sample(round(now, 1), round(self.usage.rss_mb), sum(self._rows.values()), tables)
+            )
+        return all(self._rows.get(table, 0) >= count for table, count in self.expected.items())
+
+
+@dataclass(frozen=True)
+class CommitRound:
+    """One commit round as its snapshots show it: the tables it committed, when the first and the last
+    of them was committed (seconds from the system's start)."""
+
+    tables: int
+    first_s: float
+    last_s: float
+
+    @property
+    def span_s(self) -> float:
+        return self.last_s - self.first_s
+
+
+def commit_rounds(catalog: Any, tables: list[str], started_at: float) -> list[CommitRound]:
+    """The rounds of every table's snapshots, grouped by the commit id in each snapshot summary
+    (fanout_sink's ``fanout-sink.<sink>.commit-id``, Connect's ``kafka.connect.commit-id``)."""
+    stamps: dict[str, list[int]] = {}
+    for name in tables:
+        for snapshot in catalog.load_table(name).snapshots():
+            summary = snapshot.summary or {}
+            commit = next((v for k, v in summary.items() if k.endswith("commit-id")), None)
+            if commit is not None:
+                stamps.setdefault(commit, []).append(snapshot.timestamp_ms)
+    rounds = [
+        CommitRound(len(ms), round(min(ms) / 1000 - started_at, 2), round(max(ms) / 1000 - started_at, 2))
+        for ms in stamps.values()
+    ]
+    return sorted(rounds, key=lambda r: r.first_s)
+
+
+@dataclass
+class Backlog:
+    """The produced backlog: its topic, size and every table's ids."""
+
+    topic: str
+    records: int
+    megabytes: float
+    produce_s: float
+    table_of: pa.ChunkedArray
+    """Record ``n``'s table number (its id is ``r-<n>``)."""
+
+    def counts(self, variant: Variant) -> dict[str, int]:
+        counted = pc.value_counts(self.table_of).to_pylist()
+        by_number = {int(c["values"]): int(c["counts"]) for c in counted}
+        return {name: by_number.get(n, 0) for n, name in enumerate(variant.table_names())}
+
+    def landing(self, variant: Variant) -> dict[str, TableLanding]:
+        """Every table's ids as :func:`.landed.landed` reads them back, for the comparison."""
+        out = {}
+        for n, name in enumerate(variant.table_names()):
+            numbers = pc.indices_nonzero(pc.equal(self.table_of, n))
+            ids = pc.binary_join_element_wise("r-", pc.cast(numbers, pa.string()), "")
+            out[name] = TableLanding(ids=sorted_ids(ids), data_files=0, snapshots=0)
+        return out
+
+
+def produce_backlog(bootstrap: str, variant: Variant, records: int, partitions: int) -> Backlog:
+    """Produce the whole backlog to a new topic before any system starts."""
+    topic = f"backlog-{variant.tables}-{uuid.uuid4().hex[:6]}"
+    numbers: list[pa.Array] = []
+    size = 0
+
+    def chunks() -> Iterator[tuple[None, list[bytes]]]:
+        nonlocal size
+        for tables, values in routed_chunks(variant, records, qualified=True):
+            numbers.append(pa.array(tables, pa.int16()))
+            size += sum(len(v) for v in values)
+            yield None, values
+
+    produce_s = produce_chunks(bootstrap, topic, chunks(), partitions)
+    return Backlog(topic, records, size / 1e6, produce_s, pa.chunked_array(numbers, pa.int16()))
+
+
+def _ours(ctx: RunContext) -> list[str]:
+    """fanout_sink's command on this run's YAML: dynamic routing by the record's table field into the
+    existing tables, continuous micro-batches of at most ``--max-offsets-per-trigger`` records."""
+    name = ctx.unique_name(OURS)
+    config = ours.app_config(
+        name, ctx.bootstrap, ctx.topic, ctx.commit_interval_s, ctx.settings, ctx.master, ctx.folder, {}
+    )
+    config["dynamic"] = {"table": ROUTE_FIELD, "allow": rf"^{NAMESPACE}\.t[0-9]+$", "applies-to": "all"}
+    path = ctx.folder / "sink.yaml"
+    path.write_text(yaml.safe_dump(config))
+    extra = ["--trigger-interval", ours.TRIGGER_INTERVAL]
+    return ours.app_command(path, ctx.master, ctx.max_offsets_per_trigger, extra)
+
+
+def _connect(ctx: RunContext) -> list[str]:
+    return connect_peer.connector_command(ctx, dynamic=True)
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    command: Callable[[RunContext], list[str]]
+    log: str
+
+
+SYSTEMS = {
+    "ours": System(OURS, _ours, "app.log"),
+    "connect": System(connect_peer.SYSTEM, _connect, connect_peer.LOG),
+}
+
+
+@dataclass
+class SystemFigures:
+    """One system's drain of the backlog."""
+
+    system: str
+    first_visible_s: float | None
+    drain_s: float
+    records_per_s: float
+    mb_per_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    role_rss_mb: dict[str, float]
+    rss_first_half_mb: float | None
+    """Peak of the sampled tree RSS in the first half of the time from the first visible table to the
+    drain; with the second half's, whether memory stayed flat while the backlog drained."""
+    rss_second_half_mb: float | None
+    samples: list[Sample]
+    rounds: list[CommitRound]
+    batches: list[tuple[int, float]]
+    """fanout_sink's record-carrying micro-batches: (records, seconds)."""
+    commit_jobs: list[tuple[int, float]]
+    """fanout_sink's table-commit Spark jobs: (tables, seconds)."""
+    exact_tables: int
+    median_data_files: float
+    median_snapshots: float
+    load_start: tuple[float, float, float]
+    load_end: tuple[float, float, float]
+    returncode: int
+
+    @property
+    def memory_flat(self) -> bool | None:
+        if self.rss_first_half_mb is None or self.rss_second_half_mb is None:
+            return None
+        return self.rss_second_half_mb <= self.rss_first_half_mb * (1 + FLAT_GROWTH)
+
+    def rounds_over(self, interval_s: float) -> int:
+        return sum(1 for r in self.rounds if r.span_s > interval_s)
+
+
+def _halves(samples: list[Sample], start_s: float | None, end_s: float) -> tuple[float | None, float | None]:
+    """Peak RSS of the first and second half of ``[start_s, end_s]``; None without two samples in each."""
+    if start_s is None:
+        return None, None
+    middle = (start_s + end_s) / 2
+    first = [s.rss_mb for s in samples if start_s <= s.at_s < middle]
+    second = [s.rss_mb for s in samples if middle <= s.at_s <= end_s]
+    if len(first) < 2 or len(second) < 2:
+        return None, None
+    return max(first), max(second)
+
+
+def run_system(
+    key: str, ctx: RunContext, backlog: Backlog, expected: dict[str, TableLanding], sample_s: float
+) -> SystemFigures:
+    """One system from a fresh catalog on the whole backlog, until every table holds its rows."""
+    system = SYSTEMS[key]
+    catalog = ctx.prepare()
+    command = system.command(ctx)
+    tables = ctx.variant.table_names()
+    watch = Watch(ctx.visible(), {t: len(expected[t].ids) for t in tables}, sample_s)
+    load_start = os.getloadavg()
+    log = ctx.folder / system.log
+    child: ChildRun = run_child(
+        command,
+        env=ctx.child_env(),
+        log=log,
+        done=watch,
+        timeout_s=ctx.timeout_s,
+        cpus=ctx.taskset,
+        usage=watch.usage,
+    )
+    load_end = os.getloadavg()
+    if not watch():
+        raise child.failure(system.name, log, "exited before every row was visible")
+    landing = landed(catalog, tables)
+    check_same_rows((GENERATED, expected), (system.name, landing))
+    first, second = _halves(watch.samples, watch.first_visible_s, child.wall_s)
+    text = log.read_text(errors="replace")
+    return SystemFigures(
+        system=system.name,
+        first_visible_s=watch.first_visible_s,
+        drain_s=round(child.wall_s, 1),
+        records_per_s=round(backlog.records / child.wall_s),
+        mb_per_s=round(backlog.megabytes / child.wall_s, 2),
+        cpu_s=round(child.cpu_s, 1),
+        peak_rss_mb=round(child.peak_rss_mb),
+        role_rss_mb={k: round(v) for k, v in child.role_rss_mb.items()},
+        rss_first_half_mb=first,
+        rss_second_half_mb=second,
+        samples=watch.samples,
+        rounds=commit_rounds(catalog, tables, watch.started_at),
+        batches=[(records, seconds) for _, records, seconds in ours.timed_batches(text)],
+        commit_jobs=[(int(n), float(s)) for n, s in _COMMIT_JOB.findall(text)],
+        exact_tables=len(tables),
+        median_data_files=statistics.median(landing[t].data_files for t in tables),
+        median_snapshots=statistics.median(landing[t].snapshots for t in tables),
+        load_start=load_start,
+        load_end=load_end,
+        returncode=child.returncode,
+    )
+
+
+def _seconds(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} / {max(values):.1f}"
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**NOT met**")
+
+
+def _rss_series(samples: list[dict[str, Any]], points: int = 12) -> str:
+    """About ``points`` evenly spaced samples, ``t s: MB``."""
+    step = max(1, len(samples) // points)
+    picked = samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else [])
+    return ", ".join(f"{s['at_s']:.0f} s: {s['rss_mb']:,.0f}" for s in picked)
+
+
+def markdown_run(key: str, run: dict[str, Any]) -> str:
+    """One run of backlog.json as a markdown section."""
+    interval = run["commit_interval_s"]
+    lines = [
+        f"### {key}",
+        "",
+        f"`{run['command']}`",
+        "",
+        f"{run['records']:,} records ({run['megabytes']:,.0f} MB of JSON values) over {run['tables']} "
+        f"tables, one topic of {run['partitions']} partitions, produced in {run['produce_s']:.0f} s before "
+        f"either system started; commit interval {interval:g} s; fanout_sink local[{run['cores']}] with "
+        f"--max-offsets-per-trigger {run['max_offsets_per_trigger']:,}, Connect tasks.max {run['cores']}.",
+        "",
+        "| system | first table visible s | drained s | records/s | MB/s | CPU s | peak RSS tree MB "
+        "| RSS peak 1st / 2nd half of the drain MB | commit rounds | round table-commit span median / max s "
+        f"| rounds over {interval:g} s | micro-batches: n, s median / max | commit jobs s median / max "
+        "| data files / snapshots per table (median) | exact | load avg start / end |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---|---|---|---|---|",
+    ]
+    for s in run["systems"]:
+        rounds = [r["last_s"] - r["first_s"] for r in s["rounds"]]
+        batches = [b[1] for b in s["batches"]]
+        jobs = [j[1] for j in s["commit_jobs"]]
+        halves = (
+            "-"
+            if s["rss_first_half_mb"] is None
+            else f"{s['rss_first_half_mb']:,.0f} / {s['rss_second_half_mb']:,.0f}"
+        )
+        first = "never" if s["first_visible_s"] is None else f"{s['first_visible_s']:.0f}"
+        lines.append(
+            f"| {s['system']} | {first} | {s['drain_s']:.1f} | {s['records_per_s']:,} | "
+            f"{s['mb_per_s']:.1f} | {s['cpu_s']:.0f} | {s['peak_rss_mb']:,} | {halves} | {len(rounds)} | "
+            f"{_seconds(rounds)} | {sum(1 for r in rounds if r > interval)} | "
+            f"{len(batches)}, {_seconds(batches)} | {_seconds(jobs)} | "
+            f"{s['median_data_files']:g} / {s['median_snapshots']:g} | "
+            f"{s['exact_tables']}/{run['tables']} | {s['load_start'][0]:.1f} / {s['load_end'][0]:.1f} |"
+        )
+    lines += ["", "| target | " + " | ".join(s["system"] for s in run["systems"]) + " |"]
+    lines.append("|---|" + "---|" * len(run["systems"]))
+    rows: list[tuple[str, Callable[[dict[str, Any]], bool | None]]] = [
+        (
+            f"first table visible within {FIRST_VISIBLE_TARGET_S:.0f} s",
+            lambda s: s["first_visible_s"] is not None and s["first_visible_s"] <= FIRST_VISIBLE_TARGET_S,
+        ),
+        (
+            f"memory flat (2nd half peak <= 1st half peak + {FLAT_GROWTH:.0%})",
+            lambda s: None
+            if s["rss_first_half_mb"] is None
+            else s["rss_second_half_mb"] <= s["rss_first_half_mb"] * (1 + FLAT_GROWTH),
+        ),
+        (
+            f"every round's table commits within the {interval:g} s interval",
+            lambda s: all(r["last_s"] - r["first_s"] <= interval for r in s["rounds"]),
+        ),
+    ]
+    for label, judge in rows:
+        lines.append(f"| {label} | " + " | ".join(_verdict(judge(s)) for s in run["systems"]) + " |")
+    lines.append("")
+    for s in run["systems"]:
+        lines.append(f"RSS of the {s['system']} tree over time: {_rss_series(s['samples'])}.")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, runs: dict[str, Any]) -> None:
+    """Render every run below :data:`MARKER`, keeping what is written above it."""
+    head = path.read_text().split(MARKER)[0] if path.exists() else "# Catch-up after downtime\n\n"
+    body = "\n".join(markdown_run(key, run) for key, run in runs.items())
+    path.write_text(f"{head.rstrip()}\n\n{MARKER}\n\n{body}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=20_000_000)
+    parser.add_argument("--tables", type=int, default=500)
+    parser.add_argument("--partitions", type=int, default=8, help="of the backlog's one topic")
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"comma-separated of {', '.join(SYSTEMS)}"
+    )
+    parser.add_argument(
+        "--cores", type=int, default=os.cpu_count() or 2, help="local[N]; Connect's tasks.max"
+    )
+    parser.add_argument("--commit-interval", type=float, default=10.0, help="seconds, for both systems")
+    parser.add_argument(
+        "--max-offsets-per-trigger", type=int, default=1_000_000, help="fanout_sink's batches"
+    )
+    parser.add_argument("--sample-interval", type=float, default=5.0, help="seconds between RSS samples")
+    parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"), help="backlog.json and .md")
+    parser.add_argument("--work-dir", type=Path, help="run folders, kept (default: a temporary folder)")
+    parser.add_argument("--taskset", help="CPUs to pin each system's tree to, taskset -c syntax")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    keys = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if unknown := [k for k in keys if k not in SYSTEMS]:
+        raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(SYSTEMS)}")
+    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
+    command = "PYTHONPATH=tests python -m bench.backlog " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    if "connect" in keys:
+        connect_peer.kafka_version()  # fetch both jar sets before anything is timed
+        connect_peer.iceberg_version()
+    variant = Variant("uniform", args.tables)
+    backlog = produce_backlog(bootstrap, variant, args.records, args.partitions)
+    print(
+        f"backlog: {backlog.records:,} records ({backlog.megabytes:,.0f} MB) on {backlog.topic} "
+        f"({args.partitions} partitions) in {backlog.produce_s:.0f} s",
+        flush=True,
+    )
+    expected = backlog.landing(variant)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="backlog-"))
+    figures = []
+    try:
+        for system in keys:
+            ctx = RunContext(
+                bootstrap=bootstrap,
+                topic=backlog.topic,
+                variant=variant,
+                records=args.records,
+                values_file=Path(os.devnull),  # neither system reads the records from a file
+                commit_interval_s=args.commit_interval,
+                cores=args.cores,
+                max_offsets_per_trigger=args.max_offsets_per_trigger,
+                folder=work / system,
+                taskset=args.taskset,
+            )
+            done = run_system(system, ctx, backlog, expected, args.sample_interval)
+            figures.append(done)
+            print(
+                f"{done.system}: first table visible at {done.first_visible_s} s, drained in "
+                f"{done.drain_s:.1f} s ({done.records_per_s:,} records/s, {done.mb_per_s:.1f} MB/s), "
+                f"{done.cpu_s:.0f} CPU s, peak RSS {done.peak_rss_mb:,} MB, {len(done.rounds)} rounds "
+                f"({done.rounds_over(args.commit_interval)} over the interval), memory flat: "
+                f"{done.memory_flat}, {done.exact_tables}/{args.tables} tables exact",
+                flush=True,
+            )
+    finally:
+        # The topic is this run's only: dropped so repeated runs do not fill the broker's disk.
+        admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
+        admin.delete_topics([backlog.topic])[backlog.topic].result(timeout=30)
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    run = {
+        "command": command,
+        "records": args.records,
+        "tables": args.tables,
+        "partitions": args.partitions,
+        "megabytes": round(backlog.megabytes, 1),
+        "produce_s": round(backlog.produce_s, 1),
+        "commit_interval_s": args.commit_interval,
+        "cores": args.cores,
+        "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "machine": machine_facts(),
+        "systems": [asdict(f) for f in figures],
+    }
+    path = args.out / "backlog.json"
+    runs: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    key = f"{args.records:,} records, {args.tables} tables ({', '.join(keys)})"
+    runs[key] = run
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(runs, indent=1) + "\n")
+    write_markdown(args.out / "backlog.md", runs)
+    print(markdown_run(key, run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
