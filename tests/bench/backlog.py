@@ -103,17 +103,25 @@ class Watch:
         now = time.monotonic() - self.started
         if now - self._polled >= POLL_S:
             self._polled = now
-            # The catalog being written or not created yet: the next poll reads it.
-            with contextlib.suppress(sqlite3.OperationalError):
-                self._rows = self.visible()
+            self.poll()
             if self.first_visible_s is None and any(self._rows.values()):
-                self.first_visible_s = now
-        if now - self._sampled >= self.sample_s:
+                self.first_visible_s = round(now, 1)
+        # A tree not yet measured (RSS 0: the sampler counts a process from its second sample) is no sample.
+        if now - self._sampled >= self.sample_s and self.usage.rss_mb > 0:
             self._sampled = now
             tables = sum(1 for rows in self._rows.values() if rows)
             self.samples.append(
                 Sample(round(now, 1), round(self.usage.rss_mb), sum(self._rows.values()), tables)
             )
+        return self.drained()
+
+    def poll(self) -> None:
+        # The catalog being written or not created yet: the next poll reads it.
+        with contextlib.suppress(sqlite3.OperationalError):
+            self._rows = self.visible()
+
+    def drained(self) -> bool:
+        """Every table holds at least its rows (exactly: :func:`.landed.check_same_rows` afterwards)."""
         return all(self._rows.get(table, 0) >= count for table, count in self.expected.items())
 
 
@@ -137,7 +145,7 @@ def commit_rounds(catalog: Any, tables: list[str], started_at: float) -> list[Co
     stamps: dict[str, list[int]] = {}
     for name in tables:
         for snapshot in catalog.load_table(name).snapshots():
-            summary = snapshot.summary or {}
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
             commit = next((v for k, v in summary.items() if k.endswith("commit-id")), None)
             if commit is not None:
                 stamps.setdefault(commit, []).append(snapshot.timestamp_ms)
@@ -294,7 +302,8 @@ def run_system(
         usage=watch.usage,
     )
     load_end = os.getloadavg()
-    if not watch():
+    watch.poll()
+    if not watch.drained():
         raise child.failure(system.name, log, "exited before every row was visible")
     landing = landed(catalog, tables)
     check_same_rows((GENERATED, expected), (system.name, landing))
@@ -336,7 +345,7 @@ def _verdict(ok: bool | None) -> str:
 
 def _rss_series(samples: list[dict[str, Any]], points: int = 12) -> str:
     """About ``points`` evenly spaced samples, ``t s: MB``."""
-    step = max(1, len(samples) // points)
+    step = max(1, -(-len(samples) // points))
     picked = samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else [])
     return ", ".join(f"{s['at_s']:.0f} s: {s['rss_mb']:,.0f}" for s in picked)
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from bench import backlog
 
-pytestmark = pytest.mark.bench
+pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench]
 
 
 def test_benchmark_drains_a_backlog_and_writes_its_report(bootstrap_servers: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    (out).mkdir()
+    out.mkdir()
     (out / "backlog.md").write_text("# Catch-up\n\nHand-written analysis.\n")
     argv = [
         *("--records", "3000", "--tables", "4", "--partitions", "2", "--systems", "ours"),
