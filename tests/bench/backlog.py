@@ -21,8 +21,9 @@ count), CPU seconds and peak RSS of the whole process tree (``bench.proctree``),
 sampled over time (memory stays flat, or grows with the backlog), and its commit rounds read back
 from the tables' snapshots (grouped by the commit id both systems write into each snapshot summary:
 how long each round's table commits took against the commit interval). fanout_sink's micro-batches
-and its commit jobs come from its log. Every table's ids are then compared with the produced ones
-(none missing, none twice). Figures merge into ``<out>/backlog.json``; ``<out>/backlog.md`` is
+and its commit jobs come from its log. Every row is then checked by its ``seq`` and route field
+(``soak.count_rows``: none missing, none twice, each in its record's table) and every table's count
+against the records routed to it. Figures merge into ``<out>/backlog.json``; ``<out>/backlog.md`` is
 rendered from it below its hand-written part.
 """
 
@@ -46,29 +47,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import yaml
 
 from bench import connect_peer, ours
 from bench.context import RunContext
 from bench.end_to_end import produce_chunks
-from bench.landed import TableLanding, VisibleRows, check_same_rows, landed, sorted_ids
-from bench.proctree import ChildRun, TreeUsage, run_child
+from bench.landed import VisibleRows
+from bench.proctree import TreeUsage, run_child
 from bench.side_by_side import machine_facts
+from bench.soak import RSS_TOLERANCE, ExactRows, count_rows, rss_drift
 from bench.workload import NAMESPACE, ROUTE_FIELD, Variant, routed_chunks
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 
 FIRST_VISIBLE_TARGET_S = 120.0
 """The issue's target: the first tables visible within 2 minutes of start."""
-FLAT_GROWTH = 0.10
-"""Memory counts as flat when the second half of the drain peaks at most this much above the first."""
 POLL_S = 1.0
 """How often the catalog is polled for visible rows (the resolution of the first-visible time)."""
 MARKER = "<!-- bench.backlog renders everything below this line from backlog.json -->"
 OURS = "fanout_sink"
-GENERATED = "the produced backlog"
 _COMMIT_JOB = re.compile(r"commit \S+: (\d+) tables in \d+ Spark task\(s\), (\d+\.\d) s")
 
 
@@ -97,32 +94,33 @@ class Watch:
         self.started_at = time.time()
         self.started = time.monotonic()
         self._polled = self._sampled = float("-inf")
-        self._rows: dict[str, int] = {}
+        self.rows: dict[str, int] = {}
+        """Visible rows per table at the latest poll."""
 
     def __call__(self) -> bool:
         now = time.monotonic() - self.started
         if now - self._polled >= POLL_S:
             self._polled = now
             self.poll()
-            if self.first_visible_s is None and any(self._rows.values()):
+            if self.first_visible_s is None and any(self.rows.values()):
                 self.first_visible_s = round(now, 1)
         # A tree not yet measured (RSS 0: the sampler counts a process from its second sample) is no sample.
         if now - self._sampled >= self.sample_s and self.usage.rss_mb > 0:
             self._sampled = now
-            tables = sum(1 for rows in self._rows.values() if rows)
+            tables = sum(1 for rows in self.rows.values() if rows)
             self.samples.append(
-                Sample(round(now, 1), round(self.usage.rss_mb), sum(self._rows.values()), tables)
+                Sample(round(now, 1), round(self.usage.rss_mb), sum(self.rows.values()), tables)
             )
         return self.drained()
 
     def poll(self) -> None:
         # The catalog being written or not created yet: the next poll reads it.
         with contextlib.suppress(sqlite3.OperationalError):
-            self._rows = self.visible()
+            self.rows = self.visible()
 
     def drained(self) -> bool:
         """Every table holds at least its rows (exactly: :func:`.landed.check_same_rows` afterwards)."""
-        return all(self._rows.get(table, 0) >= count for table, count in self.expected.items())
+        return all(self.rows.get(table, 0) >= count for table, count in self.expected.items())
 
 
 @dataclass(frozen=True)
@@ -139,12 +137,27 @@ class CommitRound:
         return self.last_s - self.first_s
 
 
-def commit_rounds(catalog: Any, tables: list[str], started_at: float) -> list[CommitRound]:
-    """The rounds of every table's snapshots, grouped by the commit id in each snapshot summary
-    (fanout_sink's ``fanout-sink.<sink>.commit-id``, Connect's ``kafka.connect.commit-id``)."""
+@dataclass(frozen=True)
+class TableFacts:
+    """What the tables' metadata tells after a run: the commit rounds, files and snapshots per table."""
+
+    rounds: list[CommitRound]
+    median_data_files: float
+    median_snapshots: float
+
+
+def table_facts(catalog: Any, tables: list[str], started_at: float) -> TableFacts:
+    """The commit rounds of every table's snapshots, grouped by the commit id in each snapshot summary
+    (fanout_sink's ``fanout-sink.<sink>.commit-id``, Connect's ``kafka.connect.commit-id``), and each
+    table's data files (current snapshot) and snapshots, medians over the tables."""
     stamps: dict[str, list[int]] = {}
+    files, snapshots = [], []
     for name in tables:
-        for snapshot in catalog.load_table(name).snapshots():
+        table = catalog.load_table(name)
+        current = table.current_snapshot()
+        files.append(int(current.summary["total-data-files"]) if current and current.summary else 0)
+        snapshots.append(len(table.snapshots()))
+        for snapshot in table.snapshots():
             summary = snapshot.summary.additional_properties if snapshot.summary else {}
             commit = next((v for k, v in summary.items() if k.endswith("commit-id")), None)
             if commit is not None:
@@ -153,50 +166,39 @@ def commit_rounds(catalog: Any, tables: list[str], started_at: float) -> list[Co
         CommitRound(len(ms), round(min(ms) / 1000 - started_at, 2), round(max(ms) / 1000 - started_at, 2))
         for ms in stamps.values()
     ]
-    return sorted(rounds, key=lambda r: r.first_s)
+    return TableFacts(
+        sorted(rounds, key=lambda r: r.first_s), statistics.median(files), statistics.median(snapshots)
+    )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Backlog:
-    """The produced backlog: its topic, size and every table's ids."""
+    """The produced backlog: its topic, size and every table's record count."""
 
     topic: str
     records: int
     megabytes: float
     produce_s: float
-    table_of: pa.ChunkedArray
-    """Record ``n``'s table number (its id is ``r-<n>``)."""
-
-    def counts(self, variant: Variant) -> dict[str, int]:
-        counted = pc.value_counts(self.table_of).to_pylist()
-        by_number = {int(c["values"]): int(c["counts"]) for c in counted}
-        return {name: by_number.get(n, 0) for n, name in enumerate(variant.table_names())}
-
-    def landing(self, variant: Variant) -> dict[str, TableLanding]:
-        """Every table's ids as :func:`.landed.landed` reads them back, for the comparison."""
-        out = {}
-        for n, name in enumerate(variant.table_names()):
-            numbers = pc.indices_nonzero(pc.equal(self.table_of, n))
-            ids = pc.binary_join_element_wise("r-", pc.cast(numbers, pa.string()), "")
-            out[name] = TableLanding(ids=sorted_ids(ids), data_files=0, snapshots=0)
-        return out
+    counts: dict[str, int]
 
 
 def produce_backlog(bootstrap: str, variant: Variant, records: int, partitions: int) -> Backlog:
     """Produce the whole backlog to a new topic before any system starts."""
     topic = f"backlog-{variant.tables}-{uuid.uuid4().hex[:6]}"
-    numbers: list[pa.Array] = []
+    counts = [0] * variant.tables
     size = 0
 
     def chunks() -> Iterator[tuple[None, list[bytes]]]:
         nonlocal size
         for tables, values in routed_chunks(variant, records, qualified=True):
-            numbers.append(pa.array(tables, pa.int16()))
+            for table in tables:
+                counts[table] += 1
             size += sum(len(v) for v in values)
             yield None, values
 
     produce_s = produce_chunks(bootstrap, topic, chunks(), partitions)
-    return Backlog(topic, records, size / 1e6, produce_s, pa.chunked_array(numbers, pa.int16()))
+    named = dict(zip(variant.table_names(), counts, strict=True))
+    return Backlog(topic, records, size / 1e6, produce_s, named)
 
 
 def _ours(ctx: RunContext) -> list[str]:
@@ -242,17 +244,19 @@ class SystemFigures:
     cpu_s: float
     peak_rss_mb: float
     role_rss_mb: dict[str, float]
-    rss_first_half_mb: float | None
-    """Peak of the sampled tree RSS in the first half of the time from the first visible table to the
-    drain; with the second half's, whether memory stayed flat while the backlog drained."""
-    rss_second_half_mb: float | None
+    rss_deviation: float | None
+    """From the first table visible to the drain: the tree's RSS's largest distance from its first
+    sample then, as a share of it (``soak.rss_drift``); flat within ``soak.RSS_TOLERANCE``."""
+    rss_slope_mb_per_10min: float | None
     samples: list[Sample]
     rounds: list[CommitRound]
     batches: list[tuple[int, float]]
     """fanout_sink's record-carrying micro-batches: (records, seconds)."""
     commit_jobs: list[tuple[int, float]]
     """fanout_sink's table-commit Spark jobs: (tables, seconds)."""
+    exact: ExactRows
     exact_tables: int
+    """Tables whose visible row count (snapshot summary) equals the records routed to them."""
     median_data_files: float
     median_snapshots: float
     load_start: tuple[float, float, float]
@@ -261,38 +265,32 @@ class SystemFigures:
 
     @property
     def memory_flat(self) -> bool | None:
-        if self.rss_first_half_mb is None or self.rss_second_half_mb is None:
-            return None
-        return self.rss_second_half_mb <= self.rss_first_half_mb * (1 + FLAT_GROWTH)
+        return None if self.rss_deviation is None else self.rss_deviation <= RSS_TOLERANCE
 
     def rounds_over(self, interval_s: float) -> int:
         return sum(1 for r in self.rounds if r.span_s > interval_s)
 
 
-def _halves(samples: list[Sample], start_s: float | None, end_s: float) -> tuple[float | None, float | None]:
-    """Peak RSS of the first and second half of ``[start_s, end_s]``; None without two samples in each."""
-    if start_s is None:
+def _drift(samples: list[Sample], start_s: float | None) -> tuple[float | None, float | None]:
+    """``soak.rss_drift`` over the samples from ``start_s`` on; None without three of them."""
+    judged = [s for s in samples if start_s is not None and s.at_s >= start_s]
+    if len(judged) < 3:
         return None, None
-    middle = (start_s + end_s) / 2
-    first = [s.rss_mb for s in samples if start_s <= s.at_s < middle]
-    second = [s.rss_mb for s in samples if middle <= s.at_s <= end_s]
-    if len(first) < 2 or len(second) < 2:
-        return None, None
-    return max(first), max(second)
+    deviation, slope = rss_drift([s.at_s for s in judged], [s.rss_mb for s in judged])
+    return round(deviation, 3), round(slope, 1)
 
 
-def run_system(
-    key: str, ctx: RunContext, backlog: Backlog, expected: dict[str, TableLanding], sample_s: float
-) -> SystemFigures:
-    """One system from a fresh catalog on the whole backlog, until every table holds its rows."""
+def run_system(key: str, ctx: RunContext, backlog: Backlog, sample_s: float) -> SystemFigures:
+    """One system from a fresh catalog on the whole backlog, until every table holds its rows; then
+    every row is checked (none missing, none twice, each in its record's table)."""
     system = SYSTEMS[key]
     catalog = ctx.prepare()
     command = system.command(ctx)
     tables = ctx.variant.table_names()
-    watch = Watch(ctx.visible(), {t: len(expected[t].ids) for t in tables}, sample_s)
+    watch = Watch(ctx.visible(), backlog.counts, sample_s)
     load_start = os.getloadavg()
     log = ctx.folder / system.log
-    child: ChildRun = run_child(
+    child = run_child(
         command,
         env=ctx.child_env(),
         log=log,
@@ -305,9 +303,15 @@ def run_system(
     watch.poll()
     if not watch.drained():
         raise child.failure(system.name, log, "exited before every row was visible")
-    landing = landed(catalog, tables)
-    check_same_rows((GENERATED, expected), (system.name, landing))
-    first, second = _halves(watch.samples, watch.first_visible_s, child.wall_s)
+    exact = count_rows(catalog, tables, backlog.records, qualified=True)
+    exact_tables = sum(1 for t in tables if watch.rows.get(t) == backlog.counts[t])
+    if not exact.exact or exact_tables != len(tables):
+        raise SystemExit(
+            f"{system.name} did not land the backlog exactly: {exact}, {exact_tables}/{len(tables)} tables "
+            f"at their count; fix: read its log {log}"
+        )
+    deviation, slope = _drift(watch.samples, watch.first_visible_s)
+    facts = table_facts(catalog, tables, watch.started_at)
     text = log.read_text(errors="replace")
     return SystemFigures(
         system=system.name,
@@ -318,15 +322,16 @@ def run_system(
         cpu_s=round(child.cpu_s, 1),
         peak_rss_mb=round(child.peak_rss_mb),
         role_rss_mb={k: round(v) for k, v in child.role_rss_mb.items()},
-        rss_first_half_mb=first,
-        rss_second_half_mb=second,
+        rss_deviation=deviation,
+        rss_slope_mb_per_10min=slope,
         samples=watch.samples,
-        rounds=commit_rounds(catalog, tables, watch.started_at),
+        rounds=facts.rounds,
         batches=[(records, seconds) for _, records, seconds in ours.timed_batches(text)],
         commit_jobs=[(int(n), float(s)) for n, s in _COMMIT_JOB.findall(text)],
-        exact_tables=len(tables),
-        median_data_files=statistics.median(landing[t].data_files for t in tables),
-        median_snapshots=statistics.median(landing[t].snapshots for t in tables),
+        exact=exact,
+        exact_tables=exact_tables,
+        median_data_files=facts.median_data_files,
+        median_snapshots=facts.median_snapshots,
         load_start=load_start,
         load_end=load_end,
         returncode=child.returncode,
@@ -364,7 +369,8 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
         f"--max-offsets-per-trigger {run['max_offsets_per_trigger']:,}, Connect tasks.max {run['cores']}.",
         "",
         "| system | first table visible s | drained s | records/s | MB/s | CPU s | peak RSS tree MB "
-        "| RSS peak 1st / 2nd half of the drain MB | commit rounds | round table-commit span median / max s "
+        "| RSS while draining: largest deviation, slope MB/10 min | commit rounds "
+        "| round table-commit span median / max s "
         f"| rounds over {interval:g} s | micro-batches: n, s median / max | commit jobs s median / max "
         "| data files / snapshots per table (median) | exact | load avg start / end |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---|---|---|---|---|",
@@ -373,15 +379,15 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
         rounds = [r["last_s"] - r["first_s"] for r in s["rounds"]]
         batches = [b[1] for b in s["batches"]]
         jobs = [j[1] for j in s["commit_jobs"]]
-        halves = (
+        drift = (
             "-"
-            if s["rss_first_half_mb"] is None
-            else f"{s['rss_first_half_mb']:,.0f} / {s['rss_second_half_mb']:,.0f}"
+            if s["rss_deviation"] is None
+            else f"{s['rss_deviation']:.0%}, {s['rss_slope_mb_per_10min']:+,.0f}"
         )
         first = "never" if s["first_visible_s"] is None else f"{s['first_visible_s']:.0f}"
         lines.append(
             f"| {s['system']} | {first} | {s['drain_s']:.1f} | {s['records_per_s']:,} | "
-            f"{s['mb_per_s']:.1f} | {s['cpu_s']:.0f} | {s['peak_rss_mb']:,} | {halves} | {len(rounds)} | "
+            f"{s['mb_per_s']:.1f} | {s['cpu_s']:.0f} | {s['peak_rss_mb']:,} | {drift} | {len(rounds)} | "
             f"{_seconds(rounds)} | {sum(1 for r in rounds if r > interval)} | "
             f"{len(batches)}, {_seconds(batches)} | {_seconds(jobs)} | "
             f"{s['median_data_files']:g} / {s['median_snapshots']:g} | "
@@ -395,10 +401,8 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
             lambda s: s["first_visible_s"] is not None and s["first_visible_s"] <= FIRST_VISIBLE_TARGET_S,
         ),
         (
-            f"memory flat (2nd half peak <= 1st half peak + {FLAT_GROWTH:.0%})",
-            lambda s: None
-            if s["rss_first_half_mb"] is None
-            else s["rss_second_half_mb"] <= s["rss_first_half_mb"] * (1 + FLAT_GROWTH),
+            f"memory flat (RSS within {RSS_TOLERANCE:.0%} of its value at the first visible table)",
+            lambda s: None if s["rss_deviation"] is None else s["rss_deviation"] <= RSS_TOLERANCE,
         ),
         (
             f"every round's table commits within the {interval:g} s interval",
@@ -465,7 +469,6 @@ def main(argv: list[str] | None = None) -> int:
         f"({args.partitions} partitions) in {backlog.produce_s:.0f} s",
         flush=True,
     )
-    expected = backlog.landing(variant)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="backlog-"))
     figures = []
     try:
@@ -482,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 folder=work / system,
                 taskset=args.taskset,
             )
-            done = run_system(system, ctx, backlog, expected, args.sample_interval)
+            done = run_system(system, ctx, backlog, args.sample_interval)
             figures.append(done)
             print(
                 f"{done.system}: first table visible at {done.first_visible_s} s, drained in "

@@ -75,6 +75,15 @@ class ExactRows:
         return self.rows == self.produced and not (self.duplicates or self.missing or self.misrouted)
 
 
+def rss_drift(at_s: list[float], rss_mb: list[float]) -> tuple[float, float]:
+    """How far RSS strays from its first sample (the largest distance, as a share of it) and its
+    least-squares slope in MB per 10 minutes: the one judgement of flat memory (the soak's, and the
+    backlog benchmark's while it drains), flat at a deviation within ``RSS_TOLERANCE``."""
+    base = rss_mb[0]
+    deviation = max(abs(mb - base) for mb in rss_mb) / base
+    return deviation, statistics.linear_regression(at_s, rss_mb).slope * 600.0
+
+
 def analyse(
     samples: list[Sample], warm_up_s: float, duration_s: float, rate: float, commit_interval_s: float
 ) -> dict[str, Any]:
@@ -92,8 +101,7 @@ def analyse(
             "fix: a --duration longer than --warm-up by several --sample-interval"
         )
     base = judged[0].rss_mb
-    deviation = max(abs(s.rss_mb - base) for s in judged) / base
-    slope = statistics.linear_regression([s.at_s for s in judged], [s.rss_mb for s in judged]).slope
+    deviation, slope = rss_drift([s.at_s for s in judged], [s.rss_mb for s in judged])
     lags = np.array([s.lag for s in judged], dtype=np.float64)
     lag_max, lag_p99 = float(lags.max()), float(np.percentile(lags, 99))
     lag_bound = rate * LAG_INTERVALS * commit_interval_s
@@ -102,7 +110,7 @@ def analyse(
         "rss_post_warm_up_mb": base,
         "rss_max_mb": max(s.rss_mb for s in judged),
         "rss_max_deviation": deviation,
-        "rss_slope_mb_per_10min": slope * 600.0,
+        "rss_slope_mb_per_10min": slope,
         "largest_process_post_warm_up_mb": judged[0].largest_mb,
         "largest_process_max_mb": max(s.largest_mb for s in judged),
         "lag_max": lag_max,
@@ -121,14 +129,15 @@ def analyse(
     }
 
 
-def count_rows(catalog: Any, tables: list[str], produced: int) -> ExactRows:
+def count_rows(catalog: Any, tables: list[str], produced: int, qualified: bool = False) -> ExactRows:
     """Read ``seq`` and the route field of every data file of every table, one file at a time (a soak
-    lands tens of millions of rows: a flag per record, never the rows themselves, stays in memory)."""
+    lands tens of millions of rows: a flag per record, never the rows themselves, stays in memory).
+    ``qualified``: the route field holds the whole table name (``workload.routed_chunks``)."""
     seen = np.zeros(produced, dtype=bool)
     rows = duplicates = misrouted = stray = 0
     for name in tables:
         table = catalog.load_table(name)
-        route = name.rsplit(".", 1)[1]
+        route = name if qualified else name.rsplit(".", 1)[1]
         for task in table.scan().plan_files():
             if task.delete_files:
                 raise SystemExit(f"--soak: {name} has delete files; the soak's count reads data files only")

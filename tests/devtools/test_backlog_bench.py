@@ -24,6 +24,7 @@ def test_benchmark_drains_a_backlog_and_writes_its_report(bootstrap_servers: str
     (run,) = json.loads((out / "backlog.json").read_text()).values()
     (ours,) = run["systems"]
     assert ours["system"] == backlog.OURS and ours["exact_tables"] == 4
+    assert ours["exact"] == {"produced": 3000, "rows": 3000, "duplicates": 0, "missing": 0, "misrouted": 0}
     assert 0 < ours["first_visible_s"] <= ours["drain_s"]
     # 3,000 records in micro-batches of at most 1,000: the bounded batches the drain is made of.
     assert sum(b[0] for b in ours["batches"]) == 3000 and max(b[0] for b in ours["batches"]) <= 1000
