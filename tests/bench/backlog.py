@@ -77,6 +77,8 @@ class Sample:
     rss_mb: float
     rows: int
     tables: int
+    by_role: dict[str, float]
+    """RSS per process kind (driver JVM, driver Python, Python workers): which one grows."""
 
 
 class Watch:
@@ -109,7 +111,13 @@ class Watch:
             self._sampled = now
             tables = sum(1 for rows in self.rows.values() if rows)
             self.samples.append(
-                Sample(round(now, 1), round(self.usage.rss_mb), sum(self.rows.values()), tables)
+                Sample(
+                    round(now, 1),
+                    round(self.usage.rss_mb),
+                    sum(self.rows.values()),
+                    tables,
+                    {kind: round(mb) for kind, mb in self.usage.role_now_mb.items()},
+                )
             )
         return self.drained()
 
@@ -355,6 +363,12 @@ def _rss_series(samples: list[dict[str, Any]], points: int = 12) -> str:
     return ", ".join(f"{s['at_s']:.0f} s: {s['rss_mb']:,.0f}" for s in picked)
 
 
+def _by_role(samples: list[dict[str, Any]], kind: str) -> str:
+    first_visible = next((x for x in samples if x["tables"]), samples[-1])
+    picked = (samples[0], first_visible, samples[-1])
+    return " -> ".join(f"{x['by_role'].get(kind, 0):,.0f}" for x in picked)
+
+
 def markdown_run(key: str, run: dict[str, Any]) -> str:
     """One run of backlog.json as a markdown section."""
     interval = run["commit_interval_s"]
@@ -414,6 +428,11 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
     lines.append("")
     for s in run["systems"]:
         lines.append(f"RSS of the {s['system']} tree over time: {_rss_series(s['samples'])}.")
+        if s["samples"]:
+            kinds = ", ".join(
+                f"{kind} {_by_role(s['samples'], kind)}" for kind in sorted(s["samples"][-1]["by_role"])
+            )
+            lines.append(f"By process kind, first sample -> at the first visible table -> last: {kinds}.")
         lines.append("")
     return "\n".join(lines)
 
