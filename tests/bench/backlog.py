@@ -4,16 +4,16 @@ Kafka Connect sink.
     PYTHONPATH=tests python -m bench.backlog --records 20000000 --tables 500 --bootstrap-servers HOST:PORT
     PYTHONPATH=tests python -m bench.backlog --records 200000 --tables 50 --systems ours
 
-A sink stopped for a day finds its whole backlog waiting when it starts again. So the records are all
-produced first: one topic of ``--partitions`` partitions (round-robin), the side-by-side benchmark's
-click-like JSON records (``bench.workload``), each naming its table ``bench.t<k>`` in its ``table``
-field, spread over ``--tables`` tables. Both systems route by that field's value, which is how each
-routes hundreds of tables: fanout_sink with ``dynamic.table``, Connect with
-``iceberg.tables.dynamic-enabled``; both into the same pre-created tables (``auto-create`` off for
-both, so neither infers its own types). Each system then starts on the full backlog, into a fresh
-catalog of its own, and runs until every table holds all its rows (SIGTERM then): fanout_sink as
-``fanout-sink run`` in continuous mode with bounded micro-batches (``--max-offsets-per-trigger``),
-Connect standalone with the same commit interval.
+A sink stopped for a day finds its whole backlog waiting when it starts again. So the records are
+all produced first: one topic of ``--partitions`` partitions (round-robin), the side-by-side
+benchmark's click-like JSON records (``bench.workload``, made fast from templates as the soak makes
+them), each naming its table ``bench.t<k>`` in its ``table`` field, spread over ``--tables`` tables.
+Both systems route by that field's value, which is how each routes hundreds of tables: fanout_sink
+with ``dynamic.table``, Connect with ``iceberg.tables.dynamic-enabled``; both into the same pre-
+created tables (``auto-create`` off for both, so neither infers its own types). Each system then
+starts on the full backlog, into a fresh catalog of its own, and runs until every table holds all
+its rows (SIGTERM then): fanout_sink as ``fanout-sink run`` in continuous mode with bounded micro-
+batches (``--max-offsets-per-trigger``), Connect standalone with the same commit interval.
 
 Measured per system, from its start: when the first table became visible (its first snapshot with
 rows, polled through the catalog every second), when the backlog was drained (every table at its
@@ -55,8 +55,8 @@ from bench.end_to_end import produce_chunks
 from bench.landed import VisibleRows
 from bench.proctree import TreeUsage, run_child
 from bench.side_by_side import machine_facts
-from bench.soak import RSS_TOLERANCE, ExactRows, count_rows, rss_drift
-from bench.workload import NAMESPACE, ROUTE_FIELD, Variant, routed_chunks
+from bench.soak import RSS_TOLERANCE, ExactRows, count_rows, record, rss_drift, templates
+from bench.workload import NAMESPACE, ROUTE_FIELD, Variant
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 
@@ -66,6 +66,9 @@ POLL_S = 1.0
 """How often the catalog is polled for visible rows (the resolution of the first-visible time)."""
 MARKER = "<!-- bench.backlog renders everything below this line from backlog.json -->"
 OURS = "fanout_sink"
+TEMPLATES = 20_000
+"""Distinct generated records the backlog is made of (ids and ``seq`` unique; see :func:`produce_backlog`)."""
+CHUNK = 100_000
 _COMMIT_JOB = re.compile(r"commit \S+: (\d+) tables in \d+ Spark task\(s\), (\d+\.\d) s")
 
 
@@ -191,22 +194,28 @@ class Backlog:
 
 
 def produce_backlog(bootstrap: str, variant: Variant, records: int, partitions: int) -> Backlog:
-    """Produce the whole backlog to a new topic before any system starts."""
+    """Produce the whole backlog to a new topic before any system starts.
+
+    Record ``n`` is the soak's template ``n % TEMPLATES`` with id ``r-<n>`` and ``seq`` n
+    (``soak.record``): encoding 20M records one by one as JSON would take this one Python thread ten
+    minutes on the shared machine; the records' other fields repeat every ``TEMPLATES`` records."""
     topic = f"backlog-{variant.tables}-{uuid.uuid4().hex[:6]}"
-    counts = [0] * variant.tables
+    pool = templates(variant, min(records, TEMPLATES), qualified=True)
+    names = variant.table_names()
+    counts = dict.fromkeys(names, 0)
     size = 0
 
     def chunks() -> Iterator[tuple[None, list[bytes]]]:
         nonlocal size
-        for tables, values in routed_chunks(variant, records, qualified=True):
-            for table in tables:
-                counts[table] += 1
+        for start in range(0, records, CHUNK):
+            values = [record(n, pool[n % len(pool)]) for n in range(start, min(records, start + CHUNK))]
             size += sum(len(v) for v in values)
             yield None, values
 
+    for n, (route, _) in enumerate(pool):
+        counts[route.decode()] += len(range(n, records, len(pool)))
     produce_s = produce_chunks(bootstrap, topic, chunks(), partitions)
-    named = dict(zip(variant.table_names(), counts, strict=True))
-    return Backlog(topic, records, size / 1e6, produce_s, named)
+    return Backlog(topic, records, size / 1e6, produce_s, counts)
 
 
 def _ours(ctx: RunContext) -> list[str]:

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from bench import latency, ours
 from bench.context import PARTITIONS, RunContext
 from bench.proctree import TreeUsage
-from bench.workload import ROUTE_FIELD, Variant, value_chunks
+from bench.workload import ROUTE_FIELD, Variant, routed_chunks
 from fanout_sink.catalog import load_catalog
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import source_positions
@@ -153,12 +153,13 @@ def count_rows(catalog: Any, tables: list[str], produced: int, qualified: bool =
     return ExactRows(produced, rows, duplicates + stray, int(produced - seen.sum()), misrouted)
 
 
-def templates(variant: Variant, count: int) -> list[tuple[bytes, bytes]]:
+def templates(variant: Variant, count: int, qualified: bool = False) -> list[tuple[bytes, bytes]]:
     """(route, everything after ``seq``) of ``count`` generated records: a soak sends tens of thousands
     of records a second from one Python thread on a shared machine, where the generator's JSON
-    encoding would be the bottleneck; a record is then one bytes format (see :func:`record`)."""
+    encoding would be the bottleneck; a record is then one bytes format (see :func:`record`).
+    ``qualified`` as in :func:`.workload.routed_chunks`."""
     out = []
-    for chunk in value_chunks(variant, count):
+    for _, chunk in routed_chunks(variant, count, qualified=qualified):
         for value in chunk:
             out.append((json.loads(value)[ROUTE_FIELD].encode(), value[value.index(b',"session"') :]))
     return out
