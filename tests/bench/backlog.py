@@ -437,7 +437,7 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
     lines.append("")
     for s in run["systems"]:
         lines.append(f"RSS of the {s['system']} tree over time: {_rss_series(s['samples'])}.")
-        if s["samples"]:
+        if s["samples"] and len(s["samples"][-1]["by_role"]) > 1:  # Connect is one process: its JVM
             kinds = ", ".join(
                 f"{kind} {_by_role(s['samples'], kind)}" for kind in sorted(s["samples"][-1]["by_role"])
             )
