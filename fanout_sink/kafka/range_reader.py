@@ -16,6 +16,10 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
   per-record dicts (headers, rare, are the exception).
 - ``read_chunks`` hands the range out in tables of at most ``max_records`` records, so a worker's
   memory holds a chunk's working set, not the whole slice (issue 26); ``read`` is all of it at once.
+- ``assigned`` holds a partition group's partitions in one assignment, paused, while a task reads
+  their ranges one after another: a range then starts by resuming its partition, not by a new
+  assignment, whose first fetch waited about a second per partition of a topic the consumer had not
+  been assigned before (each of a whole database's one-partition topics, issue 32).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -84,11 +89,13 @@ DEFAULT_STALL_TIMEOUT_S = 60.0
 
 
 class RangeReader:
-    """One consumer, reassigned for every range it reads; cheap to keep per process and sink.
+    """One consumer, reassigned for every range it reads (or once per partition group, in
+    :meth:`assigned`); cheap to keep per process and sink.
 
     ``group`` is the sink group's id, used only because librdkafka needs one (and named in errors):
     the consumer never joins, subscribes or commits. ``read`` holds a lock, so threads of one
-    process take turns on the single assignment.
+    process take turns on the single assignment; a thread inside :meth:`assigned` holds it until the
+    group is done.
     """
 
     def __init__(
@@ -96,7 +103,10 @@ class RangeReader:
     ) -> None:
         self.group = group
         self.stall_timeout_s = stall_timeout_s
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._paused: dict[tuple[str, int], int | None] | None = None
+        """Inside :meth:`assigned`: each partition of the group and the offset it would be fetched
+        from when resumed (``None``: unknown, so a read seeks first); ``None`` outside."""
         self._consumer = clients.consumer(
             {
                 "group.id": group,
@@ -109,6 +119,29 @@ class RangeReader:
             },
             defaults=fetch_defaults(clients.conf),
         )
+
+    @contextmanager
+    def assigned(self, starts: Sequence[tuple[str, int, int]]) -> Iterator[None]:
+        """Assign every ``(topic, partition, start)`` of a group at once, paused; inside, a
+        :meth:`read_chunks` of one of them resumes just that partition for its range and pauses it
+        again. One assignment for the group: the consumer learns all its topics' leaders together,
+        instead of each range's first fetch waiting about a second for a topic newly assigned
+        alone. Paused partitions fetch nothing, so memory holds one range's records as before."""
+        with self._lock:
+            if self._paused is not None:
+                raise RuntimeError("a RangeReader holds one group's assignment at a time")
+            partitions = [TopicPartition(topic, partition, start) for topic, partition, start in starts]
+            self._consumer.assign(partitions)
+            try:
+                self._consumer.pause(partitions)
+                self._paused = {(topic, partition): start for topic, partition, start in starts}
+                yield
+            finally:
+                self._paused = None
+                # librdkafka keeps a partition's pause across assignments: a later range of it,
+                # assigned alone, would never fetch.
+                self._consumer.resume(partitions)
+                self._consumer.unassign()
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
         """The visible (committed, not aborted) records of ``[start, end)``, offsets ascending."""
@@ -124,23 +157,46 @@ class RangeReader:
         if start >= end:
             return
         limit = max_records if max_records is not None else end - start
-        with self._lock:
+        with self._lock, self._range_assigned(topic, partition, start):
+            pending: list[pa.RecordBatch] = []
+            count = 0
+            for batch in self._read_assigned(topic, partition, start, end):
+                pending.append(batch)
+                count += batch.num_rows
+                while count >= limit:
+                    table = pa.Table.from_batches(pending, RAW_RECORD_SCHEMA)
+                    yield table.slice(0, limit)
+                    rest = table.slice(limit)
+                    pending, count = rest.to_batches(), rest.num_rows
+            if pending:
+                yield pa.Table.from_batches(pending, RAW_RECORD_SCHEMA)
+
+    @contextmanager
+    def _range_assigned(self, topic: str, partition: int, start: int) -> Iterator[None]:
+        """The partition fetching from ``start`` while the range is read: assigned alone, or, inside
+        :meth:`assigned`, resumed (after a seek unless it is paused right there) and paused again."""
+        paused = self._paused
+        if paused is None:
             self._consumer.assign([TopicPartition(topic, partition, start)])
             try:
-                pending: list[pa.RecordBatch] = []
-                count = 0
-                for batch in self._read_assigned(topic, partition, start, end):
-                    pending.append(batch)
-                    count += batch.num_rows
-                    while count >= limit:
-                        table = pa.Table.from_batches(pending, RAW_RECORD_SCHEMA)
-                        yield table.slice(0, limit)
-                        rest = table.slice(limit)
-                        pending, count = rest.to_batches(), rest.num_rows
-                if pending:
-                    yield pa.Table.from_batches(pending, RAW_RECORD_SCHEMA)
+                yield
             finally:
                 self._consumer.unassign()
+            return
+        key = (topic, partition)
+        if key not in paused:
+            raise ValueError(f"{topic}[{partition}] is not one of the assigned group's partitions")
+        if paused[key] != start:
+            # A seek restarts the partition's fetching (~0.1 s): only for a range that does not start
+            # where the group was assigned (a partly delivered slice) or a range read again.
+            self._consumer.seek(TopicPartition(topic, partition, start))
+        # Where it stops is not tracked (the read drops what comes past the end): seek next time.
+        paused[key] = None
+        self._consumer.resume([TopicPartition(topic, partition)])
+        try:
+            yield
+        finally:
+            self._consumer.pause([TopicPartition(topic, partition)])
 
     def _read_assigned(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """One record batch per ``consume`` call, up to the range's end."""
@@ -152,6 +208,8 @@ class RangeReader:
             # Markers and aborted records make what is left smaller than end - position; then the short
             # timeout bounds the wait, and EOF at or past the end finishes the range.
             messages = self._consumer.consume(min(CONSUME_BATCH, end - position), timeout=CONSUME_WAIT_S)
+            if self._paused is not None and messages:
+                messages = _own(messages, topic, partition, self._paused)
             # Comprehensions, not a loop with a body per message: this runs for every record.
             events = [m for m in messages if m.error() is not None]
             records = [m for m in messages if m.error() is None] if events else messages
@@ -192,6 +250,30 @@ class RangeReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _own(
+    messages: list[Message], topic: str, partition: int, paused: dict[tuple[str, int], int | None]
+) -> list[Message]:
+    """The messages of the partition being read (and errors of none), inside `RangeReader.assigned`.
+
+    Only the resumed partition fetches, and pausing one makes librdkafka drop what it had queued
+    for it, so nothing else is expected; a stale message of a partition read before would sit at
+    the head of a batch, so the head and tail are checked (two calls, not two per record) before
+    any filtering. Another partition's message taken from the queue moved its position: it is
+    dropped (its EOF must never end this range) and the partition seeks before its next read."""
+    if all(_belongs(m, topic, partition) for m in (messages[0], messages[-1])):
+        return messages
+    own = [m for m in messages if _belongs(m, topic, partition)]
+    for stranger in messages:
+        if not _belongs(stranger, topic, partition):
+            paused[(str(stranger.topic()), int(stranger.partition() or 0))] = None
+    return own
+
+
+def _belongs(message: Message, topic: str, partition: int) -> bool:
+    """Whether a consumed message (or event) is of the partition, or of no partition at all."""
+    return message.topic() is None or (message.partition() == partition and message.topic() == topic)
 
 
 def _offset(message: Message) -> int:

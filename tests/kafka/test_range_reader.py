@@ -6,9 +6,11 @@ import datetime as dt
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from support.common import CountedConsumer
 
 from fanout_sink.errors import SourceDataLossError
 from fanout_sink.kafka.clients import PRODUCER_ONLY, KafkaClientFactory, consumer_conf
@@ -243,3 +245,74 @@ def test_ranges_of_one_partition_after_another_start_without_waiting_out_a_consu
         assert len(reader.read(topic, partition, 0, 20)) == 20
     # Before: 2 to 3 empty calls per range (0.2 s each). One allowed for the whole run (a loaded machine).
     assert len(empty) <= 1, f"{len(empty)} consume calls came back empty in {partitions - 1} ranges"
+
+
+def _one_partition_topics(
+    bootstrap: str, make_topic: Callable[..., str], count: int, records: int
+) -> list[str]:
+    topics = [make_topic(f"group{n}") for n in range(count)]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for topic in topics:
+        for n in range(records):
+            producer.produce(topic, value=f"{topic}:{n}".encode(), partition=0)
+    producer.flush(30)
+    return topics
+
+
+def test_a_groups_ranges_of_many_topics_are_read_from_one_assignment(
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    reader: RangeReader,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition group of a whole database's one-partition topics (issue 32): each range assigned
+    alone began with ~4 empty consume calls, waiting for its new topic's first fetch (~1 s per
+    partition). The group is assigned once, paused, and each range resumes its partition. Not timed:
+    assignments, seeks and empty consume calls are counted on the real consumer."""
+    topics = _one_partition_topics(bootstrap_servers, make_topic, 8, 20)
+    counted = CountedConsumer(reader._consumer)
+    monkeypatch.setattr(reader, "_consumer", counted)
+
+    with reader.assigned([(topic, 0, 0) for topic in topics]):
+        first = reader.read(topics[0], 0, 0, 20)  # waits for the topics' leaders, once for the group
+        empty_after_first = counted.calls["empty"]
+        rest = [reader.read(topic, 0, 0, 20) for topic in topics[1:]]
+    for topic, table in zip(topics, [first, *rest], strict=True):
+        assert table["value"].to_pylist() == [f"{topic}:{n}".encode() for n in range(20)]
+        assert set(table["topic"].to_pylist()) == {topic}
+    assert (counted.calls["assign"], counted.calls["unassign"], counted.calls["seek"]) == (1, 1, 0)
+    # Before: 2 to 5 empty calls per newly assigned topic. One allowed for the 7 (a loaded machine).
+    waited = counted.calls["empty"] - empty_after_first
+    assert waited <= 1, f"{waited} consume calls came back empty in 7 ranges of one assignment"
+
+
+def test_inside_a_group_a_range_is_exact_wherever_it_starts_and_however_often_it_is_read(
+    bootstrap_servers: str, make_topic: Callable[..., str], reader: RangeReader
+) -> None:
+    """A partly delivered slice starts past the assigned offset, a slice written again reads its range
+    again, other partitions with records stay paused, a marker-ended range ends at its EOF; a
+    partition outside the group is refused, and after the group single ranges read as before."""
+    topic = make_topic("in-group", partitions=3)
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    for partition in range(3):
+        for n in range(30):
+            producer.produce(topic, value=f"{partition}:{n}".encode(), partition=partition)
+    producer.flush(30)
+    marked = make_topic("in-group-marked")
+    _transactions(bootstrap_servers, marked, [([b"m0", b"m1"], True)])  # 0-1 records, 2 the marker
+
+    def values(table: Any) -> list[bytes]:
+        return list(table["value"].to_pylist())
+
+    with reader.assigned([(topic, 0, 0), (topic, 1, 0), (topic, 2, 10), (marked, 0, 0)]):
+        assert values(reader.read(topic, 1, 0, 30)) == [f"1:{n}".encode() for n in range(30)]
+        assert values(reader.read(topic, 0, 5, 12)) == [f"0:{n}".encode() for n in range(5, 12)]
+        assert values(reader.read(topic, 0, 12, 14)) == [b"0:12", b"0:13"]
+        assert values(reader.read(topic, 1, 28, 30)) == [b"1:28", b"1:29"]  # read again
+        chunks = list(reader.read_chunks(topic, 2, 10, 30, max_records=8))
+        assert [len(c) for c in chunks] == [8, 8, 4]
+        assert values(pa.concat_tables(chunks)) == [f"2:{n}".encode() for n in range(10, 30)]
+        assert values(reader.read(marked, 0, 0, 3)) == [b"m0", b"m1"]
+        with pytest.raises(ValueError, match=r"not one of the assigned group's partitions"):
+            reader.read(marked, 1, 0, 1)
+    assert values(reader.read(topic, 2, 0, 3)) == [b"2:0", b"2:1", b"2:2"]

@@ -218,6 +218,26 @@ def run_batch(
     return results
 
 
+class CountedConsumer:
+    """A real consumer that counts the calls which (re)start fetching (``assign``, ``unassign``,
+    ``seek``) and the ``consume`` calls that came back without a message: what a range read waits
+    for, counted instead of timed."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+        self.calls: dict[str, int] = {"assign": 0, "unassign": 0, "seek": 0, "empty": 0}
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        messages = self._consumer.consume(num_messages, timeout)
+        self.calls["empty"] += not messages
+        return list(messages)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.calls:
+            self.calls[name] += 1
+        return getattr(self._consumer, name)
+
+
 def run_planned_batch(
     worker: SliceWorker,
     bootstrap: str,
