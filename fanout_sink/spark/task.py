@@ -5,8 +5,8 @@ partition group (an RDD element, never Kafka rows: the micro-batch DataFrame of 
 source is never executed). The task's worker fences, reads the delivered offsets, and only then
 reads what is left of each range with librdkafka
 (:class:`~fanout_sink.kafka.range_reader.RangeReader`, the group's partitions in one assignment)
-straight into Arrow, one slice after another, in one transaction. What it did travels back to the driver as a pickled
-:class:`SliceReport` per slice.
+straight into Arrow, one slice after another, in one transaction. What it did travels back to the
+driver as a pickled :class:`SliceReport` per slice.
 
 ``FANOUT_SINK_PROFILE=<dir>`` (in the app's environment, which local executors inherit) runs every
 task under cProfile (wall clock, its default: waits on the broker show too) and dumps

@@ -37,7 +37,7 @@ def test_a_task_reads_its_group_of_one_partition_topics_from_one_assignment(
         def __init__(self, clients: KafkaClientFactory, group: str) -> None:
             super().__init__(clients, group)
             consumers.append(CountedConsumer(self._consumer))
-            self._consumer = consumers[-1]  # type: ignore[assignment]
+            self._consumer = consumers[-1]
 
     monkeypatch.setattr(task, "RangeReader", CountingReader)
     # Freezing the collector is process-wide: not in the test process (tests/spark/test_task_state.py).
