@@ -104,6 +104,8 @@ class RangeReader:
         self.group = group
         self.stall_timeout_s = stall_timeout_s
         self._lock = threading.RLock()
+        self._group: list[TopicPartition] = []
+        """Inside :meth:`assigned`: the group's partitions at their starts; empty outside."""
         self._paused: dict[tuple[str, int], int | None] | None = None
         """Inside :meth:`assigned`: each partition of the group and the offset it would be fetched
         from when resumed (``None``: unknown, so a read seeks first); ``None`` outside."""
@@ -128,20 +130,24 @@ class RangeReader:
         instead of each range's first fetch waiting about a second for a topic newly assigned
         alone. Paused partitions fetch nothing, so memory holds one range's records as before."""
         with self._lock:
-            if self._paused is not None:
+            if self._group:
                 raise RuntimeError("a RangeReader holds one group's assignment at a time")
-            partitions = [TopicPartition(topic, partition, start) for topic, partition, start in starts]
-            self._consumer.assign(partitions)
+            self._group = [TopicPartition(topic, partition, start) for topic, partition, start in starts]
             try:
-                self._consumer.pause(partitions)
-                self._paused = {(topic, partition): start for topic, partition, start in starts}
+                self._assign_group()
                 yield
             finally:
-                self._paused = None
                 # librdkafka keeps a partition's pause across assignments: a later range of it,
                 # assigned alone, would never fetch.
-                self._consumer.resume(partitions)
+                self._consumer.resume(self._group)
+                self._group, self._paused = [], None
                 self._consumer.unassign()
+
+    def _assign_group(self) -> None:
+        """The group's partitions assigned at their starts, all paused."""
+        self._consumer.assign(self._group)
+        self._consumer.pause(self._group)
+        self._paused = {(p.topic, p.partition): p.offset for p in self._group}
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
         """The visible (committed, not aborted) records of ``[start, end)``, offsets ascending."""
@@ -195,6 +201,11 @@ class RangeReader:
         self._consumer.resume([TopicPartition(topic, partition)])
         try:
             yield
+        except Exception:
+            # A failed fetch can leave the partition in a state no seek leaves (an offset out of
+            # range): the group is assigned afresh, so a later read of any of its ranges starts clean.
+            self._assign_group()
+            raise
         finally:
             self._consumer.pause([TopicPartition(topic, partition)])
 

@@ -99,6 +99,11 @@ def test_a_range_whose_start_was_deleted_fails_naming_the_loss(
     assert f"{topic}[0]" in message and "offsets 2..4 were deleted" in message and "\n  fix: " in message
     # What is still there reads as before.
     assert reader.read(topic, 0, 5, 10)["value"].to_pylist() == [f"v{n}".encode() for n in range(5, 10)]
+    # The same inside a group's assignment: the loss surfaces when the partition is resumed.
+    with reader.assigned([(topic, 0, 2)]):
+        with pytest.raises(SourceDataLossError):
+            reader.read(topic, 0, 2, 10)
+        assert reader.read(topic, 0, 6, 8)["value"].to_pylist() == [b"v6", b"v7"]
 
 
 def _utc(millis: int) -> dt.datetime:
