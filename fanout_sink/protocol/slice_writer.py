@@ -157,14 +157,15 @@ class SliceWriter:
 
         Each slice's ``result`` gets the counts of the last write (a write again starts them over)."""
         planned = parts[0].planned  # names the group in messages and fault points
-        for attempt in range(1, TABLE_CHECKS + 1):
-            written = self._write_in_time(parts, process)
-            # Right before the transaction: are the tables still the ones the files were written
-            # for? A processor's cached table outlives a drop and recreate, and files for the old
-            # uuid would never be the new table's.
-            changed = self._changed_tables(written.tables) if attempt < TABLE_CHECKS else {}
-            if not changed:
-                break
+        checks = stalls = 0
+        while True:
+            written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
+            written = self._write(parts, process)
+            fault_point("worker.after-write-files", topic=planned.topic, partition=planned.partition)
+            checks += 1
+            # Are the tables still the ones the files were written for? A processor's cached table
+            # outlives a drop and recreate, and files for the old uuid would never be the new table's.
+            changed = self._changed_tables(written.tables) if checks < TABLE_CHECKS else {}
             for identifier, current in changed.items():
                 log.warning(
                     "%s: table %s was %s since it was loaded; writing the slice again",
@@ -180,7 +181,13 @@ class SliceWriter:
                 )
                 if written.table_changed is not None:
                     written.table_changed(identifier, current)
-        return written
+            if changed:
+                continue
+            # The age last, after the catalog calls above: a catalog load that hangs past the orphan
+            # age must not let the transaction name files cleanup may have deleted (issue 33 item 3).
+            if not self._stalled(written_at, planned, stalls):
+                return written
+            stalls += 1
 
     def _chunks(self, part: SliceInput) -> Iterator[pa.Table]:
         """The slice's records left to deliver, chunk by chunk; read anew for every write."""
@@ -205,18 +212,6 @@ class SliceWriter:
             close = getattr(got, "close", None)
             if close is not None:  # a reader's generator releases its assignment
                 close()
-
-    def _write_in_time(self, parts: Sequence[SliceInput], process: SliceProcessor) -> SliceWrite:
-        """:meth:`_write`, again while the files come out too old to commit."""
-        stalls = 0
-        planned = parts[0].planned
-        while True:
-            written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
-            written = self._write(parts, process)
-            fault_point("worker.after-write-files", topic=planned.topic, partition=planned.partition)
-            if not self._stalled(written_at, planned, stalls):
-                return written
-            stalls += 1
 
     def _stalled(self, written_at: float, planned: Slice, stalls: int) -> bool:
         """Whether the slice's files are too old to commit: an unannounced file older than orphan

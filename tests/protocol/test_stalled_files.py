@@ -46,6 +46,42 @@ def test_a_slice_that_stalls_past_half_the_orphan_age_writes_its_files_again(
     assert table_ids(catalog, "a") == list(range(10))
 
 
+def test_a_catalog_stall_after_the_write_is_caught_by_the_age_check_right_before_the_commit(
+    sink_factory: SinkFactory, catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 item 3. Real: broker, SQL catalog, worker, orphan cleanup, coordinator. Simulated:
+    the catalog load of the worker's table re-check hangs past the orphan age while cleanup runs."""
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="catstall")
+    produce_json(sink.bootstrap, sink.topic, 0, [{"id": i, "table": "a"} for i in range(10)])
+    written: list[bool] = []
+    stalled: list[bool] = []
+    removed: list[str] = []
+    load_table = type(catalog).load_table
+
+    def stalling_load(self: Any, identifier: Any) -> Any:
+        if written and not stalled:  # the re-check after the files were written, once
+            stalled.append(True)
+            time.sleep(2.5)  # longer than cleanup's safety age
+            results = orphans.clean_tables(
+                catalog, {"sink.a": timedelta(seconds=1)}, lambda: orphans.pending_files(sink.channel)
+            )
+            removed.extend(results["sink.a"].removed)
+        return load_table(self, identifier)
+
+    monkeypatch.setattr(type(catalog), "load_table", stalling_load)
+    worker = sink.worker(file_age_limit_s=4.0)
+    with faults.register("worker.after-write-files", lambda **_: written.append(True)):
+        sink.batch(worker)
+    worker.close()
+    monkeypatch.undo()
+    assert removed, "cleanup took the unannounced files while the catalog hung"
+    coordinator = sink.coordinator()
+    result = coordinator.commit_round()
+    coordinator.close()
+    assert result.tables["sink.a"].outcome == "committed" and result.tables["sink.a"].missing_files == 0
+    assert table_ids(catalog, "a") == list(range(10))
+
+
 def test_the_coordinator_never_appends_a_file_that_is_gone(
     sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
