@@ -23,6 +23,7 @@ loaded table metadata:
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,8 @@ and creating a table (or renaming it aside and creating a new one) leaves a mome
 and a round that meets it would otherwise quarantine rows the new table should get (chaos found it)."""
 
 QUARANTINE_FOLDER = "_fanout_sink_quarantine"
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+"""A refused file is copied to quarantine in chunks of this size: the driver never holds it whole."""
 
 
 @dataclass
@@ -201,8 +204,14 @@ class TableCommitter:
         """The refused files copied where cleanup cannot take them; how the ERROR says where they are."""
         try:
             copies = quarantine(io, paths, self.sink)
-        except OSError as exc:  # the ERROR still names the originals
-            return f"copying them to a quarantine folder failed ({exc}); they stay only until orphan cleanup"
+        except OSError as exc:
+            # Settling the table would let the low watermark pass the files and orphan cleanup take
+            # the only copy: the table's round fails instead, its files stay pending and are retried.
+            raise TableError(
+                f"copying {len(paths)} refused file(s) to the quarantine folder failed ({exc}); they stay "
+                f"pending and the table's round is retried: {', '.join(paths)}.\n  fix: make "
+                f"{quarantine_path(paths[0], self.sink).rpartition('/')[0]} writable"
+            ) from exc
         return f"copied to {', '.join(copies)} (outside every table location: no cleanup removes them)"
 
     def _rewrite_stale(self, table: Table, stale: list[PendingFiles], outcome: TableCommit) -> list[DataFile]:
@@ -330,9 +339,7 @@ def quarantine(io: FileIO, paths: Sequence[str], sink: str) -> list[str]:
     for path in paths:
         target = quarantine_path(path, sink)
         if not io.new_input(target).exists():
-            with io.new_input(path).open() as source:
-                data = source.read()
-            with io.new_output(target).create(overwrite=True) as stream:
-                stream.write(data)
+            with io.new_input(path).open() as source, io.new_output(target).create(overwrite=True) as stream:
+                shutil.copyfileobj(source, stream, COPY_CHUNK_BYTES)  # never a whole file in memory
         copies.append(target)
     return copies

@@ -33,6 +33,7 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults, status
 from fanout_sink.protocol import orphans, table_state
+from fanout_sink.protocol.table_commit import quarantine_path
 from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import TableRows
 
@@ -263,6 +264,27 @@ def test_files_for_a_table_that_is_gone_are_kept_where_cleanup_cannot_take_them(
     [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     catalog.create_table(f"{NAMESPACE}.a", schema=TABLE_SCHEMA)  # recreated at the same location
     _assert_quarantine_outlives_cleanup(catalog, sink, error, rows=3)
+
+
+def test_a_quarantine_copy_that_fails_keeps_the_files_pending_until_it_succeeds(
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """Issue 33 item 4. Real: broker, SQL catalog, worker, coordinator, a file in the way of the
+    quarantine folder (the copy fails with an OSError)."""
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="qfail")
+    _write_three_rows_then_drop_the_table(sink, bootstrap_servers, catalog)
+    pending = orphans.pending_files(sink.channel)
+    blocker = Path(quarantine_path(sorted(pending)[0], sink.channel.sink).split("://")[-1]).parents[2]
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("in the way")
+    coordinator = sink.coordinator()
+    outcome = coordinator.commit_round().tables[f"{NAMESPACE}.a"]
+    assert outcome.outcome == "failed" and "quarantine" in (outcome.error or "")
+    assert orphans.pending_files(sink.channel) == pending, "the only copies stay pending"
+    blocker.unlink()
+    outcome = coordinator.commit_round().tables[f"{NAMESPACE}.a"]
+    coordinator.close()
+    assert (outcome.outcome, outcome.refused_files) == ("table-missing", 1)
 
 
 def test_rows_an_old_table_already_holds_are_not_rewritten_into_its_successor_after_a_restart(
