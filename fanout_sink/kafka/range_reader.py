@@ -109,6 +109,8 @@ class RangeReader:
         self._paused: dict[tuple[str, int], int | None] | None = None
         """Inside :meth:`assigned`: each partition of the group and the offset it would be fetched
         from when resumed (``None``: unknown, so a read seeks first); ``None`` outside."""
+        self._failed = False
+        """A read inside the group failed: the next read assigns the group afresh, at its own start."""
         self._consumer = clients.consumer(
             {
                 "group.id": group,
@@ -140,7 +142,7 @@ class RangeReader:
                 # librdkafka keeps a partition's pause across assignments: a later range of it,
                 # assigned alone, would never fetch.
                 self._consumer.resume(self._group)
-                self._group, self._paused = [], None
+                self._group, self._paused, self._failed = [], None, False
                 self._consumer.unassign()
 
     def _assign_group(self) -> None:
@@ -192,6 +194,18 @@ class RangeReader:
         key = (topic, partition)
         if key not in paused:
             raise ValueError(f"{topic}[{partition}] is not one of the assigned group's partitions")
+        if self._failed:
+            # A failed fetch can leave the partition in a state no seek leaves (an offset out of
+            # range), and a seek right after a new assignment fails with ERR__STATE until librdkafka
+            # has started the partition: the group is assigned afresh with this range's start.
+            self._group = [
+                TopicPartition(p.topic, p.partition, start if (p.topic, p.partition) == key else p.offset)
+                for p in self._group
+            ]
+            self._assign_group()
+            self._failed = False
+            paused = self._paused
+            assert paused is not None
         if paused[key] != start:
             # A seek restarts the partition's fetching (~0.1 s): only for a range that does not start
             # where the group was assigned (a partly delivered slice) or a range read again.
@@ -202,9 +216,7 @@ class RangeReader:
         try:
             yield
         except Exception:
-            # A failed fetch can leave the partition in a state no seek leaves (an offset out of
-            # range): the group is assigned afresh, so a later read of any of its ranges starts clean.
-            self._assign_group()
+            self._failed = True  # the next read of the group starts from a fresh assignment
             raise
         finally:
             self._consumer.pause([TopicPartition(topic, partition)])
