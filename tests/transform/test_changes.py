@@ -359,9 +359,8 @@ def test_the_table_after_any_slices_is_the_model(
 # One dynamic route, many tables: key columns from the Kafka message keys
 
 
-def test_a_dynamic_route_replicates_tables_keyed_by_their_message_keys(
-    catalog_settings: CatalogSettings, catalog: Any
-) -> None:
+def _database_processor(catalog_settings: CatalogSettings, catalog: Any) -> RoutingProcessor:
+    """One dynamic route over a database's Debezium topics, each table keyed by its message keys."""
     config = parse_config(
         {
             "name": "cdc",
@@ -376,7 +375,13 @@ def test_a_dynamic_route_replicates_tables_keyed_by_their_message_keys(
         },
         "sink.yaml",
     )
-    process = build_processor(config, catalog)
+    return build_processor(config, catalog)
+
+
+def test_a_dynamic_route_replicates_tables_keyed_by_their_message_keys(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    process = _database_processor(catalog_settings, catalog)
 
     def event(table: str, op: str, row: dict[str, Any]) -> bytes:
         before, after = (row, None) if op == "d" else (None, row)
@@ -454,21 +459,7 @@ def test_one_odd_message_key_is_a_dead_letter_not_its_whole_slice(
     """Issue 33 item 2: the key columns belong to the table. One record keyed ``{"id": 4, "v": 1}``
     among records keyed ``{"id": n}`` made the key ``(id, v)`` and dead-lettered every record of the
     slice as missing ``v``; now that record alone is the bad one, for a new table and an existing one."""
-    config = parse_config(
-        {
-            "name": "cdc",
-            "source": {"pattern": "^dbserver1\\..*"},
-            "catalog": catalog_settings.model_dump(),
-            "dynamic": {
-                "table": "join('.', ['crm', source.table])",
-                "auto-create": True,
-                "changes": {"format": "debezium"},
-            },
-            "dead-letter": {"topic": "dlq"},
-        },
-        "sink.yaml",
-    )
-    process = build_processor(config, catalog)
+    process = _database_processor(catalog_settings, catalog)
 
     def items(ids: range, odd: int) -> RoutedSlice:
         rows = [{"id": n, "v": n * 10} for n in ids]
