@@ -135,7 +135,7 @@ class SinkApp:
         # The coordinator needs no Spark: it opens its producer, catalog and control-topic position
         # while the driver JVM starts, instead of after it.
         with ThreadPoolExecutor(1, thread_name_prefix="fanout-sink-start") as starter:
-            coordinator = starter.submit(self._start_coordinator, list(self.config.source.topics))
+            coordinator = starter.submit(self._start_coordinator)
             try:
                 spark = build_spark_session(
                     self.config.catalog,
@@ -222,12 +222,12 @@ class SinkApp:
         planner prototype (``tests/bench/python_source``) puts a Python data source here."""
         return read_stream(spark, self.config, starting, limit)
 
-    def _start_coordinator(self, topics: list[str]) -> Coordinator:
+    def _start_coordinator(self) -> Coordinator:
         control = self.config.control
         coordinator = Coordinator(
             channel=SinkChannel.from_config(self.config),
             catalog=load_catalog(self.config.catalog),
-            source_topics=topics,
+            source_topics=list(self.config.source.topics),
             source_pattern=self.config.source.pattern,
             commit_interval_s=control.commit_interval.total_seconds(),
             commit_timeout_s=control.commit_timeout.total_seconds(),
