@@ -150,9 +150,7 @@ def test_a_finished_batch_is_committed_without_waiting_for_the_commit_interval(
     app = _start_streaming(sink_run)
     try:
         _read_until(app, "batch 0:")
-        deadline = time.monotonic() + 120  # a bound for a loaded machine, not a measured time
-        while not (visible := _holds_expected(sink_run)) and time.monotonic() < deadline:
-            time.sleep(1)
+        visible = _holds_expected_within(sink_run, 120)
     finally:
         app.send_signal(signal.SIGTERM)
         _, rest = app.communicate(timeout=180)
@@ -181,15 +179,22 @@ def test_a_topic_created_while_running_lands_without_a_restart(
         sink_run.topics["clicks"] = create_named_topic(bootstrap_servers, f"{prefix}.clicks", 2)
         sink_run.produce(300)
         assert sink_run.expected["shop.clicks"], "the new topic got records"
-        deadline = time.monotonic() + 180  # a bound for a loaded machine, not a measured time
-        while not (landed := _holds_expected(sink_run)) and time.monotonic() < deadline:
-            time.sleep(1)
+        landed = _holds_expected_within(sink_run, 180)
     finally:
         app.send_signal(signal.SIGTERM)
         _, rest = app.communicate(timeout=180)
     assert app.returncode == 0, rest[-3000:]
     assert landed, "the new topic's records did not land while the app ran"
     sink_run.assert_exact()
+
+
+def _holds_expected_within(sink_run: SinkUnderTest, seconds: float) -> bool:
+    """Whether the tables come to hold their expected ids within ``seconds`` (a bound for a loaded
+    machine, not a measured time), looking once a second while the app runs."""
+    deadline = time.monotonic() + seconds
+    while not (held := _holds_expected(sink_run)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return held
 
 
 def _holds_expected(sink_run: SinkUnderTest) -> bool:
