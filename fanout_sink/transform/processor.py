@@ -261,7 +261,7 @@ class RoutingProcessor:
         if table is None:
             return
         table = self.tables.evolve(name, table, rows, settings)
-        converted = convert(rows, table.schema().as_arrow(), Matching.of(settings.conversion))
+        converted = convert(rows, self.tables.arrow_schema(table), Matching.of(settings.conversion))
         failures.extend(
             _Failure(int(origin[pos]), "convert", reason, table=name, column=column)
             for pos, column, reason in converted.failures
@@ -353,7 +353,7 @@ class RoutingProcessor:
             return
         if upserts.num_rows:
             table = self.tables.evolve(name, table, upserts, settings)
-        schema = table.schema().as_arrow()
+        schema = self.tables.arrow_schema(table)
         converted = convert(upserts, schema, matching)
         keys = convert(deletes, pa.schema([schema.field(k) for k in key]), matching)
         for part, part_origin in ((converted, upsert_origin), (keys, delete_origin)):
