@@ -273,8 +273,10 @@ def render_text(status: SinkStatus) -> str:
         )
     lines += ["", "source partitions:"]
     if status.source_pattern is not None:
-        matched = ", ".join(status.source_topics) or "no topic"
-        lines.append(f"  pattern {status.source_pattern} matches {matched} now")
+        # Each matched topic is named with its partitions below: a database's thousand topics once.
+        count = len(status.source_topics)
+        topics = "1 topic" if count == 1 else f"{count} topics"
+        lines.append(f"  pattern {status.source_pattern} matches {topics} now")
     if not status.partitions:
         lines.append("  (no source topic found)")
     for p in status.partitions:
