@@ -20,6 +20,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
+from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import datafiles
 from fanout_sink.protocol.rolling_files import RollingFiles, WrittenTable
 
@@ -157,3 +158,55 @@ def test_a_schema_change_between_chunks_closes_the_files_of_the_former_schema(ca
     _append(table, written)
     rows = catalog.load_table("w.evolve").scan().to_arrow().to_pylist()
     assert sorted((r["id"], r["extra"]) for r in rows) == [(i, None if i < 10 else "x") for i in range(20)]
+
+
+def test_a_tables_small_chunks_leave_in_one_row_group_written_once(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink routing to hundreds of tables gives each a few rows per chunk. Written chunk by chunk,
+    each file was made of row groups that small (one per chunk: readers pay per row group) and each
+    chunk paid the table's conversion and a Parquet write (issue 34). Held until a row group's worth
+    (or the end of the slice), they leave as one row group, converted once; a second slice over the
+    same table derives its file layout from the cache, not anew."""
+    catalog.create_namespace("w")
+    table = catalog.create_table("w.small", schema=SCHEMA)
+    checks: list[int] = []
+    check = pyiceberg_internals.check_schema_compatible
+    monkeypatch.setattr(
+        pyiceberg_internals, "check_schema_compatible", lambda *a: checks.append(1) or check(*a)
+    )
+    for _ in range(2):
+        rolling = RollingFiles()
+        for n in range(50):
+            rolling.add("w.small", table, _chunk(n * 20, 20))
+        assert rolling.held_bytes > 0, "nothing written before a row group's worth"
+        written = rolling.finish()["w.small"]
+        (record,) = written.records
+        data_file = datafiles.from_record(record, table)
+        parquet = pq.ParquetFile(data_file.file_path.removeprefix("file://"))
+        assert parquet.metadata.num_row_groups == 1
+        assert sorted(parquet.read(columns=["id"])["id"].to_pylist()) == list(range(1000))
+        assert data_file.record_count == written.rows == 1000
+    assert len(checks) == 1, "one check of the table's schema against the rows', for both slices"
+
+
+def test_rows_held_over_many_tables_stay_within_the_budget_and_all_land(catalog: Any) -> None:
+    """Held rows are bounded for the whole slice write, not per table: over the budget the largest
+    tables' rows are written, so 40 tables of held rows cost at most the budget, and every row still
+    lands once."""
+    catalog.create_namespace("w")
+    tables = {f"w.t{n}": catalog.create_table(f"w.t{n}", schema=SCHEMA) for n in range(40)}
+    budget = _chunk(0, 100).nbytes * 8
+    rolling = RollingFiles(buffer_bytes=budget)
+    for chunk in range(10):
+        for n, (name, table) in enumerate(tables.items()):
+            rolling.add(name, table, _chunk(chunk * 100 + n * 1000 * 1000, 25 + n))
+            assert rolling.held_bytes <= budget
+    written = rolling.finish()
+    assert rolling.held_bytes == 0
+    for n, (name, table) in enumerate(tables.items()):
+        restored = _append(table, written[name])
+        assert sum(f.record_count for f in restored) == written[name].rows == 10 * (25 + n)
+        ids = sorted(catalog.load_table(name).scan().to_arrow()["id"].to_pylist())
+        first = n * 1000 * 1000
+        assert ids == sorted(first + chunk * 100 + i for chunk in range(10) for i in range(25 + n))
