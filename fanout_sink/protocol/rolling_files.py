@@ -69,10 +69,13 @@ def target_file_bytes(table: Table) -> int:
 
 @dataclass
 class WrittenTable:
-    """One append table's files of a slice: what its ``DataWritten`` events announce."""
+    """One append table's files of a slice written for one table uuid: what its ``DataWritten``
+    events announce, under that uuid. A table dropped and recreated between chunks numbers its
+    fields anew, so files of the old one must not go out as the new one's (field id 2 read as
+    another column): the coordinator rewrites them by column name or refuses them."""
 
     table: Table
-    """The table as last handed in (same uuid for every chunk; a newer schema after evolution)."""
+    """The table the files were written with, as last written (a newer schema after evolution)."""
     records: list[ev.DataFileRecord] = field(default_factory=list)
     rows: int = 0
 
@@ -259,7 +262,7 @@ class RollingFiles:
         self.buffer_bytes = buffer_bytes
         self._names = _FileNames()
         self._writers: dict[str, _TableWriter] = {}
-        self._written: dict[str, WrittenTable] = {}
+        self._written: dict[str, list[WrittenTable]] = {}
 
     def add(self, identifier: str, table: Table, rows: pa.Table) -> None:
         """Write one chunk's rows of a table into its open files, closing each that gets full."""
@@ -269,14 +272,14 @@ class RollingFiles:
         if writer is not None and (
             writer.schema != rows.schema or writer.table.metadata.table_uuid != table.metadata.table_uuid
         ):
-            # The table evolved between chunks: the files so far hold its former schema and are
-            # closed as they are (Iceberg reads old files by field id), so that one file holds one schema.
+            # The table evolved or was recreated between chunks: the files so far hold its former
+            # schema and are closed as they are (Iceberg reads old files by field id; the coordinator
+            # rewrites a former table's files by name), so that one file holds one schema.
             self._record(identifier, writer.table, writer.close())
             writer = None
         if writer is None:
             writer = self._writers[identifier] = _TableWriter(table, rows.schema, self._names)
-        self._record(identifier, table, writer.write(rows))
-        self._written[identifier].rows += rows.num_rows
+        self._record(identifier, writer.table, writer.write(rows)).rows += rows.num_rows
         self._within_budget()
 
     @property
@@ -296,8 +299,9 @@ class RollingFiles:
             held -= writer.held_bytes
             self._record(identifier, writer.table, writer.flush())
 
-    def finish(self) -> dict[str, WrittenTable]:
-        """Close every open file; per table, its files of the slice."""
+    def finish(self) -> dict[str, list[WrittenTable]]:
+        """Close every open file; per table, its files of the slice by the table uuid they were
+        written for (one, unless the table was recreated meanwhile), in the order written."""
         for identifier in list(self._writers):
             writer = self._writers[identifier]
             self._record(identifier, writer.table, writer.close())
@@ -311,7 +315,12 @@ class RollingFiles:
             writer.discard()
         self._writers.clear()
 
-    def _record(self, identifier: str, table: Table, files: list[DataFile]) -> None:
-        written = self._written.setdefault(identifier, WrittenTable(table))
+    def _record(self, identifier: str, table: Table, files: list[DataFile]) -> WrittenTable:
+        """``files`` of ``table`` (the one that wrote them) added to that table uuid's files."""
+        tables = self._written.setdefault(identifier, [])
+        if not tables or tables[-1].table.metadata.table_uuid != table.metadata.table_uuid:
+            tables.append(WrittenTable(table))
+        written = tables[-1]
         written.table = table
         written.records += [datafiles.to_record(f, table) for f in files]
+        return written

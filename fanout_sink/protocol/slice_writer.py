@@ -262,10 +262,11 @@ class SliceWriter:
             rolling.discard()
             raise
         results = {part.planned: part.result for part in parts}
-        for identifier, files in written.items():
+        for identifier, incarnations in written.items():
             last = out.last_slice[identifier]
-            results[last].files[identifier] = len(files.records)
-            out.events += self._announce(self._data_written(files.table, last), files.records)
+            results[last].files[identifier] = sum(len(files.records) for files in incarnations)
+            for files in incarnations:  # each file under the uuid it was written for
+                out.events += self._announce(self._data_written(files.table, last), files.records)
         return out
 
     def _write_chunk(

@@ -9,7 +9,8 @@ loaded table metadata:
   aside), the floor its last ``CommitToTable`` announced (:meth:`CommitState.owed`).
 - Dropped-and-recreated tables: files carry the table uuid they were written for; files for
   another uuid are never appended as they are (Iceberg also asserts the uuid at commit): their rows
-  are rewritten into the new table when the columns fit, else an ERROR names the files. Files that
+  are rewritten into the new table when the columns fit (a change event's as its change set, resolved
+  with the others), else an ERROR names the files. Files that
   do not fit, or whose table is gone, are copied to a quarantine folder no cleanup reaches.
 - Announced files that no longer exist are left out (an ERROR names them): the table stays readable.
 - Change tables: the round's changes are resolved into position deletes (last change wins).
@@ -111,9 +112,13 @@ class TableCommitter:
             appends = [
                 datafiles.from_record(r, table) for p in current if not p.event.key for r in p.event.files
             ]
-            if stale:
-                appends += self._rewrite_stale(table, stale, outcome)
-            changes = [p for p in current if p.event.key]
+            rewritten = self._rewrite_stale(table, stale, outcome) if stale else {}
+            appends += [f for p in stale if not p.event.key for f in rewritten.get(p.offset, ())]
+            # A stale change set stays a change set: flattened into appends, its keys would be in
+            # the table twice and its deletes lost (issue 33 item 1, change tables).
+            changes = [p for p in current if p.event.key] + [
+                p for p in stale if p.event.key and p.offset in rewritten
+            ]
             if not appends and not changes:
                 outcome.outcome = "refused" if outcome.refused_files else "already-committed"
                 return outcome
@@ -122,7 +127,7 @@ class TableCommitter:
             )
             added, resolution = appends, None
             if changes:
-                changed, resolution = self._resolve(table, changes)
+                changed, resolution = self._resolve(table, changes, rewritten)
                 added = appends + changed
             snapshot_properties = dict(properties)
             if resolution is not None:
@@ -214,17 +219,23 @@ class TableCommitter:
             ) from exc
         return f"copied to {', '.join(copies)} (outside every table location: no cleanup removes them)"
 
-    def _rewrite_stale(self, table: Table, stale: list[PendingFiles], outcome: TableCommit) -> list[DataFile]:
+    def _rewrite_stale(
+        self, table: Table, stale: list[PendingFiles], outcome: TableCommit
+    ) -> dict[int, list[DataFile]]:
         """Files written for an older table of this name (dropped and recreated while they were in
-        flight), rewritten as files of ``table`` when their columns fit; otherwise quarantined and
-        named in an ERROR (``outcome.refused_files``).
+        flight, or between two chunks of a slice), rewritten as files of ``table`` when their
+        columns fit, per event (by control offset: a change event's files stay its change set);
+        otherwise none, all quarantined and named in an ERROR (``outcome.refused_files``).
         """
         identifier = ".".join(table.name())
         records = [r for p in stale for r in p.event.files]
         paths = [r.file_path for r in records]
         rows = sum(r.record_count for r in records)
         try:
-            rewritten = datafiles.rewrite_data_files(table, paths)
+            rewritten = {
+                p.offset: datafiles.rewrite_data_files(table, [r.file_path for r in p.event.files])
+                for p in stale
+            }
         except (TableError, OSError, pa.ArrowException) as exc:
             outcome.refused_files = len(paths)
             log.error(
@@ -240,7 +251,7 @@ class TableCommitter:
                 ", ".join(paths),
                 self._quarantined(table.io, paths),
             )
-            return []
+            return {}
         log.warning(
             "table %s was dropped and recreated: %d file(s) with %d row(s) written for the old table "
             "rewritten into the new one",
@@ -295,10 +306,12 @@ class TableCommitter:
         ]
 
     def _resolve(
-        self, table: Table, changes: list[PendingFiles]
+        self, table: Table, changes: list[PendingFiles], rewritten: dict[int, list[DataFile]]
     ) -> tuple[list[DataFile], row_delta.Resolution]:
         """A change table's events of this round, in control-topic order (a partition's slices in
-        offset order), resolved into position deletes against the table as loaded for this attempt."""
+        offset order), resolved into position deletes against the table as loaded for this attempt;
+        an event written for an older table of this name with its files ``rewritten`` (its deleted
+        keys are read by column name)."""
         keys = {p.event.key for p in changes}
         if len(keys) > 1:
             raise TableError(
@@ -310,7 +323,9 @@ class TableCommitter:
         (key,) = keys
         sets = [
             row_delta.ChangeSet(
-                data_files=[datafiles.from_record(r, table) for r in p.event.files],
+                data_files=rewritten[p.offset]
+                if p.offset in rewritten
+                else [datafiles.from_record(r, table) for r in p.event.files],
                 deleted_keys=datafiles.read_key_files(table, key, p.event.deleted_keys),
             )
             for p in sorted(changes, key=lambda p: p.offset)

@@ -6,9 +6,12 @@ change (issue 26, item 1)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
 from support.common import ARROW_SCHEMA, make_processor, produce_json
 from support.sink_factory import SinkFactory
 
@@ -128,6 +131,94 @@ def test_a_key_changed_in_two_chunks_of_one_slice_ends_in_its_later_change(sink_
     assert len(keys) == len(set(keys)), f"a key twice: {sorted(keys)}"
     # 1: upsert, delete, upsert -> 12; 2: 21; 3: inserted then deleted; 5: deleted then back; 6 untouched.
     assert {r["id"]: r["v"] for r in rows} == {1: 12, 2: 21, 5: 55, 6: 60}
+    reader.close()
+    worker.close()
+    coordinator.close()
+
+
+def test_an_append_table_recreated_between_two_chunks_keeps_each_value_in_its_column(
+    sink_factory: SinkFactory,
+) -> None:
+    """Issue 33 item 1. Real: broker, SQL catalog, reader, the sink's processor (its table cache
+    expiring at once, so each chunk loads the table anew), worker, coordinator; ``sink.a`` dropped and
+    recreated as ``(id, note, topic)`` between the slice's two chunks. Chunk 1's file holds field id 2
+    as ``topic``; announced under the new uuid it would read back as ``note``."""
+    sink = sink_factory(
+        partitions={"src": 1},
+        prefix="chunkre",
+        overrides={"tables": {"sink.a": {"select": "{id: id, topic: topic}"}}, "dynamic": None},
+    )
+    produce_json(sink.bootstrap, sink.topic, 0, [{"id": i, "topic": f"t{i}"} for i in range(4)])
+    process = build_processor(sink.config, sink.catalog)
+    process.tables.max_age_seconds = 0.0
+    reader = RangeReader(sink.channel.clients, sink.channel.sink_group)
+    recreated = Schema(
+        NestedField(1, "id", LongType()),
+        NestedField(2, "note", StringType()),
+        NestedField(3, "topic", StringType()),
+    )
+
+    def read(first: int, until: int) -> Iterator[pa.Table]:
+        for n, chunk in enumerate(reader.read_chunks(sink.topic, 0, first, until, max_records=2)):
+            if n == 1:
+                sink.catalog.drop_table("sink.a")
+                sink.catalog.create_table("sink.a", schema=recreated)
+            yield chunk
+
+    worker = sink.worker(chunk_records=2)
+    coordinator = sink.coordinator()
+    assert worker.commit_slice(Slice(sink.topic, 0, 0, 4), read, process).transaction_committed
+    outcome = coordinator.commit_round().tables["sink.a"]
+    rows = sink.catalog.load_table("sink.a").scan().to_arrow().to_pylist()
+    assert sorted((r["id"], r["note"], r["topic"]) for r in rows) == [(i, None, f"t{i}") for i in range(4)]
+    assert (outcome.outcome, outcome.stale_files) == ("committed", 1), "chunk 1's file, rewritten by name"
+    reader.close()
+    worker.close()
+    coordinator.close()
+
+
+def test_a_change_table_recreated_between_two_chunks_ends_in_each_keys_last_change(
+    sink_factory: SinkFactory,
+) -> None:
+    """Issue 33 item 1 for change tables. Each chunk goes out under its own table's uuid already, but
+    the coordinator rewrote chunk 1's files (for the dropped table) as plain appends: key 2 twice,
+    and key 1, deleted in chunk 2, live. Real: as the append test above."""
+    sink = sink_factory(partitions={"src": 1}, prefix="chgre", overrides={"tables": {"sink.a": _route("a")}})
+    process = build_processor(sink.config, sink.catalog)
+    process.tables.max_age_seconds = 0.0
+    reader = RangeReader(sink.channel.clients, sink.channel.sink_group)
+    produce_json(
+        sink.bootstrap,
+        sink.topic,
+        0,
+        [
+            {"table": "a", "id": 1, "v": 10, "op": "u"},
+            {"table": "a", "id": 2, "v": 20, "op": "u"},
+            {"table": "a", "id": 1, "v": None, "op": "d"},
+            {"table": "a", "id": 2, "v": 21, "op": "u"},
+        ],
+    )
+    recreated = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "note", StringType()),
+        NestedField(3, "v", LongType()),
+        identifier_field_ids=[1],
+    )
+
+    def read(first: int, until: int) -> Iterator[pa.Table]:
+        for n, chunk in enumerate(reader.read_chunks(sink.topic, 0, first, until, max_records=2)):
+            if n == 1:
+                sink.catalog.drop_table("sink.a")
+                sink.catalog.create_table("sink.a", schema=recreated)
+            yield chunk
+
+    worker = sink.worker(chunk_records=2)
+    coordinator = sink.coordinator()
+    assert worker.commit_slice(Slice(sink.topic, 0, 0, 4), read, process).transaction_committed
+    outcome = coordinator.commit_round().tables["sink.a"]
+    rows = sink.catalog.load_table("sink.a").scan().to_arrow().to_pylist()
+    assert sorted((r["id"], r["note"], r["v"]) for r in rows) == [(2, None, 21)]
+    assert (outcome.stale_files, outcome.deleted) == (1, 0), "chunk 1's file rewritten, key 1's row never in"
     reader.close()
     worker.close()
     coordinator.close()

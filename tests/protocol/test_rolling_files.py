@@ -88,7 +88,7 @@ def test_one_chunk_writes_the_files_pyiceberg_writes(catalog: Any, partitioned: 
     expected = datafiles.write_data_files(table, rows)
     rolling = RollingFiles()
     rolling.add("w.same", table, rows)
-    written = rolling.finish()["w.same"]
+    [written] = rolling.finish()["w.same"]
     ours = [datafiles.from_record(r, table) for r in written.records]
 
     def key(f: DataFile) -> str:
@@ -113,7 +113,7 @@ def test_many_chunks_into_a_partitioned_table_roll_files_by_size_with_correct_bo
     rolling = RollingFiles()
     for n in range(chunks):
         rolling.add("w.parts", table, _chunk(n * chunk_rows, chunk_rows))
-    written = rolling.finish()["w.parts"]
+    [written] = rolling.finish()["w.parts"]
     restored = _append(table, written)
     table = catalog.load_table("w.parts")
 
@@ -153,7 +153,7 @@ def test_a_schema_change_between_chunks_closes_the_files_of_the_former_schema(ca
     table = catalog.load_table("w.evolve")
     later = _chunk(10, 10).append_column("extra", pa.array(["x"] * 10))
     rolling.add("w.evolve", table, later.cast(table.schema().as_arrow()))
-    written = rolling.finish()["w.evolve"]
+    [written] = rolling.finish()["w.evolve"]
     assert len(written.records) == 2, "one file per schema"
     _append(table, written)
     rows = catalog.load_table("w.evolve").scan().to_arrow().to_pylist()
@@ -180,7 +180,7 @@ def test_a_tables_small_chunks_leave_in_one_row_group_written_once(
         for n in range(50):
             rolling.add("w.small", table, _chunk(n * 20, 20))
         assert rolling.held_bytes > 0, "nothing written before a row group's worth"
-        written = rolling.finish()["w.small"]
+        [written] = rolling.finish()["w.small"]
         (record,) = written.records
         data_file = datafiles.from_record(record, table)
         parquet = pq.ParquetFile(data_file.file_path.removeprefix("file://"))
@@ -205,8 +205,9 @@ def test_rows_held_over_many_tables_stay_within_the_budget_and_all_land(catalog:
     written = rolling.finish()
     assert rolling.held_bytes == 0
     for n, (name, table) in enumerate(tables.items()):
-        restored = _append(table, written[name])
-        assert sum(f.record_count for f in restored) == written[name].rows == 10 * (25 + n)
+        [files] = written[name]
+        restored = _append(table, files)
+        assert sum(f.record_count for f in restored) == files.rows == 10 * (25 + n)
         ids = sorted(catalog.load_table(name).scan().to_arrow()["id"].to_pylist())
         first = n * 1000 * 1000
         assert ids == sorted(first + chunk * 100 + i for chunk in range(10) for i in range(25 + n))
