@@ -19,6 +19,7 @@ import contextlib
 import csv
 import io
 import json
+import logging
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -191,7 +192,32 @@ def spark_message(exc: BaseException) -> str:
     return text.split(marker, 1)[0] if marker in text else text
 
 
-def execute(spark: Any, statement: str) -> Result:
+_NO_VIEW_SUPPORT = "JDBC catalog is initialized without view support"
+"""Iceberg's JDBC catalog on a database of its V0 schema (made by Iceberg Java before views existed)
+answers every view lookup with this error. Spark looks for a view once no table has a statement's
+name, so a misspelt table name surfaced as this instead of Spark's TABLE_OR_VIEW_NOT_FOUND."""
+
+
+def read_relations(spark: Any, statement: str) -> list[tuple[str, ...]]:
+    """The names of the tables and views ``statement`` reads at its top level, as written (Spark's
+    parser, before the analysis that failed); nothing when it does not parse."""
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(statement)
+        leaves = plan.collectLeaves()
+        names = []
+        for index in range(leaves.length()):
+            leaf = leaves.apply(index)
+            if leaf.getClass().getSimpleName() == "UnresolvedRelation":
+                parts = leaf.multipartIdentifier()
+                names.append(tuple(str(parts.apply(n)) for n in range(parts.length())))
+    except Exception:  # only a better message is at stake: Spark's own error is reported then
+        return []
+    return names
+
+
+def execute(
+    spark: Any, statement: str, table_exists: Callable[[tuple[str, ...]], bool] | None = None
+) -> Result:
     """Run one statement and collect its rows; :class:`SqlError` when Spark refuses or fails it.
 
     Rows come through Arrow: its timestamps carry their zone (UTC, the session's) whatever the
@@ -211,7 +237,17 @@ def execute(spark: Any, statement: str) -> Result:
             else []
         )
     except (PySparkException, Py4JJavaError) as exc:
-        raise SqlError(spark_message(exc)) from exc
+        message = spark_message(exc)
+        if _NO_VIEW_SUPPORT in message and table_exists is not None:
+            missing = [name for name in read_relations(spark, statement) if not table_exists(name)]
+            if missing:
+                message = (
+                    f"[TABLE_OR_VIEW_NOT_FOUND] The table or view {', '.join('.'.join(n) for n in missing)} "
+                    "cannot be found. (Spark then looked for a view of that name, which this Iceberg JDBC "
+                    "catalog's database, of Iceberg's V0 schema, cannot hold: with jdbc.schema-version: V1 "
+                    "in the catalog section Iceberg migrates it and views work.)"
+                )
+        raise SqlError(message) from exc
     return Result(columns, [tuple(plain(value) for value in row) for row in zip(*values, strict=True)])
 
 
@@ -225,11 +261,14 @@ class Shell:
     verbose: bool = False
     out: TextIO = sys.stdout
     err: TextIO = sys.stderr
+    table_exists: Callable[[tuple[str, ...]], bool] | None = None
+    """Whether the catalog has a table of a name as a statement writes it: names the missing table
+    where the catalog's own error would not (see :data:`_NO_VIEW_SUPPORT`)."""
 
     def run_one(self, statement: str) -> bool:
         """Run and print one statement; False when it failed (the error is printed)."""
         try:
-            result = execute(self.spark, statement)
+            result = execute(self.spark, statement, self.table_exists)
         except SqlError as exc:
             if self.verbose and exc.__cause__ is not None:
                 traceback.print_exception(exc.__cause__, file=self.err)
@@ -294,6 +333,40 @@ def session_conf(config: SinkConfig, extra: Mapping[str, str], verbose: bool) ->
     }
 
 
+def quiet_statement_logs(spark: Any) -> None:
+    """Unless ``--verbose``, a failed statement's error is printed once, by the shell: Spark's own
+    lines below ERROR (a catalog's warnings on first use) and PySpark's log of every error that has a
+    query context (a misspelt name, a parse error: one JSON line with the whole Java stack) are off."""
+    from pyspark.logger import PySparkLogger
+
+    spark.sparkContext.setLogLevel("ERROR")
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def catalog_lookup(config: SinkConfig) -> Callable[[tuple[str, ...]], bool]:
+    """Whether the sink's catalog has a table of a name as a statement writes it (``orders`` in the
+    session's namespace ``default``, ``shop.orders``, ``<catalog>.shop.orders``), through PyIceberg.
+
+    Made before Spark's session: a new SQL catalog's database is then created by PyIceberg, with the
+    schema that holds views too, which Iceberg Java then finds; Iceberg Java creating it first
+    would make the V0 schema (see :data:`_NO_VIEW_SUPPORT`)."""
+    from fanout_sink.catalog import load_catalog
+
+    catalog = load_catalog(config.catalog)
+
+    def exists(name: tuple[str, ...]) -> bool:
+        parts = name[1:] if len(name) == 3 and name[0] == config.catalog.name else name
+        if len(parts) == 1:
+            parts = ("default", *parts)
+        try:
+            return bool(catalog.table_exists(parts))
+        except Exception:  # a name the catalog cannot even look up is not one it has
+            return False
+
+    return exists
+
+
 def _history_file() -> Path:
     from fanout_sink import jars
 
@@ -342,6 +415,7 @@ def run(
                 f"fanout-sink sql: cannot read {script}: {exc.strerror}; pass -f <file.sql>", file=sys.stderr
             )
             return 2
+    table_exists = catalog_lookup(config)
     spark = build_spark_session(
         config.catalog,
         master=master or "local[*]",
@@ -349,8 +423,10 @@ def run(
         extra_conf=session_conf(config, extra_conf or {}, verbose),
         log_format=config.logging.format,
     )
+    if not verbose:
+        quiet_statement_logs(spark)
     try:
-        shell = Shell(spark, output, verbose)
+        shell = Shell(spark, output, verbose, table_exists=table_exists)
         if text is not None:
             return shell.run_script(text)
         interactive = sys.stdin.isatty()
