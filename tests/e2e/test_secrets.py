@@ -1,6 +1,9 @@
 """Secrets from the config never reach an output: the app runs through SASL over TLS with marker
 secrets, then every output it made is searched for them.
 
+The run is also the suite's app run over SASL_SSL (SCRAM-SHA-256, with a client certificate): its
+exact rows and final round stand for ``tests/e2e/test_kafka_tls.py``'s SASL_SSL case.
+
 The SASL password and the client key's password are the broker's real ones (rows landing prove they
 were used); the client key itself, which the sink decrypts for Spark's Java client, is searched for
 by a line of its decrypted form; the catalog's object-store keys and the registry credentials are
@@ -99,8 +102,8 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
     kafka = {
         "bootstrap.servers": broker.sasl_ssl_bootstrap_servers,
         "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "PLAIN",
-        "sasl.username": "sink",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": broker.sasl_user.username,
         "sasl.password": "${KAFKA_PASSWORD}",
         **tls.client_properties(),
         "ssl.key.password": "${KAFKA_KEY_PASSWORD}",
@@ -161,7 +164,8 @@ def test_marker_secrets_reach_no_output_of_a_sasl_run(
     monkeypatch.setenv("KAFKA_PASSWORD", password)
     monkeypatch.setenv("KAFKA_KEY_PASSWORD", key_password)
     table = load_catalog(settings).load_table("shop.orders")
-    assert table.scan().to_arrow().num_rows == GOOD
+    ids = table.scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
+    assert sorted(ids) == sorted(f"o-{i}" for i in range(GOOD)), "every good record once, none twice"
     for snapshot in table.snapshots():
         leaks[f"snapshot {snapshot.snapshot_id} summary"] = _found(
             json.dumps(snapshot.summary.model_dump()), markers
