@@ -87,7 +87,14 @@ def archive_path(classpath: Sequence[str]) -> Path | None:
     if home is None:
         return None
     libjvm = next(iter(sorted(home.glob("lib/server/libjvm.so"))), home / "lib/server/libjvm.so")
-    parts = [_fingerprint(libjvm), pyspark.__version__, str(Path(pyspark.__file__).parent), *classpath]
+    # Resolved: a home that reaches its JDK's files through links (the tests' launch guard, a
+    # `java` wrapper with a `lib` link beside it) runs the same JVM, so it maps the same archive.
+    parts = [
+        _fingerprint(libjvm.resolve()),
+        pyspark.__version__,
+        str(Path(pyspark.__file__).parent),
+        *classpath,
+    ]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return jars.cache_dir() / "jvm" / f"spark-driver-{digest}.jsa"
 

@@ -142,3 +142,19 @@ def test_only_the_most_recently_used_archives_are_kept(
     assert sorted(removed) == sorted(archives[jvm.ARCHIVES_KEPT - 1 : -1])
     assert sorted(tmp_path.glob("spark-driver-*.jsa")) == sorted([oldest, *archives[: jvm.ARCHIVES_KEPT - 1]])
     assert other.exists()
+
+
+def test_a_home_linking_to_a_jdks_lib_maps_that_jdks_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tests' launch guard is such a home (its ``bin/java`` a wrapper, its ``lib`` the JDK's): keyed
+    by its own path, every session's guard made the driver JVMs dump archives of their own at exit."""
+    real = jvm._java_home()
+    assert real is not None and (real / "lib").is_dir()
+    (tmp_path / "lib").symlink_to(real / "lib", target_is_directory=True)
+    monkeypatch.setenv("JAVA_HOME", str(real))
+    through_the_jdk = jvm.archive_path(["a.jar"])
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    assert jvm.archive_path(["a.jar"]) == through_the_jdk
+    (tmp_path / "lib").unlink()  # another JDK (here: none) keys another archive
+    assert jvm.archive_path(["a.jar"]) != through_the_jdk
