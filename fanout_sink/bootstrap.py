@@ -67,7 +67,7 @@ TIERS = {
 default, what CI runs): everything, the app runs, the storage servers, the cluster and chaos too."""
 
 
-_APART = "chaos or cluster or stores or bench or long"
+_APART = "chaos or cluster or stores or long"
 LANES = (
     _APART,
     f"own_spark and not ({_APART})",
@@ -75,8 +75,9 @@ LANES = (
 )
 """The full tier runs as three pytest processes at once, split by marker. The suite mostly waits
 (commit intervals, broker restarts, JVMs starting: about a third of one core per run), so the chaos
-run, the cluster, the storage servers, the small benchmark runs and the longest app runs (``long``,
-written by hand to even the lanes out) wait beside the app runs (``own_spark``: a Spark driver each)
+run, the cluster, the storage servers and the longest runs (``long``, written by hand to even the lanes
+out: most small benchmark runs, the longest app runs) wait beside the app runs (``own_spark``: a Spark
+driver each; the backlog benchmark's smoke among them since session 16, when lane 1 was the longest)
 and beside everything else (the in-process worker and coordinator on the broker, the shared Spark
 session, the unit tests). Two lanes left the second at 50 minutes of CI while the first ended
 earlier. Each lane has its own broker and Spark session (session fixtures are per process); nothing
