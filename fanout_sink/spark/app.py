@@ -216,6 +216,7 @@ class SinkApp:
         # hid it until the query ended (CI: no "stop requested" for 180 s, then SIGKILL).
         while not self._query.awaitTermination(1):
             pass
+        progress.drain_listeners(spark)
 
     def _stream(self, spark: Any, starting: str, limit: int | None) -> Any:
         """The streaming DataFrame that plans the micro-batches: Spark's Kafka source. The benchmark's

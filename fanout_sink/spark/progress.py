@@ -17,6 +17,21 @@ from fanout_sink.spark.task_failure import task_failure
 
 log = logging.getLogger("fanout_sink.progress")
 
+LISTENER_DRAIN_MS = 10_000
+"""How long a stopping app waits for Spark to hand its last events to the listeners."""
+
+
+def drain_listeners(spark: Any) -> None:
+    """Wait until Spark's listener bus has handed every event to its listeners (at most
+    :data:`LISTENER_DRAIN_MS`). Spark posts a query's last progress asynchronously, after the query
+    has returned, to this Python listener through py4j's callback server: an app stopping at once
+    closed that server first, and the last batch's progress line was lost (its delivery failed in
+    py4j's ``CallbackClient``)."""
+    try:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(LISTENER_DRAIN_MS)
+    except Exception as exc:  # still busy after the wait: the line is lost, nothing else
+        log.debug("Spark's listener events not all delivered before the stop: %s", exc)
+
 
 class ProgressLogger(StreamingQueryListener):  # type: ignore[misc]
     """Logs one line per micro-batch from Spark's progress event."""
