@@ -348,19 +348,23 @@ def catalog_lookup(config: SinkConfig) -> Callable[[tuple[str, ...]], bool]:
     """Whether the sink's catalog has a table of a name as a statement writes it (``orders`` in the
     session's namespace ``default``, ``shop.orders``, ``<catalog>.shop.orders``), through PyIceberg.
 
-    Made before Spark's session: a new SQL catalog's database is then created by PyIceberg, with the
-    schema that holds views too, which Iceberg Java then finds; Iceberg Java creating it first
-    would make the V0 schema (see :data:`_NO_VIEW_SUPPORT`)."""
+    A SQL catalog is loaded at once, before Spark's session: a new database is then made by PyIceberg,
+    in the schema that holds views too, which Iceberg Java then uses; Iceberg Java making it first
+    would make the V0 schema (see :data:`_NO_VIEW_SUPPORT`). Other catalogs are loaded only if a
+    lookup is asked for, which only a JDBC catalog's error leads to: a REST server sees Spark's
+    requests alone."""
     from fanout_sink.catalog import load_catalog
 
-    catalog = load_catalog(config.catalog)
+    loaded = [load_catalog(config.catalog)] if config.catalog.type == "sql" else []
 
     def exists(name: tuple[str, ...]) -> bool:
         parts = name[1:] if len(name) == 3 and name[0] == config.catalog.name else name
         if len(parts) == 1:
             parts = ("default", *parts)
         try:
-            return bool(catalog.table_exists(parts))
+            if not loaded:
+                loaded.append(load_catalog(config.catalog))
+            return bool(loaded[0].table_exists(parts))
         except Exception:  # a name the catalog cannot even look up is not one it has
             return False
 
