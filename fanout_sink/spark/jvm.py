@@ -63,7 +63,8 @@ ARCHIVES_KEPT = 6
 """Archives kept in the cache, most recently used first (use touches an archive's mtime)."""
 
 
-def _java_home() -> Path | None:
+def java_home() -> Path | None:
+    """The JDK home a ``java`` started now would run: ``JAVA_HOME``, else the ``java`` on PATH's."""
     home = os.environ.get("JAVA_HOME")
     if home:
         return Path(home).resolve()
@@ -83,7 +84,7 @@ def archive_path(classpath: Sequence[str]) -> Path | None:
     """Where the archive for this JDK, PySpark and class path lives; None without a JDK on PATH."""
     import pyspark
 
-    home = _java_home()
+    home = java_home()
     if home is None:
         return None
     libjvm = next(iter(sorted(home.glob("lib/server/libjvm.so"))), home / "lib/server/libjvm.so")

@@ -149,7 +149,7 @@ def test_a_home_linking_to_a_jdks_lib_maps_that_jdks_archive(
 ) -> None:
     """The tests' launch guard is such a home (its ``bin/java`` a wrapper, its ``lib`` the JDK's): keyed
     by its own path, every session's guard made the driver JVMs dump archives of their own at exit."""
-    real = jvm._java_home()
+    real = jvm.java_home()
     assert real is not None and (real / "lib").is_dir()
     (tmp_path / "lib").symlink_to(real / "lib", target_is_directory=True)
     monkeypatch.setenv("JAVA_HOME", str(real))

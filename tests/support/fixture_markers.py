@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from fanout_sink.spark.jvm import java_home
 
 FIXTURE_MARKERS: dict[str, str] = {
     "kafka_broker": "kafka",
@@ -133,15 +134,6 @@ _JAVA_HOME = "FANOUT_SINK_TEST_JAVA_HOME"
 """The child's own ``JAVA_HOME`` while the shim stands in for it."""
 
 
-def _real_java_home() -> Path | None:
-    """The JDK home a child would run without the shim: its ``JAVA_HOME``, else the ``java`` on PATH's."""
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        return Path(home).resolve()
-    java = shutil.which("java")
-    return Path(java).resolve().parent.parent if java else None
-
-
 def _java_shim(tmp_path_factory: pytest.TempPathFactory, refused: frozenset[str]) -> Path:
     """A JDK home whose ``bin/java`` refuses the command lines that start what ``refused`` names and
     runs, for everything else (``java -version``, Maven, a test's own small JVM), the ``java`` the child
@@ -168,7 +160,7 @@ def _java_shim(tmp_path_factory: pytest.TempPathFactory, refused: frozenset[str]
         # the home `java` is found in, resolved (fanout_sink.spark.jvm.archive_path). Without it every
         # session's guard folder keyed archives of its own: each Spark JVM under the guard dumped one
         # at exit (minutes of a loaded run) and pushed the suite's real archives out of the cache.
-        real = _real_java_home()
+        real = java_home()  # the JDK a child would run without the shim
         if real is not None and (real / "lib").is_dir():
             (folder / "lib").symlink_to(real / "lib", target_is_directory=True)
         _SHIMS[refused] = folder
