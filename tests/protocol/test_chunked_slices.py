@@ -6,14 +6,14 @@ change (issue 26, item 1)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 from support.common import ARROW_SCHEMA, make_processor, produce_json
-from support.sink_factory import SinkFactory
+from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel
@@ -158,13 +158,7 @@ def test_an_append_table_recreated_between_two_chunks_keeps_each_value_in_its_co
         NestedField(3, "topic", StringType()),
     )
 
-    def read(first: int, until: int) -> Iterator[pa.Table]:
-        for n, chunk in enumerate(reader.read_chunks(sink.topic, 0, first, until, max_records=2)):
-            if n == 1:
-                sink.catalog.drop_table("sink.a")
-                sink.catalog.create_table("sink.a", schema=recreated)
-            yield chunk
-
+    read = _recreating_between_chunks(sink, reader, recreated)
     worker = sink.worker(chunk_records=2)
     coordinator = sink.coordinator()
     assert worker.commit_slice(Slice(sink.topic, 0, 0, 4), read, process).transaction_committed
@@ -205,13 +199,7 @@ def test_a_change_table_recreated_between_two_chunks_ends_in_each_keys_last_chan
         identifier_field_ids=[1],
     )
 
-    def read(first: int, until: int) -> Iterator[pa.Table]:
-        for n, chunk in enumerate(reader.read_chunks(sink.topic, 0, first, until, max_records=2)):
-            if n == 1:
-                sink.catalog.drop_table("sink.a")
-                sink.catalog.create_table("sink.a", schema=recreated)
-            yield chunk
-
+    read = _recreating_between_chunks(sink, reader, recreated)
     worker = sink.worker(chunk_records=2)
     coordinator = sink.coordinator()
     assert worker.commit_slice(Slice(sink.topic, 0, 0, 4), read, process).transaction_committed
@@ -222,3 +210,19 @@ def test_a_change_table_recreated_between_two_chunks_ends_in_each_keys_last_chan
     reader.close()
     worker.close()
     coordinator.close()
+
+
+def _recreating_between_chunks(
+    sink: SinkUnderTest, reader: RangeReader, recreated: Schema
+) -> Callable[[int, int], Iterator[pa.Table]]:
+    """A slice source reading two records a chunk that drops ``sink.a`` and creates it again as
+    ``recreated`` before it hands out the second chunk."""
+
+    def read(first: int, until: int) -> Iterator[pa.Table]:
+        for n, chunk in enumerate(reader.read_chunks(sink.topic, 0, first, until, max_records=2)):
+            if n == 1:
+                sink.catalog.drop_table("sink.a")
+                sink.catalog.create_table("sink.a", schema=recreated)
+            yield chunk
+
+    return read
