@@ -100,7 +100,9 @@ def _diff(
     def get(name: str) -> pa.Array:
         if isinstance(rows, pa.Table):
             return rows.column(name).combine_chunks()
-        return pc.struct_field(rows, name)
+        # By position: Arrow reads a name that starts with "." or "[" as a path ("." failed as a
+        # JSON key nested in a struct), and a record's keys can be any text.
+        return pc.struct_field(rows, [names.index(name)])
 
     matched: set[str] = set()
     for tf in target_fields:

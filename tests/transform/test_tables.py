@@ -116,6 +116,20 @@ def test_evolution_adds_widens_and_relaxes(catalog_settings: CatalogSettings, ca
     assert manager.evolve("a.t", evolved, second, settings).schema().schema_id == schema.schema_id
 
 
+def test_evolution_adds_nested_fields_whose_names_read_like_arrow_paths(
+    catalog_settings: CatalogSettings, catalog: Any
+) -> None:
+    """A JSON key is any text: "." or "[0]" inside a struct is a field name, not a path into it."""
+    config = _config(catalog_settings, {"a.t": {"evolution": True}})
+    settings = config.tables["a.t"]
+    manager = TableManager(catalog, config)
+    table = manager.ensure("a.t", settings, sample=pa.table({"customer": pa.array([{"id": "c1"}])}))
+    odd = pa.table({"customer": pa.array([{"id": "c2", ".": "dot", "[0]": 7, ".x": True}])})
+    schema = manager.evolve("a.t", table, odd, settings).schema()
+    customer = schema.find_field("customer").field_type
+    assert [field.name for field in customer.fields] == ["id", ".", "[0]", ".x"]
+
+
 def test_evolution_off_changes_nothing(catalog_settings: CatalogSettings, catalog: Any) -> None:
     config = _config(catalog_settings, {"a.t": {}})
     manager = TableManager(catalog, config)
