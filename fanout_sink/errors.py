@@ -166,6 +166,53 @@ class SchemaError(FanoutSinkError):
     """An Avro schema (a file, or one from the Schema Registry) is unusable, or the registry unreachable."""
 
 
+class UnknownSchemaIdError(SchemaError):
+    """Values name schema ids the Schema Registry does not know (yet), none of them unknown for
+    ``source.unknown-schema-id-timeout``: the registry may still learn them (a lagging follower, a
+    restore), so the slice fails before its transaction and the batch is retried; records are
+    dead-lettered only once their id has been unknown for that long.
+
+    Raised on an executor, it reaches the driver only as text inside Spark's exception; :meth:`find`
+    recovers the ids and when each was first seen (wall clock, comparable across processes), so the
+    driver keeps retrying and tells the next attempt's tasks how long each id has been unknown.
+    """
+
+    _PATTERN = re.compile(r"schema ids \[(?P<since>[^\]]*)\] \(id@first seen")
+    _SINCE = re.compile(r"(\d+)@(\d+(?:\.\d+)?)")
+    NAMED = 100
+    """At most this many ids (the first seen) are carried to the driver: a flood of junk ids stays
+    one line; each task also remembers the ids it saw itself."""
+
+    def __init__(self, since: dict[int, float], timeout_s: float, first: int = 0, record: str = "") -> None:
+        self.since = since
+        self.timeout_s = timeout_s
+        self.first = first
+        """The index of the first value naming a pending id, in the values decoded."""
+        oldest = sorted(since.items(), key=lambda item: item[1])[: self.NAMED]
+        shown = " ".join(f"{schema_id}@{seen:.3f}" for schema_id, seen in oldest)
+        at = f" (first: record {record})" if record else ""
+        super().__init__(
+            f"schema ids [{shown}] (id@first seen, epoch seconds; {len(since)} in all) are unknown to "
+            f"the Schema Registry{at}; the batch is retried until an id has been unknown for "
+            f"source.unknown-schema-id-timeout ({timeout_s:g}s), then its records are dead-lettered\n"
+            "  fix: register the schemas, or point source.schema-registry.url at the producers' registry; "
+            "nothing of the slice was committed, so a retry or a restart reads it again"
+        )
+
+    def at(self, record: str) -> UnknownSchemaIdError:
+        """The same error naming its first record (``topic[partition]@offset``)."""
+        return UnknownSchemaIdError(self.since, self.timeout_s, self.first, record)
+
+    @classmethod
+    def find(cls, text: str) -> dict[int, float]:
+        """The ids and first-seen times named in ``text`` (e.g. a Spark task failure); empty when none."""
+        since: dict[int, float] = {}
+        for match in cls._PATTERN.finditer(text):
+            for schema_id, seen in cls._SINCE.findall(match["since"]):
+                since[int(schema_id)] = min(float(seen), since.get(int(schema_id), float("inf")))
+        return since
+
+
 class TableError(FanoutSinkError):
     """A destination table could not be loaded, created or evolved."""
 

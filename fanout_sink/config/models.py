@@ -162,6 +162,10 @@ class SourceSettings(_Section):
     )
     schema_file: str | None = Field(default=None, validation_alias="schema", examples=["schemas/order.avsc"])
     schema_registry: dict[str, str] = Field(default_factory=dict, examples=[{"url": "http://127.0.0.1:8081"}])
+    unknown_schema_id_timeout: Duration = Field(default=timedelta(minutes=5), examples=["5m"])
+    """Registry formats: how long a schema id the Schema Registry answers 404 for (a lagging
+    follower, a restore) fails the batch, which is retried, before the values naming it are
+    dead-lettered. Counted from when the sink first saw the id unknown."""
     tombstones: Literal["skip", "dead-letter"] = Field(default="skip", examples=["skip"])
     starting_offsets: Literal["earliest", "latest"] = Field(default="earliest", examples=["earliest"])
     recreated_topic_offsets: Literal["earliest", "fail"] = Field(default="earliest", examples=["earliest"])
@@ -188,6 +192,10 @@ class SourceSettings(_Section):
                 raise ValueError(f"pattern is not a regular expression ({exc}); e.g. '^shop\\..*'") from None
         if self.format == "avro" and not self.schema_file:
             raise ValueError("format avro needs schema: <file.avsc>; e.g. schema: schemas/order.avsc")
+        if self.unknown_schema_id_timeout < timedelta(0):
+            raise ValueError(
+                "unknown-schema-id-timeout must not be negative; e.g. unknown-schema-id-timeout: 5m"
+            )
         if self.format.startswith("confluent-") and "url" not in self.schema_registry:
             raise ValueError(
                 f"format {self.format} needs schema-registry.url; e.g. schema-registry: {{url: http://127.0.0.1:8081}}"

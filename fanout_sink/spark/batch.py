@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.errors import BatchError, FanoutSinkError, RecordError
+from fanout_sink.errors import BatchError, FanoutSinkError, RecordError, UnknownSchemaIdError
 from fanout_sink.kafka.java_client import inline_tls_files
 from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.logs import TRACEBACK
@@ -97,6 +97,11 @@ class BatchRunner:
         self._metrics = metrics
         self._rounds = rounds
         """Told each batch's planned ranges and its end, so the coordinator commits once it is reported."""
+        self._unknown_since: dict[int, float] = {}
+        """Schema ids the tasks found unknown to the registry, with when first seen (wall clock):
+        handed to every batch's tasks, so an id's timeout runs from its first sighting in any
+        process."""
+        self._registry_warned: int | None = None
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         """Deliver every planned slice of batch ``batch_id``, retrying the batch on failure."""
@@ -117,7 +122,8 @@ class BatchRunner:
             if self._rounds is not None:
                 self._rounds.expect(batch_id, ranges)
             started = time.monotonic()
-            for attempt in range(1, self.retries + 1):
+            attempt = 1
+            while True:
                 try:
                     reports = self._run(frame, batch_id, ranges)
                     break
@@ -126,9 +132,21 @@ class BatchRunner:
                     self.record_error = RecordError.find(str(exc))
                     if self.record_error is not None:
                         raise self.record_error from exc
+                    if self._registry_may_learn(UnknownSchemaIdError.find(str(exc))):
+                        # Not counted: the registry may still learn the ids, and the tasks
+                        # dead-letter their records once the timeout has passed.
+                        self._log_registry_wait(batch_id, exc)
+                        if self.stopping.is_set():
+                            raise StopRequested(
+                                f"batch {batch_id} of sink {self.config.name!r} stopped while waiting "
+                                "for the Schema Registry to learn schema ids; Spark replays it on the "
+                                "next start, and what it delivered is skipped then"
+                            ) from exc
+                        continue
                     self._log_failure(batch_id, attempt, exc)
                     if attempt == self.retries or isinstance(exc, FanoutSinkError):
                         raise
+                    attempt += 1
             if self._rounds is not None:  # a slice that found its range delivered writes no report
                 done_before = [r.result for r in reports if not r.result.transaction_committed]
                 self._rounds.delivered_before(
@@ -138,6 +156,27 @@ class BatchRunner:
             log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:
                 self._metrics.batch_done(seconds, [report.result for report in reports])
+
+    def _registry_may_learn(self, since: dict[int, float]) -> bool:
+        """Records ``since`` (schema ids a task found unknown, with when first seen; the earliest
+        counts) and whether one of them is still inside ``source.unknown-schema-id-timeout``."""
+        for schema_id, seen in since.items():
+            self._unknown_since[schema_id] = min(seen, self._unknown_since.get(schema_id, seen))
+        timeout_s = self.config.source.unknown_schema_id_timeout.total_seconds()
+        return any(time.time() - self._unknown_since[i] < timeout_s for i in since)
+
+    def _log_registry_wait(self, batch_id: int, error: Exception) -> None:
+        """One WARNING per batch the registry holds up, then DEBUG while it repeats."""
+        failure = task_failure(error)
+        first = self._registry_warned != batch_id
+        self._registry_warned = batch_id
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "batch %d waits for the Schema Registry: %s; retrying the batch",
+            batch_id,
+            failure.summary,
+            extra={"batch": batch_id},
+        )
 
     def _log_failure(self, batch_id: int, attempt: int, error: Exception) -> None:
         """The one place a failed task's traceback is logged (Spark's repeats of it are filtered
@@ -177,7 +216,7 @@ class BatchRunner:
             Slice(topic, partition, start, end, ids.get(topic)) for (topic, partition), (start, end) in moved
         ]
         groups = SinkChannel.from_config(self.config).groups.pack(slices)
-        task = functools.partial(run_task, self._config_key, self.config, batch_id)
+        task = functools.partial(run_task, self._config_key, self.config, batch_id, dict(self._unknown_since))
         reports: list[SliceReport] = (
             context.parallelize(groups, numSlices=len(groups)).mapPartitions(task).collect()
         )

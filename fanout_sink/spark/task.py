@@ -110,11 +110,22 @@ def _freeze_long_lived() -> None:
 
 
 def run_task(
-    key: str, config: SinkConfig, batch_id: int, groups: Iterable[list[Slice]]
+    key: str,
+    config: SinkConfig,
+    batch_id: int,
+    unknown_schema_ids: dict[int, float],
+    groups: Iterable[list[Slice]],
 ) -> Iterator[SliceReport]:
     """One Spark task = one partition group's slices of the micro-batch (one element), each with the
-    topic's id the driver asked when it planned the batch; a report per slice."""
+    topic's id the driver asked when it planned the batch; a report per slice.
+    ``unknown_schema_ids``: ids earlier tasks found unknown to the Schema Registry, with when first
+    seen (the timeout of an id runs from then, whichever process saw it)."""
     state = _executor_state(key, config)
+    if unknown_schema_ids:
+        from fanout_sink.transform.formats.registry import RegistryDecoder
+
+        if isinstance(state.processor.decoder, RegistryDecoder):
+            state.processor.decoder.seen_since(unknown_schema_ids)
     profile_dir = os.environ.get(PROFILE_ENV)
     for group in groups:
         # Chunks, not whole ranges: the task's memory holds one chunk's working set.

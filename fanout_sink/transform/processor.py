@@ -35,7 +35,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from fanout_sink.config.models import SinkConfig, TableSettings
-from fanout_sink.errors import RecordError, TableError
+from fanout_sink.errors import RecordError, TableError, UnknownSchemaIdError
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.changes import last_change_wins, message_key_columns, null_keys, read_changes
 from fanout_sink.transform.convert import Matching, convert
@@ -138,7 +138,11 @@ class RoutingProcessor:
         present = np.flatnonzero(~tombstone)
         # Connect's JSON wrapper is unwrapped from whole records: routing reads the event inside.
         fields = None if self.unwraps else self.router.fields
-        decoded = self.decoder(values.take(pa.array(present, pa.int64())), fields)
+        try:
+            decoded = self.decoder(values.take(pa.array(present, pa.int64())), fields)
+        except UnknownSchemaIdError as exc:
+            row = raw.slice(int(present[exc.first]), 1).to_pylist()[0]
+            raise exc.at(f"{row['topic']}[{row['partition']}]@{row['offset']}") from None
         if self.unwraps:
             decoded = unwrap_connect_json(decoded)
         failures.extend(_Failure(int(present[i]), "decode", reason) for i, reason in decoded.failures)

@@ -151,7 +151,7 @@ class RangeStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         planned = Slice(
             partition.topic, partition.partition, partition.start, partition.end, partition.topic_id
         )
-        for report in run_task(config_key(self.config), self.config, partition.start, [[planned]]):
+        for report in run_task(config_key(self.config), self.config, partition.start, {}, [[planned]]):
             yield partition.topic, partition.partition, pickle.dumps(report)
 
 

@@ -43,7 +43,7 @@ def test_a_task_reads_its_group_of_one_partition_topics_from_one_assignment(
     # Freezing the collector is process-wide: not in the test process (tests/spark/test_task_state.py).
     monkeypatch.setattr(task, "_freeze_long_lived", lambda: None)
 
-    reports = list(task.run_task(task.config_key(sink.config), sink.config, 0, [slices]))
+    reports = list(task.run_task(task.config_key(sink.config), sink.config, 0, {}, [slices]))
 
     delivered = [(r.result.slice.label, r.result.records_in, r.result.transaction_committed) for r in reports]
     assert delivered == [(s.label, 5, True) for s in slices]

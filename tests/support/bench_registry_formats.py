@@ -105,15 +105,19 @@ def main(n: int) -> None:
         return bytes(to_protobuf(message, context))
 
     cases: list[tuple[str, Decoder, list[bytes]]] = [
-        ("confluent-avro", RegistryDecoder(AvroReader, {"url": registry.url}), [avro(i) for i in range(n)]),
+        (
+            "confluent-avro",
+            RegistryDecoder(AvroReader, {"url": registry.url}, unknown_id_timeout_s=0),
+            [avro(i) for i in range(n)],
+        ),
         (
             "confluent-protobuf",
-            RegistryDecoder(ProtobufReader, {"url": registry.url}),
+            RegistryDecoder(ProtobufReader, {"url": registry.url}, unknown_id_timeout_s=0),
             [protobuf(i) for i in range(n)],
         ),
         (
             "confluent-json-schema",
-            RegistryDecoder(JsonSchemaReader, {"url": registry.url}),
+            RegistryDecoder(JsonSchemaReader, {"url": registry.url}, unknown_id_timeout_s=0),
             [bytes(to_json({**_record(i), "ts": "2024-05-01T10:00:00Z"}, context)) for i in range(n)],
         ),
     ]

@@ -163,7 +163,12 @@ def test_confluent_avro_unknown_schema_ids_and_broken_frames(
     catalog_settings: CatalogSettings, catalog: Any, registry: Registry
 ) -> None:
     """A real HTTP Schema Registry answers 404 for the unknown id; good records keep flowing."""
-    source = {"topics": ["events"], "format": "confluent-avro", "schema-registry": {"url": registry.url}}
+    source = {
+        "topics": ["events"],
+        "format": "confluent-avro",
+        "schema-registry": {"url": registry.url},
+        "unknown-schema-id-timeout": "0s",  # dead-lettered at once (tests/transform/test_registry_lag.py)
+    }
     process = build_processor(_config(catalog_settings, source=source), catalog)
     values: list[bytes | None] = []
     for i, case in enumerate(AVRO_CASES):

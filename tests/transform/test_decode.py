@@ -117,7 +117,7 @@ def registry() -> Iterator[Registry]:
 
 
 def test_confluent_avro_resolves_and_caches_schema(registry: Registry) -> None:
-    decoder = RegistryDecoder(AvroReader, {"url": registry.url})
+    decoder = RegistryDecoder(AvroReader, {"url": registry.url}, unknown_id_timeout_s=0)
     values = pa.array(
         [
             wire(7, _avro(ORDER_SCHEMA, _order(1))),
@@ -166,7 +166,9 @@ def test_confluent_avro_resolves_schema_references(registry: Registry) -> None:
         json.dumps(order),
         references=[{"name": "shop.Money", "subject": "gone", "version": 1}],
     )
-    decoded = RegistryDecoder(AvroReader, {"url": registry.url})(pa.array([value, wire(missing_id, b"")]))
+    decoded = RegistryDecoder(AvroReader, {"url": registry.url}, unknown_id_timeout_s=0)(
+        pa.array([value, wire(missing_id, b"")])
+    )
     assert decoded.records.to_pylist() == [{"id": 1, "total": {"currency": "USD", "cents": 250}}]
     assert decoded.records.schema.field("total").type == pa.struct(
         [pa.field("currency", pa.string(), nullable=False), pa.field("cents", pa.int64(), nullable=False)]

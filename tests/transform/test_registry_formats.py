@@ -92,7 +92,7 @@ def test_protobuf_columns_follow_the_descriptor(registry: Registry, classes: dic
     message.tree.children.add(name="leaf").children.add(name="deep")
     message.nodes[3].name = "three"
     decoded = _decode(
-        RegistryDecoder(ProtobufReader, {"url": registry.url}),
+        RegistryDecoder(ProtobufReader, {"url": registry.url}, unknown_id_timeout_s=0),
         [_serializer(registry, wide)(message), _serializer(registry, wide)(wide())],
     )
     assert decoded.failures == []
@@ -124,7 +124,7 @@ def test_protobuf_message_index_paths(registry: Registry, classes: dict[str, Any
     ([1, 0, 0]); a column one type lacks is null, so optional, in the other's rows."""
     wide, deeper = classes["Wide"], classes["Wide.Inner.Deeper"]
     values = [_serializer(registry, deeper)(deeper(x=-7)), _serializer(registry, wide)(wide(big=3))]
-    decoded = _decode(RegistryDecoder(ProtobufReader, {"url": registry.url}), values)
+    decoded = _decode(RegistryDecoder(ProtobufReader, {"url": registry.url}, unknown_id_timeout_s=0), values)
     assert decoded.failures == []
     assert decoded.records.schema.field("x").type == pa.int32()
     assert decoded.records.select(["x", "big"]).to_pylist() == [{"x": -7, "big": None}, {"x": None, "big": 3}]
@@ -145,7 +145,7 @@ def test_protobuf_values_that_cannot_be_read(registry: Registry, classes: dict[s
         b"{}",
         None,
     ]
-    decoded = _decode(RegistryDecoder(ProtobufReader, {"url": registry.url}), values)
+    decoded = _decode(RegistryDecoder(ProtobufReader, {"url": registry.url}, unknown_id_timeout_s=0), values)
     assert decoded.rows.tolist() == [0]
     reasons = dict(decoded.failures)
     assert reasons[1] == "t.Wide.big = 9223372036854775808 does not fit a 64-bit signed integer column"
@@ -164,7 +164,7 @@ def test_an_unreachable_registry_stops_instead_of_dead_lettering(classes: dict[s
     value = _serializer(served, classes["Wide"])(classes["Wide"]())
     served.close()
     with pytest.raises(SchemaError, match=r"(?s)Schema Registry lookup of schema id 1 failed: .*\n  fix: "):
-        _decode(RegistryDecoder(ProtobufReader, {"url": served.url}), [value])
+        _decode(RegistryDecoder(ProtobufReader, {"url": served.url}, unknown_id_timeout_s=0), [value])
 
 
 def test_json_schema_values_that_cannot_be_read(registry: Registry) -> None:
@@ -173,7 +173,7 @@ def test_json_schema_values_that_cannot_be_read(registry: Registry) -> None:
     array = serialize([1, 2], CONTEXT)
     schema_id = int.from_bytes(array[1:5], "big")
     decoded = _decode(
-        RegistryDecoder(JsonSchemaReader, {"url": registry.url}),
+        RegistryDecoder(JsonSchemaReader, {"url": registry.url}, unknown_id_timeout_s=0),
         [array, array[:5] + b"{not json", wire(1, b"{}")],
     )
     assert decoded.rows.tolist() == []
@@ -197,7 +197,7 @@ def test_json_schema_types_the_columns_when_it_fixes_them(registry: Registry) ->
         JSONSerializer(closed, client)(payment, CONTEXT),
         JSONSerializer(json.dumps(opened), client)({"id": 1, "value": 3, "extra": True}, CONTEXT),
     ]
-    decoder = RegistryDecoder(JsonSchemaReader, {"url": registry.url})
+    decoder = RegistryDecoder(JsonSchemaReader, {"url": registry.url}, unknown_id_timeout_s=0)
     fixed = _decode(decoder, values[:1]).records
     assert fixed.schema.field("amount").type == pa.struct(
         [("currency", pa.string()), ("value", pa.float64())]
@@ -250,6 +250,7 @@ def test_errors_tolerance_none_names_the_record(
                 "topics": ["t"],
                 "format": "confluent-protobuf",
                 "schema-registry": {"url": registry.url},
+                "unknown-schema-id-timeout": "0s",
             },
             "tables": {"raw.wide": {}},
             "errors": {"tolerance": "none"},

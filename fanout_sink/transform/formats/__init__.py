@@ -47,25 +47,29 @@ def _avro(config: SinkConfig) -> Decoder:
         raise ConfigError(config.name, "source.schema", str(exc), 'e.g. "schemas/order.avsc"') from None
 
 
+def _timeout_s(config: SinkConfig) -> float:
+    return config.source.unknown_schema_id_timeout.total_seconds()
+
+
 def _confluent_avro(config: SinkConfig) -> Decoder:
     from fanout_sink.transform.formats.avro import AvroReader
     from fanout_sink.transform.formats.registry import RegistryDecoder
 
-    return RegistryDecoder(AvroReader, config.source.schema_registry)
+    return RegistryDecoder(AvroReader, config.source.schema_registry, _timeout_s(config))
 
 
 def _confluent_protobuf(config: SinkConfig) -> Decoder:
     from fanout_sink.transform.formats.protobuf import ProtobufReader
     from fanout_sink.transform.formats.registry import RegistryDecoder
 
-    return RegistryDecoder(ProtobufReader, config.source.schema_registry)
+    return RegistryDecoder(ProtobufReader, config.source.schema_registry, _timeout_s(config))
 
 
 def _confluent_json_schema(config: SinkConfig) -> Decoder:
     from fanout_sink.transform.formats.json_schema import JsonSchemaReader
     from fanout_sink.transform.formats.registry import RegistryDecoder
 
-    return RegistryDecoder(JsonSchemaReader, config.source.schema_registry)
+    return RegistryDecoder(JsonSchemaReader, config.source.schema_registry, _timeout_s(config))
 
 
 DECODERS: dict[str, Callable[[SinkConfig], Decoder]] = {

@@ -31,7 +31,7 @@ with warnings.catch_warnings(record=True):  # authlib (the registry client's) wa
     from confluent_kafka.schema_registry.common._httpx_compat import httpx as http
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from fanout_sink.errors import SchemaError
+from fanout_sink.errors import SchemaError, UnknownSchemaIdError
 from fanout_sink.transform.formats.decoded import (
     Decoded,
     FieldPaths,
@@ -90,17 +90,19 @@ ReaderFactory = Callable[[SchemaRegistryClient], RecordReader]
 
 
 UNKNOWN_ID_WAIT_S = 5.0
-"""How long a look-up answered 404 is retried before its values are dead-lettered: a follower
-replicating a new schema, or a registry being restored, serves it within seconds."""
+"""How long one decode (a chunk of a slice) waits in all for ids the registry answers 404: a
+follower replicating a new schema serves it within seconds. Shared by every id of the chunk, so
+many unknown ids wait no longer than one; an id still unknown fails the slice (retried)."""
 UNKNOWN_ID_TTL_S = 60.0
-"""How long a 404 is remembered (values naming the id are dead-lettered without asking again);
-after that the next value asks again, so a schema registered later is read."""
+"""How long a final 404 (an id unknown for ``source.unknown-schema-id-timeout``) is remembered:
+values naming the id are dead-lettered without asking again; after that the next value asks
+again, so a schema registered later is read."""
 
 
 @dataclass(frozen=True)
 class _Known:
     problem: str | None
-    expires: float | None  # monotonic time; None: for good (a usable or an unusable schema)
+    expires: float | None  # time.time(); None: for good (a usable or an unusable schema)
 
 
 class _WriterSchemas:
@@ -111,44 +113,79 @@ class _WriterSchemas:
     dead-lettering good records): the client raises ``SchemaRegistryError`` for an HTTP error answer
     and its HTTP library's ``HTTPError`` (httpx or httpx2, whichever confluent-kafka picked) when
     there is no answer. An unusable schema is the reason every value naming it is dead-lettered,
-    remembered per id. An unknown id (404) is asked again for up to :data:`UNKNOWN_ID_WAIT_S` before
-    its values are dead-lettered, and that answer is remembered for :data:`UNKNOWN_ID_TTL_S` only: a
-    lagging follower or a restore must not dead-letter good records for the life of the worker.
+    remembered per id. An unknown id (404, or a reference the registry lacks) is asked again within
+    one :data:`UNKNOWN_ID_WAIT_S` budget per decode; still unknown, it is *pending* (the decode
+    fails, the batch is retried) until ``timeout_s`` has passed since it was first seen, and only
+    then are its values dead-lettered, that answer remembered for :data:`UNKNOWN_ID_TTL_S`: a
+    lagging follower or a restore must not dead-letter good records.
+
+    Times are wall-clock (``time.time``): the driver carries first-seen times from one attempt's
+    tasks to the next attempt's, which may run in other processes (:meth:`seen_since`).
     """
 
-    def __init__(self, client: SchemaRegistryClient, reader: RecordReader) -> None:
+    def __init__(self, client: SchemaRegistryClient, reader: RecordReader, timeout_s: float) -> None:
         self._client = client
         self._reader = reader
+        self._timeout_s = timeout_s
         self._ready: dict[int, _Known] = {}
+        self._first_unknown: dict[int, float] = {}
         self._lock = threading.Lock()
 
-    def problem(self, schema_id: int) -> str | None:
-        """Why values with ``schema_id`` cannot be read, or None when they can."""
+    def seen_since(self, since: dict[int, float]) -> None:
+        """Ids other processes found unknown, with when they first did: the earliest time counts."""
         with self._lock:
-            known = self._ready.get(schema_id)
-        if known is not None and (known.expires is None or known.expires > time.monotonic()):
-            return known.problem
-        problem, missing = self._look_up(schema_id)
-        expires = time.monotonic() + UNKNOWN_ID_TTL_S if missing else None
-        with self._lock:
-            self._ready[schema_id] = _Known(problem, expires)
-        return problem
+            for schema_id, seen in since.items():
+                self._first_unknown[schema_id] = min(seen, self._first_unknown.get(schema_id, seen))
 
-    def _look_up(self, schema_id: int) -> tuple[str | None, bool]:
-        """The problem of ``schema_id`` (None: usable), and whether the registry did not know it."""
-        deadline = time.monotonic() + UNKNOWN_ID_WAIT_S
+    def problems(self, schema_ids: list[int]) -> tuple[dict[int, str | None], dict[int, float]]:
+        """Why values with each id cannot be read (None: they can), and the pending ids (unknown for
+        less than the timeout) with when each was first seen."""
+        deadline = time.time() + UNKNOWN_ID_WAIT_S
+        problems: dict[int, str | None] = {}
+        pending: dict[int, float] = {}
+        for schema_id in schema_ids:
+            with self._lock:
+                known = self._ready.get(schema_id)
+            if known is not None and (known.expires is None or known.expires > time.time()):
+                problems[schema_id] = known.problem
+                continue
+            with self._lock:
+                first = self._first_unknown.get(schema_id)
+            overdue = first is not None and time.time() - first >= self._timeout_s
+            problem, missing = self._look_up(schema_id, time.time() if overdue else deadline)
+            if not missing:
+                with self._lock:
+                    self._ready[schema_id] = _Known(problem, None)
+                    self._first_unknown.pop(schema_id, None)
+                problems[schema_id] = problem
+                continue
+            with self._lock:
+                first = self._first_unknown.setdefault(schema_id, time.time())
+            unknown_for = time.time() - first
+            if unknown_for < self._timeout_s:
+                pending[schema_id] = first
+                continue
+            problem = (
+                f"{problem} for {unknown_for:.0f}s, longer than source.unknown-schema-id-timeout "
+                f"({self._timeout_s:g}s); check source.schema-registry.url points at the producers' "
+                "registry, or register the schema and replay this dead letter"
+            )
+            with self._lock:
+                self._ready[schema_id] = _Known(problem, time.time() + UNKNOWN_ID_TTL_S)
+            problems[schema_id] = problem
+        return problems, pending
+
+    def _look_up(self, schema_id: int, deadline: float) -> tuple[str | None, bool]:
+        """The problem of ``schema_id`` (None: usable), and whether the registry lacked it (asked
+        again until ``deadline``)."""
         pause = 0.1
         while True:
             try:
                 schema = self._client.get_schema(schema_id, fmt=self._reader.schema_format)
             except (SchemaRegistryError, http.HTTPError) as exc:
                 _missing(exc, f"schema id {schema_id}")
-                if time.monotonic() + pause > deadline:
-                    return (
-                        f"unknown schema id {schema_id} in the Schema Registry; check "
-                        "source.schema-registry.url points at the producer's registry",
-                        True,
-                    )
+                if time.time() + pause > deadline:
+                    return f"unknown schema id {schema_id} in the Schema Registry", True
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)
                 continue
@@ -209,29 +246,48 @@ class RegistryDecoder:
     ``format: json``, JSON text where a field's values do not share a type.
     """
 
-    def __init__(self, reader: ReaderFactory, registry_conf: dict[str, str]) -> None:
+    def __init__(
+        self, reader: ReaderFactory, registry_conf: dict[str, str], unknown_id_timeout_s: float
+    ) -> None:
+        """``unknown_id_timeout_s``: ``source.unknown-schema-id-timeout``, how long an id the
+        registry does not know fails the slice (retried) before its values are dead-lettered."""
         client = SchemaRegistryClient(dict(registry_conf))
         self.reader = reader(client)
-        self._schemas = _WriterSchemas(client, self.reader)
+        self._schemas = _WriterSchemas(client, self.reader, unknown_id_timeout_s)
+        self._timeout_s = unknown_id_timeout_s
+
+    def seen_since(self, since: dict[int, float]) -> None:
+        """Schema ids earlier attempts (in any process) found unknown, with when they first did."""
+        self._schemas.seen_since(since)
 
     def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
-        """``fields`` is not needed: every value is decoded with its writer schema."""
+        """``fields`` is not needed: every value is decoded with its writer schema. Raises
+        :class:`~fanout_sink.errors.UnknownSchemaIdError` (its first value's index in ``values`` as
+        :attr:`first`) while an id is unknown for less than the timeout."""
         if len(values) == 0:
             return no_records()
         ids, failures = schema_ids(values)
-        problems: dict[int, str | None] = {}  # per id, looked up in the order the ids first appear
-        groups: dict[Hashable, tuple[list[int], list[dict[str, Any]]]] = {}
+        framed: list[tuple[int, int, Any]] = []  # (index, schema id, the value framed)
         for index, (schema_id, value) in enumerate(zip(ids, values.to_pylist(), strict=True)):
             if schema_id < 0:
                 continue
             try:
-                framed = self.reader.framed(value)
-                if schema_id not in problems:
-                    problems[schema_id] = self._schemas.problem(schema_id)
+                framed.append((index, schema_id, self.reader.framed(value)))
+            except Undecodable as exc:
+                failures.append((index, str(exc)))
+        # Every id of the chunk at once: their waits share one budget, their timeouts run together.
+        problems, pending = self._schemas.problems(list(dict.fromkeys(i for _, i, _ in framed)))
+        if pending:
+            raise UnknownSchemaIdError(
+                pending, self._timeout_s, first=next(index for index, i, _ in framed if i in pending)
+            )
+        groups: dict[Hashable, tuple[list[int], list[dict[str, Any]]]] = {}
+        for index, schema_id, value in framed:
+            try:
                 problem = problems[schema_id]
                 if problem is not None:
                     raise Undecodable(problem)
-                key, record = self.reader.read(schema_id, framed)
+                key, record = self.reader.read(schema_id, value)
             except Undecodable as exc:
                 failures.append((index, str(exc)))
                 continue
