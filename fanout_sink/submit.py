@@ -2,19 +2,9 @@
 
 On a cluster the executors need the project and its Python dependencies: ``fanout-sink pack`` builds
 them as one archive (see :mod:`fanout_sink.spark.shipping`), handed over with ``--archives`` the way
-PySpark documents it. In client mode the driver runs this machine's Python, so say which:
-
-    fanout-sink pack --output fanout-sink-env.tar.gz
-    entry=$(python -c 'import fanout_sink.submit as m; print(m.__file__)')
-    spark-submit --master spark://host:7077 \
-      --archives fanout-sink-env.tar.gz#environment \
-      --conf spark.pyspark.python=./environment/bin/python \
-      --conf spark.pyspark.driver.python="$(command -v python)" \
-      --jars "$(fanout-sink jars --comma)" "$entry" --config sink.yaml
-
-A catalog or checkpoint on S3 also needs the object-store jars: ``fanout-sink jars --comma --set
-spark-connectors spark-object-store``. (``fanout-sink run --master spark://host:7077`` does all of
-this by itself, from the cached pack.)
+PySpark documents it; in client mode the driver runs this machine's Python, so the command says which.
+The whole command is in docs/production.md (a test runs it verbatim); ``fanout-sink run --master
+spark://host:7077`` does the same by itself, from the cached pack.
 """
 
 from __future__ import annotations

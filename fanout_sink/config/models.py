@@ -577,6 +577,10 @@ class SparkSettings(_Section):
 
     master: str = Field(default="local[*]", examples=["local[*]"])
     trigger_interval: Duration = Field(default=timedelta(seconds=10), examples=["10s"])
+    available_now: bool = Field(default=False, examples=[True])
+    """Spark's ``Trigger.AvailableNow``: deliver what the topics hold at start, commit, exit 0 (as
+    ``run --available-now``). For runs a scheduler starts (cron, Airflow) and for ``spark-submit``,
+    whose command line is Spark's, not the app's."""
     max_offsets_per_trigger: int | None = Field(default=None, ge=1, examples=[100000])
     max_records_per_batch: int = Field(default=50_000, ge=1_000, le=10_000_000, examples=[50000])
     """Records a task reads, decodes, routes and converts at once (named after Spark's

@@ -204,7 +204,7 @@ class SinkApp:
             .foreachBatch(self.batches)
             .option("checkpointLocation", self.config.checkpoint_location)
         )
-        if self.options.available_now:
+        if self.options.available_now or self.config.spark.available_now:
             writer = writer.trigger(availableNow=True)
         else:
             interval = self.options.trigger_interval or self.config.spark.trigger_interval

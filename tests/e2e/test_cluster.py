@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -174,48 +175,53 @@ def test_on_the_rest_catalog_and_s3_with_an_s3a_checkpoint_no_id_is_lost_or_doub
     )
 
 
+def documented_submit_command() -> str:
+    """The ``spark-submit`` block of docs/production.md, as written: the fenced block after the
+    comment that names the test running it."""
+    text = (ROOT / "docs" / "production.md").read_text()
+    marker = text.index("<!-- run verbatim by tests/e2e/test_cluster.py::")
+    block = text[text.index("```bash\n", marker) + len("```bash\n") :]
+    return block[: block.index("```")]
+
+
 @pytest.mark.timeout(900)
-def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster_with_postgresql_and_s3(
+def test_the_documented_spark_submit_command_runs_the_app_on_the_cluster_verbatim(
     spark_cluster: SparkCluster,
-    executor_pack: Path,
     bootstrap_servers: str,
     make_topic: Callable[..., str],
     postgres_s3_catalog_settings: CatalogSettings,
     tmp_path: Path,
 ) -> None:
-    """The command of ``fanout_sink/submit.py``'s docstring, as an operator types it (available-now),
-    with the S3 line's object-store jars, on the PostgreSQL catalog with an S3 warehouse. (The kills
-    run once, in the REST variant above: what they test does not depend on the catalog's server, and
-    each kill run costs minutes.)"""
+    """docs/production.md's command run by ``bash`` from the folder of ``sink.yaml``, with only its
+    variable set and the virtualenv first on ``PATH`` (``python``, ``fanout-sink``, ``spark-submit``),
+    on the PostgreSQL catalog with an S3 warehouse (the object-store jars of its ``--jars`` line) and
+    ``spark.available-now`` so that it ends; then the same command in cluster deploy mode, which Spark
+    refuses for Python on a standalone master, as the doc says. (The kills run once, in the REST
+    variant above: what they test does not depend on the catalog's server, and each costs minutes.)"""
     catalog_settings = postgres_s3_catalog_settings
     name = f"submit{uuid.uuid4().hex[:6]}"
     topics = [make_topic(f"{name}-a", partitions=2)]
-    path = tmp_path / "sink.yaml"
-    path.write_text(
-        yaml.safe_dump(scenario.sink_config(name, bootstrap_servers, topics, catalog_settings, tmp_path))
-    )
+    config = scenario.sink_config(name, bootstrap_servers, topics, catalog_settings, tmp_path)
+    config["spark"]["available-now"] = True
+    (tmp_path / "sink.yaml").write_text(yaml.safe_dump(config))
     traffic = Traffic(bootstrap_servers, topics, 600, seed=3, rate=1e5)
     traffic.start()
     traffic.finish(120)
-    env = child_env({"PYTHONPATH": str(ROOT), "SPARK_LOCAL_IP": "127.0.0.1"})
-    jar_sets = ["spark-connectors", "spark-object-store"]
-    jars = subprocess.run(
-        [sys.executable, "-m", "fanout_sink.cli", "jars", "--comma", "--set", *jar_sets],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    ).stdout.strip()
-    entry = str(ROOT / "fanout_sink" / "submit.py")
-    command = [
-        str(Path(sys.executable).parent / "spark-submit"), "--master", spark_cluster.master_url,
-        "--archives", f"{executor_pack}#environment",
-        "--conf", "spark.pyspark.python=./environment/bin/python",
-        "--conf", f"spark.pyspark.driver.python={sys.executable}",
-        "--conf", "spark.executor.memory=1g",
-        "--jars", jars, entry, "--config", str(path), "--available-now",
-    ]  # fmt: skip
-    app = AppProcess(command, tmp_path / "submit.log", env)
+    script = documented_submit_command()
+    bin_dir = str(Path(sys.executable).parent)
+    env = child_env(
+        {
+            "PYTHONPATH": str(ROOT),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_MASTER": spark_cluster.master_url,
+            "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+        }
+    )
+    app = AppProcess(
+        ["bash", "-euo", "pipefail", "-c", f"cd {shlex.quote(str(tmp_path))} && {script}"],
+        tmp_path / "submit.log",
+        env,
+    )
     app.start()
     try:
         assert app.wait_exit(600) == 0, app.log_tail()
@@ -229,3 +235,14 @@ def test_spark_submit_with_the_documented_flags_runs_the_app_on_the_cluster_with
     verdict = verify(bootstrap_servers, topics, f"{name}-dlq", name, load_catalog(catalog_settings))
     assert verdict.ok, "\n".join(verdict.problems)
     assert verdict.rows > 0
+
+    cluster_mode = script.replace(
+        'spark-submit --master "$SPARK_MASTER"', 'spark-submit --deploy-mode cluster --master "$SPARK_MASTER"'
+    )
+    assert cluster_mode != script
+    refused = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", f"cd {shlex.quote(str(tmp_path))} && {cluster_mode}"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "Cluster deploy mode is currently not supported for python applications" in refused.stderr
