@@ -202,6 +202,8 @@ def test_rows_held_over_many_tables_stay_within_the_budget_and_all_land(catalog:
         for n, (name, table) in enumerate(tables.items()):
             rolling.add(name, table, _chunk(chunk * 100 + n * 1000 * 1000, 25 + n))
             assert rolling.held_bytes <= budget
+            # The running total is what the writers hold (it is kept, not summed per add).
+            assert rolling.held_bytes == sum(w.held_bytes for w in rolling._writers.values())
     written = rolling.finish()
     assert rolling.held_bytes == 0
     for n, (name, table) in enumerate(tables.items()):
