@@ -25,8 +25,8 @@ PyIceberg class. What this module reaches into:
   (the FileIO that ``py-io-impl`` selects, so its class path is a catalog property) and
   :class:`_DurableFile`, overriding ``new_output`` and ``create``.
 - ``pyiceberg.io.pyarrow``'s ``_check_pyarrow_schema_compatible``, ``_dataframe_to_data_files``,
-  ``_determine_partitions`` and ``_to_requested_schema``, and ``Catalog._convert_schema_if_needed``:
-  behind the public wrappers below.
+  ``_determine_partitions``, ``_to_requested_schema`` and ``_get_parquet_writer_kwargs``, and
+  ``Catalog._convert_schema_if_needed``: behind the public wrappers below.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from pyiceberg.io.pyarrow import (
     _check_pyarrow_schema_compatible,
     _dataframe_to_data_files,
     _determine_partitions,
+    _get_parquet_writer_kwargs,
     _to_requested_schema,
 )
 from pyiceberg.manifest import (
@@ -126,6 +127,12 @@ def to_file_schema(
         include_field_ids=True,
         format_model=format_model,
     )
+
+
+def parquet_writer_kwargs(properties: dict[str, str]) -> dict[str, Any]:
+    """The ``pyarrow.parquet.ParquetWriter`` options PyIceberg derives from a table's write properties
+    (compression, its level, page and dictionary sizes), as its own Parquet writer passes them."""
+    return _get_parquet_writer_kwargs(properties)
 
 
 def schema_from_arrow(schema: pa.Schema) -> Schema:

@@ -16,10 +16,11 @@ schema and a Parquet write call, fixed costs that dominated fan-out (issue 34). 
 a chunk is that budget and the writers' footers, whatever the slice's size.
 
 Files are written the way PyIceberg's ``_dataframe_to_data_files`` writes them (same conversion to the
-file schema with field ids, same Parquet writer and table write properties, same statistics from the
-Parquet footer, same partition values and locations; its private helpers through
+file schema with field ids, same Parquet writer options from the table's write properties, same
+statistics from the Parquet footer, same partition values and locations; its private helpers through
 :mod:`fanout_sink.pyiceberg_internals`), so a ``DataFile`` from here equals one from
-:func:`.datafiles.write_data_files` for the same rows.
+:func:`.datafiles.write_data_files` for the same rows. What PyIceberg derives from the schema for each
+file and batch is derived here once per table layout (:class:`_FileLayout`).
 
 Change tables never come here: their rows of one chunk are the keys' last changes in that chunk, and
 a later chunk may change a key again, so each chunk is written and announced on its own (the
@@ -34,9 +35,17 @@ import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyiceberg.io import OutputFile
-from pyiceberg.io.fileformat import FileFormatWriter
-from pyiceberg.io.pyarrow import ParquetFormatModel, pyarrow_to_schema
+import pyarrow.parquet as pq
+from pyiceberg.io import OutputFile, OutputStream
+from pyiceberg.io.pyarrow import (
+    DataFileStatistics,
+    ParquetFormatModel,
+    StatisticsCollector,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    pyarrow_to_schema,
+)
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionKey
 from pyiceberg.schema import Schema, sanitize_column_names
@@ -80,11 +89,46 @@ class WrittenTable:
     rows: int = 0
 
 
+class _ParquetFile:
+    """PyIceberg's Parquet file writer (same writer options, row group limit and statistics from the
+    footer) with what it derives from the schema taken from the layout, once per process."""
+
+    def __init__(self, output: OutputFile, layout: _FileLayout) -> None:
+        self._output = output
+        self._layout = layout
+        self._stream: OutputStream | None = None
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, rows: pa.Table) -> None:
+        if self._writer is None:
+            stream = self._output.create(overwrite=True)
+            try:
+                self._writer = pq.ParquetWriter(
+                    stream, schema=rows.schema, store_decimal_as_integer=True, **self._layout.writer_options
+                )
+            except Exception:
+                stream.close()
+                raise
+            self._stream = stream
+        self._writer.write(rows, row_group_size=self._layout.row_group_rows)
+
+    def close(self) -> DataFileStatistics:
+        if self._writer is None or self._stream is None:
+            raise ValueError("a Parquet file closed before any row was written to it")
+        with self._stream:
+            self._writer.close()
+            return data_file_statistics_from_parquet_metadata(
+                parquet_metadata=self._writer.writer.metadata,
+                stats_columns=self._layout.statistics,
+                parquet_column_mapping=self._layout.column_ids,
+            )
+
+
 @dataclass
 class _OpenFile:
     """One Parquet file being written: rows go in as row groups until it is full."""
 
-    writer: FileFormatWriter
+    writer: _ParquetFile
     output: OutputFile
     path: str
     partition_key: PartitionKey | None
@@ -104,25 +148,69 @@ class _FileNames:
         return f"00000-{next(self._count)}-{self._uuid}.{_PARQUET.file_extension()}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class _FileLayout:
     """How rows of one Arrow schema become a table schema's files: checked and derived once per
-    process for each table uuid, schema id and Arrow schema, not per slice and table (with 500 tables
-    a slice paid ~7 ms each for it)."""
+    process for each table uuid, schema id, write properties and Arrow schema, not per slice and table
+    (with 500 tables a slice paid ~7 ms each for it), and not per file either: PyIceberg's Parquet
+    writer derives its statistics plan and column ids from the schema at every close, and its
+    conversion to the file schema walks the schema for every batch (at 2,000 tables of 25 rows a
+    slice, ~1.2 ms of each file's ~6 ms)."""
 
     rows_schema: Schema
     file_schema: Schema
     downcast: bool
+    writer_options: dict[str, object]
+    row_group_rows: int
+    statistics: dict[int, StatisticsCollector]
+    column_ids: dict[str, int]
+    direct: tuple[pa.Schema, pa.Schema] | None = None
+    """(rows' Arrow schema, file Arrow schema) once the conversion of a flat schema turned out to
+    change no column's type: then it only names the columns and adds their field ids."""
+
+    def to_file(self, rows: pa.Table) -> pa.Table:
+        """``rows`` as the file schema's columns with field ids, as PyIceberg converts them."""
+        if self.direct is not None and rows.schema.equals(self.direct[0]):
+            return pa.Table.from_arrays(rows.columns, schema=self.direct[1])
+        converted = pa.Table.from_batches(
+            [
+                pyiceberg_internals.to_file_schema(
+                    self.file_schema, self.rows_schema, batch, self.downcast, _PARQUET
+                )
+                for batch in rows.to_batches()
+            ]
+        )
+        if self.direct is None and _only_named(rows.schema, converted.schema):
+            self.direct = (rows.schema, converted.schema)
+        return converted
+
+
+def _only_named(rows: pa.Schema, converted: pa.Schema) -> bool:
+    """Whether converting ``rows`` kept every column's type and place (no cast, no column added or
+    reordered, nothing nested whose children the conversion rebuilds)."""
+    if len(rows) != len(converted):
+        return False
+    for before, after in zip(rows, converted, strict=True):
+        if pa.types.is_nested(before.type) or before.type != after.type:
+            return False
+    return True
 
 
 _LAYOUTS: dict[tuple[object, ...], _FileLayout] = {}
 _MAX_LAYOUTS = 4096
 
 
-def _layout(table: Table, schema: pa.Schema) -> _FileLayout:
+def _layout(table: Table, schema: pa.Schema, downcast: bool) -> _FileLayout:
     metadata = table.metadata
-    downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
-    key = (metadata.table_uuid, metadata.current_schema_id, metadata.format_version, schema, downcast)
+    properties = tuple(sorted(metadata.properties.items()))
+    key = (
+        metadata.table_uuid,
+        metadata.current_schema_id,
+        metadata.format_version,
+        properties,
+        schema,
+        downcast,
+    )
     found = _LAYOUTS.get(key)
     if found is not None:
         return found
@@ -135,7 +223,21 @@ def _layout(table: Table, schema: pa.Schema) -> _FileLayout:
         format_version=metadata.format_version,
     )
     sanitized = sanitize_column_names(table_schema)
-    found = _FileLayout(rows_schema, sanitized if sanitized != table_schema else table_schema, downcast)
+    file_schema = sanitized if sanitized != table_schema else table_schema
+    found = _FileLayout(
+        rows_schema,
+        file_schema,
+        downcast,
+        writer_options=pyiceberg_internals.parquet_writer_kwargs(metadata.properties),
+        row_group_rows=property_as_int(
+            metadata.properties,
+            TableProperties.PARQUET_ROW_GROUP_LIMIT,
+            TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+        )
+        or TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+        statistics=compute_statistics_plan(file_schema, metadata.properties),
+        column_ids=parquet_path_to_id_mapping(file_schema),
+    )
     if len(_LAYOUTS) >= _MAX_LAYOUTS:  # tables dropped and recreated for days: start over
         _LAYOUTS.clear()
     _LAYOUTS[key] = found
@@ -145,14 +247,11 @@ def _layout(table: Table, schema: pa.Schema) -> _FileLayout:
 class _TableWriter:
     """The held rows and open files (one per partition) of one table in one schema."""
 
-    def __init__(self, table: Table, schema: pa.Schema, names: _FileNames) -> None:
+    def __init__(self, table: Table, schema: pa.Schema, names: _FileNames, downcast: bool) -> None:
         self.table = table
         self.schema = schema
         self._names = names
-        layout = _layout(table, schema)
-        self._downcast = layout.downcast
-        self._rows_schema = layout.rows_schema
-        self._file_schema = layout.file_schema
+        self._layout = _layout(table, schema, downcast)
         self._target = target_file_bytes(table)
         self._held: list[pa.Table] = []
         self.held_bytes = 0
@@ -198,14 +297,7 @@ class _TableWriter:
         self._open.clear()
 
     def _write_partition(self, partition_key: PartitionKey | None, rows: pa.Table) -> list[DataFile]:
-        converted = pa.Table.from_batches(
-            [
-                pyiceberg_internals.to_file_schema(
-                    self._file_schema, self._rows_schema, batch, self._downcast, _PARQUET
-                )
-                for batch in rows.to_batches()
-            ]
-        )
+        converted = self._layout.to_file(rows)
         # Rows per file from the Arrow bytes per row, as PyIceberg's bin packing estimates them.
         per_file = max(1, self._target // max(1, converted.nbytes // max(1, converted.num_rows)))
         key = tuple(v.value for v in partition_key.field_values) if partition_key else ()
@@ -227,7 +319,7 @@ class _TableWriter:
         )
         output = self.table.io.new_output(path)
         open_file = _OpenFile(
-            writer=_PARQUET.create_writer(output, self._file_schema, self.table.metadata.properties),
+            writer=_ParquetFile(output, self._layout),
             output=output,
             path=path,
             partition_key=partition_key,
@@ -263,6 +355,8 @@ class RollingFiles:
         self._names = _FileNames()
         self._writers: dict[str, _TableWriter] = {}
         self._written: dict[str, list[WrittenTable]] = {}
+        # Read once per slice: PyIceberg's Config() reads its file and the environment (0.3 ms a table).
+        self._downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
         self._held = 0
         """The sum of the writers' ``held_bytes``, kept as they change: summed per ``add``, a chunk over
         5,000 tables cost 1 s of bookkeeping."""
@@ -282,7 +376,7 @@ class RollingFiles:
             self._record(identifier, writer.table, writer.close())
             writer = None
         if writer is None:
-            writer = self._writers[identifier] = _TableWriter(table, rows.schema, self._names)
+            writer = self._writers[identifier] = _TableWriter(table, rows.schema, self._names, self._downcast)
         before = writer.held_bytes
         files = writer.write(rows)
         self._held += writer.held_bytes - before

@@ -101,6 +101,37 @@ def test_one_chunk_writes_the_files_pyiceberg_writes(catalog: Any, partitioned: 
     assert written.rows == rows.num_rows
 
 
+def test_files_after_the_first_of_a_layout_are_written_alike_with_its_work_done_once(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table's statistics plan, column ids and conversion to the file schema are worked out once per
+    process, not per file (at 2,000 tables of 25 rows a slice they were ~1.2 ms of each file's ~6 ms);
+    the files after the first carry the same field ids and statistics as PyIceberg's."""
+    catalog.create_namespace("w")
+    table = catalog.create_table("w.again", schema=SCHEMA)
+    calls: list[str] = []
+    to_file_schema = pyiceberg_internals.to_file_schema
+    monkeypatch.setattr(
+        pyiceberg_internals, "to_file_schema", lambda *a: calls.append("convert") or to_file_schema(*a)
+    )
+    written = []
+    for first in (0, 1000, 2000):
+        rolling = RollingFiles()
+        rolling.add("w.again", table, _chunk(first, 300))
+        [files] = rolling.finish()["w.again"]
+        written.append(files)
+    assert calls == ["convert"], "converted by PyIceberg's visitor once, then only named"
+    for n, files in enumerate(written):
+        [record] = files.records
+        ours = datafiles.from_record(record, table)
+        [theirs] = datafiles.write_data_files(table, _chunk(n * 1000, 300))
+        assert _comparable(ours) == _comparable(theirs)
+        ids = [
+            f.metadata[b"PARQUET:field_id"] for f in pq.read_schema(ours.file_path.removeprefix("file://"))
+        ]
+        assert ids == [b"1", b"2", b"3", b"4"]
+
+
 def test_many_chunks_into_a_partitioned_table_roll_files_by_size_with_correct_bounds(catalog: Any) -> None:
     catalog.create_namespace("w")
     table = catalog.create_table("w.parts", schema=SCHEMA, partition_spec=SPEC)
