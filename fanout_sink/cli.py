@@ -111,6 +111,36 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
+
+def _import_connect(args: argparse.Namespace) -> int:
+    from fanout_sink import connect_import
+    from fanout_sink.config.loading import load_config
+
+    props = connect_import.load_connector(args.connector)
+    imported = connect_import.translate(props, bootstrap=args.bootstrap_servers, sink_name=args.name)
+    text = imported.yaml()
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out} (sink {imported.sink['name']!r})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    if imported.uncarried:
+        print(f"keys not carried ({len(imported.uncarried)}):", file=sys.stderr)
+        for item in imported.uncarried:
+            print(f"  {item.key}: {item.reason}", file=sys.stderr)
+    if not args.take_over:
+        return 0
+    if not args.out:
+        raise FanoutSinkError("--take-over needs --out: the sink it seeds is the YAML written there")
+    taken = connect_import.take_over(imported, load_config(args.out))
+    for (topic, part), offset in sorted(taken.positions.items()):
+        print(f"took over {topic}[{part}] at offset {offset} (group {imported.connect_group!r})", file=sys.stderr)
+    for topic, part in taken.unstarted:
+        print(f"{topic}[{part}]: the connector delivered nothing from it; starts at source.starting-offsets", file=sys.stderr)
+    print(f"next: fanout-sink run --config {args.out}", file=sys.stderr)
+    return 0
+
+
 def _log_to_stderr(log_format: logs.LogFormat = "plain", level: logs.LogLevel = "INFO") -> None:
     """The sink's own log on stderr (see :func:`fanout_sink.logs.configure`)."""
     logs.configure(log_format, level)
@@ -322,6 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="contact no broker, catalog or warehouse: the config and its tables' routes only (a build step)",
     )
     check.set_defaults(func=_validate)
+
+    imp = commands.add_parser(
+        "import-connect",
+        help="a sink YAML from an Iceberg Kafka Connect sink's connector config (and --take-over its offsets)",
+    )
+    imp.add_argument("connector", help="the connector's config: Connect's REST JSON, its config object, or .properties")
+    imp.add_argument("--out", help="write the YAML here (default: standard output)")
+    imp.add_argument("--bootstrap-servers", help="the brokers, when the connector's config lacks iceberg.kafka.bootstrap.servers")
+    imp.add_argument("--name", help="the sink's name (default: the connector's)")
+    imp.add_argument(
+        "--take-over",
+        action="store_true",
+        help="once the connector is stopped and its last commit completed, start the sink's partitions where its tables end",
+    )
+    imp.set_defaults(func=_import_connect)
 
     run = commands.add_parser("run", help="run the sink as a Spark Structured Streaming application")
     run.add_argument("--config", required=True, help="the sink's YAML file")

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("transform",),
     ("protocol",),
-    ("spark", "status", "preflight", "metrics", "validate"),
+    ("spark", "status", "preflight", "metrics", "validate", "connect_import"),
     ("devtools",),
     # The composition root: the one command offers product and developer tooling alike, and
     # spark-submit's entry is that command's ``run``.
