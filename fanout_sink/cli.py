@@ -111,7 +111,6 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
-
 def _import_connect(args: argparse.Namespace) -> int:
     from fanout_sink import connect_import
     from fanout_sink.config.loading import load_config
@@ -134,9 +133,15 @@ def _import_connect(args: argparse.Namespace) -> int:
         raise FanoutSinkError("--take-over needs --out: the sink it seeds is the YAML written there")
     taken = connect_import.take_over(imported, load_config(args.out))
     for (topic, part), offset in sorted(taken.positions.items()):
-        print(f"took over {topic}[{part}] at offset {offset} (group {imported.connect_group!r})", file=sys.stderr)
+        print(
+            f"took over {topic}[{part}] at offset {offset} (group {imported.connect_group!r})",
+            file=sys.stderr,
+        )
     for topic, part in taken.unstarted:
-        print(f"{topic}[{part}]: the connector delivered nothing from it; starts at source.starting-offsets", file=sys.stderr)
+        print(
+            f"{topic}[{part}]: the connector delivered nothing from it; starts at source.starting-offsets",
+            file=sys.stderr,
+        )
     print(f"next: fanout-sink run --config {args.out}", file=sys.stderr)
     return 0
 
@@ -357,9 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
         "import-connect",
         help="a sink YAML from an Iceberg Kafka Connect sink's connector config (and --take-over its offsets)",
     )
-    imp.add_argument("connector", help="the connector's config: Connect's REST JSON, its config object, or .properties")
+    imp.add_argument(
+        "connector", help="the connector's config: Connect's REST JSON, its config object, or .properties"
+    )
     imp.add_argument("--out", help="write the YAML here (default: standard output)")
-    imp.add_argument("--bootstrap-servers", help="the brokers, when the connector's config lacks iceberg.kafka.bootstrap.servers")
+    imp.add_argument(
+        "--bootstrap-servers",
+        help="the brokers, when the connector's config lacks iceberg.kafka.bootstrap.servers",
+    )
     imp.add_argument("--name", help="the sink's name (default: the connector's)")
     imp.add_argument(
         "--take-over",

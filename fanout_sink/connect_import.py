@@ -144,9 +144,11 @@ def load_connector(path: str | Path) -> dict[str, str]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ImportError_(f"{path}: not JSON ({exc}); give the connector's config as Connect's REST API takes it") from exc
+        raise ImportError_(
+            f"{path}: not JSON ({exc}); give the connector's config as Connect's REST API takes it"
+        ) from exc
     if not isinstance(data, dict):
-        raise ImportError_(f"{path}: a JSON object is needed, e.g. {{\"name\": \"events\", \"config\": {{...}}}}")
+        raise ImportError_(f'{path}: a JSON object is needed, e.g. {{"name": "events", "config": {{...}}}}')
     config = data.get("config", data)
     props = {str(key): str(value) for key, value in config.items()}
     if "name" in data and "name" not in props:
@@ -179,7 +181,9 @@ def _partition_by(key: str, value: str) -> list[str]:
         elif transform in ("bucket", "truncate") and len(args) == 2 and args[1].isdigit():
             out.append(f"{transform}[{args[1]}]({args[0]})")
         else:
-            raise ImportError_(f"{key}: partition term {term!r} is not one Iceberg's Kafka Connect sink takes")
+            raise ImportError_(
+                f"{key}: partition term {term!r} is not one Iceberg's Kafka Connect sink takes"
+            )
     return out
 
 
@@ -193,14 +197,21 @@ def _catalog(reader: _Reader) -> dict[str, Any]:
     if impl:
         reader.uncarried.append(Uncarried("iceberg.catalog.catalog-impl", _CATALOG_JAVA_ONLY["catalog-impl"]))
         short = impl.rsplit(".", 1)[-1]
-        kind = {"JdbcCatalog": "sql", "RESTCatalog": "rest", "HiveCatalog": "hive", "GlueCatalog": "glue"}.get(short)
+        kind = {
+            "JdbcCatalog": "sql",
+            "RESTCatalog": "rest",
+            "HiveCatalog": "hive",
+            "GlueCatalog": "glue",
+        }.get(short)
         if kind is None:
             raise ImportError_(
                 f"iceberg.catalog.catalog-impl: {impl!r} has no PyIceberg equivalent; "
                 "use a REST, JDBC (SQL), Hive or Glue catalog"
             )
     if kind == "hadoop":
-        raise ImportError_("iceberg.catalog.type: a Hadoop catalog has no PyIceberg equivalent; use a REST or JDBC catalog")
+        raise ImportError_(
+            "iceberg.catalog.type: a Hadoop catalog has no PyIceberg equivalent; use a REST or JDBC catalog"
+        )
     if kind:
         catalog["type"] = "sql" if kind == "jdbc" else kind
     uri = props.pop("uri", None)
@@ -230,7 +241,9 @@ def _sqlalchemy_uri(uri: str, user: str | None, password: str | None) -> str:
         if user:
             auth = user + (f":{password}" if password else "") + "@"
         return f"postgresql+psycopg2://{auth}{match.group(1)}"
-    raise ImportError_(f"iceberg.catalog.uri: {uri!r}: only SQLite and PostgreSQL JDBC URIs have a PyIceberg SQL catalog")
+    raise ImportError_(
+        f"iceberg.catalog.uri: {uri!r}: only SQLite and PostgreSQL JDBC URIs have a PyIceberg SQL catalog"
+    )
 
 
 def _source(reader: _Reader, bootstrap: str | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -246,11 +259,15 @@ def _source(reader: _Reader, bootstrap: str | None) -> tuple[dict[str, Any], dic
     if converter is not None:
         fmt = _CONVERTERS.get(converter)
         if fmt is None:
-            raise ImportError_(f"value.converter: {converter!r} has no sink format; the sink reads {sorted(_CONVERTERS)}")
+            raise ImportError_(
+                f"value.converter: {converter!r} has no sink format; the sink reads {sorted(_CONVERTERS)}"
+            )
         source["format"] = fmt
         registry = reader.prefixed("value.converter.schema.registry.")
         if registry:
-            source["schema-registry"] = {f"schema.registry.{k}".removeprefix("schema.registry."): v for k, v in registry.items()}
+            source["schema-registry"] = {
+                f"schema.registry.{k}".removeprefix("schema.registry."): v for k, v in registry.items()
+            }
         schemas = reader.get("value.converter.schemas.enable")
         if fmt == "json" and schemas is not None and schemas.lower() == "true":
             reader.uncarried.append(
@@ -269,9 +286,16 @@ def _source(reader: _Reader, bootstrap: str | None) -> tuple[dict[str, Any], dic
     for key in sorted(overrides):
         if key != "group.id":
             reader.uncarried.append(
-                Uncarried(f"consumer.override.{key}", "a Java consumer setting of Connect's task; the sink's own clients take librdkafka names under kafka:")
+                Uncarried(
+                    f"consumer.override.{key}",
+                    "a Java consumer setting of Connect's task; the sink's own clients take librdkafka names under kafka:",
+                )
             )
-    for key in [k for k in kafka if k in ("sasl.jaas.config",) or k.startswith("ssl.truststore") or k.startswith("ssl.keystore.type")]:
+    for key in [
+        k
+        for k in kafka
+        if k in ("sasl.jaas.config",) or k.startswith("ssl.truststore") or k.startswith("ssl.keystore.type")
+    ]:
         reader.uncarried.append(
             Uncarried(
                 f"iceberg.kafka.{key}",
@@ -289,12 +313,16 @@ def _source(reader: _Reader, bootstrap: str | None) -> tuple[dict[str, Any], dic
     return source, kafka
 
 
-def _table_entry(reader: _Reader, table: str, defaults: dict[str, Any], route_field: str | None) -> dict[str, Any]:
+def _table_entry(
+    reader: _Reader, table: str, defaults: dict[str, Any], route_field: str | None
+) -> dict[str, Any]:
     entry: dict[str, Any] = {}
     regex = reader.get(f"iceberg.table.{table}.route-regex")
     if regex is not None:
         if route_field is None:
-            raise ImportError_(f"iceberg.table.{table}.route-regex: set, but iceberg.tables.route-field is not")
+            raise ImportError_(
+                f"iceberg.table.{table}.route-regex: set, but iceberg.tables.route-field is not"
+            )
         # The Java sink matches the whole value (Matcher.matches); regex() searches.
         entry["when"] = f"regex({_identifier(route_field)}, {_literal(f'^(?:{regex})$')})"
     partition = reader.get(f"iceberg.table.{table}.partition-by")
@@ -305,12 +333,18 @@ def _table_entry(reader: _Reader, table: str, defaults: dict[str, Any], route_fi
     ids = reader.get(f"iceberg.table.{table}.id-columns")
     key = [c.strip() for c in ids.split(",")] if ids else defaults.get("key")
     if defaults.get("upsert") and key:
-        entry["changes"] = {"format": "upsert", "key": key, **({"delete-when": defaults["delete-when"]} if "delete-when" in defaults else {})}
+        entry["changes"] = {
+            "format": "upsert",
+            "key": key,
+            **({"delete-when": defaults["delete-when"]} if "delete-when" in defaults else {}),
+        }
     elif ids:
         reader.uncarried.append(Uncarried(f"iceberg.table.{table}.id-columns", _ID_COLUMNS_REASON))
     branch = reader.get(f"iceberg.table.{table}.commit-branch")
     if branch is not None:
-        reader.uncarried.append(Uncarried(f"iceberg.table.{table}.commit-branch", "the sink commits to the main branch only"))
+        reader.uncarried.append(
+            Uncarried(f"iceberg.table.{table}.commit-branch", "the sink commits to the main branch only")
+        )
     for name in ("properties", "auto-create", "evolution", "conversion"):
         if name in defaults:
             entry[name] = defaults[name]
@@ -323,15 +357,21 @@ _ID_COLUMNS_REASON = (
 )
 
 
-def translate(props: Mapping[str, str], bootstrap: str | None = None, sink_name: str | None = None) -> Imported:
+def translate(
+    props: Mapping[str, str], bootstrap: str | None = None, sink_name: str | None = None
+) -> Imported:
     """The sink YAML for a connector's properties; raises :class:`ImportError_` naming the key it cannot take."""
     reader = _Reader(dict(props))
     connector_class = reader.get("connector.class")
     if connector_class not in CONNECTOR_CLASSES:
-        raise ImportError_(f"connector.class: {connector_class!r} is not the Iceberg sink; expected one of {list(CONNECTOR_CLASSES)}")
+        raise ImportError_(
+            f"connector.class: {connector_class!r} is not the Iceberg sink; expected one of {list(CONNECTOR_CLASSES)}"
+        )
     name = reader.get("name")
     if not name:
-        raise ImportError_("name: the connector's name is needed (it names its consumer group connect-<name>)")
+        raise ImportError_(
+            "name: the connector's name is needed (it names its consumer group connect-<name>)"
+        )
     source, kafka = _source(reader, bootstrap)
     catalog = _catalog(reader)
     route_field = reader.get("iceberg.tables.route-field")
@@ -361,12 +401,17 @@ def translate(props: Mapping[str, str], bootstrap: str | None = None, sink_name:
     for table in [t.strip() for t in (reader.get("iceberg.tables") or "").split(",") if t.strip()]:
         tables[table] = _table_entry(reader, table, defaults, route_field)
         if defaults.get("upsert") and "changes" not in tables[table]:
-            raise ImportError_(f"iceberg.tables.upsert-mode-enabled: table {table} has no id columns (iceberg.table.{table}.id-columns)")
+            raise ImportError_(
+                f"iceberg.tables.upsert-mode-enabled: table {table} has no id columns (iceberg.table.{table}.id-columns)"
+            )
     if ids and not defaults.get("upsert"):
         reader.uncarried.append(Uncarried("iceberg.tables.default-id-columns", _ID_COLUMNS_REASON))
     sink: dict[str, Any] = {"name": sink_name or name, "kafka": kafka, "source": source}
     control: dict[str, Any] = {}
-    for key, ours in (("iceberg.control.commit.interval-ms", "commit-interval"), ("iceberg.control.commit.timeout-ms", "commit-timeout")):
+    for key, ours in (
+        ("iceberg.control.commit.interval-ms", "commit-interval"),
+        ("iceberg.control.commit.timeout-ms", "commit-timeout"),
+    ):
         value = reader.get(key)
         if value is not None:
             if not value.strip().isdigit():
@@ -379,15 +424,27 @@ def translate(props: Mapping[str, str], bootstrap: str | None = None, sink_name:
         sink["tables"] = tables
     if dynamic:
         if not route_field:
-            raise ImportError_("iceberg.tables.dynamic-enabled: true needs iceberg.tables.route-field (the field naming the table)")
-        entry: dict[str, Any] = {"table": _identifier(route_field), "auto-create": auto_create, "applies-to": "all"}
+            raise ImportError_(
+                "iceberg.tables.dynamic-enabled: true needs iceberg.tables.route-field (the field naming the table)"
+            )
+        entry: dict[str, Any] = {
+            "table": _identifier(route_field),
+            "auto-create": auto_create,
+            "applies-to": "all",
+        }
         for key in ("partition-by", "properties", "evolution", "conversion"):
             if key in defaults:
                 entry[key] = defaults[key]
         if defaults.get("upsert"):
             if "key" not in defaults:
-                raise ImportError_("iceberg.tables.upsert-mode-enabled: dynamic tables need iceberg.tables.default-id-columns")
-            entry["changes"] = {"format": "upsert", "key": defaults["key"], **({"delete-when": defaults["delete-when"]} if "delete-when" in defaults else {})}
+                raise ImportError_(
+                    "iceberg.tables.upsert-mode-enabled: dynamic tables need iceberg.tables.default-id-columns"
+                )
+            entry["changes"] = {
+                "format": "upsert",
+                "key": defaults["key"],
+                **({"delete-when": defaults["delete-when"]} if "delete-when" in defaults else {}),
+            }
         sink["dynamic"] = entry
         if not tables:
             sink.pop("tables", None)
@@ -402,15 +459,27 @@ def translate(props: Mapping[str, str], bootstrap: str | None = None, sink_name:
     if tolerance in ("all", "none"):
         if tolerance == "all" and not dlq:
             reader.uncarried.append(
-                Uncarried("errors.tolerance", "all without a dead-letter queue drops bad records silently; the sink needs a dead-letter topic for all, so it stops at the first bad record (none)")
+                Uncarried(
+                    "errors.tolerance",
+                    "all without a dead-letter queue drops bad records silently; the sink needs a dead-letter topic for all, so it stops at the first bad record (none)",
+                )
             )
             sink["errors"] = {"tolerance": "none"}
         else:
             sink["errors"] = {"tolerance": tolerance}
-    connect_group = reader.get("iceberg.connect.group-id") or reader.props.get("consumer.override.group.id") or f"connect-{name}"
+    connect_group = (
+        reader.get("iceberg.connect.group-id")
+        or reader.props.get("consumer.override.group.id")
+        or f"connect-{name}"
+    )
     control_topic = reader.get("iceberg.control.topic", "control-iceberg") or "control-iceberg"
     tabular_group = reader.get("iceberg.control.group-id")
-    control_group = tabular_group or (reader.get("iceberg.control.group-id-prefix", "cg-control-") or "cg-control-") + name
+    control_group = (
+        tabular_group
+        or (reader.get("iceberg.control.group-id-prefix", "cg-control-") or "cg-control-") + name
+    )
+    if control_topic == f"{sink['name']}-control":  # the sink's default would share the connector's topic
+        sink.setdefault("control", {})["topic"] = f"{sink['name']}-fanout-sink-control"
     _report_rest(reader, control_topic)
     imported = Imported(sink, reader.uncarried, name, connect_group, control_topic, control_group)
     check(imported)
@@ -479,6 +548,33 @@ class Takeover:
     unstarted: list[tuple[str, int]]
 
 
+_AVRO_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+
+def avro_short_names(schema: Any) -> Any:
+    """The schema with every named type and reference by its short name, namespaces dropped.
+
+    Iceberg Java writes its UUID type as a fixed ``uuid_fixed`` without a namespace inside namespaced
+    records, then refers to it by a name fastavro resolves into the enclosing namespace
+    (``org.apache.iceberg.connect.events.uuid_fixed``), which it never defined. The events' type
+    names are unique without their namespaces (Iceberg names structs ``r<field id>``)."""
+    if isinstance(schema, str):
+        return schema if schema in _AVRO_PRIMITIVES else schema.rsplit(".", 1)[-1]
+    if isinstance(schema, list):
+        return [avro_short_names(item) for item in schema]
+    if isinstance(schema, dict):
+        out = {key: value for key, value in schema.items() if key != "namespace"}
+        if schema.get("type") in ("record", "error", "enum", "fixed") and isinstance(schema.get("name"), str):
+            out["name"] = schema["name"].rsplit(".", 1)[-1]
+        for key in ("type", "items", "values"):
+            if key in schema:
+                out[key] = avro_short_names(schema[key])
+        if "fields" in schema:
+            out["fields"] = [{**f, "type": avro_short_names(f["type"])} for f in schema["fields"]]
+        return out
+    return schema
+
+
 def decode_event(value: bytes) -> dict[str, Any]:
     """One Java sink control event: two magic bytes, the writer's Avro schema (Java's ``writeUTF``:
     a two-byte length), then the datum. Decoded with the schema it carries, so both sink families and
@@ -486,18 +582,22 @@ def decode_event(value: bytes) -> dict[str, Any]:
     if value[:2] != _EVENT_MAGIC:
         raise ValueError("not an Iceberg Kafka Connect event (no magic bytes)")
     (length,) = struct.unpack(">H", value[2:4])
-    schema = fastavro.parse_schema(json.loads(value[4 : 4 + length].decode("utf-8")))
+    schema = fastavro.parse_schema(avro_short_names(json.loads(value[4 : 4 + length].decode("utf-8"))))
     record: dict[str, Any] = fastavro.schemaless_reader(io.BytesIO(value[4 + length :]), schema, None)
     return record
 
 
 def _groups_with_members(admin: Any, groups: list[str], timeout_s: float) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for group, future in admin.describe_consumer_groups(groups, request_timeout=timeout_s).items():
-        description = future.result()
-        if description.members:
-            found[group] = len(description.members)
-    return found
+    """The groups that have members now: the connector (or a task of it) still runs. A group the
+    broker never saw is empty; its coordinator may answer NOT_COORDINATOR while loading (retried)."""
+    from fanout_sink.kafka.clients import retry_transient
+
+    def members(group: str) -> int:
+        description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result()
+        return len(description.members)
+
+    found = {group: retry_transient(lambda group=group: members(group), timeout_s) for group in groups}
+    return {group: count for group, count in found.items() if count}
 
 
 def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> list[str]:
@@ -505,7 +605,13 @@ def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> 
     offset of the newest such announcement (empty: every announced file is in its table)."""
     from fanout_sink.catalog import load_catalog
 
-    consumer = clients.consumer({"group.id": f"{config.name}-takeover-check", "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer = clients.consumer(
+        {
+            "group.id": f"{config.name}-takeover-check",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     announced: dict[str, tuple[int, int]] = {}  # table -> (partition, offset) of its newest DataWritten
     try:
         metadata = consumer.list_topics(imported.control_topic, timeout=clients.timeout_s)
@@ -516,7 +622,9 @@ def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> 
                 "connector never ran, or this is not its config"
             )
         for partition in topic.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(imported.control_topic, partition), timeout=clients.timeout_s)
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(imported.control_topic, partition), timeout=clients.timeout_s
+            )
             if high <= low:
                 continue
             consumer.assign([TopicPartition(imported.control_topic, partition, low)])
@@ -526,8 +634,12 @@ def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> 
                 if message is None:
                     break  # read_committed: the last stable offset can stay below high (markers)
                 if message.error() is not None:
-                    raise ImportError_(f"iceberg.control.topic: reading {imported.control_topic!r} failed: {message.error()}")
+                    raise ImportError_(
+                        f"iceberg.control.topic: reading {imported.control_topic!r} failed: {message.error()}"
+                    )
                 position = message.offset() + 1
+                if not message.value() or message.value()[:2] != _EVENT_MAGIC:
+                    continue  # not the Java sink's: no announcement of its files
                 event = decode_event(message.value())
                 if event.get("group_id") != imported.connect_group or event.get("type") != _DATA_WRITTEN:
                     continue
@@ -575,7 +687,9 @@ def take_over(imported: Imported, config: SinkConfig) -> Takeover:
 
     channel = SinkChannel.from_config(config)
     clients = channel.clients
-    running = _groups_with_members(clients.admin(), [imported.connect_group, imported.control_group], clients.timeout_s)
+    running = _groups_with_members(
+        clients.admin(), [imported.connect_group, imported.control_group], clients.timeout_s
+    )
     if running:
         raise ImportError_(
             f"name: the connector {imported.connector!r} still runs ({running} members): stop it first "
@@ -594,6 +708,12 @@ def take_over(imported: Imported, config: SinkConfig) -> Takeover:
             f"name: the connector's group {imported.connect_group!r} has no offsets for {sorted(partitions)}: "
             "nothing to take over from; run the sink without --take-over (source.starting-offsets decides)"
         )
+    ours = delivered_offsets(channel, wanted)
+    if ours:
+        raise ImportError_(
+            f"name: the sink group {channel.sink_group!r} already holds offsets ({len(ours)} partitions): "
+            "this sink has run; a takeover is only for its first start"
+        )
     problems = _uncommitted_files(imported, config, clients)
     if problems:
         raise ImportError_(
@@ -601,18 +721,14 @@ def take_over(imported: Imported, config: SinkConfig) -> Takeover:
             "ahead of its tables: " + "; ".join(problems) + ". Start the connector again until it logs a "
             "completed commit, stop it, and run --take-over again"
         )
-    ours = delivered_offsets(channel, wanted)
-    if ours:
-        raise ImportError_(
-            f"name: the sink group {channel.sink_group!r} already holds offsets ({len(ours)} partitions): "
-            "this sink has run; a takeover is only for its first start"
-        )
     writer = PositionWriter(channel)
     try:
         for (topic, part), offset in sorted(found.items()):
             held = writer.commit(topic, part, offset, expected=None)
             if held is not None and held != offset:
-                raise ImportError_(f"name: the sink group got offset {held} for {topic}[{part}] meanwhile: is the sink running?")
+                raise ImportError_(
+                    f"name: the sink group got offset {held} for {topic}[{part}] meanwhile: is the sink running?"
+                )
     finally:
         writer.close()
     return Takeover(found, [key for key in wanted if key not in found])

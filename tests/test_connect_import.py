@@ -89,7 +89,11 @@ def test_apache_keys_become_tables_routes_partitions_catalog_and_control() -> No
     imported = connect_import.translate(APACHE)
     sink = imported.sink
     assert sink["name"] == "events-sink"
-    assert sink["source"] == {"topics": ["orders", "payments"], "format": "json", "starting-offsets": "earliest"}
+    assert sink["source"] == {
+        "topics": ["orders", "payments"],
+        "format": "json",
+        "starting-offsets": "earliest",
+    }
     orders = sink["tables"]["shop.orders"]
     assert orders["when"] == "regex(meta.type, '^(?:order|ord)$')"
     assert orders["partition-by"] == ["day(ts)", "bucket[16](id)"]
@@ -97,7 +101,9 @@ def test_apache_keys_become_tables_routes_partitions_catalog_and_control() -> No
     assert orders["auto-create"] is True and orders["evolution"] is True
     assert orders["properties"] == {"format-version": "2"}
     assert orders["conversion"] == {"case-insensitive": True}
-    assert "changes" not in sink["tables"]["shop.payments"]  # id columns without upsert: identifier fields only
+    assert (
+        "changes" not in sink["tables"]["shop.payments"]
+    )  # id columns without upsert: identifier fields only
     assert sink["control"] == {"commit-interval": "120000ms", "commit-timeout": "30000ms"}
     assert sink["catalog"] == {
         "name": "lake", "type": "sql", "uri": "postgresql+psycopg2://sink:secret@pg:5432/iceberg",
@@ -164,7 +170,10 @@ def test_static_upsert_tables_take_their_id_columns_as_keys() -> None:
         ({"iceberg.tables.auto-create-enabled": "yes"}, "iceberg.tables.auto-create-enabled"),
         ({"iceberg.kafka.bootstrap.servers": None}, "iceberg.kafka.bootstrap.servers"),
         ({"value.converter": "org.apache.kafka.connect.storage.StringConverter"}, "value.converter"),
-        ({"iceberg.catalog.catalog-impl": "org.apache.iceberg.hadoop.HadoopCatalog"}, "iceberg.catalog.catalog-impl"),
+        (
+            {"iceberg.catalog.catalog-impl": "org.apache.iceberg.hadoop.HadoopCatalog"},
+            "iceberg.catalog.catalog-impl",
+        ),
         ({"topics": None}, "topics"),
     ],
 )
@@ -183,7 +192,10 @@ def test_the_command_writes_a_yaml_the_loader_takes_and_lists_what_it_left_out(
     props.pop("iceberg.kafka.bootstrap.servers")
     connector.write_text(json.dumps({"name": props.pop("name"), "config": props}))
     out = tmp_path / "sink.yaml"
-    assert main(["import-connect", str(connector), "--out", str(out), "--bootstrap-servers", "127.0.0.1:9092"]) == 0
+    assert (
+        main(["import-connect", str(connector), "--out", str(out), "--bootstrap-servers", "127.0.0.1:9092"])
+        == 0
+    )
     config = load_config(out)
     assert config.name == "events-sink" and config.kafka["bootstrap.servers"] == "127.0.0.1:9092"
     assert config.catalog.uri == f"sqlite:///{tmp_path}/catalog.db"
@@ -191,7 +203,10 @@ def test_the_command_writes_a_yaml_the_loader_takes_and_lists_what_it_left_out(
     assert set(config.tables) == {"shop.orders", "shop.payments"}
     err = capsys.readouterr().err
     assert "keys not carried" in err and "  transforms: Single Message Transforms" in err
-    assert yaml.safe_load(out.read_text())["tables"]["shop.orders"]["partition-by"] == ["day(ts)", "bucket[16](id)"]
+    assert yaml.safe_load(out.read_text())["tables"]["shop.orders"]["partition-by"] == [
+        "day(ts)",
+        "bucket[16](id)",
+    ]
 
 
 def test_a_properties_file_reads_like_connects_standalone(tmp_path: Path) -> None:
@@ -207,22 +222,105 @@ def test_take_over_needs_out(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "--take-over needs --out" in capsys.readouterr().err
 
 
-def test_a_control_event_decodes_with_the_schema_it_carries() -> None:
-    """The Java sink's framing (AvroEncoderUtil): magic C2 01, writeUTF(schema), the datum."""
-    schema = {
-        "type": "record", "name": "Event", "fields": [
-            {"name": "type", "type": "int"}, {"name": "group_id", "type": "string"},
-            {"name": "payload", "type": {"type": "record", "name": "DataWritten", "fields": [
-                {"name": "table_reference", "type": {"type": "record", "name": "TableReference", "fields": [
-                    {"name": "namespace", "type": {"type": "array", "items": "string"}}, {"name": "name", "type": "string"}]}},
-                {"name": "data_files", "type": {"type": "array", "items": "string"}}]}},
-        ],
+_UUID = {"type": "fixed", "name": "uuid_fixed", "namespace": "", "size": 16}
+_REF = {
+    "type": "record", "name": "TableReference",
+    "fields": [{"name": "namespace", "type": {"type": "array", "items": "string"}}, {"name": "name", "type": "string"}],
+}  # fmt: skip
+_PAYLOAD = {
+    "type": "record", "name": "DataWritten",
+    "fields": [{"name": "commit_id", "type": "uuid_fixed"}, {"name": "table_reference", "type": _REF},
+               {"name": "data_files", "type": {"type": "array", "items": "string"}}],
+}  # fmt: skip
+EVENT_SCHEMA = {
+    "type": "record", "name": "Event", "namespace": "org.apache.iceberg.connect.events",
+    "fields": [{"name": "id", "type": _UUID}, {"name": "type", "type": "int"},
+               {"name": "group_id", "type": "string"}, {"name": "payload", "type": _PAYLOAD}],
+}  # fmt: skip
+"""A DataWritten event's schema as the Java sink frames it: its UUID fixed has no namespace inside
+namespaced records, so a later bare reference resolves elsewhere."""
+
+
+def java_event(group: str, table: str, files: list[str]) -> bytes:
+    """A DataWritten event framed as Iceberg's AvroEncoderUtil writes it: magic C2 01, writeUTF(schema), datum."""
+    namespace, name = table.rsplit(".", 1)
+    datum = {
+        "id": b"u" * 16, "type": 1, "group_id": group,
+        "payload": {"commit_id": b"c" * 16, "table_reference": {"namespace": [namespace], "name": name}, "data_files": files},
     }  # fmt: skip
-    datum = {"type": 1, "group_id": "connect-x", "payload": {"table_reference": {"namespace": ["ns"], "name": "t"}, "data_files": ["f"]}}
     body = io.BytesIO()
-    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), datum)
-    text = json.dumps(schema).encode()
-    event = connect_import.decode_event(b"\xc2\x01" + struct.pack(">H", len(text)) + text + body.getvalue())
-    assert event == datum
+    fastavro.schemaless_writer(body, fastavro.parse_schema(connect_import.avro_short_names(EVENT_SCHEMA)), datum)
+    text = json.dumps(EVENT_SCHEMA).encode()
+    return b"\xc2\x01" + struct.pack(">H", len(text)) + text + body.getvalue()
+
+
+def test_a_control_event_decodes_with_the_schema_it_carries() -> None:
+    with pytest.raises(fastavro.schema.UnknownType):  # what fastavro makes of the schema as written
+        fastavro.parse_schema(EVENT_SCHEMA)
+    event = connect_import.decode_event(java_event("connect-x", "ns.t", ["f"]))
+    assert event["group_id"] == "connect-x" and event["type"] == 1
+    assert event["payload"]["table_reference"] == {"namespace": ["ns"], "name": "t"}
+    assert event["payload"]["data_files"] == ["f"]
     with pytest.raises(ValueError, match="magic"):
         connect_import.decode_event(b"\x00\x01")
+
+
+def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_then_seeds_the_sink_group(
+    bootstrap_servers: str, tmp_path: Path
+) -> None:
+    """On the real broker, with the connector's group, control topic and table summaries made by hand
+    as the Java sink leaves them: no offsets, then files announced past the table's last commit, are
+    refused naming what to do; once the table's summary covers them the sink group gets the offsets."""
+    import pyarrow as pa
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from support.common import create_named_topic, produce_json
+
+    from fanout_sink.catalog import CatalogSettings, load_catalog
+    from fanout_sink.kafka.offsets import GroupOffsets
+    from fanout_sink.protocol.channel import SinkChannel
+
+    name = f"kc-checks-{tmp_path.name[-12:].replace('_', '-')}"
+    topic = create_named_topic(bootstrap_servers, f"{name}-src", partitions=2)
+    control = create_named_topic(bootstrap_servers, f"{name}-ctl")
+    produce_json(bootstrap_servers, topic, 0, [{"id": i} for i in range(5)])
+    settings = CatalogSettings(name="lake", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog = load_catalog(settings)
+    catalog.create_namespace_if_not_exists("shop")
+    table = catalog.create_table("shop.orders", schema=pa.schema([("id", pa.int64())]))
+    props = {
+        "name": name, "connector.class": connect_import.APACHE_CLASS, "topics": topic,
+        "iceberg.tables": "shop.orders", "iceberg.control.topic": control, "iceberg.catalog": "lake",
+        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "iceberg.catalog.uri": f"jdbc:sqlite:{tmp_path}/c.db", "iceberg.catalog.warehouse": f"file://{tmp_path}/wh",
+        "iceberg.kafka.bootstrap.servers": bootstrap_servers,
+    }  # fmt: skip
+    imported = connect_import.translate(props)
+    (tmp_path / "sink.yaml").write_text(imported.yaml())
+    config = load_config(tmp_path / "sink.yaml")
+
+    with pytest.raises(connect_import.ImportError_, match=f"group 'connect-{name}' has no offsets"):
+        connect_import.take_over(imported, config)
+
+    group = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"connect-{name}"})
+    group.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    group.close()
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    producer.produce(control, b"not an Iceberg event")
+    for _ in range(3):
+        producer.produce(control, java_event(f"connect-{name}", "shop.orders", ["f.parquet"]))
+    producer.produce(control, java_event("connect-other", "shop.orders", ["g.parquet"]))
+    producer.flush(30)
+    summary_key = f"kafka.connect.offsets.{control}.connect-{name}"
+    table.append(pa.table({"id": [0]}), snapshot_properties={summary_key: json.dumps({"0": 2})})
+    with pytest.raises(connect_import.ImportError_, match=r"shop\.orders: data files announced at .*\[0\]@3") as err:
+        connect_import.take_over(imported, config)
+    assert str(err.value).startswith("iceberg.control.topic: the connector's last commit did not complete")
+
+    table.append(pa.table({"id": [1]}), snapshot_properties={summary_key: json.dumps({"0": 4})})
+    taken = connect_import.take_over(imported, config)
+    assert taken.positions == {(topic, 0): 3} and taken.unstarted == [(topic, 1)]
+    reader = GroupOffsets(SinkChannel.from_config(config).clients, SinkChannel.from_config(config).sink_group)
+    try:
+        assert reader.committed([(topic, 0), (topic, 1)]) == {(topic, 0): 3, (topic, 1): None}
+    finally:
+        reader.close()

@@ -22,7 +22,7 @@ from bench.landed import landed
 from bench.proctree import run_child
 from bench.workload import ROUTE_FIELD
 from fanout_sink import jars
-from fanout_sink.catalog import sqlite_path
+from fanout_sink.catalog import CatalogSettings, sqlite_path
 from fanout_sink.devtools.stack.broker import free_port
 from fanout_sink.kafka.clients import KafkaClientFactory
 
@@ -72,6 +72,56 @@ def _plugin_path(folder: Path) -> Path:
     return plugins
 
 
+def create_control_topic(bootstrap: str, control: str) -> None:
+    """The connector's control topic: one partition, made before Connect starts."""
+    admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
+    admin.create_topics([NewTopic(control, 1, 1)])[control].result(timeout=30)
+
+
+def catalog_properties(settings: CatalogSettings) -> dict[str, str]:
+    """The connector's ``iceberg.catalog*`` keys for the run's SQLite catalog: Iceberg's JdbcCatalog on
+    the file PyIceberg's SQL catalog writes (same catalog name, JDBC schema V1)."""
+    return {
+        "iceberg.catalog": settings.name,
+        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "iceberg.catalog.uri": f"jdbc:sqlite:{sqlite_path(settings.uri or '')}",
+        "iceberg.catalog.jdbc.schema-version": "V1",
+        "iceberg.catalog.clients": "1",
+        "iceberg.catalog.warehouse": settings.warehouse or "",
+    }
+
+
+def standalone_command(
+    folder: Path, bootstrap: str, commit_interval_s: float, connector: dict[str, str]
+) -> list[str]:
+    """Write the worker, connector and log4j2 files into ``folder`` and return Connect standalone's
+    command line running ``connector``."""
+    worker = {
+        "bootstrap.servers": bootstrap,
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "offset.storage.file.filename": str(folder / "connect.offsets"),
+        "listeners": f"http://127.0.0.1:{free_port()}",
+        "plugin.path": str(_plugin_path(folder)),
+        "consumer.isolation.level": "read_committed",
+        # A sink task's poll waits for the next offset flush when no records come (60 s by default),
+        # and the Iceberg task answers the coordinator's commit request only from put(): without this
+        # the last records of a finite input wait up to a minute for their commit.
+        "offset.flush.interval.ms": str(int(commit_interval_s * 1000)),
+        "plugin.discovery": "service_load",  # what Connect itself advises for these jars: faster start-up
+    }
+    (folder / "worker.properties").write_text(_properties(worker))
+    (folder / "connector.properties").write_text(_properties(connector))
+    (folder / "log4j2.properties").write_text(_LOG4J2)
+    classpath = os.path.join(jars.fetch(CONNECT_WORKER), "*")
+    return [
+        "java", "-Xms256m", "-Xmx2g", f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
+        "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
+        str(folder / "worker.properties"), str(folder / "connector.properties"),
+    ]  # fmt: skip
+
+
 def connector_command(ctx: RunContext, *, dynamic: bool = False) -> list[str]:
     """Create the run's control topic, write the worker, connector and log4j2 files into its folder
     (the tables already created), and return the Connect worker's command line.
@@ -82,23 +132,7 @@ def connector_command(ctx: RunContext, *, dynamic: bool = False) -> list[str]:
     """
     name = ctx.unique_name("iceberg")
     control = f"{name}-control"
-    admin = KafkaClientFactory({"bootstrap.servers": ctx.bootstrap}).admin()
-    admin.create_topics([NewTopic(control, 1, 1)])[control].result(timeout=30)
-    worker = {
-        "bootstrap.servers": ctx.bootstrap,
-        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
-        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "value.converter.schemas.enable": "false",
-        "offset.storage.file.filename": str(ctx.folder / "connect.offsets"),
-        "listeners": f"http://127.0.0.1:{free_port()}",
-        "plugin.path": str(_plugin_path(ctx.folder)),
-        "consumer.isolation.level": "read_committed",
-        # A sink task's poll waits for the next offset flush when no records come (60 s by default),
-        # and the Iceberg task answers the coordinator's commit request only from put(): without this
-        # the last records of a finite input wait up to a minute for their commit.
-        "offset.flush.interval.ms": str(int(ctx.commit_interval_s * 1000)),
-        "plugin.discovery": "service_load",  # what Connect itself advises for these jars: faster start-up
-    }
+    create_control_topic(ctx.bootstrap, control)
     tables = ctx.variant.table_names()
     routing = (
         {"iceberg.tables.dynamic-enabled": "true"}
@@ -118,23 +152,10 @@ def connector_command(ctx: RunContext, *, dynamic: bool = False) -> list[str]:
         "iceberg.control.topic": control,
         "iceberg.control.group-id-prefix": f"{name}-cg",
         "iceberg.control.commit.interval-ms": str(int(ctx.commit_interval_s * 1000)),
-        "iceberg.catalog": ctx.settings.name,
-        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-        "iceberg.catalog.uri": f"jdbc:sqlite:{sqlite_path(ctx.settings.uri or '')}",
-        "iceberg.catalog.jdbc.schema-version": "V1",
-        "iceberg.catalog.clients": "1",
-        "iceberg.catalog.warehouse": ctx.settings.warehouse or "",
+        **catalog_properties(ctx.settings),
         "iceberg.kafka.bootstrap.servers": ctx.bootstrap,
     }
-    (ctx.folder / "worker.properties").write_text(_properties(worker))
-    (ctx.folder / "connector.properties").write_text(_properties(connector))
-    (ctx.folder / "log4j2.properties").write_text(_LOG4J2)
-    classpath = os.path.join(jars.fetch(CONNECT_WORKER), "*")
-    return [
-        "java", "-Xms256m", "-Xmx2g", f"-Dlog4j2.configurationFile={ctx.folder / 'log4j2.properties'}",
-        "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
-        str(ctx.folder / "worker.properties"), str(ctx.folder / "connector.properties"),
-    ]  # fmt: skip
+    return standalone_command(ctx.folder, ctx.bootstrap, ctx.commit_interval_s, connector)
 
 
 def run(ctx: RunContext) -> SystemRun:
