@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     imp = commands.add_parser(
         "import-connect",
-        help="a sink YAML from an Iceberg Kafka Connect sink's connector config (and --take-over its offsets)",
+        help="a sink YAML from an Iceberg Kafka Connect sink's connector config (--take-over: its offsets)",
     )
     imp.add_argument(
         "connector", help="the connector's config: Connect's REST JSON, its config object, or .properties"
@@ -374,7 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument(
         "--take-over",
         action="store_true",
-        help="once the connector is stopped and its last commit completed, start the sink's partitions where its tables end",
+        help=(
+            "once the connector is stopped and its last commit completed, start the sink's partitions "
+            "where its tables end"
+        ),
     )
     imp.set_defaults(func=_import_connect)
 

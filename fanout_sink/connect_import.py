@@ -20,6 +20,7 @@ worker does, and the sink's first start reads from there (``protocol/recovery.py
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -56,7 +57,9 @@ _JAVA_TRANSFORMS = {
 _CATALOG_RENAMES = {"client.region": "s3.region"}
 _CATALOG_JAVA_ONLY = {
     "catalog-impl": "the catalog type is derived from it (catalog.type)",
-    "io-impl": "PyIceberg picks its FileIO from the warehouse's scheme; Spark's is derived (fanout_sink/catalog.py)",
+    "io-impl": (
+        "PyIceberg picks its FileIO from the warehouse's scheme; Spark's is derived (fanout_sink/catalog.py)"
+    ),
     "clients": "the size of Iceberg Java's JDBC connection pool; PyIceberg and Spark size their own",
     "jdbc.user": "carried as the user of catalog.uri",
     "jdbc.password": "carried as the password of catalog.uri",
@@ -91,7 +94,8 @@ class Imported:
 
     def yaml(self) -> str:
         header = (
-            f"# Imported by `fanout-sink import-connect` from the Iceberg Kafka Connect sink {self.connector!r}.\n"
+            "# Imported by `fanout-sink import-connect` from the Iceberg Kafka Connect sink "
+            f"{self.connector!r}.\n"
             f"# Keys not carried: {len(self.uncarried)} (listed by the command).\n"
         )
         return header + yaml.safe_dump(self.sink, sort_keys=False, allow_unicode=True)
@@ -135,8 +139,8 @@ def load_connector(path: str | Path) -> dict[str, str]:
     text = Path(path).read_text()
     if Path(path).suffix == ".properties":
         props: dict[str, str] = {}
-        for line in text.splitlines():
-            line = line.strip()
+        for raw in text.splitlines():
+            line = raw.strip()
             if line and not line.startswith(("#", "!")) and "=" in line:
                 key, _, value = line.partition("=")
                 props[key.strip()] = value.strip()
@@ -288,7 +292,8 @@ def _source(reader: _Reader, bootstrap: str | None) -> tuple[dict[str, Any], dic
             reader.uncarried.append(
                 Uncarried(
                     f"consumer.override.{key}",
-                    "a Java consumer setting of Connect's task; the sink's own clients take librdkafka names under kafka:",
+                    "a Java consumer setting of Connect's task; the sink's own clients take librdkafka "
+                    "names under kafka:",
                 )
             )
     for key in [
@@ -299,7 +304,8 @@ def _source(reader: _Reader, bootstrap: str | None) -> tuple[dict[str, Any], dic
         reader.uncarried.append(
             Uncarried(
                 f"iceberg.kafka.{key}",
-                "a Java client property librdkafka does not take: give sasl.username/sasl.password or ssl.ca.location (PEM) under kafka:",
+                "a Java client property librdkafka does not take: give sasl.username/sasl.password or "
+                "ssl.ca.location (PEM) under kafka:",
             )
         )
         del kafka[key]
@@ -360,12 +366,14 @@ _ID_COLUMNS_REASON = (
 def translate(
     props: Mapping[str, str], bootstrap: str | None = None, sink_name: str | None = None
 ) -> Imported:
-    """The sink YAML for a connector's properties; raises :class:`ImportError_` naming the key it cannot take."""
+    """The sink YAML for a connector's properties; raises :class:`ImportError_` naming the key it
+    cannot take. The YAML is loaded as `run` loads it before it is returned (:func:`check`)."""
     reader = _Reader(dict(props))
     connector_class = reader.get("connector.class")
     if connector_class not in CONNECTOR_CLASSES:
         raise ImportError_(
-            f"connector.class: {connector_class!r} is not the Iceberg sink; expected one of {list(CONNECTOR_CLASSES)}"
+            f"connector.class: {connector_class!r} is not the Iceberg sink; "
+            f"expected one of {list(CONNECTOR_CLASSES)}"
         )
     name = reader.get("name")
     if not name:
@@ -402,7 +410,8 @@ def translate(
         tables[table] = _table_entry(reader, table, defaults, route_field)
         if defaults.get("upsert") and "changes" not in tables[table]:
             raise ImportError_(
-                f"iceberg.tables.upsert-mode-enabled: table {table} has no id columns (iceberg.table.{table}.id-columns)"
+                f"iceberg.tables.upsert-mode-enabled: table {table} has no id columns "
+                f"(iceberg.table.{table}.id-columns)"
             )
     if ids and not defaults.get("upsert"):
         reader.uncarried.append(Uncarried("iceberg.tables.default-id-columns", _ID_COLUMNS_REASON))
@@ -425,7 +434,8 @@ def translate(
     if dynamic:
         if not route_field:
             raise ImportError_(
-                "iceberg.tables.dynamic-enabled: true needs iceberg.tables.route-field (the field naming the table)"
+                "iceberg.tables.dynamic-enabled: true needs iceberg.tables.route-field "
+                "(the field naming the table)"
             )
         entry: dict[str, Any] = {
             "table": _identifier(route_field),
@@ -438,7 +448,8 @@ def translate(
         if defaults.get("upsert"):
             if "key" not in defaults:
                 raise ImportError_(
-                    "iceberg.tables.upsert-mode-enabled: dynamic tables need iceberg.tables.default-id-columns"
+                    "iceberg.tables.upsert-mode-enabled: dynamic tables need "
+                    "iceberg.tables.default-id-columns"
                 )
             entry["changes"] = {
                 "format": "upsert",
@@ -461,7 +472,8 @@ def translate(
             reader.uncarried.append(
                 Uncarried(
                     "errors.tolerance",
-                    "all without a dead-letter queue drops bad records silently; the sink needs a dead-letter topic for all, so it stops at the first bad record (none)",
+                    "all without a dead-letter queue drops bad records silently; the sink needs a "
+                    "dead-letter topic for all, so it stops at the first bad record (none)",
                 )
             )
             sink["errors"] = {"tolerance": "none"}
@@ -512,13 +524,15 @@ def _report_rest(reader: _Reader, control_topic: str) -> None:
         elif key in ("iceberg.tables.default-commit-branch",):
             reason = "the sink commits to the main branch only"
         elif key == "iceberg.tables.schema-force-optional":
-            reason = "no such switch: the sink makes a column required only for a change table's key or a schema file"
+            reason = "no such switch: only a change table's key or a schema file makes a column required"
         elif key in ("iceberg.control.commit.threads", "iceberg.control.commit.max-consecutive-failures"):
-            reason = "the coordinator's own scheduling (control.distributed-commit-min-tables spreads large rounds)"
+            reason = (
+                "the coordinator's scheduling (control.distributed-commit-min-tables spreads large rounds)"
+            )
         elif key.startswith(("iceberg.control.group-id", "iceberg.coordinator", "iceberg.connect.group-id")):
             reason = "the connector's own group and transactional names, read by --take-over only"
         elif key.startswith("errors."):
-            reason = "Connect's retry and logging of errors; the sink retries batches itself and logs every dead letter"
+            reason = "Connect's retry and error logging; the sink retries batches and logs every dead letter"
         else:
             reason = "no equivalent in the sink"
         reader.uncarried.append(Uncarried(key, reason))
@@ -583,7 +597,9 @@ def decode_event(value: bytes) -> dict[str, Any]:
         raise ValueError("not an Iceberg Kafka Connect event (no magic bytes)")
     (length,) = struct.unpack(">H", value[2:4])
     schema = fastavro.parse_schema(avro_short_names(json.loads(value[4 : 4 + length].decode("utf-8"))))
-    record: dict[str, Any] = fastavro.schemaless_reader(io.BytesIO(value[4 + length :]), schema, None)
+    record = fastavro.schemaless_reader(io.BytesIO(value[4 + length :]), schema, None)
+    if not isinstance(record, dict):
+        raise ValueError("an Iceberg Kafka Connect event is an Avro record")
     return record
 
 
@@ -596,7 +612,7 @@ def _groups_with_members(admin: Any, groups: list[str], timeout_s: float) -> dic
         description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result()
         return len(description.members)
 
-    found = {group: retry_transient(lambda group=group: members(group), timeout_s) for group in groups}
+    found = {group: retry_transient(functools.partial(members, group), timeout_s) for group in groups}
     return {group: count for group, count in found.items() if count}
 
 
@@ -705,7 +721,8 @@ def take_over(imported: Imported, config: SinkConfig) -> Takeover:
         reader.close()
     if not found:
         raise ImportError_(
-            f"name: the connector's group {imported.connect_group!r} has no offsets for {sorted(partitions)}: "
+            f"name: the connector's group {imported.connect_group!r} has no offsets for "
+            f"{sorted(partitions)}: "
             "nothing to take over from; run the sink without --take-over (source.starting-offsets decides)"
         )
     ours = delivered_offsets(channel, wanted)
@@ -727,7 +744,8 @@ def take_over(imported: Imported, config: SinkConfig) -> Takeover:
             held = writer.commit(topic, part, offset, expected=None)
             if held is not None and held != offset:
                 raise ImportError_(
-                    f"name: the sink group got offset {held} for {topic}[{part}] meanwhile: is the sink running?"
+                    f"name: the sink group got offset {held} for {topic}[{part}] meanwhile: "
+                    "is the sink running?"
                 )
     finally:
         writer.close()

@@ -120,7 +120,8 @@ def test_apache_keys_become_tables_routes_partitions_catalog_and_control() -> No
 def test_every_key_left_out_is_listed_with_its_reason() -> None:
     reasons = _reasons(connect_import.translate(APACHE))
     for key in (
-        "tasks.max", "iceberg.table.shop.payments.id-columns", "iceberg.tables.write-props.write.parquet.compression-codec",
+        "tasks.max", "iceberg.table.shop.payments.id-columns",
+        "iceberg.tables.write-props.write.parquet.compression-codec",
         "iceberg.control.commit.threads", "iceberg.catalog.catalog-impl", "iceberg.catalog.io-impl",
         "iceberg.catalog.jdbc.password", "iceberg.kafka.sasl.jaas.config", "iceberg.hadoop.fs.s3a.endpoint",
         "transforms", "transforms.flatten.type", "iceberg.control.topic",
@@ -188,7 +189,8 @@ def test_the_command_writes_a_yaml_the_loader_takes_and_lists_what_it_left_out(
 ) -> None:
     connector = tmp_path / "connector.json"
     props = {**APACHE, "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-             "iceberg.catalog.uri": f"jdbc:sqlite:{tmp_path}/catalog.db", "iceberg.catalog.warehouse": f"file://{tmp_path}/wh"}  # fmt: skip
+             "iceberg.catalog.uri": f"jdbc:sqlite:{tmp_path}/catalog.db",
+             "iceberg.catalog.warehouse": f"file://{tmp_path}/wh"}  # fmt: skip
     props.pop("iceberg.kafka.bootstrap.servers")
     connector.write_text(json.dumps({"name": props.pop("name"), "config": props}))
     out = tmp_path / "sink.yaml"
@@ -225,7 +227,8 @@ def test_take_over_needs_out(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 _UUID = {"type": "fixed", "name": "uuid_fixed", "namespace": "", "size": 16}
 _REF = {
     "type": "record", "name": "TableReference",
-    "fields": [{"name": "namespace", "type": {"type": "array", "items": "string"}}, {"name": "name", "type": "string"}],
+    "fields": [{"name": "namespace", "type": {"type": "array", "items": "string"}},
+               {"name": "name", "type": "string"}],
 }  # fmt: skip
 _PAYLOAD = {
     "type": "record", "name": "DataWritten",
@@ -242,14 +245,18 @@ namespaced records, so a later bare reference resolves elsewhere."""
 
 
 def java_event(group: str, table: str, files: list[str]) -> bytes:
-    """A DataWritten event framed as Iceberg's AvroEncoderUtil writes it: magic C2 01, writeUTF(schema), datum."""
+    """A DataWritten event framed as Iceberg's AvroEncoderUtil writes it: magic C2 01,
+    writeUTF(schema), datum."""
     namespace, name = table.rsplit(".", 1)
     datum = {
         "id": b"u" * 16, "type": 1, "group_id": group,
-        "payload": {"commit_id": b"c" * 16, "table_reference": {"namespace": [namespace], "name": name}, "data_files": files},
+        "payload": {"commit_id": b"c" * 16, "table_reference": {"namespace": [namespace], "name": name},
+                    "data_files": files},
     }  # fmt: skip
     body = io.BytesIO()
-    fastavro.schemaless_writer(body, fastavro.parse_schema(connect_import.avro_short_names(EVENT_SCHEMA)), datum)
+    fastavro.schemaless_writer(
+        body, fastavro.parse_schema(connect_import.avro_short_names(EVENT_SCHEMA)), datum
+    )
     text = json.dumps(EVENT_SCHEMA).encode()
     return b"\xc2\x01" + struct.pack(">H", len(text)) + text + body.getvalue()
 
@@ -283,7 +290,9 @@ def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_th
     topic = create_named_topic(bootstrap_servers, f"{name}-src", partitions=2)
     control = create_named_topic(bootstrap_servers, f"{name}-ctl")
     produce_json(bootstrap_servers, topic, 0, [{"id": i} for i in range(5)])
-    settings = CatalogSettings(name="lake", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    settings = CatalogSettings(
+        name="lake", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh"
+    )
     catalog = load_catalog(settings)
     catalog.create_namespace_if_not_exists("shop")
     table = catalog.create_table("shop.orders", schema=pa.schema([("id", pa.int64())]))
@@ -312,7 +321,9 @@ def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_th
     producer.flush(30)
     summary_key = f"kafka.connect.offsets.{control}.connect-{name}"
     table.append(pa.table({"id": [0]}), snapshot_properties={summary_key: json.dumps({"0": 2})})
-    with pytest.raises(connect_import.ImportError_, match=r"shop\.orders: data files announced at .*\[0\]@3") as err:
+    with pytest.raises(
+        connect_import.ImportError_, match=r"shop\.orders: data files announced at .*\[0\]@3"
+    ) as err:
         connect_import.take_over(imported, config)
     assert str(err.value).startswith("iceberg.control.topic: the connector's last commit did not complete")
 

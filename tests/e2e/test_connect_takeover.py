@@ -40,7 +40,9 @@ SCHEMA = Schema(
 def _produce(bootstrap: str, topic: str, ids: range) -> None:
     for partition in (0, 1):
         values = [
-            {"id": i, "kind": "order" if i % 3 else "payment", "note": f"n{i}"} for i in ids if i % 2 == partition
+            {"id": i, "kind": "order" if i % 3 else "payment", "note": f"n{i}"}
+            for i in ids
+            if i % 2 == partition
         ]
         produce_json(bootstrap, topic, partition, values)
 
@@ -98,7 +100,7 @@ def test_the_sink_takes_over_from_the_stopped_connector_and_finishes_the_stream_
         try:
             if sum(_ids(settings).values()) < FIRST:
                 return False
-        except Exception:  # noqa: BLE001 - the Java side may be mid-commit on the SQLite file
+        except Exception:  # the Java side may be mid-commit on the SQLite file
             return False
         try:  # while Connect runs, the takeover is refused, naming what to do
             connect_import.take_over(imported, early)
@@ -110,9 +112,7 @@ def test_the_sink_takes_over_from_the_stopped_connector_and_finishes_the_stream_
     folder.mkdir()
     command = connect_peer.standalone_command(folder, bootstrap_servers, 2.0, connector)
     started = time.monotonic()
-    run_child(
-        command, env=child_env(), log=folder / connect_peer.LOG, done=connector_done, timeout_s=300
-    )
+    run_child(command, env=child_env(), log=folder / connect_peer.LOG, done=connector_done, timeout_s=300)
     connect_s = time.monotonic() - started
     written = _ids(settings)
     assert sorted(written) == list(range(FIRST)) and max(written.values()) == 1, "the connector's part"
