@@ -12,9 +12,10 @@ unless the environment variable ``FANOUT_SINK_FAULTS`` names the point, as a com
 - ``raise``: raise :class:`InjectedFault`;
 - ``sleep:SECONDS``: pause, for example to hold a Kafka transaction open;
 - ``wait:PATH``: block until the file ``PATH`` exists (a test releases the process when it wants);
-- ``when:PATH:ACTION``: do ``ACTION`` (``kill`` or ``raise``) once each time the file ``PATH`` is
-  found at the point, removing it first; the chaos runner arms a point this way at a moment of its
-  choosing, in a process that was started long before.
+- ``when:PATH:ACTION``: do ``ACTION`` (``kill``, ``raise`` or ``sleep:SECONDS``) once each time the
+  file ``PATH`` is found at the point, removing it first; the chaos runner arms a point this way at
+  a moment of its choosing, in a process that was started long before (``sleep`` is its stalled
+  catalog call).
 
 A point may be named more than once; its actions run in the order given. That is how one point
 carries two ``when:`` actions with different files (the chaos runner's injected commit failure and
@@ -27,6 +28,7 @@ competing snapshot between a table's load and its commit).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +40,7 @@ from fanout_sink.errors import FanoutSinkError
 ENV_VAR = "FANOUT_SINK_FAULTS"
 
 _callbacks: dict[str, Callable[..., None]] = {}
+_WHEN = re.compile(r"when:(?P<path>.+):(?P<action>kill|raise|sleep:[0-9.]+)")
 
 
 class InjectedFault(FanoutSinkError):
@@ -63,9 +66,12 @@ def fault_point(name: str, **context: object) -> None:
 
 def _act(name: str, action: str) -> None:
     if action.startswith("when:"):
-        armed, _, action = action[len("when:") :].rpartition(":")
-        if action not in {"kill", "raise"} or not armed:
-            raise ValueError(f"{ENV_VAR}: {name} must be when:PATH:kill or when:PATH:raise")
+        when = _WHEN.fullmatch(action)
+        if when is None:
+            raise ValueError(
+                f"{ENV_VAR}: {name} must be when:PATH:kill, when:PATH:raise or when:PATH:sleep:SECONDS"
+            )
+        armed, action = when["path"], when["action"]
         try:
             Path(armed).unlink()  # only one process (or thread) wins the removal: the fault fires once
         except FileNotFoundError:

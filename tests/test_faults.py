@@ -37,9 +37,27 @@ def test_when_fires_once_per_arming(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         faults.fault_point("coordinator.before-table-commit")
     assert not armed.exists(), "firing disarms the point"
     faults.fault_point("coordinator.before-table-commit")
-    monkeypatch.setenv(faults.ENV_VAR, f"p=when:{armed}:sleep:1")
+    monkeypatch.setenv(faults.ENV_VAR, f"p=when:{armed}:wait:{tmp_path}")
     with pytest.raises(ValueError, match="when:PATH:kill"):
         faults.fault_point("p")
+
+
+def test_an_armed_sleep_stalls_the_point_once_per_arming(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The chaos runner's catalog-stall: a worker's catalog call hangs once, when the runner arms it
+    (a path with a colon in it still names the file)."""
+    armed = tmp_path / "a:b" / "catalog-stall"
+    armed.parent.mkdir()
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    monkeypatch.setenv(faults.ENV_VAR, f"worker.table-check=when:{armed}:sleep:2.5")
+    faults.fault_point("worker.table-check")  # not armed: no stall
+    armed.touch()
+    faults.fault_point("worker.table-check")
+    assert slept == [2.5] and not armed.exists()
+    faults.fault_point("worker.table-check")
+    assert slept == [2.5], "once per arming"
 
 
 def test_a_point_named_twice_runs_each_armed_action(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -387,6 +387,7 @@ class SliceWriter:
         changed: dict[str, Table | None] = {}
         for identifier, table in tables.items():
             try:
+                fault_point("worker.table-check", table=identifier)  # the chaos runner's catalog stall
                 current = table.catalog.load_table(table.name())
             except NoSuchTableError:
                 changed[identifier] = None

@@ -10,6 +10,17 @@ A few seconds of chaos, then the app's crashes:
   (``COORDINATOR_POINTS``, seeded): right after a change table's position deletes were resolved,
   right before a table's catalog commit, or right after it and before the next table's. With change
   traffic on, the first two land inside a change table's resolution and commit.
+- ``catalog-stall``: one Python worker's catalog call hangs ``CATALOG_STALL_S`` (the ``worker.table-check``
+  fault point, armed with ``sleep``: the catalog load of the table re-check after the slice's files
+  are written, before their age check and transaction), longer than the orphan age; while it hangs,
+  orphan cleanup (``fanout_sink.protocol.orphans``, what ``fanout-sink maintain``'s orphan step runs,
+  without its JVM) runs on every sink table once the stalled worker's files are past the age, and
+  really deletes them (landed: it removed files). The worker must write the slice again rather than
+  commit files that are gone. Simulated: the hang is a sleep, not a slow catalog, and the ages:
+  a run with this kind configures ``maintenance.orphan-older-than`` to ``CATALOG_STALL_ORPHAN_AGE``
+  (a real sink keeps hours or days), which is also the file-age limit of every worker of the run:
+  a slice whose files are older than half of it (``CATALOG_STALL_ORPHAN_AGE`` / 2) at its
+  transaction is written again in every cycle, not only in this one.
 
 A month of production, compressed (``maintenance`` does what the other parties do):
 
@@ -65,7 +76,7 @@ from pathlib import Path
 
 from fanout_sink.devtools.stack.spark_cluster import children, cmdline, descendants
 
-CRASHES = ("driver", "python-worker", "broker", "catalog-commit", "coordinator")
+CRASHES = ("driver", "python-worker", "broker", "catalog-commit", "coordinator", "catalog-stall")
 MONTH = (
     "offset-expiry",
     "control-retention",
@@ -93,6 +104,14 @@ COORDINATOR_POINTS = (
 """Where the ``coordinator`` kind kills the driver; ``after-resolve`` is passed by change tables only."""
 
 
+CATALOG_STALL_ORPHAN_AGE = "40s"
+"""``maintenance.orphan-older-than`` of a run with ``catalog-stall``: short enough for a short cycle,
+and its half (the workers' file-age limit) above what a slice takes on a loaded box."""
+CATALOG_STALL_S = 55.0
+"""How long the stalled catalog call hangs: longer than the orphan age plus cleanup's clock-skew
+margin (a tenth of it) and the cleanup itself."""
+
+
 def fault_spec(arm_dir: Path) -> str:
     """The ``FANOUT_SINK_FAULTS`` value every app start gets: inert until a file is armed. The commit
     failure and a coordinator kill share the point before a table commit, each with its own file."""
@@ -100,6 +119,7 @@ def fault_spec(arm_dir: Path) -> str:
         [
             f"coordinator.before-table-commit=when:{arm_dir / 'catalog-commit'}:raise",
             *(f"{point}=when:{arm_dir / point}:kill" for point in COORDINATOR_POINTS),
+            f"worker.table-check=when:{arm_dir / 'catalog-stall'}:sleep:{CATALOG_STALL_S:g}",
         ]
     )
 

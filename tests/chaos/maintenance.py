@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -20,8 +22,11 @@ from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, IdentityTransform, Transform
 
+from fanout_sink.config.loading import load_config
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets, source_positions
+from fanout_sink.protocol import orphans
+from fanout_sink.protocol.channel import SinkChannel
 
 log = logging.getLogger("chaos")
 
@@ -172,3 +177,19 @@ def swap_table(catalog: Catalog, name: str, serial: int) -> str:
     except TableAlreadyExistsError:
         log.info("%s was recreated by the sink before the swap could create it", name)
     return aside
+
+
+def remove_orphans(catalog: Catalog, config_file: Path, tables: list[str]) -> tuple[int, timedelta]:
+    """Orphan cleanup of ``tables`` with the sink's rules and its ``maintenance.orphan-older-than``
+    (what ``fanout-sink maintain``'s orphan step runs, without Spark): files removed, and the age."""
+    config = load_config(config_file)
+    age = config.maintenance.orphan_older_than
+    results = orphans.clean_tables(
+        catalog, dict.fromkeys(tables, age), lambda: orphans.pending_files(SinkChannel.from_config(config))
+    )
+    for name, result in results.items():
+        if result.error or result.failed:
+            log.warning(
+                "orphan cleanup of %s: %s (%d deletions failed)", name, result.error, len(result.failed)
+            )
+    return sum(len(result.removed) for result in results.values()), age

@@ -26,6 +26,7 @@ from chaos.changes import ChangeTraffic, change_traffic, create_change_table
 from chaos.traffic import Traffic, flood
 from chaos.verify import Verdict, verify
 from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.config.models import parse_duration
 from fanout_sink.devtools.stack.broker import KafkaBroker, log_tail
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.errors import FanoutSinkError
@@ -144,6 +145,7 @@ class ChaosRun:
             "broker": self._restart_broker,
             "catalog-commit": self._fail_catalog_commit,
             "coordinator": self._kill_coordinator,
+            "catalog-stall": self._stall_catalog,
             "offset-expiry": self._expire_offsets,
             "control-retention": self._delete_control_records,
             "snapshot-expiry": self._expire_snapshots,
@@ -195,6 +197,9 @@ class ChaosRun:
                         self.work_dir,
                         kafka,
                         change_table=self.changes is not None,
+                        orphan_older_than=kills.CATALOG_STALL_ORPHAN_AGE
+                        if "catalog-stall" in self.options.kinds
+                        else None,
                     )
                 )
             )
@@ -388,6 +393,28 @@ class ChaosRun:
         if fired:
             app.wait_exit(60)  # the kill of the driver process; the reap takes the group with it
         return fired
+
+    def _stall_catalog(self, app: AppProcess) -> bool:
+        """A worker's catalog load hangs ``kills.CATALOG_STALL_S`` after it wrote its files; once they
+        are past the orphan age (and cleanup's margin), orphan cleanup runs on every sink table, then
+        the cycle waits for the hang to end. Landed when the hang began and cleanup removed files."""
+        if not self._fire(app, "catalog-stall"):
+            return False
+        stalled = time.monotonic()
+        age = parse_duration(kills.CATALOG_STALL_ORPHAN_AGE).total_seconds()
+        time.sleep(max(0.0, stalled + age * 1.1 + 1.0 - time.monotonic()))  # past the age and margin
+        removed, _ = maintenance.remove_orphans(self.catalog_client, self.config_file, self._sink_tables())
+        cleaned = time.monotonic() - stalled
+        log.info(
+            "catalog-stall: a catalog call hangs %.0fs; orphan cleanup %.0fs into it removed %d files",
+            kills.CATALOG_STALL_S,
+            cleaned,
+            removed,
+        )
+        if cleaned >= kills.CATALOG_STALL_S:
+            log.warning("catalog-stall: the cleanup ended after the hang: it did not run while it hung")
+        time.sleep(max(0.0, stalled + kills.CATALOG_STALL_S - time.monotonic()))
+        return removed > 0 and cleaned < kills.CATALOG_STALL_S
 
     def _expire_offsets(self, app: AppProcess) -> bool:
         """Stop the app (crash or clean, seeded) and keep it down until the broker expired the sink

@@ -71,9 +71,11 @@ def sink_config(
     work_dir: Path,
     kafka: dict[str, Any] | None = None,
     change_table: bool = False,
+    orphan_older_than: str | None = None,
 ) -> dict[str, Any]:
     """The sink's YAML; ``kafka`` adds properties to its ``kafka:`` section, ``change_table`` routes
-    the change topic's events (``topics`` holds it) to the change table."""
+    the change topic's events (``topics`` holds it) to the change table, ``orphan_older_than``
+    replaces ``MAINTENANCE``'s orphan age (the ``catalog-stall`` kind's short one)."""
     tables: dict[str, Any] = {
         table: {"when": " || ".join(f"type == '{k}'" for k in kinds)} for table, kinds in ROUTES.items()
     }
@@ -96,7 +98,10 @@ def sink_config(
         "unmatched": {"action": "drop"},
         "dead-letter": {"topic": f"{name}-dlq"},
         "errors": {"tolerance": "all"},
-        "maintenance": MAINTENANCE,
+        "maintenance": {
+            **MAINTENANCE,
+            **({"orphan-older-than": orphan_older_than} if orphan_older_than else {}),
+        },
         "spark": {
             "master": "local[2]",
             "checkpoint-location": str(work_dir / "checkpoints"),

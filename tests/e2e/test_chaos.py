@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+import yaml
 from bench.change_stream import create_table
 from chaos import changes, kills, maintenance, scenario
 from chaos.changes import change_traffic
@@ -150,6 +154,8 @@ def test_the_coordinator_kind_can_kill_inside_a_change_tables_resolution_and_com
     spec = kills.fault_spec(tmp_path)
     for point in ("coordinator.after-resolve", "coordinator.before-table-commit"):
         assert f"{point}=when:{tmp_path / point}:kill" in spec.split(",")
+    stall = f"worker.table-check=when:{tmp_path / 'catalog-stall'}:sleep:{kills.CATALOG_STALL_S:g}"
+    assert stall in spec.split(","), "the catalog-stall kind hangs a worker's table re-check"
     monkeypatch.setenv(faults.ENV_VAR, spec)
     kills.arm(tmp_path, "catalog-commit")
     with pytest.raises(faults.InjectedFault):
@@ -217,6 +223,37 @@ def test_a_table_swap_renames_aside_and_creates_an_empty_table_with_the_same_sch
     assert new.schema().as_struct() == old.schema().as_struct()
 
 
+def test_the_catalog_stall_kinds_cleanup_removes_old_orphans_with_the_runs_short_age(
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    catalog: Any,
+    catalog_settings: Any,
+    tmp_path: Path,
+) -> None:
+    """The catalog-stall kind's orphan cleanup: the sink's rules with the run's ``orphan-older-than``
+    (``kills.CATALOG_STALL_ORPHAN_AGE``), from the run's YAML; an unannounced file past the age is
+    removed (the stalled worker's), a fresh one and the table's own files stay."""
+    config = scenario.sink_config(
+        "s", bootstrap_servers, [make_topic("chaos-src")], catalog_settings, tmp_path,
+        orphan_older_than=kills.CATALOG_STALL_ORPHAN_AGE,
+    )  # fmt: skip
+    config["control"]["topic"] = make_topic("chaos-control")
+    config_file = tmp_path / "sink.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    _append(catalog, "chaos.orders", ["o1", "o2"])
+    data = Path(catalog.load_table("chaos.orders").location().removeprefix("file://")) / "data"
+    stalled, fresh = data / "stalled-worker.parquet", data / "fresh-worker.parquet"
+    for orphan in (stalled, fresh):
+        orphan.write_bytes(b"PAR1")
+    os.utime(stalled, (time.time() - 3600, time.time() - 3600))
+
+    removed, age = maintenance.remove_orphans(catalog, config_file, ["chaos.orders"])
+
+    assert (removed, age) == (1, timedelta(seconds=40))
+    assert not stalled.exists() and fresh.exists()
+    assert sorted(catalog.load_table("chaos.orders").scan().to_arrow()["id"].to_pylist()) == ["o1", "o2"]
+
+
 def test_control_retention_deletes_records_below_the_coordinator_groups_watermark(
     bootstrap_servers: str, make_topic: Callable[..., str]
 ) -> None:
@@ -258,7 +295,9 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
     """The CI configuration: one cycle per kind of breakage, then every table counted row by row.
 
     Real: every kind's breakage (see ``kills``); the app's producer queue is 1000 messages so that a
-    flood of 3000 dead letters overflows it. Not here, to keep the suite short: ``offset-expiry`` (a
+    flood of 3000 dead letters overflows it; ``catalog-stall`` makes the run's orphan age 40 s (every
+    slice's files must be announced within 20 s of their write, or are written again). Not here, to
+    keep the suite short: ``offset-expiry`` (a
     minute of downtime; the broker setting it relies on is tested in tests/protocol/test_recovery.py),
     ``snapshot-expiry`` (the ``coordinator`` kind's kill plus the catalog steps tested above) and
     ``maintain`` (a second JVM for a minute or two; tests/e2e/test_maintenance_app.py runs maintenance
