@@ -62,6 +62,16 @@ A month of production, compressed (``maintenance`` does what the other parties d
   tables (the YAML's ``maintenance:`` section, ``scenario.MAINTENANCE``): compactions, expiries and
   orphan removal commit between the coordinator's appends. Real: the whole run and its commits.
   Simulated: the ages (a minute of snapshots, minutes of orphans, for days).
+- ``registry-lag``: a producer registers a new writer schema on another registry node and writes
+  ``registry_lag.RECORDS`` Avro records (Confluent wire format) with it; the node the sink asks
+  answers 404 for the new id until ``registry_lag.LAG_S`` after a worker first asked (real HTTP
+  404s to the real client in the app's Python workers; the failed batch is retried, nothing is
+  dead-lettered). One sink reads one format, so these records have their own topic and sink (the
+  run's Kafka, catalog and settings, its own names), run as a second process
+  (``--available-now``) in the cycle beside the JSON app. Simulated: the lag is the stand-in's
+  (``support.registry``), hiding the id until the runner reveals it; the new version changes the
+  schema's text only (a new id, the same fields). The verdict counts those records exactly in
+  ``registry_lag.TABLE`` and expects no dead letter of them.
 
 The fault-point kinds are armed through ``FANOUT_SINK_FAULTS=<point>=when:<file>:<action>``: the app
 is started with the points configured, and the runner creates the file when the cycle's moment comes.
@@ -86,6 +96,7 @@ MONTH = (
     "topic-recreate",
     "dead-letter-flood",
     "maintain",
+    "registry-lag",
 )
 KINDS = CRASHES + MONTH
 BROKER_PROPERTIES = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "5000"}

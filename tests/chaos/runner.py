@@ -19,8 +19,9 @@ import yaml
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
+from support.registry import Registry
 
-from chaos import changes, kills, maintenance, scenario
+from chaos import changes, kills, maintenance, registry_lag, scenario
 from chaos.app_process import AppProcess, child_env
 from chaos.changes import ChangeTraffic, change_traffic, create_change_table
 from chaos.traffic import Traffic, flood
@@ -43,6 +44,7 @@ _ERROR_LINE = re.compile(r"^((?!pyspark\.errors)[\w.]*(Error|Exception|Fault)\b.
 MIN_RATE = 5.0
 MAINTAIN_TIMEOUT_S = 600.0  # a JVM start and one maintenance run of every table on a loaded box
 EXPIRY_TIMEOUT_S = 300.0  # offsets.retention.minutes=1 and a 5 s check: gone after about 65 s
+REGISTRY_RUN_TIMEOUT_S = 600.0  # registry-lag: a JVM start, the retried batch and its commit
 DRAIN_TIMEOUT_S = 300.0  # topic-recreate: the sink delivers the paused topic to its end
 NOTICE_TIMEOUT_S = 120.0  # topic-recreate: Spark's next trigger sees the offsets go back and stops
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the source topics take the flood's oversized record
@@ -128,6 +130,12 @@ class ChaosRun:
             warehouse=f"file://{self.work_dir / 'warehouse'}",
         )
         self.topics = [f"{self.name}-a", f"{self.name}-b"]
+        # registry-lag: a registry-framed topic read by a sink of its own (registry_lag's docstring)
+        self.registry: Registry | None = None
+        self.registry_topic = f"{self.name}-avro"
+        self.registry_config = self.work_dir / "sink-registry.yaml"
+        self._registry_version = 0
+        self._registry_undelivered = False
         self.changes: ChangeTraffic | None = (
             change_traffic(f"{self.name}-cdc", options.change_events, options.seed)
             if options.change_events
@@ -154,6 +162,7 @@ class ChaosRun:
             "topic-recreate": self._recreate_topic,
             "dead-letter-flood": self._flood_dead_letters,
             "maintain": self._maintain,
+            "registry-lag": self._lag_registry,
         }
 
     def run(self) -> ChaosResult:
@@ -187,22 +196,28 @@ class ChaosRun:
                 if "dead-letter-flood" in self.options.kinds
                 else {}
             )
-            config.write_text(
-                yaml.safe_dump(
-                    scenario.sink_config(
-                        self.name,
-                        bootstrap,
-                        source_topics,
-                        self.catalog,
-                        self.work_dir,
-                        kafka,
-                        change_table=self.changes is not None,
-                        orphan_older_than=kills.CATALOG_STALL_ORPHAN_AGE
-                        if "catalog-stall" in self.options.kinds
-                        else None,
+            settings = scenario.sink_config(
+                self.name,
+                bootstrap,
+                source_topics,
+                self.catalog,
+                self.work_dir,
+                kafka,
+                change_table=self.changes is not None,
+                orphan_older_than=kills.CATALOG_STALL_ORPHAN_AGE
+                if "catalog-stall" in self.options.kinds
+                else None,
+            )
+            config.write_text(yaml.safe_dump(settings))
+            if "registry-lag" in self.options.kinds:
+                self.registry = Registry()
+                self.registry_config.write_text(
+                    yaml.safe_dump(
+                        registry_lag.sink_config(
+                            settings, self.registry_topic, self.registry.url, self.work_dir
+                        )
                     )
                 )
-            )
             command = [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(config)]
             env = child_env({"FANOUT_SINK_FAULTS": kills.fault_spec(self.arm_dir)})
             app = AppProcess([*command, "--trigger-interval", "1s"], self.work_dir / "app.log", env)
@@ -230,6 +245,14 @@ class ChaosRun:
                 self.changes,
                 self.retired,
             )
+            if self.registry is not None:
+                registry_lag.verify(
+                    bootstrap,
+                    self.registry_topic,
+                    f"{self.name}-registry-dlq",
+                    load_catalog(self.catalog),
+                    self.result.verdict,
+                )
             if stuck is not None:
                 self.result.verdict.problems.insert(0, f"the run stopped early: {stuck.cause}")
             if stop_code != 0:
@@ -242,6 +265,8 @@ class ChaosRun:
             if app is not None and app.running():
                 app.kill_group()
             self.broker.stop()
+            if self.registry is not None:
+                self.registry.close()
         self.result.restarts = max(0, (app.starts if app else 1) - 1)
         self.result.seconds = time.monotonic() - started
         log.info("%s", self.result.line())
@@ -259,7 +284,15 @@ class ChaosRun:
             time.sleep(1)
         stats = traffic.finish()
         log.info("producer done: %d records acknowledged, %d failed", stats.acked, stats.failed)
-        return self._drain(app, traffic, command, env)
+        stop_code = self._drain(app, traffic, command, env)
+        if self._registry_undelivered:  # a registry-lag cycle's run did not end cleanly: deliver the rest
+            command = [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(self.registry_config)]
+            final = AppProcess([*command, "--available-now"], self.work_dir / "registry.log", child_env())
+            final.start()
+            if final.wait_exit(REGISTRY_RUN_TIMEOUT_S) != 0:
+                final.kill_group()
+                raise ChaosError("the registry sink's final available-now run failed", final.log_tail())
+        return stop_code
 
     def _create_topics(self, bootstrap: str) -> None:
         """Create the run's topics; an attempt that gets no answer is tried again with a new client.
@@ -274,6 +307,8 @@ class ChaosRun:
         ]
         if self.changes is not None:
             topics.append(NewTopic(self.changes.topic, changes.PARTITIONS, 1))
+        if "registry-lag" in self.options.kinds:
+            topics.append(NewTopic(self.registry_topic, 2, 1))
         control = {"max.message.bytes": str(CONTROL_MESSAGE_BYTES)}
         topics.append(NewTopic(f"{self.name}-control", 1, 1, config=control))
         for attempt in range(1, CREATE_TOPIC_ATTEMPTS + 1):
@@ -532,6 +567,45 @@ class ChaosRun:
             ).returncode
         log.info("maintain: fanout-sink maintain exited %d (its output is in maintain.log)", code)
         return code == 0
+
+    def _lag_registry(self, _app: AppProcess) -> bool:
+        """Register a new writer schema whose id the registry hides, write ``registry_lag.RECORDS``
+        records with it, and start the registry topic's sink (``--available-now``, a second process);
+        the id is served ``registry_lag.LAG_S`` after a worker first asked for it. Landed when a worker
+        asked while it was hidden and the run ended cleanly (every record delivered)."""
+        assert self.registry is not None
+        self._registry_version += 1
+        schema_id = registry_lag.produce(
+            self.broker.bootstrap_servers,
+            self.registry_topic,
+            self.registry,
+            self._registry_version,
+            registry_lag.RECORDS,
+        )
+        command = [sys.executable, "-m", "fanout_sink.cli", "run", "--config", str(self.registry_config)]
+        run = AppProcess([*command, "--available-now"], self.work_dir / "registry.log", child_env())
+        run.start()
+        in_topic = time.monotonic()
+        deadline = in_topic + REGISTRY_RUN_TIMEOUT_S
+        while (
+            not registry_lag.asked(self.registry, schema_id) and run.running() and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        asked = registry_lag.asked(self.registry, schema_id)
+        if asked:
+            time.sleep(registry_lag.LAG_S)
+        self.registry.reveal(schema_id)
+        lag = time.monotonic() - in_topic
+        code = run.wait_exit(max(deadline - time.monotonic(), 1.0))
+        if code is None:
+            run.kill_group()
+        self._registry_undelivered |= code != 0
+        log.info(
+            "registry-lag: schema id %d served %.0fs after its %d records were in the topic (asked while "
+            "unknown: %s); the registry sink's run ended with %s (its log: registry.log)",
+            schema_id, lag, registry_lag.RECORDS, asked, code,
+        )  # fmt: skip
+        return asked and code == 0
 
     def _sink_tables(self) -> list[str]:
         """The tables the sink writes now (never the ones a swap renamed aside)."""

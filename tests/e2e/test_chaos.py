@@ -14,15 +14,19 @@ import pyarrow as pa
 import pytest
 import yaml
 from bench.change_stream import create_table
-from chaos import changes, kills, maintenance, scenario
+from chaos import changes, kills, maintenance, registry_lag, scenario
 from chaos.changes import change_traffic
 from chaos.runner import ChaosOptions, ChaosRun
 from chaos.traffic import flood, record
 from chaos.verify import verify
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from pyiceberg.table.snapshots import ancestors_of
+from support.registry import Registry
 
 from fanout_sink import faults
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.protocol import table_state
 
@@ -254,6 +258,38 @@ def test_the_catalog_stall_kinds_cleanup_removes_old_orphans_with_the_runs_short
     assert sorted(catalog.load_table("chaos.orders").scan().to_arrow()["id"].to_pylist()) == ["o1", "o2"]
 
 
+def test_the_registry_lag_kinds_registry_hides_a_new_id_until_revealed_and_its_sink_reads_it(
+    tmp_path: Path, catalog_settings: Any
+) -> None:
+    """Real HTTP: the registry stand-in answers 404 for a hidden id however often it is asked (the
+    runner sees that a worker asked), then serves it; the second sink's config is valid and reads
+    the registry-framed topic with its own names."""
+    registry = Registry()
+    try:
+        client = SchemaRegistryClient({"url": registry.url})
+        schema_id = registry.register("t-value", json.dumps(registry_lag.schema(2)))
+        assert schema_id != registry.register("t-value", json.dumps(registry_lag.schema(3))), "a new id"
+        registry.hide(schema_id)
+        for _ in range(3):
+            with pytest.raises(SchemaRegistryError) as error:
+                client.get_schema(schema_id)
+            assert error.value.http_status_code == 404
+            client = SchemaRegistryClient({"url": registry.url})  # no cached answer
+        assert registry_lag.asked(registry, schema_id)
+        registry.reveal(schema_id)
+        assert json.loads(client.get_schema(schema_id).schema_str) == registry_lag.schema(2)
+    finally:
+        registry.close()
+    main = scenario.sink_config("s", "localhost:9092", ["s-a"], catalog_settings, tmp_path)
+    config = parse_config(registry_lag.sink_config(main, "s-avro", "http://127.0.0.1:1", tmp_path))
+    assert (config.name, config.source.format, config.control_topic) == (
+        "s-registry",
+        "confluent-avro",
+        "s-registry-control",
+    )
+    assert list(config.tables) == [registry_lag.TABLE] and config.dynamic is None
+
+
 def test_control_retention_deletes_records_below_the_coordinator_groups_watermark(
     bootstrap_servers: str, make_topic: Callable[..., str]
 ) -> None:
@@ -296,7 +332,8 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
 
     Real: every kind's breakage (see ``kills``); the app's producer queue is 1000 messages so that a
     flood of 3000 dead letters overflows it; ``catalog-stall`` makes the run's orphan age 40 s (every
-    slice's files must be announced within 20 s of their write, or are written again). Not here, to
+    slice's files must be announced within 20 s of their write, or are written again);
+    ``registry-lag`` runs its registry topic's sink as a second process (a JVM) for its cycle. Not here, to
     keep the suite short: ``offset-expiry`` (a
     minute of downtime; the broker setting it relies on is tested in tests/protocol/test_recovery.py),
     ``snapshot-expiry`` (the ``coordinator`` kind's kill plus the catalog steps tested above) and
@@ -328,7 +365,8 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
     assert dict(result.kills) == dict.fromkeys(kinds, 1), f"every kind landed once: {result.line()}"
     assert (result.verdict.duplicates, result.verdict.losses) == (0, 0)
     flood = 3 * kills.FLOOD_QUEUE + 1  # the dead-letter-flood kind's burst plus its oversized record
-    assert result.verdict.records == 8000 + flood, "every record counted, the flood's included"
+    registry = registry_lag.RECORDS  # the registry-lag kind's records, on their own topic
+    assert result.verdict.records == 8000 + flood + registry, "every record counted, the flood's included"
     assert result.verdict.dead_lettered > flood and result.verdict.filtered > 0
     v = result.verdict
     assert (v.change_missing, v.change_extra, v.change_wrong, v.change_duplicate_keys) == (0, 0, 0, 0)

@@ -65,6 +65,7 @@ class Registry:
         }
         self._subjects: dict[str, list[int]] = {}  # subject -> schema id of each version (1-based)
         self._misses: dict[int, int] = {}  # schema id -> 404 answers still owed (a lagging follower)
+        self._hidden: set[int] = set()  # ids answered 404 until revealed (a follower seconds behind)
         registry = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -139,10 +140,23 @@ class Registry:
         with self._lock:
             self._misses[schema_id] = misses
 
+    def hide(self, schema_id: int) -> None:
+        """Answer 404 to every look-up of ``schema_id`` until :meth:`reveal`: a producer registered it
+        on another node, and this one has not replicated it yet (however often it is asked)."""
+        with self._lock:
+            self._hidden.add(schema_id)
+
+    def reveal(self, schema_id: int) -> None:
+        """Serve ``schema_id`` from now on (replication caught up)."""
+        with self._lock:
+            self._hidden.discard(schema_id)
+
     def get(self, parts: list[str]) -> dict[str, Any] | None:
         with self._lock:
             if len(parts) == 3 and parts[:2] == ["schemas", "ids"] and parts[2].isdigit():
                 schema_id = int(parts[2])
+                if schema_id in self._hidden:
+                    return None
                 if self._misses.get(schema_id, 0) > 0:
                     self._misses[schema_id] -= 1
                     return None
