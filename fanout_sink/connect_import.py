@@ -670,7 +670,7 @@ def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> 
     catalog = load_catalog(config.catalog, create=False)
     problems = []
     for table, (partition, offset) in sorted(announced.items()):
-        committed = _summary_control_offset(catalog.load_table(table), imported.control_topic, partition)
+        committed = _summary_control_offset(catalog.load_table(table), imported, partition)
         if committed is None or committed <= offset:
             problems.append(
                 f"{table}: data files announced at {imported.control_topic}[{partition}]@{offset}, the "
@@ -679,16 +679,23 @@ def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> 
     return problems
 
 
-def _summary_control_offset(table: Any, control_topic: str, partition: int) -> int | None:
-    """The control offset the Java coordinator recorded in the newest snapshot that has one."""
-    prefix = f"{_SUMMARY_PREFIX}{control_topic}."
+def _summary_control_offset(table: Any, imported: Imported, partition: int) -> int | None:
+    """The control offset this connector's coordinator recorded in the newest snapshot it made.
+
+    The key names the control topic and the coordinator's control group (Apache: ``cg-control-<name>``
+    or ``iceberg.control.group-id-prefix`` + name; Tabular: ``iceberg.control.group-id``); Connect's
+    group is accepted too. Connectors share the default control topic (``control-iceberg``), so
+    another connector's commits to the same table must not count."""
+    keys = {
+        f"{_SUMMARY_PREFIX}{imported.control_topic}.{group}"
+        for group in (imported.connect_group, imported.control_group)
+    }
     snapshot = table.current_snapshot()
     while snapshot is not None:
         summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        for key, value in summary.items():
-            if key.startswith(prefix):
-                offsets = json.loads(value)
-                return int(offsets[str(partition)]) if str(partition) in offsets else None
+        for key in keys & set(summary):
+            offsets = json.loads(summary[key])
+            return int(offsets[str(partition)]) if str(partition) in offsets else None
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
     return None
 

@@ -319,7 +319,7 @@ def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_th
         producer.produce(control, java_event(f"connect-{name}", "shop.orders", ["f.parquet"]))
     producer.produce(control, java_event("connect-other", "shop.orders", ["g.parquet"]))
     producer.flush(30)
-    summary_key = f"kafka.connect.offsets.{control}.connect-{name}"
+    summary_key = f"kafka.connect.offsets.{control}.cg-control-{name}"  # as the Java coordinator names it
     table.append(pa.table({"id": [0]}), snapshot_properties={summary_key: json.dumps({"0": 2})})
     with pytest.raises(
         connect_import.ImportError_, match=r"shop\.orders: data files announced at .*\[0\]@3"
@@ -327,6 +327,10 @@ def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_th
         connect_import.take_over(imported, config)
     assert str(err.value).startswith("iceberg.control.topic: the connector's last commit did not complete")
 
+    other_key = f"kafka.connect.offsets.{control}.cg-control-other"  # another connector on the same topic
+    table.append(pa.table({"id": [2]}), snapshot_properties={other_key: json.dumps({"0": 5})})
+    with pytest.raises(connect_import.ImportError_, match=r"recorded up to 2"):
+        connect_import.take_over(imported, config)
     table.append(pa.table({"id": [1]}), snapshot_properties={summary_key: json.dumps({"0": 4})})
     taken = connect_import.take_over(imported, config)
     assert taken.positions == {(topic, 0): 3} and taken.unstarted == [(topic, 1)]
