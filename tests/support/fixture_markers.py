@@ -74,7 +74,7 @@ _LAUNCHES: dict[str, tuple[frozenset[str], str]] = {
 _JAVA_MAIN_CLASSES = {
     "a Kafka broker": ("kafka.Kafka", "kafka.tools.StorageTool"),
     "a Spark driver": ("org.apache.spark.deploy.SparkSubmit",),
-    "a storage server": ("s3proxy", "RestCatalogLauncher"),
+    "a storage server": ("s3proxy", "RestCatalogLauncher", "HiveMetaStore", "MetastoreSchemaTool"),
     "a Spark cluster": ("org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"),
 }
 """Words of a ``java`` command line that start each kind of server."""

@@ -25,6 +25,7 @@ from fanout_sink.devtools.stack.broker import (
     port_is_free,
     stop_pid,
 )
+from fanout_sink.devtools.stack.hive_metastore import HiveMetastore
 from fanout_sink.devtools.stack.object_store import ObjectStore, S3Access
 from fanout_sink.devtools.stack.postgres import PostgresServer, create_database
 from fanout_sink.devtools.stack.rest_catalog import CatalogDatabase, RestCatalog
@@ -114,6 +115,11 @@ SERVICES: Mapping[str, Service] = {
             d / "rest", _s3_access(d), WAREHOUSE_BUCKET, port, host, _rest_catalog_database(d)
         ),
         lambda s: {"type": "rest", "uri": s.uri},
+    ),
+    "hive-metastore": Service(
+        "Hive Metastore",
+        lambda d, port, host: HiveMetastore(d / "hive-metastore", port, host),
+        lambda s: {"type": "hive", "uri": s.uri, "warehouse": s.warehouse_location},
     ),
     "spark-master": Service(
         "Spark standalone master",

@@ -19,7 +19,14 @@ from pathlib import Path
 
 from fanout_sink import jars
 from fanout_sink.devtools.stack.object_store import S3Access
-from fanout_sink.devtools.stack.service import LOCALHOST, LocalServer, http_status, java, pick_port
+from fanout_sink.devtools.stack.service import (
+    LOCALHOST,
+    CatalogServerState,
+    LocalServer,
+    http_status,
+    java,
+    pick_port,
+)
 from fanout_sink.errors import StackError
 from fanout_sink.spark.jvm import LIGHT_JIT
 
@@ -47,15 +54,8 @@ class CatalogDatabase:
 
 
 @dataclass(frozen=True)
-class RestCatalogState:
-    """Where the catalog serves, where it keeps its state and the store folder its tables live under."""
-
-    pid: int
-    port: int
-    log_file: str
-    warehouse_location: str
-    database: str
-    """The JDBC URL of the catalog's own state (no secret in it)."""
+class RestCatalogState(CatalogServerState):
+    """Where the catalog serves; ``database`` is the JDBC URL of its own state."""
 
     @property
     def uri(self) -> str:

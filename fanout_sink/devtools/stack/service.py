@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -49,6 +49,18 @@ class ServerState(Protocol):
 
 
 S = TypeVar("S", bound=ServerState)
+
+
+@dataclass(frozen=True)
+class CatalogServerState:
+    """What a catalog server of the stack (REST, Hive Metastore) saves: where it serves, the JDBC URL or
+    folder of its own state (no secret in it) and the store folder its tables live under."""
+
+    pid: int
+    port: int
+    log_file: str
+    warehouse_location: str
+    database: str
 
 
 def pick_port(requested: int | None, previous: int | None, taken: Sequence[int] = ()) -> int:
