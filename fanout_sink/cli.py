@@ -248,26 +248,18 @@ def _pack(args: argparse.Namespace) -> int:
     return 0
 
 
-JAR_SETS = (
-    "spark-connectors",
-    "spark-object-store",
-    "kafka-broker",
-    "s3proxy",
-    "iceberg-rest",
-    "hive-metastore",
-)
+JAR_SETS = ("spark-connectors", "spark-object-store", "kafka-broker", "s3proxy", "iceberg-rest")
 """The names ``fanout-sink jars --set`` takes; spelled out so that parsing a command imports no catalog."""
 
 
 def jar_sets() -> dict[str, JarSet]:
     """Every jar set the product and the stack's servers run on (an image fetches them at build)."""
     from fanout_sink.devtools.stack.broker import KAFKA_BROKER
-    from fanout_sink.devtools.stack.hive_metastore import HIVE_METASTORE
     from fanout_sink.devtools.stack.object_store import S3PROXY
     from fanout_sink.devtools.stack.rest_catalog import ICEBERG_REST
     from fanout_sink.spark.session import SPARK_CONNECTORS, SPARK_OBJECT_STORE
 
-    sets = (SPARK_CONNECTORS, SPARK_OBJECT_STORE, KAFKA_BROKER, S3PROXY, ICEBERG_REST, HIVE_METASTORE)
+    sets = (SPARK_CONNECTORS, SPARK_OBJECT_STORE, KAFKA_BROKER, S3PROXY, ICEBERG_REST)
     return {jar_set.name: jar_set for jar_set in sets}
 
 
