@@ -28,6 +28,9 @@ from fanout_sink.user_info import split_user_info
 _SQLITE_PREFIX = "sqlite:///"
 PY_IO_IMPL = "py-io-impl"
 """PyIceberg's catalog property naming the FileIO class; a user's choice is kept."""
+PY_CATALOG_IMPL = "py-catalog-impl"
+HIVE_CATALOG_IMPL = "fanout_sink.pyiceberg_internals.ThreadSafeHiveCatalog"
+"""A ``type: hive`` catalog's class: PyIceberg's HiveCatalog with one thrift connection per thread."""
 DURABLE_FILE_IO = "fanout_sink.pyiceberg_internals.DurableFileIO"
 DEFAULT_CATALOG_NAME = "lake"
 DEFAULT_CATALOG_TYPE = "sql"
@@ -129,6 +132,10 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
     if local_warehouse_path(settings) is not None and PY_IO_IMPL not in properties:
         # Files a Kafka transaction or a catalog commit names must be on disk first: fsync them.
         properties[PY_IO_IMPL] = DURABLE_FILE_IO
+    if settings.type == "hive" and PY_CATALOG_IMPL not in properties:
+        # PyIceberg's HiveCatalog shares one thrift connection between threads (pyiceberg_internals).
+        del properties["type"]
+        properties[PY_CATALOG_IMPL] = HIVE_CATALOG_IMPL
     return pyiceberg_load_catalog(settings.name, **properties)
 
 

@@ -21,6 +21,9 @@ PyIceberg class. What this module reaches into:
 - ``pyiceberg.catalog.sql.SqlCatalog``: subclassed by :class:`_LoadedBaseSqlCatalog`, overriding
   ``load_table`` and the private ``_update_and_stage_table`` (reading ``_parse_metadata_version`` and
   ``_load_file_io``), and sharing the catalog's attributes without running its ``__init__``.
+- ``pyiceberg.catalog.hive.HiveCatalog``: subclassed by ``ThreadSafeHiveCatalog`` (built on first use,
+  so that ``thrift`` is imported only by a Hive sink), replacing the private ``_client`` attribute
+  by one thrift client per thread and calling the private ``_create_hive_client``.
 - ``pyiceberg.io.pyarrow.PyArrowFileIO`` and ``PyArrowFile``: subclassed by :class:`DurableFileIO`
   (the FileIO that ``py-io-impl`` selects, so its class path is a catalog property) and
   :class:`_DurableFile`, overriding ``new_output`` and ``create``.
@@ -31,7 +34,9 @@ PyIceberg class. What this module reaches into:
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -438,3 +443,39 @@ class DurableFileIO(PyArrowFileIO):
             fs=self.fs_by_scheme(scheme, netloc),
             buffer_size=int(self.properties.get(BUFFER_SIZE, ONE_MEGABYTE)),
         )
+
+
+def __getattr__(name: str) -> Any:
+    """``ThreadSafeHiveCatalog`` is made on first use: PyIceberg's Hive module needs ``thrift``, which
+    no other catalog's processes should import."""
+    if name == "ThreadSafeHiveCatalog":
+        return _thread_safe_hive_catalog()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _thread_safe_hive_catalog() -> type[Catalog]:
+    from pyiceberg.catalog.hive import HiveCatalog
+
+    class ThreadSafeHiveCatalog(HiveCatalog):
+        """PyIceberg's HiveCatalog keeps one thrift connection and opens and closes it around every
+        call, so calls from two threads close each other's socket: the coordinator's commit threads
+        failed with "Transport not open" (after the metastore lock, before the unlock). One client,
+        hence one connection, per thread."""
+
+        def __init__(self, name: str, **properties: str) -> None:
+            self._clients = threading.local()
+            super().__init__(name, **properties)
+
+        @property  # type: ignore[override]
+        def _client(self) -> Any:
+            client = getattr(self._clients, "client", None)
+            if client is None:
+                client = self._clients.client = self._create_hive_client(self.properties)
+            return client
+
+        @_client.setter
+        def _client(self, client: Any) -> None:
+            self._clients.client = client
+
+    return ThreadSafeHiveCatalog

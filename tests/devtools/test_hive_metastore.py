@@ -6,7 +6,9 @@ HiveCatalog on the Hive 2.3 metastore client that PySpark ships) reads and write
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -27,6 +29,34 @@ def _rows(state: HiveMetastoreState) -> list[int]:
     return sorted(table.scan().to_arrow()["id"].to_pylist())
 
 
+def _commit_from_threads(catalog: Any, threads: int = 6, rounds: int = 3) -> None:
+    """Commits of several tables at once through one catalog, as the coordinator's commit threads make
+    them. PyIceberg's HiveCatalog opens and closes one shared thrift connection around each call, so
+    two threads closed each other's socket ("Transport not open"); the sink's catalog keeps one
+    connection per thread."""
+    tables = [
+        catalog.create_table(f"kept.t{n}", schema=pa.schema([("id", pa.int64())])) for n in range(threads)
+    ]
+    errors: list[BaseException] = []
+
+    def append(table: Any, n: int) -> None:
+        try:
+            for r in range(rounds):
+                table.append(pa.table({"id": [n * 100 + r]}))
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    workers = [threading.Thread(target=append, args=(t, n)) for n, t in enumerate(tables)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    for n in range(threads):
+        ids = catalog.load_table(f"kept.t{n}").scan().to_arrow()["id"].to_pylist()
+        assert sorted(ids) == [n * 100 + r for r in range(rounds)]
+
+
 @pytest.mark.usefixtures("own_stores")
 def test_hive_metastore_serves_pyiceberg_and_keeps_tables_across_a_kill(tmp_path: Path) -> None:
     server = HiveMetastore(tmp_path / "hive-metastore")
@@ -39,6 +69,7 @@ def test_hive_metastore_serves_pyiceberg_and_keeps_tables_across_a_kill(tmp_path
         table.append(pa.table({"id": [1, 2]}))
         table.append(pa.table({"id": [3]}))
         assert _rows(state) == [1, 2, 3]
+        _commit_from_threads(catalog)
         # The table's files are in the stack's warehouse folder, under the namespace's database folder
         # (Hadoop spells the location ``file:/...``).
         warehouse = Path(state.warehouse_location.removeprefix("file://"))
