@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -67,21 +68,13 @@ TIERS = {
 default, what CI runs): everything, the app runs, the storage servers, the cluster and chaos too."""
 
 
-_APART = "chaos or cluster or stores or long"
-LANES = (
-    _APART,
-    f"own_spark and not ({_APART})",
-    f"not (own_spark or {_APART})",
-)
-"""The full tier runs as three pytest processes at once, split by marker. The suite mostly waits
-(commit intervals, broker restarts, JVMs starting: about a third of one core per run), so the chaos
-run, the cluster, the storage servers and the longest runs (``long``, written by hand to even the lanes
-out: most small benchmark runs, the longest app runs) wait beside the app runs (``own_spark``: a Spark
-driver each; the backlog benchmark's smoke among them since session 16, when lane 1 was the longest)
-and beside everything else (the in-process worker and coordinator on the broker, the shared Spark
-session, the unit tests). Two lanes left the second at 50 minutes of CI while the first ended
-earlier. Each lane has its own broker and Spark session (session fixtures are per process); nothing
-is shared but the jar cache, which is filled before the lanes start."""
+LANES = 5
+"""The full tier runs as this many pytest processes at once (``--lane K/N``, tests/support/lanes.py):
+the suite mostly waits on JVMs, commit intervals and restarts (about a third of a core per process),
+so five processes keep the 2-core machine busy. Each lane has its own broker and Spark session (session
+fixtures are per process); nothing is shared but the jar cache, filled before the lanes start. The
+lanes are dealt out by the seconds each test took in an earlier run (``tests/durations.json``); each
+run writes its own to ``.pytest-lanes/durations.json``, which replaces that file to rebalance."""
 
 _SUMMARY = re.compile(r"^=+ (.*) in [0-9.]+s")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)")
@@ -91,10 +84,12 @@ def choose_run(args: list[str]) -> tuple[str, int, list[str]]:
     """The ``--tier`` chosen (``full`` without one), the lanes, and the arguments left for pytest."""
     parser = argparse.ArgumentParser(prog="bootstrap test", add_help=False, allow_abbrev=False)
     parser.add_argument("--tier", choices=TIERS, default="full")
-    parser.add_argument("--lanes", type=int, choices=(1, len(LANES)), default=None)
+    parser.add_argument("--lanes", type=int, default=None)
     known, rest = parser.parse_known_args(args)
+    if known.lanes is not None and known.lanes < 1:
+        parser.error("--lanes takes a number of pytest processes, 1 or more")
     # Lanes only for the whole suite: a run narrowed by pytest arguments is one process, as typed.
-    lanes = known.lanes or (len(LANES) if known.tier == "full" and not rest else 1)
+    lanes = known.lanes or (LANES if known.tier == "full" and not rest else 1)
     return str(known.tier), lanes, rest
 
 
@@ -111,7 +106,16 @@ def closing_counts(log: str) -> dict[str, int]:
     return {}
 
 
-def _run_lanes(pytest_args: list[str]) -> int:
+def merge_durations(parts: list[Path], merged: Path) -> None:
+    """One file of every lane's seconds per test, sorted, in the form ``tests/durations.json`` keeps."""
+    seconds: dict[str, float] = {}
+    for part in parts:
+        if part.exists():
+            seconds.update(json.loads(part.read_text()))
+    merged.write_text(json.dumps(seconds, indent=0, sort_keys=True) + "\n")
+
+
+def _run_lanes(count: int, pytest_args: list[str]) -> int:
     """Every lane at once: the first one's output as it comes, the others' once it ended, then one
     line with the totals. Exit 0 only when every lane passed (pytest's 5, no test collected, fails)."""
     fetch = [str(_bin("fanout-sink")), "jars", "--all"]
@@ -121,10 +125,12 @@ def _run_lanes(pytest_args: list[str]) -> int:
         return code
     folder = ROOT / ".pytest-lanes"
     folder.mkdir(exist_ok=True)
-    logs = [folder / f"lane-{number + 1}.log" for number in range(len(LANES))]
+    logs = [folder / f"lane-{number}.log" for number in range(1, count + 1)]
+    seconds = [folder / f"durations-{number}.json" for number in range(1, count + 1)]
     processes = []
-    for lane, log in zip(LANES, logs, strict=True):
-        cmd = [str(_bin("python")), "-m", "pytest", "-m", lane, *pytest_args]
+    for number, (log, timings) in enumerate(zip(logs, seconds, strict=True), start=1):
+        lane = ["--lane", f"{number}/{count}", "--durations-out", str(timings)]
+        cmd = [str(_bin("python")), "-m", "pytest", *lane, *pytest_args]
         _say(f"{log.stem}: $ " + " ".join(cmd))
         with log.open("w") as out:
             processes.append(subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
@@ -139,12 +145,14 @@ def _run_lanes(pytest_args: list[str]) -> int:
         _say(f"{log.stem}, its output:")
         print(log.read_text(), flush=True)
     totals: dict[str, int] = {}
-    for lane, log, code in zip(LANES, logs, codes, strict=True):
+    for log, code in zip(logs, codes, strict=True):
         counts = closing_counts(log.read_text())
-        _say(f"{log.stem} (-m {lane!r}): exit {code}, {counts or 'no closing line'}")
+        _say(f"{log.stem}: exit {code}, {counts or 'no closing line'}")
         for key, value in counts.items():
             totals[key] = totals.get(key, 0) + value
     failed = totals.get("failed", 0) + totals.get("error", 0)
+    merge_durations(seconds, folder / "durations.json")
+    _say(f"each test's seconds: {folder / 'durations.json'} (copy it over tests/durations.json to rebalance)")
     print(f"tests: {totals.get('passed', 0)} passed, {failed} failed", flush=True)
     if 5 in codes:
         _say("a lane collected no tests: that counts as a failure")
@@ -166,7 +174,7 @@ def run_tests(args: list[str]) -> int:
         if code != 0:
             return code
     if lanes > 1:
-        return _run_lanes(pytest_args)
+        return _run_lanes(lanes, pytest_args)
     code = _run([str(_bin("python")), "-m", "pytest", *pytest_args])
     if code == 5:
         _say("pytest collected no tests: that counts as a failure")

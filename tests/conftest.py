@@ -22,6 +22,7 @@ pytest_plugins = [
     "support.expiry_fixtures",
     "support.fixture_markers",
     "support.opt_in_markers",
+    "support.lanes",
 ]
 
 

@@ -192,7 +192,6 @@ def test_the_report_gives_verdicts_only_on_tables_that_match_the_model() -> None
 
 
 @pytest.mark.bench
-@pytest.mark.long
 def test_the_merge_peer_and_maintenance_keep_the_model_key_by_key(
     stream: ChangeStream, spark: Any, spark_catalog: str, catalog: Any
 ) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from bench import maintenance
 
-pytestmark = [pytest.mark.bench, pytest.mark.long]
+pytestmark = pytest.mark.bench
 
 
 def test_benchmark_runs_end_to_end(bootstrap_servers: str, spark: Any, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from bench.workload import Variant, values
 from fanout_sink.catalog import load_catalog
 from fanout_sink.kafka.clients import KafkaClientFactory
 
-pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench, pytest.mark.long]
+pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench]
 
 VARIANT = Variant("uniform", 3)
 HALF = 1500

@@ -18,7 +18,7 @@ from fanout_sink import jars
 from fanout_sink.catalog import load_catalog
 from fanout_sink.errors import StackError
 
-pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench, pytest.mark.long]
+pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench]
 
 RECORDS = 3000
 VARIANT = Variant("mixed", 3)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from bench import wide_sink
 
-pytestmark = [pytest.mark.bench, pytest.mark.long]
+pytestmark = pytest.mark.bench
 
 
 def test_benchmark_runs(bootstrap_servers: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,7 +26,7 @@ from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.cli import main
 from fanout_sink.config.loading import load_config
 
-pytestmark = pytest.mark.usefixtures("own_spark")  # the app-run lane: the first lane (long) is the longest
+pytestmark = pytest.mark.usefixtures("own_spark")
 
 FIRST, SECOND = 1200, 800  # records the connector writes, then the records the sink finishes with
 TABLES = {"shop.orders": "order", "shop.payments": "payment"}

@@ -32,7 +32,7 @@ from fanout_sink.protocol.channel import ControlReader
 from fanout_sink.protocol.orphans import clock_skew_margin, normalise
 from fanout_sink.spark.maintenance import TableMaintenance, maintain
 
-pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.long]
+pytestmark = [pytest.mark.usefixtures("own_spark")]
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("shop.orders", "shop.payments")

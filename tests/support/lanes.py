@@ -1,0 +1,143 @@
+"""``--lane K/N``: the whole suite split into N pytest processes that take about as long as each other.
+
+The full run is several pytest processes at once (``python3 -m fanout_sink.bootstrap test``) because
+the suite mostly waits on JVMs, commit intervals and restarts. Splitting it by marker left one lane
+twenty minutes longer than the others, and every new slow test moved the balance. Here every lane
+collects the same tests, puts them into units that must stay in one process, and deals the units out
+longest first to the lane with the least time so far, by the seconds each test took in an earlier run
+(``tests/durations.json``). A unit is a test module (its module fixtures are built once), except that
+the tests on the shared storage servers or on the Spark cluster are one unit each: those session
+fixtures cost minutes of JVM start-up in every process that builds them.
+
+``--durations-out PATH`` writes the seconds this process's tests took (set-up, call and tear-down
+together), which the bootstrap merges into ``.pytest-lanes/durations.json`` for the next rebalance.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"
+"""Seconds per test id from an earlier full run: the lanes' weights."""
+
+_GUESS_BY_MARKER = (
+    ("chaos", 300.0),
+    ("cluster", 60.0),
+    ("own_spark", 60.0),
+    ("stores", 20.0),
+    ("kafka", 8.0),
+)
+"""A test not in ``DURATIONS`` yet (new, or renamed) weighs what its kind usually takes."""
+_GUESS_OTHERWISE = 0.5
+
+_SHARED_SERVERS = (
+    ("cluster", ("spark_cluster", "executor_pack")),
+    ("stores", ("object_store_process", "rest_catalog_process", "postgres_process")),
+)
+"""Unit name -> the session fixtures whose tests stay in one process."""
+
+_PLAN = pytest.StashKey[str]()
+_LANE = re.compile(r"^([1-9][0-9]*)/([1-9][0-9]*)$")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("lanes")
+    group.addoption("--lane", default=None, help="K/N: only the K-th of N balanced lanes of the selection")
+    group.addoption("--durations-out", default=None, help="write each test's seconds to this JSON file")
+
+
+def parse_lane(text: str) -> tuple[int, int]:
+    """``"2/5"`` -> ``(2, 5)``; anything else is a usage error naming the form."""
+    match = _LANE.match(text)
+    if match is None or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise pytest.UsageError(f"--lane {text!r}: give K/N with 1 <= K <= N, e.g. --lane 2/5")
+    return int(match.group(1)), int(match.group(2))
+
+
+def unit_of(item: pytest.Item) -> str:
+    """The unit ``item`` is dealt out with: its shared servers' name, else its module."""
+    names = set(getattr(item, "fixturenames", ()))
+    for unit, fixtures in _SHARED_SERVERS:
+        if names.intersection(fixtures):
+            return unit
+    return item.nodeid.split("::", 1)[0]
+
+
+def weight_of(item: pytest.Item, known: dict[str, float]) -> float:
+    if item.nodeid in known:
+        return known[item.nodeid]
+    return next(
+        (seconds for marker, seconds in _GUESS_BY_MARKER if item.get_closest_marker(marker) is not None),
+        _GUESS_OTHERWISE,
+    )
+
+
+def deal(units: dict[str, float], lanes: int) -> dict[str, int]:
+    """Unit -> lane index (0-based): longest unit first to the lane with the least so far (ties: the
+    lower index, units by name), so every process computes the same split from the same collection."""
+    totals = [0.0] * lanes
+    chosen: dict[str, int] = {}
+    for unit, seconds in sorted(units.items(), key=lambda pair: (-pair[1], pair[0])):
+        lane = min(range(lanes), key=lambda index: (totals[index], index))
+        chosen[unit] = lane
+        totals[lane] += seconds
+    return chosen
+
+
+def load_durations(path: Path = DURATIONS) -> dict[str, float]:
+    return {str(k): float(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After ``-m`` and the opt-in markers have selected (``trylast``), keep this lane's units only."""
+    option = config.getoption("--lane")
+    if option is None:
+        return
+    index, count = parse_lane(str(option))
+    known = load_durations()
+    units: dict[str, float] = {}
+    for item in items:
+        units[unit_of(item)] = units.get(unit_of(item), 0.0) + weight_of(item, known)
+    chosen = deal(units, count)
+    mine = sorted((unit for unit, lane in chosen.items() if lane == index - 1), key=lambda u: -units[u])
+    config.stash[_PLAN] = (
+        f"lane {index}/{count}: {sum(units[u] for u in mine):.0f} s by {DURATIONS.name} "
+        f"(longest units: {', '.join(f'{u} {units[u]:.0f} s' for u in mine[:4])})"
+    )
+    elsewhere = [item for item in items if chosen[unit_of(item)] != index - 1]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if chosen[unit_of(item)] == index - 1]
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
+    """The lane's expected seconds and its longest units, first in its log."""
+    return config.stash.get(_PLAN, None)
+
+
+class _Timer:
+    """Sums each test's set-up, call and tear-down seconds and writes them at the session's end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({k: round(v, 1) for k, v in self.seconds.items()}) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    out = config.getoption("--durations-out")
+    if out is not None:
+        config.pluginmanager.register(_Timer(Path(out)), "lane-durations")
