@@ -1,8 +1,9 @@
 """``--lane K/N``: the whole suite split into N pytest processes that take about as long as each other.
 
-The full run is several pytest processes at once (``python3 -m fanout_sink.bootstrap test``) because
-the suite mostly waits on JVMs, commit intervals and restarts. Splitting it by marker left one lane
-twenty minutes longer than the others, and every new slow test moved the balance. Here every lane
+The full run is several pytest processes at once (``python3 -m fanout_sink.bootstrap test``): one
+process leaves the machine's cores idle while it waits on commit intervals and restarts. Splitting it
+by marker left one lane twelve minutes longer than the others, and every new slow test moved the
+balance. Here every lane
 collects the same tests, puts them into units that must stay in one process, and deals the units out
 longest first to the lane with the least time so far, by the seconds each test took in an earlier run
 (``tests/durations.json``). A unit is a test module (its module fixtures are built once), except that
