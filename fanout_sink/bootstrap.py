@@ -71,7 +71,7 @@ default, what CI runs): everything, the app runs, the storage servers, the clust
 LANES = 3
 """The full tier runs as this many pytest processes at once (``--lane K/N``, tests/support/lanes.py).
 The suite is CPU-bound on the 2-core machine (JVM start-ups, Spark apps): five lanes kept both cores
-at 0% idle, took 2,404-2,790 s each and pushed three JVM-heavy tests past their timeouts, no faster
+at 0% idle, took 1,885-2,790 s each and pushed three JVM-heavy tests past their timeouts, no faster
 than three. Each lane has its own broker and Spark session (session fixtures are per process);
 nothing is shared but the jar cache, filled before the lanes start. The lanes are dealt out by the
 seconds each test took in an earlier run (``tests/durations.json``); each run writes its own to

@@ -3,12 +3,11 @@
 The full run is several pytest processes at once (``python3 -m fanout_sink.bootstrap test``): one
 process leaves the machine's cores idle while it waits on commit intervals and restarts. Splitting it
 by marker left one lane twelve minutes longer than the others, and every new slow test moved the
-balance. Here every lane
-collects the same tests, puts them into units that must stay in one process, and deals the units out
-longest first to the lane with the least time so far, by the seconds each test took in an earlier run
-(``tests/durations.json``). A unit is a test module (its module fixtures are built once), except that
-the tests on the shared storage servers or on the Spark cluster are one unit each: those session
-fixtures cost minutes of JVM start-up in every process that builds them.
+balance. Here every lane collects the same tests, puts them into units that must stay in one process,
+and deals the units out longest first to the lane with the least time so far, by the seconds each test
+took in an earlier run (``tests/durations.json``). A unit is a test module (its module fixtures are
+built once), except that the tests on the shared storage servers or on the Spark cluster are one unit
+each: those session fixtures cost minutes of JVM start-up in every process that builds them.
 
 ``--durations-out PATH`` writes the seconds this process's tests took (set-up, call and tear-down
 together), which the bootstrap merges into ``.pytest-lanes/durations.json`` for the next rebalance.
@@ -101,19 +100,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     index, count = parse_lane(str(option))
     known = load_durations()
+    unit_by_item = [unit_of(item) for item in items]
     units: dict[str, float] = {}
-    for item in items:
-        units[unit_of(item)] = units.get(unit_of(item), 0.0) + weight_of(item, known)
+    for item, unit in zip(items, unit_by_item, strict=True):
+        units[unit] = units.get(unit, 0.0) + weight_of(item, known)
     chosen = deal(units, count)
     mine = sorted((unit for unit, lane in chosen.items() if lane == index - 1), key=lambda u: -units[u])
     config.stash[_PLAN] = (
         f"lane {index}/{count}: {sum(units[u] for u in mine):.0f} s by {DURATIONS.name} "
         f"(longest units: {', '.join(f'{u} {units[u]:.0f} s' for u in mine[:4])})"
     )
-    elsewhere = [item for item in items if chosen[unit_of(item)] != index - 1]
+    here = [chosen[unit] == index - 1 for unit in unit_by_item]
+    elsewhere = [item for item, kept in zip(items, here, strict=True) if not kept]
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
-        items[:] = [item for item in items if chosen[unit_of(item)] == index - 1]
+        items[:] = [item for item, kept in zip(items, here, strict=True) if kept]
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
