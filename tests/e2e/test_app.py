@@ -196,7 +196,7 @@ def test_sigterm_finishes_the_batch_commits_and_exits_zero(sink_factory: SinkFac
     """With a commit interval and a minimum between rounds far beyond the test, the tables can only be
     filled by the stop's commit."""
     sink_run = sink_factory(commit_interval="1h", commit_min_interval="1h")
-    sink_run.produce(600)
+    sink_run.produce(200)
     app = _start_streaming(sink_run)
     _read_until(app, "batch 0:")
     app.send_signal(signal.SIGTERM)
@@ -222,16 +222,21 @@ def test_checkpoint_ahead_of_the_sink_group_is_moved_aside(
 
 
 def test_spark_submit_runs_the_same_app(sink_run: SinkUnderTest) -> None:
-    """The cluster entry point: spark-submit owns the master and the jars, the app does the rest."""
+    """The cluster entry point: spark-submit owns the master and the jars, the app does the rest. The
+    driver JVM gets the planning options docs/production.md gives the submit command (C1 only, the
+    serial collector): spark-submit starts it, so the app cannot."""
     import fanout_sink.submit
     from fanout_sink import jars
+    from fanout_sink.spark.jvm import DriverJvm, driver_java_options
     from fanout_sink.spark.session import SPARK_CONNECTORS
 
-    sink_run.produce(300)
+    sink_run.produce(100)
     connector_jars = ",".join(str(path) for path in jars.jars(SPARK_CONNECTORS))
     submit = Path(sys.executable).parent / "spark-submit"
+    java_options = driver_java_options(DriverJvm(None, dumping=False), light_jit=True, user_options=None)
     result = subprocess.run(
-        [str(submit), "--master", "local[2]", "--jars", connector_jars, fanout_sink.submit.__file__,
+        [str(submit), "--master", "local[2]", "--jars", connector_jars,
+         "--driver-memory", "512m", "--driver-java-options", java_options, fanout_sink.submit.__file__,
          "--config", str(sink_run.config_file), "--available-now"],
         capture_output=True, text=True, timeout=420, check=False,
         env=child_env({"PYSPARK_PYTHON": sys.executable}),
