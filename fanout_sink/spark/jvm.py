@@ -59,8 +59,12 @@ _CHOOSES_GC = re.compile(r"-XX:\+Use\w*GC\b")
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 """Dumping lists every class it skips as a warning (hundreds of lines); none of them is actionable."""
 _DUMP_WAIT_S = 120.0
-ARCHIVES_KEPT = 6
-"""Archives kept in the cache, most recently used first (use touches an archive's mtime)."""
+ARCHIVES_KEPT = 12
+"""Archives kept in the cache, most recently used first (use touches an archive's mtime). Twelve, at
+100-230 MB each: the test suite alone starts drivers on more class paths than six (with and without
+the object-store jars, the Python planner without Kafka's, each checkout's own PySpark), and with six
+its lanes evicted each other's archives: one run saw the app's archive dumped again twice in ten
+minutes, every miss paying a start without it and a dump at exit (70-120 s of a loaded machine)."""
 
 
 def java_home() -> Path | None:
