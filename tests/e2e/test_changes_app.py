@@ -145,9 +145,9 @@ def test_a_debezium_stream_leaves_each_key_in_its_last_state_for_pyiceberg_and_s
         },
     )
     stream = ChangeStream(sink, seed=23)
-    stream.changes(700, keys=80)
+    stream.changes(350, keys=40)
     # Several micro-batches and commit rounds: later changes hit rows committed rounds before.
-    log = sink.run("--available-now", "--max-offsets-per-trigger", "150")
+    log = sink.run("--available-now", "--max-offsets-per-trigger", "100")
     assert log.count(" committed (") >= 4, log[-3000:]
     assert "deleted keys {" in log, "the batch line counts the keys each batch deletes"
     assert _tables(sink) == stream.model

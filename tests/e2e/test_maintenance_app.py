@@ -48,7 +48,7 @@ MAINTENANCE = {
     "min-snapshots-to-keep": 1,
     "orphan-older-than": f"{ORPHAN_AGE_S:g}s",
 }
-RUN_S = 50.0
+RUN_S = 20.0
 """How long the producer and the faults run once the app streams."""
 MAX_RUN_S = 240.0
 FAULT_POINTS = ("worker.after-write-files", "worker.before-commit")
