@@ -154,6 +154,15 @@ class Traffic:
         self._thread.join(30)
         self._producer.flush(5)
 
+    def close(self, timeout_s: float = 120.0) -> TrafficStats:
+        """End the traffic where it is now, as if its total were what it produced so far, and wait
+        for the acknowledgements: for a run that needs records flowing until some event, not after.
+        Append traffic only (a change stream keeps its length)."""
+        assert self.changes is None, "a change stream cannot end early"
+        with self._lock:
+            self.total = self.stats.attempted
+        return self.finish(timeout_s)
+
     def finish(self, timeout_s: float = 900.0) -> TrafficStats:
         """Wait until every record was produced and acknowledged (or ``timeout_s`` passed)."""
         deadline = time.monotonic() + timeout_s
