@@ -66,6 +66,9 @@ class Verdict:
     change_wrong: int = 0
     """Keys in both whose row differs from the model's in some column."""
     change_duplicate_keys: int = 0
+    tables: dict[str, Counter[str]] = field(default_factory=dict)
+    """Each append table's ids as the source topics route them: what the table was checked against,
+    for a caller that reads the same tables another way."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -135,7 +138,7 @@ def verify(
     """``topics`` are the append traffic's; ``change_traffic`` the change stream, when the run had one;
     ``retired`` the records of source topics deleted (and recreated) during the run."""
     truth = source_truth(bootstrap, topics, retired)
-    verdict = Verdict(records=truth.records)
+    verdict = Verdict(records=truth.records, tables=truth.tables)
     problems = verdict.problems
     change_topics = [change_traffic.topic] if change_traffic is not None else []
     # First, while the last commits are fresh: a broker with a short offset retention forgets them.

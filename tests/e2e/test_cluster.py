@@ -22,7 +22,7 @@ import yaml
 from chaos import kills, scenario
 from chaos.app_process import AppProcess, child_env
 from chaos.traffic import Traffic
-from chaos.verify import source_truth, verify
+from chaos.verify import verify
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.stack.spark_cluster import SparkCluster, cmdline, master_status
@@ -147,7 +147,7 @@ def run_on_cluster(
     assert verdict.ok, "\n".join(verdict.problems)
     # The verdict found every table's ids through PyIceberg equal to what the topics route to it, and
     # no other table: Spark SQL must read the same, without a second PyIceberg scan of every file.
-    expected = source_truth(bootstrap, topics).tables
+    expected = verdict.tables
     through_spark = _spark_sql_ids(settings, sorted(expected))
     for table, ids in expected.items():
         assert through_spark[table] == ids, table
