@@ -23,6 +23,7 @@ pytest_plugins = [
     "support.fixture_markers",
     "support.opt_in_markers",
     "support.lanes",
+    "support.broker_watch",
 ]
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.broker_watch import death_report
 
 from fanout_sink import jars
 from fanout_sink.devtools.stack.broker import KAFKA_BROKER, KafkaBroker
@@ -89,3 +92,22 @@ def test_broker_that_dies_on_start_reports_its_log(tmp_path: Path, monkeypatch: 
     assert "exit code" in excinfo.value.cause
     assert "Invalid maximum heap size" in excinfo.value.details
     assert str(broker.log_file) in excinfo.value.details
+
+
+def test_a_broker_killed_from_outside_is_reported_with_its_signal_and_log(
+    broker_factory: Callable[[], KafkaBroker],
+) -> None:
+    """What a lane's tests say when their shared broker dies under them (as the kernel's OOM killer
+    would kill it): the signal and the log's end, once, instead of a time-out in every later test."""
+    broker = broker_factory()
+    assert broker.exit_code() is None
+    assert broker.state is not None
+    os.kill(broker.state.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while broker.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert broker.exit_code() == -signal.SIGKILL
+    report = death_report(broker, -signal.SIGKILL)
+    assert "killed by signal 9" in report
+    assert str(broker.log_file) in report
+    assert broker.log_file.read_text().splitlines()[-1] in report

@@ -409,6 +409,11 @@ class KafkaBroker:
             f"last lines of {self.log_file}:\n{log_tail(self.log_file)}",
         )
 
+    def exit_code(self) -> int | None:
+        """How the process this object started ended (negative: the signal), None while it runs or
+        before a start: a long test run asks this to tell a dead broker from a slow one."""
+        return None if self._process is None else self._process.poll()
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Clean shutdown (SIGTERM); SIGKILL if it does not exit in time."""
         if self.state is not None:
