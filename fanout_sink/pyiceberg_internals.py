@@ -18,9 +18,10 @@ PyIceberg class. What this module reaches into:
   ``table_metadata`` and reading ``_table`` and ``_updates``.
 - ``pyiceberg.table.update``'s ``_apply_table_update``, ``_TableMetadataUpdateContext`` and
   ``_update_table_metadata_log``: :func:`apply_updates`, ``update_table_metadata`` without its deep copy.
-- ``pyiceberg.catalog.sql.SqlCatalog``: subclassed by :class:`_LoadedBaseSqlCatalog`, overriding
-  ``load_table`` and the private ``_update_and_stage_table`` (reading ``_parse_metadata_version`` and
-  ``_load_file_io``), and sharing the catalog's attributes without running its ``__init__``.
+- ``pyiceberg.catalog.sql.SqlCatalog``: subclassed by ``_LoadedBaseSqlCatalog`` (built on first use,
+  so that SQLAlchemy is imported only by a SQL-catalog sink), overriding ``load_table`` and the
+  private ``_update_and_stage_table`` (reading ``_parse_metadata_version`` and ``_load_file_io``),
+  and sharing the catalog's attributes without running its ``__init__``.
 - ``pyiceberg.catalog.hive.HiveCatalog``: subclassed by ``ThreadSafeHiveCatalog`` (built on first use,
   so that ``thrift`` is imported only by a Hive sink), replacing the private ``_client`` attribute
   by one thrift client per thread and calling the private ``_create_hive_client``.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import uuid
 from collections import defaultdict
@@ -45,7 +47,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io import FileIO, OutputStream
 from pyiceberg.io.fileformat import FileFormatModel
@@ -339,55 +340,63 @@ class _StagedTransaction(Transaction):
         return applied[2]
 
 
-class _LoadedBaseSqlCatalog(SqlCatalog):
-    """The SQL catalog committing one table against the metadata its caller loaded it with.
+@functools.cache
+def _loaded_base_sql_catalog() -> type[Catalog]:
+    """Made on first use, like the Hive one: PyIceberg's SQL catalog imports SQLAlchemy (150 modules,
+    20 MB), which the processes of a REST or Hive sink never need."""
+    from pyiceberg.catalog.sql import SqlCatalog
 
-    ``SqlCatalog.commit_table`` loads the table again (a query, the metadata JSON read and parsed)
-    to check the requirements against and apply the updates to: a second load per table commit
-    after the caller's own, ~a fifth of the commit's CPU. The caller's load is as good: the commit's
-    ``UPDATE`` still requires the table's row to point at the metadata location that was loaded,
-    so a commit by anyone in between fails it with ``CommitFailedException`` exactly as before,
-    and requirements that hold on that metadata hold on the metadata the ``UPDATE`` requires.
+    class _LoadedBaseSqlCatalog(SqlCatalog):
+        """The SQL catalog committing one table against the metadata its caller loaded it with.
 
-    It never runs the catalog's ``__init__``: every attribute (name, properties, engine) is read
-    from ``catalog``; only ``base``'s own identifier is answered from ``base``.
-    """
+        ``SqlCatalog.commit_table`` loads the table again (a query, the metadata JSON read and parsed)
+        to check the requirements against and apply the updates to: a second load per table commit
+        after the caller's own, ~a fifth of the commit's CPU. The caller's load is as good: the commit's
+        ``UPDATE`` still requires the table's row to point at the metadata location that was loaded,
+        so a commit by anyone in between fails it with ``CommitFailedException`` exactly as before,
+        and requirements that hold on that metadata hold on the metadata the ``UPDATE`` requires.
 
-    def __init__(self, catalog: SqlCatalog, base: Table) -> None:
-        self._catalog = catalog
-        self._base = base
+        It never runs the catalog's ``__init__``: every attribute (name, properties, engine) is read
+        from ``catalog``; only ``base``'s own identifier is answered from ``base``.
+        """
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._catalog, name)
+        def __init__(self, catalog: SqlCatalog, base: Table) -> None:
+            self._catalog = catalog
+            self._base = base
 
-    def load_table(self, identifier: str | Identifier) -> Table:
-        if self.identifier_to_tuple(identifier) != self._base.name():
-            return self._catalog.load_table(identifier)
-        return self._base
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._catalog, name)
 
-    def _update_and_stage_table(
-        self,
-        current_table: Table | None,
-        table_identifier: Identifier,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-    ) -> StagedTable:
-        """PyIceberg's staging of an existing table's commit, with :func:`apply_updates`."""
-        if current_table is None:
-            return super()._update_and_stage_table(current_table, table_identifier, requirements, updates)
-        for requirement in requirements:
-            requirement.validate(current_table.metadata)
-        metadata = apply_updates(current_table.metadata, updates, current_table.metadata_location)
-        version = self._parse_metadata_version(current_table.metadata_location) + 1
-        provider = load_location_provider(metadata.location, metadata.properties)
-        location = provider.new_table_metadata_file_location(version)
-        return StagedTable(
-            identifier=table_identifier,
-            metadata=metadata,
-            metadata_location=location,
-            io=self._load_file_io(properties=metadata.properties, location=location),
-            catalog=self,
-        )
+        def load_table(self, identifier: str | Identifier) -> Table:
+            if self.identifier_to_tuple(identifier) != self._base.name():
+                return self._catalog.load_table(identifier)
+            return self._base
+
+        def _update_and_stage_table(
+            self,
+            current_table: Table | None,
+            table_identifier: Identifier,
+            requirements: tuple[TableRequirement, ...],
+            updates: tuple[TableUpdate, ...],
+        ) -> StagedTable:
+            """PyIceberg's staging of an existing table's commit, with :func:`apply_updates`."""
+            if current_table is None:
+                return super()._update_and_stage_table(current_table, table_identifier, requirements, updates)
+            for requirement in requirements:
+                requirement.validate(current_table.metadata)
+            metadata = apply_updates(current_table.metadata, updates, current_table.metadata_location)
+            version = self._parse_metadata_version(current_table.metadata_location) + 1
+            provider = load_location_provider(metadata.location, metadata.properties)
+            location = provider.new_table_metadata_file_location(version)
+            return StagedTable(
+                identifier=table_identifier,
+                metadata=metadata,
+                metadata_location=location,
+                io=self._load_file_io(properties=metadata.properties, location=location),
+                catalog=self,
+            )
+
+    return _LoadedBaseSqlCatalog
 
 
 def no_retry_transaction(table: Table) -> Transaction:
@@ -399,7 +408,7 @@ def no_retry_transaction(table: Table) -> Transaction:
     transaction runs on a view of the table whose properties say ``commit.retry.num-retries=0``.
     Only updates and requirements are sent to the catalog: the table's real properties are untouched.
     A SQL catalog commits against ``table`` as loaded instead of loading it again
-    (:class:`_LoadedBaseSqlCatalog`); other catalogs (a REST catalog's commit loads nothing in the
+    (``_LoadedBaseSqlCatalog``); other catalogs (a REST catalog's commit loads nothing in the
     client) commit as they do.
     """
     properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
@@ -409,9 +418,16 @@ def no_retry_transaction(table: Table) -> Transaction:
         metadata=table.metadata.model_copy(update={"properties": properties}),
         metadata_location=table.metadata_location,
         io=table.io,
-        catalog=_LoadedBaseSqlCatalog(catalog, table) if isinstance(catalog, SqlCatalog) else catalog,
+        catalog=_commit_catalog(catalog, table),
     )
     return _StagedTransaction(pinned)
+
+
+def _commit_catalog(catalog: Catalog, table: Table) -> Catalog:
+    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: the catalog is no SqlCatalog
+    if sql is not None and isinstance(catalog, sql.SqlCatalog):
+        return _loaded_base_sql_catalog()(catalog, table)  # type: ignore[call-arg]
+    return catalog
 
 
 class _DurableFile(PyArrowFile):

@@ -35,8 +35,44 @@ def _maps_after_start(daemon: subprocess.Popen[bytes]) -> str:
 
 def test_the_daemon_has_the_tasks_imports_before_it_forks_and_stops_when_spark_closes_its_stdin() -> None:
     # librdkafka is loaded by confluent_kafka, which only the sink's task imports.
-    assert "librdkafka" in _maps_after_start(_daemon("fanout_sink.spark.worker_daemon"))
+    ours = _maps_after_start(_daemon("fanout_sink.spark.worker_daemon"))
+    assert "librdkafka" in ours
     assert "librdkafka" not in _maps_after_start(_daemon("pyspark.daemon"))
+    assert "/pandas/" not in ours, "pandas' extension modules were loaded: the daemon let pandas in"
+
+
+_WITHOUT_PANDAS = """
+import sys
+from fanout_sink.spark.worker_daemon import REFUSED, TASK_MODULE, RefuseImports
+sys.meta_path.insert(0, RefuseImports(REFUSED))
+import importlib
+importlib.import_module(TASK_MODULE)
+import pyarrow as pa
+import pyarrow.dataset
+assert not pa.lib._pandas_api.have_pandas
+assert "pandas" not in sys.modules
+pa.table({"id": [1, 2]}).filter(pyarrow.dataset.field("id") > 1)
+try:
+    import pandas.core.frame
+except ModuleNotFoundError as exc:
+    print(exc)
+"""
+
+
+def test_the_workers_modules_load_and_run_without_pandas_and_asking_for_it_names_the_daemon() -> None:
+    """Imported alone, the task's modules pull pandas in (pyarrow.dataset's set-up asks pyarrow's shim);
+    behind the daemon's finder they load, Arrow works, and pandas stays out with an error saying why."""
+    alone = subprocess.run(
+        [sys.executable, "-c", "import sys, fanout_sink.spark.task; print('pandas' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert alone.stdout.strip() == "True", "the task's imports no longer pull pandas: the refusal can go"
+    refused = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_PANDAS], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 0, refused.stderr
+    assert "pandas is not imported in fanout_sink's Spark workers" in refused.stdout
+    assert "spark/worker_daemon.py" in refused.stdout
 
 
 def _zip(path: Path, modules: dict[str, str]) -> None:
