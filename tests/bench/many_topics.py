@@ -13,6 +13,13 @@ the restart until it exits: the drain that issue 32 measured at 315 s before par
 prints the restart's records/s, its batch lines' slices and the partition groups (Spark tasks per
 batch: one per group that has data), then reads every table through PyIceberg and requires its ids
 exactly (none missing, none twice).
+
+With ``--changes`` the topics carry Debezium change events instead (plain JSON ``op``/``before``/
+``after``/``source``, keyed by ``{"id": ...}`` as Debezium keys by primary key): each topic's events
+create, update and delete rows of its own small key space, ``dynamic.table`` names the table from
+``source.table`` and ``dynamic.changes: {format: debezium}`` makes every table a change table keyed by
+the message key. The check then requires each table to hold exactly the keys still alive, each with
+the ``name`` of its last change: issue 32's whole-database CDC run.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -81,6 +89,8 @@ class ManyTopicsResult:
     restart: RunFigures
     tables_exact: int
     problems: list[str]
+    changes: bool = False
+    """Debezium change events into change tables (``--changes``), not appends."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,9 +125,67 @@ def produce(bootstrap: str, topics: list[str], events: int) -> tuple[float, dict
     return time.monotonic() - started, expected
 
 
+KEYS_PER_TABLE = 20
+"""A change stream's key space per table: small, so that most events update or delete a live row."""
+
+
+def produce_changes(
+    bootstrap: str, topics: list[str], events: int
+) -> tuple[float, dict[str, dict[int, str]]]:
+    """Seconds to produce ``events`` Debezium change events over ``topics``, and each table's final
+    state (key -> the ``name`` of its last change; deleted keys absent). Event ``n`` goes to topic
+    ``n % topics``; a key not alive is created, a live one updated (70 %) or deleted (30 %)."""
+    producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
+        # Idempotence keeps each partition in produce order across retries: a freshly created topic's
+        # first batch can fail retriably (its leader not yet known) and, without it, land after later
+        # ones, so a key's last change would not be last on its topic (seen: 10 of 1,000 topics).
+        {"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True}
+    )
+    rng = random.Random(32)
+    state: dict[str, dict[int, str]] = {f"{NAMESPACE}.t{i}": {} for i in range(len(topics))}
+    started = time.monotonic()
+    for n in range(events):
+        i = n % len(topics)
+        rows = state[f"{NAMESPACE}.t{i}"]
+        key = i * KEYS_PER_TABLE + rng.randrange(KEYS_PER_TABLE)
+        before = {"id": key, "name": rows[key], "amount": 0.0} if key in rows else None
+        name = f"v{n}"
+        after = {"id": key, "name": name, "amount": n % 1000 / 10}
+        op = "c" if before is None else ("u" if rng.random() < 0.7 else "d")
+        event = {
+            "op": op,
+            "before": before,
+            "after": None if op == "d" else after,
+            "source": {"db": "shop", "table": f"t{i}", "lsn": n},
+            "ts_ms": 1_700_000_000_000 + n,
+        }
+        if op == "d":
+            del rows[key]
+        else:
+            rows[key] = name
+        while True:
+            try:
+                producer.produce(
+                    topics[i], key=json.dumps({"id": key}).encode(), value=json.dumps(event).encode()
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+    if producer.flush(120):
+        raise TimeoutError("events still undelivered after 120 s; is the broker up?")
+    return time.monotonic() - started, state
+
+
 def sink_config(
-    name: str, prefix: str, bootstrap: str, settings: CatalogSettings, folder: Path
+    name: str, prefix: str, bootstrap: str, settings: CatalogSettings, folder: Path, changes: bool = False
 ) -> dict[str, Any]:
+    if changes:
+        dynamic: dict[str, Any] = {
+            "table": f"join('.', ['{NAMESPACE}', source.table])",
+            "changes": {"format": "debezium"},
+        }
+    else:
+        dynamic = {"table": f"join('.', ['{NAMESPACE}', tbl])"}
     return {
         "name": name,
         "kafka": {"bootstrap.servers": bootstrap},
@@ -126,7 +194,7 @@ def sink_config(
         "catalog": settings.model_dump(),
         "spark": {"master": "local[2]", "checkpoint-location": str(folder / "checkpoints")},
         "dynamic": {
-            "table": f"join('.', ['{NAMESPACE}', tbl])",
+            **dynamic,
             "allow": f"^{NAMESPACE}\\.t[0-9]+$",
             "auto-create": True,
             "applies-to": "all",
@@ -188,27 +256,58 @@ def check_tables(settings: CatalogSettings, expected: dict[str, set[int]]) -> tu
     return exact, problems
 
 
-def run(topics: int, events: int, kill_after_s: float, bootstrap: str, folder: Path) -> ManyTopicsResult:
+def check_change_tables(
+    settings: CatalogSettings, expected: dict[str, dict[int, str]]
+) -> tuple[int, list[str]]:
+    """Tables holding exactly their live keys, each with its last change's ``name``; what is wrong
+    with the others (every table exists: its first event is a create)."""
+    catalog = load_catalog(settings)
+    exact, problems = 0, []
+    for table, rows in sorted(expected.items()):
+        got = catalog.load_table(table).scan(selected_fields=("id", "name")).to_arrow().to_pylist()
+        ids = [row["id"] for row in got]
+        landed = {row["id"]: row["name"] for row in got}
+        duplicates = len(ids) - len(landed)
+        missing = len(rows.keys() - landed.keys())
+        deleted_back = len(landed.keys() - rows.keys())
+        stale = sum(1 for key, name in landed.items() if key in rows and rows[key] != name)
+        if duplicates or missing or deleted_back or stale:
+            problems.append(
+                f"{table}: {duplicates} duplicate keys, {missing} missing, "
+                f"{deleted_back} deleted but present, {stale} not at their last change"
+            )
+        else:
+            exact += 1
+    return exact, problems
+
+
+def run(
+    topics: int, events: int, kill_after_s: float, bootstrap: str, folder: Path, changes: bool = False
+) -> ManyTopicsResult:
     run_id = uuid.uuid4().hex[:6]
     prefix = f"mt{run_id}"
     names = [f"{prefix}.t{i}" for i in range(topics)]
     create_topics(bootstrap, names)
-    produce_s, expected = produce(bootstrap, names, events)
+    if changes:
+        produce_s, state = produce_changes(bootstrap, names, events)
+    else:
+        produce_s, expected = produce(bootstrap, names, events)
     print(f"{topics} topics created, {events:,} events produced in {produce_s:.1f} s", flush=True)
     settings = CatalogSettings(
         name="bench", uri=f"sqlite:///{folder / 'catalog.db'}", warehouse=f"file://{folder / 'warehouse'}"
     )
     config_path = folder / "sink.yaml"
-    config_path.write_text(yaml.safe_dump(sink_config(f"many-{run_id}", prefix, bootstrap, settings, folder)))
+    config = sink_config(f"many-{run_id}", prefix, bootstrap, settings, folder, changes)
+    config_path.write_text(yaml.safe_dump(config))
     first = run_app(config_path, folder / "first.log", kill_after_s)
     print(f"first run: {'SIGKILLed' if first.killed else 'exited'} after {first.wall_s:.1f} s, "
           f"{first.records:,} records in {len(first.batches)} logged batch(es)", flush=True)  # fmt: skip
     restart = run_app(config_path, folder / "restart.log", None)
     if restart.exit_code != 0:
         raise SystemExit(f"the restart failed ({restart.exit_code}); log in {folder / 'restart.log'}")
-    exact, problems = check_tables(settings, expected)
+    exact, problems = check_change_tables(settings, state) if changes else check_tables(settings, expected)
     return ManyTopicsResult(
-        topics, events, kill_after_s, round(produce_s, 1), first, restart, exact, problems
+        topics, events, kill_after_s, round(produce_s, 1), first, restart, exact, problems, changes
     )
 
 
@@ -243,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         "--work-dir", type=Path, default=None, help="kept (logs, catalog); default: a temp dir"
     )
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the figures")
+    parser.add_argument("--changes", action="store_true", help="Debezium change events into change tables")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="many-topics-") as scratch:
         folder = args.work_dir or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        result = run(args.topics, args.events, args.kill_after, args.bootstrap_servers, folder)
+        result = run(args.topics, args.events, args.kill_after, args.bootstrap_servers, folder, args.changes)
     print(report(result))
     for problem in result.problems[:20]:
         print(problem)
