@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -102,27 +103,40 @@ def create_topics(bootstrap: str, names: list[str]) -> None:
         future.result(timeout=60)
 
 
-def produce(bootstrap: str, topics: list[str], events: int) -> tuple[float, dict[str, set[int]]]:
-    """Seconds to produce ``events`` events over ``topics``, and each table's expected ids."""
+def send_all(bootstrap: str, messages: Iterable[tuple[str, bytes | None, bytes]]) -> float:
+    """Seconds to produce every ``(topic, key, value)`` and flush. The producer is idempotent, which
+    keeps each partition in produce order across retries: a freshly created topic's first batch can
+    fail retriably (its leader not yet known) and, without it, land after later ones, so a key's last
+    change would not be last on its topic (seen: 10 of 1,000 topics)."""
     producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
-        {"linger.ms": 20, "compression.type": "lz4"}
+        {"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True}
     )
-    expected: dict[str, set[int]] = {}
     started = time.monotonic()
-    for n in range(events):
-        i = n % len(topics)
-        table = f"t{i}"
-        value = {"id": n, "tbl": table, "op": "c", "name": f"row-{n}", "amount": n % 1000 / 10}
+    for topic, key, value in messages:
         while True:
             try:
-                producer.produce(topics[i], value=json.dumps(value).encode())
+                producer.produce(topic, key=key, value=value)
                 break
             except BufferError:
                 producer.poll(0.1)
-        expected.setdefault(f"{NAMESPACE}.{table}", set()).add(n)
     if producer.flush(120):
         raise TimeoutError("events still undelivered after 120 s; is the broker up?")
-    return time.monotonic() - started, expected
+    return time.monotonic() - started
+
+
+def produce(bootstrap: str, topics: list[str], events: int) -> tuple[float, dict[str, set[int]]]:
+    """Seconds to produce ``events`` events over ``topics``, and each table's expected ids."""
+    expected: dict[str, set[int]] = {}
+
+    def messages() -> Iterator[tuple[str, bytes | None, bytes]]:
+        for n in range(events):
+            i = n % len(topics)
+            table = f"t{i}"
+            value = {"id": n, "tbl": table, "op": "c", "name": f"row-{n}", "amount": n % 1000 / 10}
+            expected.setdefault(f"{NAMESPACE}.{table}", set()).add(n)
+            yield topics[i], None, json.dumps(value).encode()
+
+    return send_all(bootstrap, messages()), expected
 
 
 KEYS_PER_TABLE = 20
@@ -135,45 +149,32 @@ def produce_changes(
     """Seconds to produce ``events`` Debezium change events over ``topics``, and each table's final
     state (key -> the ``name`` of its last change; deleted keys absent). Event ``n`` goes to topic
     ``n % topics``; a key not alive is created, a live one updated (70 %) or deleted (30 %)."""
-    producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
-        # Idempotence keeps each partition in produce order across retries: a freshly created topic's
-        # first batch can fail retriably (its leader not yet known) and, without it, land after later
-        # ones, so a key's last change would not be last on its topic (seen: 10 of 1,000 topics).
-        {"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True}
-    )
     rng = random.Random(32)
     state: dict[str, dict[int, str]] = {f"{NAMESPACE}.t{i}": {} for i in range(len(topics))}
-    started = time.monotonic()
-    for n in range(events):
-        i = n % len(topics)
-        rows = state[f"{NAMESPACE}.t{i}"]
-        key = i * KEYS_PER_TABLE + rng.randrange(KEYS_PER_TABLE)
-        before = {"id": key, "name": rows[key], "amount": 0.0} if key in rows else None
-        name = f"v{n}"
-        after = {"id": key, "name": name, "amount": n % 1000 / 10}
-        op = "c" if before is None else ("u" if rng.random() < 0.7 else "d")
-        event = {
-            "op": op,
-            "before": before,
-            "after": None if op == "d" else after,
-            "source": {"db": "shop", "table": f"t{i}", "lsn": n},
-            "ts_ms": 1_700_000_000_000 + n,
-        }
-        if op == "d":
-            del rows[key]
-        else:
-            rows[key] = name
-        while True:
-            try:
-                producer.produce(
-                    topics[i], key=json.dumps({"id": key}).encode(), value=json.dumps(event).encode()
-                )
-                break
-            except BufferError:
-                producer.poll(0.1)
-    if producer.flush(120):
-        raise TimeoutError("events still undelivered after 120 s; is the broker up?")
-    return time.monotonic() - started, state
+
+    def messages() -> Iterator[tuple[str, bytes | None, bytes]]:
+        for n in range(events):
+            i = n % len(topics)
+            rows = state[f"{NAMESPACE}.t{i}"]
+            key = i * KEYS_PER_TABLE + rng.randrange(KEYS_PER_TABLE)
+            before = {"id": key, "name": rows[key], "amount": 0.0} if key in rows else None
+            name = f"v{n}"
+            after = {"id": key, "name": name, "amount": n % 1000 / 10}
+            op = "c" if before is None else ("u" if rng.random() < 0.7 else "d")
+            event = {
+                "op": op,
+                "before": before,
+                "after": None if op == "d" else after,
+                "source": {"db": "shop", "table": f"t{i}", "lsn": n},
+                "ts_ms": 1_700_000_000_000 + n,
+            }
+            if op == "d":
+                del rows[key]
+            else:
+                rows[key] = name
+            yield topics[i], json.dumps({"id": key}).encode(), json.dumps(event).encode()
+
+    return send_all(bootstrap, messages()), state
 
 
 def sink_config(
