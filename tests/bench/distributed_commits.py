@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.process_cpu import read_stat
 from bench.wide_sink import WidePlan, WideSink
 from fanout_sink.protocol.table_commit import TableCommit
 from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner
@@ -39,18 +40,31 @@ WAYS = ("driver", "1 executor", "2 executors")
 
 @dataclass
 class TimedRunner:
-    """A runner whose rounds are timed: wall seconds and tables of the last round."""
+    """A runner whose rounds are timed: wall seconds, tables, and the driver's CPU seconds of the last
+    round, its Python process (the coordinator) and its JVM (Spark's scheduling) apart."""
 
     runner: TableCommitRunner
+    jvm_pid: int
     seconds: float = 0.0
     tables: int = 0
+    python_cpu_s: float = 0.0
+    jvm_cpu_s: float = 0.0
 
     def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
-        started = time.perf_counter()
+        started, python_cpu, jvm_cpu = time.perf_counter(), time.process_time(), _cpu_s(self.jvm_pid)
         results = self.runner(tables)
         self.seconds = time.perf_counter() - started
+        self.python_cpu_s = time.process_time() - python_cpu
+        self.jvm_cpu_s = _cpu_s(self.jvm_pid) - jvm_cpu
         self.tables = len(tables.due)
         return results
+
+
+def _cpu_s(pid: int) -> float:
+    stat = read_stat(pid)
+    if stat is None:
+        raise RuntimeError(f"the driver JVM (pid {pid}) is gone")
+    return stat.cpu_s
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,11 @@ class CommitRound:
     way: str
     tables: int
     seconds: float
+    python_cpu_ms_per_table: float
+    """The driver's Python process (the coordinator, and with the driver way its commit threads)."""
+    jvm_cpu_ms_per_table: float
+    """The driver's JVM (with ``local-cluster``, also the master's and workers' daemons, not the
+    executors, which are processes of their own)."""
 
     @property
     def tables_per_s(self) -> float:
@@ -107,7 +126,8 @@ def run(plan: WidePlan, bootstrap: str, folder: Path, master: str, parallel: int
     spark = build_spark_session(master=master, app_name="distributed-commits", extra_conf=spark_conf())
     try:
         runners = _runners(wide, spark.sparkContext)
-        timed = TimedRunner(runners["driver"])
+        jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+        timed = TimedRunner(runners["driver"], jvm_pid)
         wide.coordinator.table_commits = timed
         _warm(spark.sparkContext, wide)
         # A warm-up round on each way first, then the ways in turn, round after round.
@@ -117,12 +137,20 @@ def run(plan: WidePlan, bootstrap: str, folder: Path, master: str, parallel: int
         ]:
             timed.runner = runners[way]
             wide.round()
-            done = CommitRound(way, timed.tables, round(timed.seconds, 3))
+            per_table = 1000 / max(1, timed.tables)
+            done = CommitRound(
+                way,
+                timed.tables,
+                round(timed.seconds, 3),
+                round(timed.python_cpu_s * per_table, 2),
+                round(timed.jvm_cpu_s * per_table, 2),
+            )
             if counted:
                 result.rounds.append(done)
             print(
-                f"{way}: {done.tables} tables in {done.seconds:.2f} s, {done.tables_per_s:.0f} tables/s"
-                + ("" if counted else " (warm-up)"),
+                f"{way}: {done.tables} tables in {done.seconds:.2f} s, {done.tables_per_s:.0f} tables/s, "
+                f"driver CPU per table {done.python_cpu_ms_per_table:.1f} ms Python + "
+                f"{done.jvm_cpu_ms_per_table:.1f} ms JVM" + ("" if counted else " (warm-up)"),
                 flush=True,
             )
     finally:
@@ -137,14 +165,20 @@ def report(result: CommitThroughput) -> str:
     lines = [
         f"### {plan.tables} tables per round, {result.master} (load average at start {result.load[0]:.1f})",
         "",
-        "| commits on | tables per second, each round | median | vs driver |",
-        "|---|---|---:|---:|",
+        "| commits on | tables per second, each round | median | vs driver "
+        "| driver CPU ms per table: Python (coordinator) + JVM, medians |",
+        "|---|---|---:|---:|---|",
     ]
     driver = result.median("driver")
     for way in WAYS:
-        rates = " / ".join(f"{r.tables_per_s:.0f}" for r in result.rounds if r.way == way)
+        rounds = [r for r in result.rounds if r.way == way]
+        rates = " / ".join(f"{r.tables_per_s:.0f}" for r in rounds)
         median = result.median(way)
-        lines.append(f"| {way} | {rates} | {median:.0f} | {median / driver:.2f}x |")
+        python_ms = statistics.median(r.python_cpu_ms_per_table for r in rounds)
+        jvm_ms = statistics.median(r.jvm_cpu_ms_per_table for r in rounds)
+        lines.append(
+            f"| {way} | {rates} | {median:.0f} | {median / driver:.2f}x | {python_ms:.1f} + {jvm_ms:.1f} |"
+        )
     ratio = result.median("2 executors") / result.median("1 executor")
     lines += ["", f"Two executors against one: {ratio:.2f}x (target 1.7x)."]
     return "\n".join(lines) + "\n"

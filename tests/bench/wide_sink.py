@@ -18,8 +18,10 @@ into the workers' caches.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -97,18 +99,24 @@ class RoundFigures:
 class TimedCommitter(TableCommitter):
     """The coordinator's table committer, adding up the CPU time of the threads its commits ran on."""
 
-    def __init__(self, committer: TableCommitter) -> None:
+    def __init__(self, committer: TableCommitter, profile: cProfile.Profile | None = None) -> None:
         super().__init__(committer.sink, committer.catalog, committer.state)
         self.cpu_s = 0.0
         self._lock = threading.Lock()
+        self.profile = profile
+        """Set only with one commit thread: a profile (of thread CPU) covers the thread enabling it."""
 
     def commit(
         self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
     ) -> TableCommit:
         started = time.thread_time()
+        if self.profile is not None:
+            self.profile.enable()
         try:
             return super().commit(identifier, items, round_end, commit_id, vtts)
         finally:
+            if self.profile is not None:
+                self.profile.disable()
             with self._lock:
                 self.cpu_s += time.thread_time() - started
 
@@ -140,7 +148,14 @@ class WideSink:
     records, as a sink whose other tables are idle.
     """
 
-    def __init__(self, plan: WidePlan, bootstrap: str, folder: Path, parallel: int = 2) -> None:
+    def __init__(
+        self,
+        plan: WidePlan,
+        bootstrap: str,
+        folder: Path,
+        parallel: int = 2,
+        profile: cProfile.Profile | None = None,
+    ) -> None:
         self.plan = plan
         self.parallel = max(1, parallel)
         settings = catalog_settings(folder)
@@ -173,10 +188,10 @@ class WideSink:
         self.slots = [Slot.open(self.config, self.worker_catalog) for _ in range(self.parallel)]
         self.coordinator = Coordinator(self.channel, catalog, source_topics=[self.topic])
         self.committer = TimedCommitter(
-            TableCommitter(self.coordinator.sink, catalog, self.coordinator.state)
+            TableCommitter(self.coordinator.sink, catalog, self.coordinator.state), profile
         )
         self.coordinator.table_commits = ThreadedCommits(
-            self.committer, self.coordinator.max_parallel_commits
+            self.committer, 1 if profile is not None else self.coordinator.max_parallel_commits
         )
         self.coordinator.open()
         self.control = self.channel.clients.consumer(
@@ -288,9 +303,11 @@ class WideSink:
         self.producer.flush(30)
 
 
-def run(plan: WidePlan, bootstrap: str, folder: Path, parallel: int = 2) -> WideResult:
+def run(
+    plan: WidePlan, bootstrap: str, folder: Path, parallel: int = 2, profile: cProfile.Profile | None = None
+) -> WideResult:
     result = WideResult(plan, parallel, os.getloadavg())
-    wide = WideSink(plan, bootstrap, folder, parallel)
+    wide = WideSink(plan, bootstrap, folder, parallel, profile)
     try:
         for _ in range(plan.rounds):
             figures = wide.round()
@@ -360,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the figures")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write a cProfile of the table commits' thread CPU here (pstats); commits run on one thread",
+    )
     args = parser.parse_args(argv)
     plan = WidePlan(
         tables=args.tables,
@@ -369,9 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
     )
     with tempfile.TemporaryDirectory(prefix="wide-sink-") as scratch:
-        result = run(plan, args.bootstrap_servers, args.work_dir or Path(scratch), args.parallel)
+        profile = cProfile.Profile(time.thread_time) if args.profile is not None else None
+        result = run(plan, args.bootstrap_servers, args.work_dir or Path(scratch), args.parallel, profile)
     text = report(result)
     print(text)
+    if profile is not None and args.profile is not None:
+        profile.dump_stats(args.profile)
+        pstats.Stats(str(args.profile)).sort_stats("cumulative").print_stats(40)
     if args.out is not None:
         args.out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return 0
