@@ -475,6 +475,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"), help="backlog.json and .md")
     parser.add_argument("--work-dir", type=Path, help="run folders, kept (default: a temporary folder)")
     parser.add_argument("--taskset", help="CPUs to pin each system's tree to, taskset -c syntax")
+    parser.add_argument(
+        "--connect-heap", default="2g", help="the Connect peer's -Xmx (at 500 tables it ran out of 2g)"
+    )
     return parser
 
 
@@ -512,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_offsets_per_trigger=args.max_offsets_per_trigger,
                 folder=work / system,
                 taskset=args.taskset,
+                connect_heap=args.connect_heap,
             )
             done = run_system(system, ctx, backlog, args.sample_interval)
             figures.append(done)

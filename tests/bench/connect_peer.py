@@ -92,7 +92,7 @@ def catalog_properties(settings: CatalogSettings) -> dict[str, str]:
 
 
 def standalone_command(
-    folder: Path, bootstrap: str, commit_interval_s: float, connector: dict[str, str]
+    folder: Path, bootstrap: str, commit_interval_s: float, connector: dict[str, str], heap: str = "2g"
 ) -> list[str]:
     """Write the worker, connector and log4j2 files into ``folder`` and return Connect standalone's
     command line running ``connector``."""
@@ -116,7 +116,7 @@ def standalone_command(
     (folder / "log4j2.properties").write_text(_LOG4J2)
     classpath = os.path.join(jars.fetch(CONNECT_WORKER), "*")
     return [
-        "java", "-Xms256m", "-Xmx2g", f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
+        "java", "-Xms256m", f"-Xmx{heap}", f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
         "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
         str(folder / "worker.properties"), str(folder / "connector.properties"),
     ]  # fmt: skip
@@ -155,7 +155,7 @@ def connector_command(ctx: RunContext, *, dynamic: bool = False) -> list[str]:
         **catalog_properties(ctx.settings),
         "iceberg.kafka.bootstrap.servers": ctx.bootstrap,
     }
-    return standalone_command(ctx.folder, ctx.bootstrap, ctx.commit_interval_s, connector)
+    return standalone_command(ctx.folder, ctx.bootstrap, ctx.commit_interval_s, connector, ctx.connect_heap)
 
 
 def run(ctx: RunContext) -> SystemRun:

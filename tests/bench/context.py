@@ -62,6 +62,8 @@ class RunContext:
     taskset: str | None = None
     maintenance: dict[str, str] | None = None
     """The sink YAML's ``maintenance`` section (soak and latency modes' ``--maintenance``)."""
+    connect_heap: str = "2g"
+    """The Kafka Connect peer's ``-Xmx`` (the notes' setup: 2g)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
     def unique_name(self, system: str) -> str:
