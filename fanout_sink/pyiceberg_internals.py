@@ -228,7 +228,7 @@ class _PreparedAvroOutputFile(AvroOutputFile[ManifestEntry]):
     header and blocks, byte for byte, but for the random sync marker."""
 
     def __init__(
-        self, output_file: Any, layout: _AvroLayout, schema_name: str, metadata: dict[str, str]
+        self, output_file: OutputFile, layout: _AvroLayout, schema_name: str, metadata: dict[str, str]
     ) -> None:
         # Not the base's __init__: it would resolve the writer again.
         self.output_file = output_file

@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(plan, args.bootstrap_servers, args.work_dir or Path(scratch), args.parallel, profile)
     text = report(result)
     print(text)
-    if profile is not None and args.profile is not None:
+    if profile is not None:
         profile.dump_stats(args.profile)
         pstats.Stats(str(args.profile)).sort_stats("cumulative").print_stats(40)
     if args.out is not None:
