@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import sqlite3
@@ -47,8 +46,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench import connect_peer, ours
 from bench.context import RunContext
 from bench.end_to_end import produce_chunks
@@ -56,7 +53,7 @@ from bench.landed import VisibleRows
 from bench.proctree import TreeUsage, run_child
 from bench.side_by_side import machine_facts
 from bench.soak import RSS_TOLERANCE, ExactRows, count_rows, record, rss_drift, templates
-from bench.workload import NAMESPACE, ROUTE_FIELD, Variant
+from bench.workload import Variant
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 
@@ -69,7 +66,6 @@ OURS = "fanout_sink"
 TEMPLATES = 20_000
 """Distinct generated records the backlog is made of (ids and ``seq`` unique; see :func:`produce_backlog`)."""
 CHUNK = 100_000
-_COMMIT_JOB = re.compile(r"commit \S+: (\d+) tables in \d+ Spark task\(s\), (\d+\.\d) s")
 
 
 @dataclass(frozen=True)
@@ -219,17 +215,7 @@ def produce_backlog(bootstrap: str, variant: Variant, records: int, partitions: 
 
 
 def _ours(ctx: RunContext) -> list[str]:
-    """fanout_sink's command on this run's YAML: dynamic routing by the record's table field into the
-    existing tables, continuous micro-batches of at most ``--max-offsets-per-trigger`` records."""
-    name = ctx.unique_name(OURS)
-    config = ours.app_config(
-        name, ctx.bootstrap, ctx.topic, ctx.commit_interval_s, ctx.settings, ctx.master, ctx.folder, {}
-    )
-    config["dynamic"] = {"table": ROUTE_FIELD, "allow": rf"^{NAMESPACE}\.t[0-9]+$", "applies-to": "all"}
-    path = ctx.folder / "sink.yaml"
-    path.write_text(yaml.safe_dump(config))
-    extra = ["--trigger-interval", ours.TRIGGER_INTERVAL]
-    return ours.app_command(path, ctx.master, ctx.max_offsets_per_trigger, extra)
+    return ours.dynamic_command(ctx, ctx.unique_name(OURS), ours.TRIGGER_INTERVAL)
 
 
 def _connect(ctx: RunContext) -> list[str]:
@@ -344,7 +330,7 @@ def run_system(key: str, ctx: RunContext, backlog: Backlog, sample_s: float) -> 
         samples=watch.samples,
         rounds=facts.rounds,
         batches=[(records, seconds) for _, records, seconds in ours.timed_batches(text)],
-        commit_jobs=[(int(n), float(s)) for n, s in _COMMIT_JOB.findall(text)],
+        commit_jobs=ours.commit_jobs(text),
         exact=exact,
         exact_tables=exact_tables,
         median_data_files=facts.median_data_files,

@@ -44,12 +44,12 @@ from typing import Any
 import yaml
 from confluent_kafka.cimpl import NewTopic
 
+from bench import ours
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.kafka.clients import KafkaClientFactory
 
 NAMESPACE = "db"
 _BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in.*\((\d+\.\d+)s, (\d+) slices, peak worker RSS")
-_GROUPS_LINE = re.compile(r"packing source partitions into (\d+) partition group")
 _FINAL_COMMIT = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ fanout_sink\.app: final commit round", re.M
 )
@@ -228,7 +228,6 @@ def run_app(config_path: Path, log_path: Path, kill_after_s: float | None) -> Ru
             killed = True
     wall = time.monotonic() - started
     text = log_path.read_text()
-    groups = _GROUPS_LINE.search(text)
     final = _FINAL_COMMIT.search(text)
     final_at = datetime.strptime(final.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if final else None
     return RunFigures(
@@ -236,7 +235,7 @@ def run_app(config_path: Path, log_path: Path, kill_after_s: float | None) -> Ru
         final_commit_s=round(final_at - started_at, 1) if final_at is not None else None,
         killed=killed,
         exit_code=app.returncode,
-        groups=int(groups.group(1)) if groups else None,
+        groups=ours.partition_groups(text),
         batches=[Batch(int(b), int(r), float(s), int(n)) for b, r, s, n in _BATCH_LINE.findall(text)],
     )
 

@@ -19,7 +19,7 @@ import yaml
 from bench.context import RunContext, SystemRun
 from bench.landed import landed
 from bench.proctree import TreeUsage, run_child
-from bench.workload import ROUTE_FIELD
+from bench.workload import NAMESPACE, ROUTE_FIELD
 from fanout_sink.catalog import CatalogSettings
 
 TRIGGER_INTERVAL = "2s"
@@ -29,6 +29,8 @@ _TIMED_BATCH_LINE = re.compile(
     r".*\((\d+\.\d+)s, \d+ slices, peak worker RSS (\d+) MB\)",
     re.MULTILINE,
 )
+_COMMIT_JOB = re.compile(r"commit \S+: (\d+) tables in \d+ Spark task\(s\), (\d+\.\d) s")
+_GROUPS_LINE = re.compile(r"packing source partitions into (\d+) partition group")
 
 
 def sink_config(ctx: RunContext, name: str) -> dict[str, Any]:
@@ -67,6 +69,22 @@ def app_config(
     }
 
 
+def dynamic_command(ctx: RunContext, name: str, trigger_interval: str) -> list[str]:
+    """The command of sink ``name`` routing dynamically by the record's route field (which holds the
+    whole table name) into the existing tables of ``ctx``, in continuous micro-batches of at most
+    ``ctx.max_offsets_per_trigger`` records every ``trigger_interval``: how a sink carries hundreds of
+    tables (the backlog and the wide app benchmarks)."""
+    config = app_config(
+        name, ctx.bootstrap, ctx.topic, ctx.commit_interval_s, ctx.settings, ctx.master, ctx.folder, {}
+    )
+    config["dynamic"] = {"table": ROUTE_FIELD, "allow": rf"^{NAMESPACE}\.t[0-9]+$", "applies-to": "all"}
+    path = ctx.folder / "sink.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return app_command(
+        path, ctx.master, ctx.max_offsets_per_trigger, ["--trigger-interval", trigger_interval]
+    )
+
+
 def timed_batches(log: str) -> list[tuple[float, int, float]]:
     """(end as epoch seconds, records, seconds) of every record-carrying batch the app logged."""
     return [
@@ -74,6 +92,17 @@ def timed_batches(log: str) -> list[tuple[float, int, float]]:
         for stamp, records, seconds, _ in _TIMED_BATCH_LINE.findall(log)
         if int(records) > 0
     ]
+
+
+def commit_jobs(log: str) -> list[tuple[int, float]]:
+    """(tables, seconds) of every table-commit Spark job the app logged (rounds committed on executors)."""
+    return [(int(tables), float(seconds)) for tables, seconds in _COMMIT_JOB.findall(log)]
+
+
+def partition_groups(log: str) -> int | None:
+    """The partition groups the app packed its source partitions into (Spark tasks per batch at most)."""
+    found = _GROUPS_LINE.search(log)
+    return int(found.group(1)) if found else None
 
 
 def steady_seconds(log: str) -> tuple[float | None, int]:

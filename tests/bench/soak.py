@@ -20,6 +20,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench import latency, ours
-from bench.context import PARTITIONS, RunContext
+from bench.context import PARTITIONS
 from bench.proctree import TreeUsage
 from bench.workload import ROUTE_FIELD, Variant, routed_chunks
 from fanout_sink.catalog import load_catalog
@@ -170,24 +171,28 @@ def record(n: int, template: tuple[bytes, bytes]) -> bytes:
     return b'{"id":"r-%d","%s":"%s","seq":%d%s' % (n, ROUTE_FIELD.encode(), template[0], n, template[1])
 
 
-def _produce_steadily(
-    bootstrap: str, ctx: RunContext, rate: float, duration_s: float, produced: list[int]
+def produce_steadily(
+    bootstrap: str,
+    topic: str,
+    value: Callable[[int], tuple[bytes, int]],
+    rate: float,
+    duration_s: float,
+    produced: list[int],
 ) -> None:
-    """Send records 0, 1, ... at ``rate`` per second for ``duration_s`` seconds; ``produced[0]``
-    counts what was handed to the producer (a starved producer sends fewer, and says so)."""
+    """Send records 0, 1, ... at ``rate`` per second for ``duration_s`` seconds, record ``n`` being
+    ``value(n)`` (its bytes and partition); ``produced[0]`` counts what was handed to the producer (a
+    starved producer sends fewer, and says so)."""
     producer = KafkaClientFactory({"bootstrap.servers": bootstrap}).producer(
         {"linger.ms": 5, "compression.type": "lz4"}
     )
-    pool = templates(ctx.variant, _POOL)
     started = time.monotonic()
     sent = 0
     while (elapsed := time.monotonic() - started) < duration_s:
         due = int(elapsed * rate) + 1
         while sent < due:
+            data, partition = value(sent)
             try:
-                producer.produce(
-                    ctx.topic, value=record(sent, pool[sent % _POOL]), partition=sent % PARTITIONS
-                )
+                producer.produce(topic, value=data, partition=partition)
             except BufferError:
                 producer.poll(0.1)
                 break
@@ -196,10 +201,10 @@ def _produce_steadily(
         producer.poll(0)
         time.sleep(_TICK_S)
     if producer.flush(120):
-        raise TimeoutError(f"producing to {ctx.topic}: messages still undelivered after 120 s")
+        raise TimeoutError(f"producing to {topic}: messages still undelivered after 120 s")
 
 
-def _lag(clients: KafkaClientFactory, group: str, topic: str) -> int:
+def group_lag(clients: KafkaClientFactory, group: str, topic: str) -> int:
     return sum(p.end - (p.committed or 0) for p in source_positions(clients, group, [topic]))
 
 
@@ -221,9 +226,14 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
 
     say(f"soak: producing at {rate:,.0f} records/s for {args.duration:g} s into {ctx.topic}")
     produced = [0]
+    pool = templates(ctx.variant, _POOL)
+
+    def value(n: int) -> tuple[bytes, int]:
+        return record(n, pool[n % _POOL]), n % PARTITIONS
+
     producer = threading.Thread(
-        target=_produce_steadily,
-        args=(bootstrap, ctx, rate, args.duration, produced),
+        target=produce_steadily,
+        args=(bootstrap, ctx.topic, value, rate, args.duration, produced),
         name="soak-producer",
         daemon=True,
     )
@@ -239,7 +249,7 @@ def measure(args: argparse.Namespace, bootstrap: str, work: Path, results: Path)
             at,
             usage.rss_mb,
             usage.largest_rss_mb,
-            _lag(clients, group, ctx.topic),
+            group_lag(clients, group, ctx.topic),
             os.getloadavg()[0],
             dict(usage.role_now_mb),
         )

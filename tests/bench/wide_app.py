@@ -1,0 +1,366 @@
+"""A wide sink sustained: the real app fed continuously, N tables from N partitions (issue 32's first target).
+
+    PYTHONPATH=tests python -m bench.wide_app --tables 5000 --rounds 10 --commit-interval 60 \\
+        --rate 2000 --bootstrap-servers HOST:PORT
+
+A Debezium-like layout: one topic of N partitions, partition ``i`` carrying only the records of table
+``bench.t<i>`` (its route field ``table``), into N tables created up front and routed by
+``dynamic.table``. Once the app's streaming query runs, a producer sends ``--rate`` records a second,
+record ``n`` to partition ``n % N``, for ``--warm-up`` seconds plus ``--rounds`` commit intervals, so
+every table receives data in every round. The app is ``fanout-sink run`` in continuous mode, one
+micro-batch per ``--trigger-interval``, with its default partition groups (the cores of ``local[N]``)
+and its default distributed commits (a round of 50 tables or more commits in a Spark job).
+
+Every ``--sample-interval`` seconds it notes two lags and the tree's RSS: the sink group's lag (last
+stable minus committed offsets: records the workers have not delivered) and the records produced but
+not yet visible in the tables (what the coordinator has not committed). After producing ends the app
+drains, gets SIGTERM, and every row is counted by its ``seq`` (none missing, none twice, each in its
+record's table).
+
+Judged over the rounds after the warm-up: the visible lag does not grow (its least-squares slope over
+the judged samples adds less than one round's records across them); every commit round's table
+commits (from the tables' snapshots, grouped by commit id) span less than the interval; Spark tasks
+per batch (the partition groups) at most 4x the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import ours
+from bench.backlog import CommitRound, table_facts
+from bench.context import RunContext
+from bench.hour_ingest import create_topic
+from bench.proctree import TreeUsage, run_child
+from bench.side_by_side import machine_facts
+from bench.soak import ExactRows, count_rows, group_lag, produce_steadily, record, templates
+from bench.workload import Variant
+from fanout_sink.devtools.stack import daemon
+from fanout_sink.kafka.clients import KafkaClientFactory
+from fanout_sink.protocol.channel import sink_group
+
+SYSTEM = "fanout_sink wide"
+TASKS_PER_CORE = 4
+"""The issue's bound: Spark tasks per batch at most 4x the cores."""
+_POOL = 20_000
+_STARTED = "streaming query"
+LOG = "app.log"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One look at the running sink, ``at_s`` seconds after producing began."""
+
+    at_s: float
+    produced: int
+    group_lag: int
+    """Records the workers have not delivered (last stable offsets minus the sink group's)."""
+    unseen: int
+    """Records produced but not visible in the tables."""
+    rss_mb: float
+    load1: float
+
+
+@dataclass
+class WideAppResult:
+    tables: int
+    rate: float
+    commit_interval_s: float
+    trigger_interval: str
+    rounds: int
+    warm_up_s: float
+    cores: int
+    create_tables_s: float
+    start_s: float
+    """From the app's launch to its streaming query running (Spark, the catalog, the first plan)."""
+    produced: int
+    feed_s: float
+    drain_s: float | None
+    """From the end of producing until every produced record was visible; None: not drained."""
+    cpu_s: float
+    peak_rss_mb: float
+    partition_groups: int | None
+    batches: list[tuple[float, int, float]]
+    commit_jobs: list[tuple[int, float]]
+    rounds_seen: list[CommitRound]
+    samples: list[Sample]
+    exact: ExactRows | None
+    facts: dict[str, str] = field(default_factory=dict)
+    command: str = ""
+
+    @property
+    def round_records(self) -> float:
+        return self.rate * self.commit_interval_s
+
+    def judged(self) -> list[Sample]:
+        """Samples after the warm-up, while producing."""
+        return [s for s in self.samples if self.warm_up_s <= s.at_s <= self.feed_s]
+
+    def lag_growth(self) -> float | None:
+        """Records the visible lag grew by over the judged samples (least-squares slope x span)."""
+        judged = self.judged()
+        if len(judged) < 3:
+            return None
+        at = [s.at_s for s in judged]
+        slope = statistics.linear_regression(at, [float(s.unseen) for s in judged]).slope
+        return slope * (at[-1] - at[0])
+
+    def lag_steady(self) -> bool | None:
+        growth = self.lag_growth()
+        return None if growth is None else growth < self.round_records
+
+    def steady_rounds(self) -> list[CommitRound]:
+        """Commit rounds of (nearly) every table: the sink's interval rounds, not the final drain's."""
+        return [r for r in self.rounds_seen if r.tables >= 0.9 * self.tables]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "lag_growth": self.lag_growth(),
+            "lag_steady": self.lag_steady(),
+            "rounds_over_interval": sum(1 for r in self.steady_rounds() if r.span_s > self.commit_interval_s),
+        }
+
+
+class Watch:
+    """The ``done`` of :func:`.proctree.run_child`: starts the producer once the query runs, samples
+    the lags and RSS, and holds once producing ended and every record is visible (or the drain's
+    deadline passed)."""
+
+    def __init__(self, ctx: RunContext, group: str, args: argparse.Namespace, usage: TreeUsage) -> None:
+        self.ctx, self.group, self.args, self.usage = ctx, group, args, usage
+        self.clients = KafkaClientFactory({"bootstrap.servers": ctx.bootstrap})
+        self.visible = ctx.visible()
+        self.launched = time.monotonic()
+        self.started: float | None = None
+        self.feed_s = args.warm_up + args.rounds * args.commit_interval
+        self.produced = [0]
+        self.producer: threading.Thread | None = None
+        self.samples: list[Sample] = []
+        self.fed_at: float | None = None
+        self.drained_at: float | None = None
+        self._sampled = float("-inf")
+        pool = templates(ctx.variant, _POOL, qualified=True)
+        tables = ctx.variant.tables
+
+        def value(n: int) -> tuple[bytes, int]:
+            partition = n % tables
+            return record(n, (f"bench.t{partition}".encode(), pool[n % _POOL][1])), partition
+
+        self.value = value
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self.producer is None:
+            log = self.ctx.folder / LOG
+            if not (log.exists() and _STARTED in log.read_text(errors="replace")):
+                return False
+            self.started = now
+            self.producer = threading.Thread(
+                target=produce_steadily,
+                args=(
+                    self.ctx.bootstrap,
+                    self.ctx.topic,
+                    self.value,
+                    self.args.rate,
+                    self.feed_s,
+                    self.produced,
+                ),
+                name="wide-producer",
+                daemon=True,
+            )
+            self.producer.start()
+        assert self.started is not None
+        if self.fed_at is None and not self.producer.is_alive():
+            self.fed_at = now
+        if now - self._sampled < self.args.sample_interval:
+            return False
+        self._sampled = now
+        produced = self.produced[0]
+        visible = self.visible.total()
+        sample = Sample(
+            round(now - self.started, 1),
+            produced,
+            group_lag(self.clients, self.group, self.ctx.topic),
+            produced - visible,
+            round(self.usage.rss_mb),
+            os.getloadavg()[0],
+        )
+        self.samples.append(sample)
+        print(
+            f"  {sample.at_s:6.0f} s: produced {produced:,}, group lag {sample.group_lag:,}, "
+            f"not visible {sample.unseen:,}, RSS {sample.rss_mb:,.0f} MB, load {sample.load1:.2f}",
+            flush=True,
+        )
+        if self.fed_at is None:
+            return False
+        if visible >= produced:
+            self.drained_at = now
+            return True
+        return bool(now - self.fed_at > self.args.drain_deadline)
+
+
+def run(args: argparse.Namespace, bootstrap: str, folder: Path) -> WideAppResult:
+    variant = Variant("uniform", args.tables)
+    topic = f"wide-app-{args.tables}-{os.urandom(3).hex()}"
+    create_topic(bootstrap, topic, args.tables)
+    ctx = RunContext(
+        bootstrap=bootstrap,
+        topic=topic,
+        variant=variant,
+        records=0,
+        values_file=Path(os.devnull),
+        commit_interval_s=args.commit_interval,
+        cores=args.cores,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        folder=folder,
+        taskset=args.taskset,
+    )
+    started = time.monotonic()
+    catalog = ctx.prepare()
+    create_tables_s = time.monotonic() - started
+    print(f"{args.tables} tables created in {create_tables_s:.0f} s; topic {topic}", flush=True)
+    name = ctx.unique_name(SYSTEM)
+    command = ours.dynamic_command(ctx, name, args.trigger_interval)
+    usage = TreeUsage()
+    watch = Watch(ctx, sink_group(name), args, usage)
+    started_at = time.time()
+    child = run_child(
+        command,
+        env=ctx.child_env(),
+        log=folder / LOG,
+        done=watch,
+        timeout_s=args.start_timeout + watch.feed_s + args.drain_deadline + 600,
+        cpus=ctx.taskset,
+        usage=usage,
+    )
+    if child.returncode not in (0, -15, 143):
+        raise child.failure(SYSTEM, folder / LOG)
+    if watch.started is None or watch.fed_at is None:
+        raise child.failure(SYSTEM, folder / LOG, "ended before producing ended")
+    text = (folder / LOG).read_text(errors="replace")
+    tables = variant.table_names()
+    drained = watch.drained_at is not None
+    print("counting every row by its seq ...", flush=True)
+    exact = count_rows(catalog, tables, watch.produced[0], qualified=True) if drained else None
+    return WideAppResult(
+        tables=args.tables,
+        rate=args.rate,
+        commit_interval_s=args.commit_interval,
+        trigger_interval=args.trigger_interval,
+        rounds=args.rounds,
+        warm_up_s=args.warm_up,
+        cores=args.cores,
+        create_tables_s=round(create_tables_s, 1),
+        start_s=round(watch.started - watch.launched, 1),
+        produced=watch.produced[0],
+        feed_s=round(watch.fed_at - watch.started, 1),
+        drain_s=round(watch.drained_at - watch.fed_at, 1) if watch.drained_at is not None else None,
+        cpu_s=round(child.cpu_s, 1),
+        peak_rss_mb=round(child.peak_rss_mb),
+        partition_groups=ours.partition_groups(text),
+        batches=ours.timed_batches(text),
+        commit_jobs=ours.commit_jobs(text),
+        rounds_seen=table_facts(catalog, tables, started_at).rounds,
+        samples=watch.samples,
+        exact=exact,
+    )
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def report(result: WideAppResult) -> str:
+    """What the run showed, as markdown for docs/benchmarks/wide-sinks.md."""
+    spans = [r.span_s for r in result.steady_rounds()]
+    batches = [b for b in result.batches if b[1] > 0]
+    judged = result.judged()
+    growth = result.lag_growth()
+    verdict = {True: "yes", False: "**no**", None: "-"}
+    groups, bound = result.partition_groups, TASKS_PER_CORE * result.cores
+    per_table = result.round_records / result.tables
+    drain = "not drained" if result.drain_s is None else f"{result.drain_s:.0f} s"
+    jobs = ", ".join(f"{n} / {s:.1f}" for n, s in result.commit_jobs[:12])
+    over = sum(1 for s in spans if s > result.commit_interval_s)
+    lines = [
+        f"`{result.command}`",
+        "",
+        "| what | figure |",
+        "|---|---|",
+        f"| tables = partitions | {result.tables:,} |",
+        f"| rate, commit interval, trigger | {result.rate:,.0f} records/s, {result.commit_interval_s:g} s, "
+        f"{result.trigger_interval} ({per_table:,.0f} records per table and round) |",
+        f"| tables created, app start | {result.create_tables_s:.0f} s, {result.start_s:.0f} s |",
+        f"| produced | {result.produced:,} in {result.feed_s:.0f} s; drained {drain} after |",
+        f"| partition groups (Spark tasks per batch at most) | {groups} (at most {bound}: "
+        f"{verdict[None if groups is None else groups <= bound]}) |",
+        f"| record batches | {len(batches)}; seconds median {_median([b[2] for b in batches]):.1f}, "
+        f"max {max((b[2] for b in batches), default=0):.1f}; records median "
+        f"{_median([b[1] for b in batches]):,.0f} |",
+        f"| commit rounds of >= 90 % of the tables | {len(spans)}; their table commits span median "
+        f"{_median(spans):.1f} s, max {max(spans, default=0):.1f} s; over the interval: {over} |",
+        f"| commit jobs (tables / s) | {jobs} |",
+        f"| visible lag, judged samples | {len(judged)}; max {max((s.unseen for s in judged), default=0):,}; "
+        f"grew by {'-' if growth is None else f'{growth:,.0f}'} (a round: {result.round_records:,.0f}); "
+        f"steady: {verdict[result.lag_steady()]} |",
+        f"| group lag max, judged | {max((s.group_lag for s in judged), default=0):,} |",
+        f"| CPU s (tree), peak RSS | {result.cpu_s:,.0f}, {result.peak_rss_mb:,.0f} MB |",
+        f"| rows | {result.exact if result.exact is not None else 'not counted (not drained)'} |",
+    ]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tables", type=int, default=500, help="tables, and the topic's partitions")
+    parser.add_argument("--rounds", type=int, default=10, help="commit intervals judged")
+    parser.add_argument("--commit-interval", type=float, default=60.0, help="seconds")
+    parser.add_argument("--trigger-interval", default="60s", help="the app's micro-batch interval")
+    parser.add_argument("--rate", type=float, default=2_000.0, help="records produced per second")
+    parser.add_argument("--warm-up", type=float, default=120.0, help="seconds of producing not judged")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="local[N]")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=10_000_000)
+    parser.add_argument("--sample-interval", type=float, default=10.0, help="seconds between samples")
+    parser.add_argument("--drain-deadline", type=float, default=600.0, help="seconds after producing ends")
+    parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds for the app to start")
+    parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
+    parser.add_argument("--taskset", help="CPUs to pin the app's tree to, taskset -c syntax")
+    parser.add_argument("--work-dir", type=Path, help="the run's folder, kept (default: a temporary one)")
+    parser.add_argument("--out", type=Path, help="a JSON file the figures are added to, keyed by tables")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
+    with tempfile.TemporaryDirectory(prefix="wide-app-") as scratch:
+        folder = args.work_dir or Path(scratch) / "run"
+        result = run(args, bootstrap, folder)
+    result.facts = machine_facts()
+    result.command = "PYTHONPATH=tests python -m bench.wide_app " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    print(report(result))
+    if args.out is not None:
+        runs = json.loads(args.out.read_text()) if args.out.exists() else {}
+        runs[str(args.tables)] = result.to_json()
+        args.out.write_text(json.dumps(runs, indent=2) + "\n")
+    return 0 if result.exact is not None and result.exact.exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
