@@ -32,6 +32,11 @@ from pathlib import Path
 from bench.process_cpu import read_all, read_pss_mb, role, tree_of
 
 _SAMPLE_S = 0.2
+_PSS_EVERY = 10
+"""PSS is read every this many samples (2 s): ``smaps_rollup`` walks a process's every mapping in the
+kernel, and read for a JVM and its Python workers every 0.2 s it cost the harness more CPU than all
+else (py-spy, bench.wide_app at 5,000 tables: half of the harness's samples), CPU the measured
+system then lacked. RSS, from ``stat``, stays every sample."""
 _STOP_GRACE_S = 120.0
 
 
@@ -54,6 +59,7 @@ class TreeUsage:
     """Per role, its processes' RSS summed at the latest sample."""
     last_pids: frozenset[int] = frozenset()
     """The processes of the previous sample: only these count towards memory in the next one."""
+    samples: int = 0
 
     @property
     def cpu_s(self) -> float:
@@ -83,6 +89,8 @@ class ChildRun:
 def _sample(root: int, usage: TreeUsage) -> None:
     stats = read_all()
     rss = pss = largest = 0.0
+    with_pss = usage.samples % _PSS_EVERY == 0
+    usage.samples += 1
     by_role: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     pids = frozenset(tree_of(root, stats) & stats.keys())
@@ -94,7 +102,8 @@ def _sample(root: int, usage: TreeUsage) -> None:
         kind = role(pid, root)
         rss += stat.rss_mb
         largest = max(largest, stat.rss_mb)
-        pss += read_pss_mb(pid) or 0.0
+        if with_pss:
+            pss += read_pss_mb(pid) or 0.0
         by_role[kind] += stat.rss_mb
         count[kind] += 1
         if kind == "Python workers":
