@@ -20,6 +20,10 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
   their ranges one after another: a range then starts by resuming its partition, not by a new
   assignment, whose first fetch waited about a second per partition of a topic the consumer had not
   been assigned before (each of a whole database's one-partition topics, issue 32).
+- Inside ``assigned`` the small ranges to be read next are fetched ahead, resumed together while
+  the current one is read, their records kept per partition until their turn: read one after
+  another, each small range waited for a fetch of its own (~40 ms, three quarters of a 5,000-partition
+  batch's wall time, py-spy), while one fetch brings hundreds of partitions' records at once.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -87,6 +92,31 @@ CONSUME_WAIT_S = 0.2
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 
+AHEAD_RECORDS = 50_000
+"""Records (offsets planned) of the ranges fetched ahead at once, at most: what a group's reader holds
+beyond the range it reads, as Python messages (~10-20 MB). A larger range is read on its own turn."""
+
+AHEAD_PARTITIONS = 500
+"""Ranges fetched ahead at once, at most: one fetch request names every resumed partition."""
+
+
+@dataclass
+class _Ahead:
+    """A range fetched ahead of its turn: its partition resumed at ``start``, its records kept."""
+
+    start: int
+    end: int
+    messages: list[Message] = field(default_factory=list)
+    position: int = 0
+    """Where the range's records are known up to: past the last one kept, or an EOF's offset."""
+
+    def __post_init__(self) -> None:
+        self.position = self.start
+
+    @property
+    def complete(self) -> bool:
+        return self.position >= self.end
+
 
 class RangeReader:
     """One consumer, reassigned for every range it reads (or once per partition group, in
@@ -111,6 +141,12 @@ class RangeReader:
         from when resumed (``None``: unknown, so a read seeks first); ``None`` outside."""
         self._failed = False
         """A read inside the group failed: the next read assigns the group afresh, at its own start."""
+        self._plan: list[tuple[tuple[str, int], int, int]] = []
+        """Inside :meth:`assigned`: the group's ranges in the order they will be read."""
+        self._planned = 0
+        """How many of ``_plan`` were taken for reading or fetching ahead."""
+        self._ahead: dict[tuple[str, int], _Ahead] = {}
+        """Ranges resumed before their turn, with the records fetched so far."""
         self._consumer = clients.consumer(
             {
                 "group.id": group,
@@ -125,16 +161,19 @@ class RangeReader:
         )
 
     @contextmanager
-    def assigned(self, starts: Sequence[tuple[str, int, int]]) -> Iterator[None]:
-        """Assign every ``(topic, partition, start)`` of a group at once, paused; inside, a
-        :meth:`read_chunks` of one of them resumes just that partition for its range and pauses it
-        again. One assignment for the group: the consumer learns all its topics' leaders together,
-        instead of each range's first fetch waiting about a second for a topic newly assigned
-        alone. Paused partitions fetch nothing, so memory holds one range's records as before."""
+    def assigned(self, ranges: Sequence[tuple[str, int, int, int]]) -> Iterator[None]:
+        """Assign every ``(topic, partition, start, end)`` of a group at once, paused, the ranges in
+        the order they will be read; inside, a :meth:`read_chunks` of one of them resumes that
+        partition for its range, and the small ranges after it (:data:`AHEAD_RECORDS`,
+        :data:`AHEAD_PARTITIONS`) to fetch them ahead. One assignment for the group: the consumer
+        learns all its topics' leaders together, instead of each range's first fetch waiting about a
+        second for a topic newly assigned alone. Partitions not being read or fetched ahead stay paused
+        and fetch nothing."""
         with self._lock:
             if self._group:
                 raise RuntimeError("a RangeReader holds one group's assignment at a time")
-            self._group = [TopicPartition(topic, partition, start) for topic, partition, start in starts]
+            self._group = [TopicPartition(topic, partition, start) for topic, partition, start, _ in ranges]
+            self._plan = [((topic, partition), start, end) for topic, partition, start, end in ranges]
             try:
                 self._assign_group()
                 yield
@@ -143,13 +182,63 @@ class RangeReader:
                 # assigned alone, would never fetch.
                 self._consumer.resume(self._group)
                 self._group, self._paused, self._failed = [], None, False
+                self._plan, self._planned, self._ahead = [], 0, {}
                 self._consumer.unassign()
 
     def _assign_group(self) -> None:
-        """The group's partitions assigned at their starts, all paused."""
+        """The group's partitions assigned at their starts, all paused; nothing fetched ahead."""
         self._consumer.assign(self._group)
         self._consumer.pause(self._group)
         self._paused = {(p.topic, p.partition): p.offset for p in self._group}
+        self._ahead = {}
+
+    def _fetch_ahead(self, current: tuple[str, int]) -> None:
+        """Resume the next planned ranges (not ``current``'s) within the budget, at their starts."""
+        paused = self._paused
+        assert paused is not None
+        held = sum(a.end - a.start for a in self._ahead.values())
+        resumed = []
+        while self._planned < len(self._plan) and len(self._ahead) < AHEAD_PARTITIONS:
+            key, start, end = self._plan[self._planned]
+            if key == current or key in self._ahead or paused.get(key) != start:
+                self._planned += 1  # being read, or not where a resume starts it: read in its turn
+                continue
+            if held + end - start > AHEAD_RECORDS:
+                break
+            self._planned += 1
+            held += end - start
+            self._ahead[key] = _Ahead(start, end)
+            paused[key] = None
+            resumed.append(TopicPartition(*key))
+        if resumed:
+            self._consumer.resume(resumed)
+
+    def _keep_ahead(self, messages: list[Message]) -> None:
+        """Messages (and EOFs) of ranges fetched ahead, kept up to each range's end; a range complete
+        or failed is paused (a failed one is read, and fails, in its turn)."""
+        done = []
+        for message in messages:
+            key = (str(message.topic()), int(message.partition() or 0))
+            ahead = self._ahead.get(key)
+            if ahead is None or ahead.complete:
+                continue  # failed earlier in this batch, or whole: the rest is past its end
+            error = message.error()
+            offset = _offset(message)
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                ahead.position = max(ahead.position, offset)
+            elif error is not None:
+                del self._ahead[key]  # its turn seeks to its start and meets the error itself
+                done.append(TopicPartition(*key))
+                continue
+            elif offset >= ahead.end:
+                ahead.position = ahead.end
+            else:
+                ahead.messages.append(message)
+                ahead.position = max(ahead.position, offset + 1)
+            if ahead.complete:
+                done.append(TopicPartition(*key))
+        if done:
+            self._consumer.pause(done)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
         """The visible (committed, not aborted) records of ``[start, end)``, offsets ascending."""
@@ -165,10 +254,10 @@ class RangeReader:
         if start >= end:
             return
         limit = max_records if max_records is not None else end - start
-        with self._lock, self._range_assigned(topic, partition, start):
+        with self._lock, self._range_assigned(topic, partition, start) as kept:
             pending: list[pa.RecordBatch] = []
             count = 0
-            for batch in self._read_assigned(topic, partition, start, end):
+            for batch in self._read_assigned(topic, partition, start, end, kept):
                 pending.append(batch)
                 count += batch.num_rows
                 while count >= limit:
@@ -180,14 +269,15 @@ class RangeReader:
                 yield pa.Table.from_batches(pending, RAW_RECORD_SCHEMA)
 
     @contextmanager
-    def _range_assigned(self, topic: str, partition: int, start: int) -> Iterator[None]:
+    def _range_assigned(self, topic: str, partition: int, start: int) -> Iterator[_Ahead | None]:
         """The partition fetching from ``start`` while the range is read: assigned alone, or, inside
-        :meth:`assigned`, resumed (after a seek unless it is paused right there) and paused again."""
+        :meth:`assigned`, resumed (after a seek unless it is paused right there) and paused again;
+        the range's records fetched ahead, if it was, are yielded and it fetches on from there."""
         paused = self._paused
         if paused is None:
             self._consumer.assign([TopicPartition(topic, partition, start)])
             try:
-                yield
+                yield None
             finally:
                 self._consumer.unassign()
             return
@@ -206,24 +296,42 @@ class RangeReader:
             self._failed = False
             paused = self._paused
             assert paused is not None
-        if paused[key] != start:
-            # A seek restarts the partition's fetching (~0.1 s): only for a range that does not start
-            # where the group was assigned (a partly delivered slice) or a range read again.
-            self._consumer.seek(TopicPartition(topic, partition, start))
-        # Where it stops is not tracked (the read drops what comes past the end): seek next time.
-        paused[key] = None
-        self._consumer.resume([TopicPartition(topic, partition)])
+        kept = self._ahead.pop(key, None)
+        if kept is not None and not kept.start <= start <= kept.position:
+            # Its fetch ahead began past this read's start, or has not reached it yet (a partly
+            # delivered slice): paused[key] is None, so the partition seeks to the start, paused
+            # first so that librdkafka drops what it fetched for it.
+            self._consumer.pause([TopicPartition(topic, partition)])
+            kept = None
+        if kept is None:
+            if paused[key] != start:
+                # A seek restarts the partition's fetching (~0.1 s): only for a range that does not
+                # start where the group was assigned (a partly delivered slice) or a range read again.
+                self._consumer.seek(TopicPartition(topic, partition, start))
+            # Where it stops is not tracked (the read drops what comes past the end): seek next time.
+            paused[key] = None
+            self._consumer.resume([TopicPartition(topic, partition)])
+        # else: fetched ahead, it is still resumed and fetching on, or paused at its range's end.
+        self._fetch_ahead(key)
         try:
-            yield
+            yield kept
         except Exception:
             self._failed = True  # the next read of the group starts from a fresh assignment
             raise
         finally:
             self._consumer.pause([TopicPartition(topic, partition)])
 
-    def _read_assigned(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        """One record batch per ``consume`` call, up to the range's end."""
+    def _read_assigned(
+        self, topic: str, partition: int, start: int, end: int, kept: _Ahead | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The records ``kept`` from a fetch ahead, then one record batch per ``consume`` call, up to
+        the range's end."""
         position = start
+        if kept is not None:
+            records = [m for m in kept.messages if start <= _offset(m) < end]
+            position = max(start, min(kept.position, end))
+            if records:
+                yield _record_batch(topic, partition, records)
         deadline = time.monotonic() + self.stall_timeout_s
         while position < end:
             # consume() returns when it has the count or the timeout passed, not at partition EOF: a
@@ -232,7 +340,7 @@ class RangeReader:
             # timeout bounds the wait, and EOF at or past the end finishes the range.
             messages = self._consumer.consume(min(CONSUME_BATCH, end - position), timeout=CONSUME_WAIT_S)
             if self._paused is not None and messages:
-                messages = _own(messages, topic, partition, self._paused)
+                messages = self._own(messages, topic, partition)
             # Comprehensions, not a loop with a body per message: this runs for every record.
             events = [m for m in messages if m.error() is not None]
             records = [m for m in messages if m.error() is None] if events else messages
@@ -259,6 +367,32 @@ class RangeReader:
                     "aside and reset the sink group's offset for the partition"
                 )
 
+    def _own(self, messages: list[Message], topic: str, partition: int) -> list[Message]:
+        """The messages of the partition being read (and errors of none), inside :meth:`assigned`;
+        those of ranges fetched ahead are kept for their turn.
+
+        Pausing a partition makes librdkafka drop what it had queued for it, so a stale message of a
+        partition read before is rare: with nothing fetched ahead only the head and tail are checked
+        (two calls, not two per record) before any filtering. A message of a partition neither read
+        nor fetched ahead moved its position: it is dropped (its EOF must never end this range) and
+        the partition seeks before its next read."""
+        paused = self._paused
+        assert paused is not None
+        if not self._ahead and all(_belongs(m, topic, partition) for m in (messages[0], messages[-1])):
+            return messages
+        own = [m for m in messages if _belongs(m, topic, partition)]
+        if len(own) == len(messages):
+            return own
+        others = [m for m in messages if not _belongs(m, topic, partition)]
+        kept = [m for m in others if (m.topic(), m.partition()) in self._ahead]
+        if kept:
+            self._keep_ahead(kept)
+        if len(kept) < len(others):
+            for stranger in others:
+                if (key := (str(stranger.topic()), int(stranger.partition() or 0))) not in self._ahead:
+                    paused[key] = None
+        return own
+
     def _fail(self, topic: str, partition: int, start: int, end: int, error: KafkaError) -> None:
         if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
             low, _high = self._consumer.get_watermark_offsets(
@@ -273,25 +407,6 @@ class RangeReader:
 
     def close(self) -> None:
         self._consumer.close()
-
-
-def _own(
-    messages: list[Message], topic: str, partition: int, paused: dict[tuple[str, int], int | None]
-) -> list[Message]:
-    """The messages of the partition being read (and errors of none), inside `RangeReader.assigned`.
-
-    Only the resumed partition fetches, and pausing one makes librdkafka drop what it had queued
-    for it, so nothing else is expected; a stale message of a partition read before would sit at
-    the head of a batch, so the head and tail are checked (two calls, not two per record) before
-    any filtering. Another partition's message taken from the queue moved its position: it is
-    dropped (its EOF must never end this range) and the partition seeks before its next read."""
-    if all(_belongs(m, topic, partition) for m in (messages[0], messages[-1])):
-        return messages
-    own = [m for m in messages if _belongs(m, topic, partition)]
-    for stranger in messages:
-        if not _belongs(stranger, topic, partition):
-            paused[(str(stranger.topic()), int(stranger.partition() or 0))] = None
-    return own
 
 
 def _belongs(message: Message, topic: str, partition: int) -> bool:

@@ -42,11 +42,13 @@ from bench import ours
 from bench.backlog import CommitRound, table_facts
 from bench.context import RunContext
 from bench.hour_ingest import create_topic
+from bench.process_cpu import read_stat
 from bench.proctree import TreeUsage, run_child
 from bench.side_by_side import machine_facts
 from bench.soak import ExactRows, count_rows, group_lag, produce_steadily, record, templates
 from bench.workload import Variant
 from fanout_sink.devtools.stack import daemon
+from fanout_sink.devtools.stack.broker import load_state
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.protocol.channel import sink_group
 
@@ -89,6 +91,10 @@ class WideAppResult:
     drain_s: float | None
     """From the end of producing until every produced record was visible; None: not drained."""
     cpu_s: float
+    broker_cpu_s: float | None
+    """The broker's CPU from producing's start to the end (it shares the machine's cores)."""
+    harness_cpu_s: float
+    """This benchmark's own CPU meanwhile: the producer, the lag and visible-rows sampling."""
     peak_rss_mb: float
     partition_groups: int | None
     batches: list[tuple[float, int, float]]
@@ -151,6 +157,8 @@ class Watch:
         self.fed_at: float | None = None
         self.drained_at: float | None = None
         self._sampled = float("-inf")
+        self.broker_cpu_s: float | None = None
+        self.harness_cpu_s = 0.0
         pool = templates(ctx.variant, _POOL, qualified=True)
         tables = ctx.variant.tables
 
@@ -167,6 +175,7 @@ class Watch:
             if not (log.exists() and _STARTED in log.read_text(errors="replace")):
                 return False
             self.started = now
+            self._cpu(start=True)
             self.producer = threading.Thread(
                 target=produce_steadily,
                 args=(
@@ -207,8 +216,20 @@ class Watch:
             return False
         if visible >= produced:
             self.drained_at = now
-            return True
-        return bool(now - self.fed_at > self.args.drain_deadline)
+        ended = self.drained_at is not None or now - self.fed_at > self.args.drain_deadline
+        if ended:
+            self._cpu(start=False)
+        return ended
+
+    def _cpu(self, start: bool) -> None:
+        """The broker's and this process's CPU seconds since producing began (``start``: note them)."""
+        sign = -1.0 if start else 1.0
+        self.harness_cpu_s += sign * time.process_time()
+        broker = read_stat(self.args.broker_pid) if self.args.broker_pid else None
+        if broker is None:
+            self.broker_cpu_s = None
+        elif start or self.broker_cpu_s is not None:
+            self.broker_cpu_s = (self.broker_cpu_s or 0.0) + sign * broker.cpu_s
 
 
 def run(args: argparse.Namespace, bootstrap: str, folder: Path) -> WideAppResult:
@@ -268,6 +289,8 @@ def run(args: argparse.Namespace, bootstrap: str, folder: Path) -> WideAppResult
         feed_s=round(watch.fed_at - watch.started, 1),
         drain_s=round(watch.drained_at - watch.fed_at, 1) if watch.drained_at is not None else None,
         cpu_s=round(child.cpu_s, 1),
+        broker_cpu_s=None if watch.broker_cpu_s is None else round(watch.broker_cpu_s, 1),
+        harness_cpu_s=round(watch.harness_cpu_s, 1),
         peak_rss_mb=round(child.peak_rss_mb),
         partition_groups=ours.partition_groups(text),
         batches=ours.timed_batches(text),
@@ -316,7 +339,9 @@ def report(result: WideAppResult) -> str:
         f"grew by {'-' if growth is None else f'{growth:,.0f}'} (a round: {result.round_records:,.0f}); "
         f"steady: {verdict[result.lag_steady()]} |",
         f"| group lag max, judged | {max((s.group_lag for s in judged), default=0):,} |",
-        f"| CPU s (tree), peak RSS | {result.cpu_s:,.0f}, {result.peak_rss_mb:,.0f} MB |",
+        f"| CPU s: the app's tree, the broker, this harness; the tree's peak RSS | {result.cpu_s:,.0f}, "
+        f"{'-' if result.broker_cpu_s is None else f'{result.broker_cpu_s:,.0f}'}, "
+        f"{result.harness_cpu_s:,.0f}; {result.peak_rss_mb:,.0f} MB |",
         f"| rows | {result.exact if result.exact is not None else 'not counted (not drained)'} |",
     ]
     return "\n".join(lines)
@@ -338,6 +363,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--drain-deadline", type=float, default=600.0, help="seconds after producing ends")
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds for the app to start")
     parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
+    parser.add_argument("--broker-pid", type=int, help="whose CPU to report (default: the stack's broker)")
     parser.add_argument("--taskset", help="CPUs to pin the app's tree to, taskset -c syntax")
     parser.add_argument("--work-dir", type=Path, help="the run's folder, kept (default: a temporary one)")
     parser.add_argument("--out", type=Path, help="a JSON file the figures are added to, keyed by tables")
@@ -346,7 +372,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
+    stack = daemon.default_dir()
+    broker = load_state(stack) if args.bootstrap_servers else daemon.up(stack)[0]
+    bootstrap = args.bootstrap_servers or (broker.bootstrap_servers if broker is not None else "")
+    if args.broker_pid is None and broker is not None and broker.bootstrap_servers == bootstrap:
+        args.broker_pid = broker.pid
     with tempfile.TemporaryDirectory(prefix="wide-app-") as scratch:
         folder = args.work_dir or Path(scratch) / "run"
         result = run(args, bootstrap, folder)
