@@ -299,8 +299,14 @@ class ControlReader:
 
     def watermarks(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
         """The log start (retention and delete-records move it up) and the last stable offset
-        (everything below it is decided: committed or aborted), asked of the broker, not cached."""
-        low, high = self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
+        (everything below it is decided: committed or aborted), asked of the broker, not cached.
+
+        A control topic the app has just created may not have its leader yet: a broker carrying
+        10,000 partitions answered NOT_LEADER_FOR_PARTITION right after the creation, and the app
+        stopped at start (``bench.wide_app --tables 3500``); transient answers are waited out."""
+        low, high = retry_transient(
+            lambda: self._consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False), timeout_s
+        )
         return int(low), int(high)
 
     def end_offset(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:

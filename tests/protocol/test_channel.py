@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from fanout_sink.errors import TopicError
 from fanout_sink.kafka.clients import KafkaClientFactory
@@ -59,3 +61,36 @@ def test_reader_sees_only_committed_events_of_its_own_sink(bootstrap_servers: st
     later = [e.event.payload for e in reader.read_until(end)]
     assert [p.commit_id for p in later if isinstance(p, ev.StartCommit)] == ["kept-2"]
     reader.close()
+
+
+class _LeaderNotYetThere:
+    """The reader's real consumer, whose first watermark requests get the answer a just-created
+    topic gets while its leader is being elected on a busy broker."""
+
+    def __init__(self, consumer: Any, refusals: int) -> None:
+        self._consumer = consumer
+        self.refusals = refusals
+
+    def get_watermark_offsets(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        if self.refusals:
+            self.refusals -= 1
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+        return self._consumer.get_watermark_offsets(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+def test_watermarks_wait_out_a_new_control_topics_leader_election(
+    bootstrap_servers: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen at start on a broker carrying 10,000 partitions: the app created its control topic and
+    its first watermark request was refused with NOT_LEADER_FOR_PARTITION, which stopped the app."""
+    conf = {"bootstrap.servers": bootstrap_servers}
+    topic = f"control-{uuid.uuid4().hex[:8]}"
+    channel.ensure_control_topic(channel.SinkChannel("test", conf, topic))
+    reader = channel.ControlReader(channel.SinkChannel("test", conf, topic))
+    refusing = _LeaderNotYetThere(reader._consumer, refusals=3)
+    monkeypatch.setattr(reader, "_consumer", refusing)
+    assert reader.watermarks() == (0, 0)
+    assert refusing.refusals == 0
