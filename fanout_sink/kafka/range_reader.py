@@ -200,8 +200,9 @@ class RangeReader:
         resumed = []
         while self._planned < len(self._plan) and len(self._ahead) < AHEAD_PARTITIONS:
             key, start, end = self._plan[self._planned]
-            if key == current or key in self._ahead or paused.get(key) != start:
-                self._planned += 1  # being read, or not where a resume starts it: read in its turn
+            if key == current or key in self._ahead or paused.get(key) != start or end <= start:
+                # Being read, not where a resume starts it, or empty (nothing would pause it): its turn.
+                self._planned += 1
                 continue
             if held + end - start > AHEAD_RECORDS:
                 break
