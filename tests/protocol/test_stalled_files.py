@@ -15,7 +15,8 @@ from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory
 
 from fanout_sink import faults
-from fanout_sink.protocol import orphans
+from fanout_sink.protocol import orphans, slice_writer
+from fanout_sink.pyiceberg_internals import current_table_uuids
 
 
 def test_a_slice_that_stalls_past_half_the_orphan_age_writes_its_files_again(
@@ -50,15 +51,15 @@ def test_a_catalog_stall_after_the_write_is_caught_by_the_age_check_right_before
     sink_factory: SinkFactory, catalog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 33 item 3. Real: broker, SQL catalog, worker, orphan cleanup, coordinator. Simulated:
-    the catalog load of the worker's table re-check hangs past the orphan age while cleanup runs."""
+    the catalog read of the worker's table re-check (its pointer query) hangs past the orphan age
+    while cleanup runs."""
     sink = sink_factory(partitions={"src": 1}, tables="a", prefix="catstall")
     produce_json(sink.bootstrap, sink.topic, 0, [{"id": i, "table": "a"} for i in range(10)])
     written: list[bool] = []
     stalled: list[bool] = []
     removed: list[str] = []
-    load_table = type(catalog).load_table
 
-    def stalling_load(self: Any, identifier: Any) -> Any:
+    def stalling_check(tables: dict[str, Any]) -> dict[str, str | None]:
         if written and not stalled:  # the re-check after the files were written, once
             stalled.append(True)
             time.sleep(2.5)  # longer than cleanup's safety age
@@ -66,9 +67,9 @@ def test_a_catalog_stall_after_the_write_is_caught_by_the_age_check_right_before
                 catalog, {"sink.a": timedelta(seconds=1)}, lambda: orphans.pending_files(sink.channel)
             )
             removed.extend(results["sink.a"].removed)
-        return load_table(self, identifier)
+        return current_table_uuids(tables)
 
-    monkeypatch.setattr(type(catalog), "load_table", stalling_load)
+    monkeypatch.setattr(slice_writer, "current_table_uuids", stalling_check)
     worker = sink.worker(file_age_limit_s=4.0)
     with faults.register("worker.after-write-files", lambda **_: written.append(True)):
         sink.batch(worker)

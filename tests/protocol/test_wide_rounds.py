@@ -18,18 +18,26 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
 
 from fanout_sink import pyiceberg_internals
+from fanout_sink.protocol import slice_writer
 
 TABLES = 24
 FED = {f"{NAMESPACE}.w00003", f"{NAMESPACE}.w00017"}
 
 
 def test_a_round_asks_the_catalog_about_the_tables_that_received_data_only(
-    bootstrap_servers: str, tmp_path: Path
+    bootstrap_servers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    checked: list[str] = []
+
+    def counted(tables: dict[str, pyiceberg.table.Table]) -> dict[str, str | None]:
+        checked.extend(tables)
+        return pyiceberg_internals.current_table_uuids(tables)
+
     wide = WideSink(WidePlan(tables=TABLES, partitions=TABLES, records=5), bootstrap_servers, tmp_path)
     try:
         everything = wide.round()  # every table fed: the workers' caches hold every table
         assert everything.tables_committed == TABLES
+        monkeypatch.setattr(slice_writer, "current_table_uuids", counted)
         few = wide.round(feed=FED)
     finally:
         wide.close()
@@ -37,9 +45,10 @@ def test_a_round_asks_the_catalog_about_the_tables_that_received_data_only(
     # Coordinator: per fed table one load (for the floor and uuid, and the commit's base: the SQL
     # catalog's commit does not load it again), one commit; nothing for the 22 idle tables.
     assert few.coordinator_catalog_calls == {"commit_table": 2, "load_table": 2}, few
-    # Workers: one load per table and slice, the re-check of the table's uuid before the
-    # transaction; the cached tables are not reloaded, and the idle ones not touched.
-    assert few.worker_catalog_calls == {"load_table": 2}, few
+    # Workers: no load; the re-check of each fed table's uuid before the transaction reads the SQL
+    # catalog's pointers (one query per slice here); the idle tables are not touched.
+    assert few.worker_catalog_calls == {}, few
+    assert sorted(checked) == sorted(FED), checked
     # The control topic gains per fed slice its DataWritten and DataComplete, and the round's
     # StartCommit, CommitToTable per table and CommitComplete: nothing per idle table.
     assert few.control_messages == 2 * len(FED) + 1 + len(FED) + 1, few
