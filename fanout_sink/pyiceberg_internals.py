@@ -609,8 +609,8 @@ def current_table_uuids(tables: dict[str, Table]) -> dict[str, str | None]:
     tables whose catalog is a SQL catalog; the others are left out, for the caller to load.
 
     A worker checks before every transaction that its cached tables were not dropped and recreated.
-    Loading each table for that read and validated its whole metadata JSON (which grows with the
-    snapshots kept): half of a packed task's time at 5,000 tables. Here one query reads the pointers
+    Loading each table for that read and validated its whole metadata JSON, which grows with the
+    snapshots kept (0.8 ms a table with 11 snapshots, against 0.04 ms here). Here one query reads the pointers
     of up to :data:`_NAMES_PER_QUERY` tables; a pointer that has not moved since the table was loaded
     is the same table; a moved one (every table commit moves it) is asked for ``table-uuid`` only,
     from the head of the new metadata file, where Iceberg's writers put it, else from all of it.

@@ -107,7 +107,7 @@ class _Ahead:
     start: int
     end: int
     messages: list[Message] = field(default_factory=list)
-    position: int = 0
+    position: int = field(init=False)
     """Where the range's records are known up to: past the last one kept, or an EOF's offset."""
 
     def __post_init__(self) -> None:
@@ -219,7 +219,7 @@ class RangeReader:
         or failed is paused (a failed one is read, and fails, in its turn)."""
         done = []
         for message in messages:
-            key = (str(message.topic()), int(message.partition() or 0))
+            key = _key(message)
             ahead = self._ahead.get(key)
             if ahead is None or ahead.complete:
                 continue  # failed earlier in this batch, or whole: the rest is past its end
@@ -385,13 +385,10 @@ class RangeReader:
         if len(own) == len(messages):
             return own
         others = [m for m in messages if not _belongs(m, topic, partition)]
-        kept = [m for m in others if (m.topic(), m.partition()) in self._ahead]
-        if kept:
-            self._keep_ahead(kept)
-        if len(kept) < len(others):
-            for stranger in others:
-                if (key := (str(stranger.topic()), int(stranger.partition() or 0))) not in self._ahead:
-                    paused[key] = None
+        self._keep_ahead([m for m in others if _key(m) in self._ahead])
+        for stranger in others:
+            if (key := _key(stranger)) not in self._ahead:
+                paused[key] = None
         return own
 
     def _fail(self, topic: str, partition: int, start: int, end: int, error: KafkaError) -> None:
@@ -408,6 +405,11 @@ class RangeReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _key(message: Message) -> tuple[str, int]:
+    """A consumed message's (or event's) partition, as the group's maps key it."""
+    return str(message.topic()), int(message.partition() or 0)
 
 
 def _belongs(message: Message, topic: str, partition: int) -> bool:

@@ -49,7 +49,7 @@ from bench.process_cpu import read_stat
 from bench.proctree import TreeUsage, run_child
 from bench.side_by_side import machine_facts
 from bench.soak import ExactRows, count_rows, group_lag, produce_steadily, record, templates
-from bench.workload import Variant
+from bench.workload import NAMESPACE, Variant
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.devtools.stack.broker import load_state
 from fanout_sink.kafka.clients import KafkaClientFactory
@@ -162,12 +162,13 @@ class Watch:
         self._sampled = float("-inf")
         self.broker_cpu_s: float | None = None
         self.harness_cpu_s = 0.0
+        self._cpu_at_start: tuple[float, float | None] = (0.0, None)
         pool = templates(ctx.variant, _POOL, qualified=True)
         tables = ctx.variant.tables
 
         def value(n: int) -> tuple[bytes, int]:
             partition = n % tables
-            return record(n, (f"bench.t{partition}".encode(), pool[n % _POOL][1])), partition
+            return record(n, (f"{NAMESPACE}.t{partition}".encode(), pool[n % _POOL][1])), partition
 
         self.value = value
 
@@ -178,7 +179,7 @@ class Watch:
             if not (log.exists() and _STARTED in log.read_text(errors="replace")):
                 return False
             self.started = now
-            self._cpu(start=True)
+            self._cpu_at_start = self._cpu_now()
             self.producer = threading.Thread(
                 target=produce_steadily,
                 args=(
@@ -221,18 +222,15 @@ class Watch:
             self.drained_at = now
         ended = self.drained_at is not None or now - self.fed_at > self.args.drain_deadline
         if ended:
-            self._cpu(start=False)
+            (harness, broker), (harness_0, broker_0) = self._cpu_now(), self._cpu_at_start
+            self.harness_cpu_s = harness - harness_0
+            self.broker_cpu_s = None if broker is None or broker_0 is None else broker - broker_0
         return ended
 
-    def _cpu(self, start: bool) -> None:
-        """The broker's and this process's CPU seconds since producing began (``start``: note them)."""
-        sign = -1.0 if start else 1.0
-        self.harness_cpu_s += sign * time.process_time()
+    def _cpu_now(self) -> tuple[float, float | None]:
+        """This process's and the broker's CPU seconds so far (the broker's None if unknown or gone)."""
         broker = read_stat(self.args.broker_pid) if self.args.broker_pid else None
-        if broker is None:
-            self.broker_cpu_s = None
-        elif start or self.broker_cpu_s is not None:
-            self.broker_cpu_s = (self.broker_cpu_s or 0.0) + sign * broker.cpu_s
+        return time.process_time(), None if broker is None else broker.cpu_s
 
 
 def run(args: argparse.Namespace, bootstrap: str, folder: Path) -> WideAppResult:
@@ -252,7 +250,7 @@ def run(args: argparse.Namespace, bootstrap: str, folder: Path) -> WideAppResult
         taskset=args.taskset,
     )
     try:
-        return _run(args, ctx, folder)
+        return _run(args, ctx)
     finally:
         # This run's topic and control topic are its own. Dropped: a broker's open files grow with its
         # partitions, and the stack's broker stopped ("Too many open files", 20,000) when a third
@@ -264,7 +262,8 @@ def run(args: argparse.Namespace, bootstrap: str, folder: Path) -> WideAppResult
                 future.result(timeout=60)
 
 
-def _run(args: argparse.Namespace, ctx: RunContext, folder: Path) -> WideAppResult:
+def _run(args: argparse.Namespace, ctx: RunContext) -> WideAppResult:
+    folder = ctx.folder
     variant = ctx.variant
     started = time.monotonic()
     catalog = ctx.prepare()
