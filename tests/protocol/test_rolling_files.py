@@ -21,7 +21,7 @@ from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from fanout_sink import pyiceberg_internals
-from fanout_sink.protocol import datafiles
+from fanout_sink.protocol import datafiles, rolling_files
 from fanout_sink.protocol.rolling_files import RollingFiles, WrittenTable
 
 DAY = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -36,6 +36,14 @@ SPEC = PartitionSpec(
     PartitionField(source_id=1, field_id=1000, transform=BucketTransform(4), name="id_bucket"),
     PartitionField(source_id=2, field_id=1001, transform=DayTransform(), name="ts_day"),
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_layouts_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layouts are kept per process by schema shape, and these tests share one schema: each starts
+    with none, so that what it counts is its own work."""
+    monkeypatch.setattr(rolling_files, "_LAYOUTS", {})
+    monkeypatch.setattr(rolling_files, "_SHAPES", {})
 
 
 def _chunk(first: int, count: int) -> pa.Table:
@@ -130,6 +138,39 @@ def test_files_after_the_first_of_a_layout_are_written_alike_with_its_work_done_
             f.metadata[b"PARQUET:field_id"] for f in pq.read_schema(ours.file_path.removeprefix("file://"))
         ]
         assert ids == [b"1", b"2", b"3", b"4"]
+
+
+def test_tables_of_one_schema_share_one_layout_and_a_different_schema_gets_its_own(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dynamic routing makes thousands of tables of one schema: the layout is derived once per schema
+    shape, not per table (with a layout per table and a cap of 4,096, a worker serving 5,000 tables
+    derived them all again every batch). Each table's files are still PyIceberg's, with its field ids."""
+    checked: list[str] = []
+    check = pyiceberg_internals.check_schema_compatible
+    monkeypatch.setattr(
+        pyiceberg_internals, "check_schema_compatible", lambda *a: checked.append("check") or check(*a)
+    )
+    catalog.create_namespace("w")
+    alike = [catalog.create_table(f"w.alike{n}", schema=SCHEMA) for n in range(3)]
+    other = catalog.create_table(
+        "w.other",
+        schema=Schema(*SCHEMA.fields, NestedField(5, "extra", StringType()), identifier_field_ids=[1]),
+    )
+    derived: list[int] = []
+    for table in (*alike, other, *alike):
+        rows = _chunk(0, 40)
+        if table is other:
+            rows = rows.append_column("extra", pa.array(["x"] * 40))
+        rolling = RollingFiles()
+        rolling.add(table.name()[-1], table, rows)
+        [written] = rolling.finish()[table.name()[-1]]
+        derived.append(len(checked))
+        [ours] = [datafiles.from_record(r, table) for r in written.records]
+        [theirs] = datafiles.write_data_files(table, rows)
+        checked.clear()
+        assert _comparable(ours) == _comparable(theirs)
+    assert derived == [1, 0, 0, 1, 0, 0, 0], "one layout for the three alike tables, one for the other"
 
 
 def test_many_chunks_into_a_partitioned_table_roll_files_by_size_with_correct_bounds(catalog: Any) -> None:
