@@ -1,8 +1,9 @@
 """One table's commit in a round: its due files become one snapshot, are skipped, or are refused.
 
 The coordinator (:mod:`fanout_sink.protocol.coordinator`) runs :meth:`TableCommitter.commit` for
-each table of a round, in parallel, and keeps the round around it. Per table, against freshly
-loaded table metadata:
+each table of a round, in parallel, and keeps the round around it. Per table, against table
+metadata loaded for this commit (read where the catalog pointed just before the round's commits
+started; after a conflict, loaded from the catalog again):
 
 - The floor (I4): events below the control offset the table's state records are in the table
   already and skipped, for that table only; for files of a table swapped away (dropped, or renamed
@@ -23,10 +24,11 @@ loaded table metadata:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -90,16 +92,32 @@ class TableCommitter:
         self.catalog = catalog
         self.state = state
 
+    def locate(self, identifiers: Iterable[str]) -> dict[str, str]:
+        """Where the catalog points each of ``identifiers`` now, for the tables it holds, read in a
+        few queries for a whole round (SQL catalogs; others: empty, each commit loads its table)."""
+        found = pyiceberg_internals.sql_metadata_locations(self.catalog, identifiers) or {}
+        return {identifier: location for identifier, location in found.items() if location}
+
     def commit(
-        self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
+        self,
+        identifier: str,
+        items: list[PendingFiles],
+        round_end: int,
+        commit_id: str,
+        vtts: int | None,
+        location: str | None = None,
     ) -> TableCommit:
         """Append ``items`` (the table's due files of round ``commit_id``) not yet in the table, as
-        one snapshot recording ``round_end`` as the table's control offset (I4)."""
+        one snapshot recording ``round_end`` as the table's control offset (I4).
+
+        ``location``: the table's metadata location as :meth:`locate` read it, loaded for the first
+        attempt instead of asking the catalog; if the table moved on since, the commit conflicts and
+        the next attempt loads it from the catalog."""
         outcome = TableCommit(identifier, "failed")
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             outcome.attempts = attempt
             try:
-                table = self._load_table_or_wait(identifier)
+                table = self._load_table_or_wait(identifier, location if attempt == 1 else None)
             except NoSuchTableError:
                 return self._table_missing(identifier, items, outcome)
             table_uuid = str(table.metadata.table_uuid)
@@ -173,8 +191,12 @@ class TableCommitter:
             return outcome
         return outcome
 
-    def _load_table_or_wait(self, identifier: str) -> Table:
-        """The table, looked up again for :data:`MISSING_TABLE_WAIT_S` while it is not found."""
+    def _load_table_or_wait(self, identifier: str, location: str | None = None) -> Table:
+        """The table, from ``location`` when given and still there, else from the catalog, looked up
+        again for :data:`MISSING_TABLE_WAIT_S` while it is not found."""
+        if location is not None:
+            with contextlib.suppress(FileNotFoundError):  # dropped and purged since: ask the catalog
+                return pyiceberg_internals.load_table_at(self.catalog, identifier, location)
         deadline = time.monotonic() + MISSING_TABLE_WAIT_S
         while True:
             try:
@@ -271,10 +293,13 @@ class TableCommitter:
         paths = [r.file_path for p in items for r in p.event.files]
         if not paths:
             return items
-        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-check") as pool:
-            exists = dict(
-                zip(paths, pool.map(lambda path: table.io.new_input(path).exists(), paths), strict=True)
-            )
+        if len(paths) == 1:  # a table fed by one task: no pool of threads started and joined for it
+            exists = {paths[0]: table.io.new_input(paths[0]).exists()}
+        else:
+            with ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-check") as pool:
+                exists = dict(
+                    zip(paths, pool.map(lambda path: table.io.new_input(path).exists(), paths), strict=True)
+                )
         missing = [path for path, present in exists.items() if not present]
         if missing and outcome.missing_files != len(missing):  # once per round, not per attempt
             sources = sorted(

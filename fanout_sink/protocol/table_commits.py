@@ -86,9 +86,16 @@ def commit_in_threads(committer: TableCommitter, tables: RoundTables, threads: i
     results: dict[str, TableCommit] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="table-commit")
     try:
+        locations = committer.locate(tables.due)
         futures = {
             identifier: pool.submit(
-                committer.commit, identifier, items, tables.round_end, tables.commit_id, tables.vtts
+                committer.commit,
+                identifier,
+                items,
+                tables.round_end,
+                tables.commit_id,
+                tables.vtts,
+                locations.get(identifier),
             )
             for identifier, items in tables.due.items()
         }

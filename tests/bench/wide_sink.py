@@ -107,13 +107,19 @@ class TimedCommitter(TableCommitter):
         """Set only with one commit thread: a profile (of thread CPU) covers the thread enabling it."""
 
     def commit(
-        self, identifier: str, items: list[PendingFiles], round_end: int, commit_id: str, vtts: int | None
+        self,
+        identifier: str,
+        items: list[PendingFiles],
+        round_end: int,
+        commit_id: str,
+        vtts: int | None,
+        location: str | None = None,
     ) -> TableCommit:
         started = time.thread_time()
         if self.profile is not None:
             self.profile.enable()
         try:
-            return super().commit(identifier, items, round_end, commit_id, vtts)
+            return super().commit(identifier, items, round_end, commit_id, vtts, location)
         finally:
             if self.profile is not None:
                 self.profile.disable()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from support.common import produce_json, table_ids
+import pyarrow as pa
+import pytest
+from support.common import ARROW_SCHEMA, produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import load_catalog
@@ -105,5 +107,45 @@ def test_a_runner_that_raises_fails_its_tables_not_the_round(sink_factory: SinkF
     coordinator.table_commits = driver
     assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
     for table in "abc":
+        assert table_ids(catalog, table) == expected[table]
+    coordinator.close()
+
+
+def test_a_round_reads_its_tables_pointers_at_once_and_reloads_only_a_table_moved_since(
+    sink_factory: SinkFactory, catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's commits read where the SQL catalog points each table in one query and load each
+    table's metadata from there, not through ``load_table`` (its ORM query was half of a load). A
+    table another writer committed to after that read is no hazard: its first attempt conflicts,
+    the second loads it from the catalog, and every row is there once."""
+    sink, expected = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    committer = coordinator.table_commits.committer
+    loads: list[str] = []
+    own_load = committer.catalog.load_table
+    monkeypatch.setattr(
+        committer.catalog, "load_table", lambda name: loads.append(str(name)) or own_load(name)
+    )
+    own_locate = committer.locate
+
+    def locate_then_another_writer(identifiers: Any) -> dict[str, str]:
+        found = own_locate(identifiers)
+        assert sorted(found) == ["sink.a", "sink.b", "sink.c"]
+        catalog.load_table("sink.a").append(
+            pa.Table.from_pylist([{"id": -1, "topic": "other"}], ARROW_SCHEMA)
+        )
+        loads.clear()  # the other writer's own (the fixture's catalog may be the coordinator's)
+        return found
+
+    monkeypatch.setattr(committer, "locate", locate_then_another_writer)
+    result = coordinator.commit_round()
+    assert {t: (c.outcome, c.attempts) for t, c in result.tables.items()} == {
+        "sink.a": ("committed", 2),
+        "sink.b": ("committed", 1),
+        "sink.c": ("committed", 1),
+    }
+    assert loads == ["sink.a"], "only the table that moved since its pointer was read"
+    assert table_ids(catalog, "a") == sorted([-1, *expected["a"]])
+    for table in "bc":
         assert table_ids(catalog, table) == expected[table]
     coordinator.close()
