@@ -41,7 +41,6 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
-from fanout_sink.protocol.commit_state import PendingFiles
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.slices import Slice
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
@@ -106,20 +105,12 @@ class TimedCommitter(TableCommitter):
         self.profile = profile
         """Set only with one commit thread: a profile (of thread CPU) covers the thread enabling it."""
 
-    def commit(
-        self,
-        identifier: str,
-        items: list[PendingFiles],
-        round_end: int,
-        commit_id: str,
-        vtts: int | None,
-        location: str | None = None,
-    ) -> TableCommit:
+    def commit(self, *args: Any, **kwargs: Any) -> TableCommit:
         started = time.thread_time()
         if self.profile is not None:
             self.profile.enable()
         try:
-            return super().commit(identifier, items, round_end, commit_id, vtts, location)
+            return super().commit(*args, **kwargs)
         finally:
             if self.profile is not None:
                 self.profile.disable()
