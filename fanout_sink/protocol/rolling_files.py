@@ -152,8 +152,8 @@ class _FileNames:
 @dataclass
 class _FileLayout:
     """How rows of one Arrow schema become a table schema's files: checked and derived once per
-    process for each table uuid, schema id, write properties and Arrow schema, not per slice and table
-    (with 500 tables a slice paid ~7 ms each for it), and not per file either: PyIceberg's Parquet
+    process for each schema shape, write properties and Arrow schema (:func:`_layout`), not per slice
+    and table (with 500 tables a slice paid ~7 ms each for it), and not per file either: PyIceberg's Parquet
     writer derives its statistics plan and column ids from the schema at every close, and its
     conversion to the file schema walks the schema for every batch (at 2,000 tables of 25 rows a
     slice, ~1.2 ms of each file's ~6 ms)."""

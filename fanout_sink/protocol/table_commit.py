@@ -112,12 +112,13 @@ class TableCommitter:
 
         ``location``: the table's metadata location as :meth:`locate` read it, loaded for the first
         attempt instead of asking the catalog; if the table moved on since, the commit conflicts and
-        the next attempt loads it from the catalog."""
+        the next attempt (one more than :data:`COMMIT_ATTEMPTS` allows otherwise) loads it from the
+        catalog."""
         outcome = TableCommit(identifier, "failed")
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        for attempt in range(1, COMMIT_ATTEMPTS + 1 + (location is not None)):
             outcome.attempts = attempt
             try:
-                table = self._load_table_or_wait(identifier, location if attempt == 1 else None)
+                table = self._table_to_decide_on(identifier, items, location if attempt == 1 else None)
             except NoSuchTableError:
                 return self._table_missing(identifier, items, outcome)
             table_uuid = str(table.metadata.table_uuid)
@@ -190,6 +191,16 @@ class TableCommitter:
             outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None
             return outcome
         return outcome
+
+    def _table_to_decide_on(self, identifier: str, items: list[PendingFiles], location: str | None) -> Table:
+        """The table from ``location``, or from the catalog when there is none or when files for
+        another table uuid are due: those are rewritten or refused against the current table, and a
+        table dropped and recreated after ``location`` was read must not be judged by the old one (a
+        commit would conflict, but a refusal commits nothing)."""
+        table = self._load_table_or_wait(identifier, location)
+        if location is not None and any(p.event.table.uuid != str(table.metadata.table_uuid) for p in items):
+            return self._load_table_or_wait(identifier)
+        return table
 
     def _load_table_or_wait(self, identifier: str, location: str | None = None) -> Table:
         """The table, from ``location`` when given and still there, else from the catalog, looked up

@@ -86,7 +86,13 @@ def commit_in_threads(committer: TableCommitter, tables: RoundTables, threads: i
     results: dict[str, TableCommit] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="table-commit")
     try:
-        locations = committer.locate(tables.due)
+        try:
+            locations = committer.locate(tables.due)
+        except Exception:  # each commit then asks the catalog itself, as it would on any catalog
+            log.warning(
+                "reading the round's table pointers failed: each table is loaded on its own", exc_info=True
+            )
+            locations = {}
         futures = {
             identifier: pool.submit(
                 committer.commit,

@@ -111,6 +111,17 @@ def test_a_runner_that_raises_fails_its_tables_not_the_round(sink_factory: SinkF
     coordinator.close()
 
 
+def _counting_loads(coordinator: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[TableCommitter, list[str]]:
+    """The coordinator's committer, and the tables its catalog's ``load_table`` is asked for from now."""
+    committer: TableCommitter = coordinator.table_commits.committer
+    loads: list[str] = []
+    own_load = committer.catalog.load_table
+    monkeypatch.setattr(
+        committer.catalog, "load_table", lambda name: loads.append(str(name)) or own_load(name)
+    )
+    return committer, loads
+
+
 def test_a_round_reads_its_tables_pointers_at_once_and_reloads_only_a_table_moved_since(
     sink_factory: SinkFactory, catalog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,12 +131,7 @@ def test_a_round_reads_its_tables_pointers_at_once_and_reloads_only_a_table_move
     the second loads it from the catalog, and every row is there once."""
     sink, expected = _sink(sink_factory)
     coordinator = sink.coordinator()
-    committer = coordinator.table_commits.committer
-    loads: list[str] = []
-    own_load = committer.catalog.load_table
-    monkeypatch.setattr(
-        committer.catalog, "load_table", lambda name: loads.append(str(name)) or own_load(name)
-    )
+    committer, loads = _counting_loads(coordinator, monkeypatch)
     own_locate = committer.locate
 
     def locate_then_another_writer(identifiers: Any) -> dict[str, str]:
@@ -147,5 +153,31 @@ def test_a_round_reads_its_tables_pointers_at_once_and_reloads_only_a_table_move
     assert loads == ["sink.a"], "only the table that moved since its pointer was read"
     assert table_ids(catalog, "a") == sorted([-1, *expected["a"]])
     for table in "bc":
+        assert table_ids(catalog, table) == expected[table]
+    coordinator.close()
+
+
+@pytest.mark.parametrize("pointers", ["unreadable", "metadata-gone"])
+def test_pointers_that_cannot_be_used_leave_each_commit_to_load_its_table(
+    sink_factory: SinkFactory, catalog: Any, monkeypatch: pytest.MonkeyPatch, pointers: str
+) -> None:
+    """The round's pointer query failing, or a pointer's metadata file gone (the table dropped with
+    its files since), costs each table a load from the catalog, nothing else."""
+    sink, expected = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    committer, loads = _counting_loads(coordinator, monkeypatch)
+
+    def locate(identifiers: Any) -> dict[str, str]:
+        if pointers == "unreadable":
+            raise OSError("database is locked")
+        return {name: f"file:///nonexistent/{name}/00001-gone.metadata.json" for name in identifiers}
+
+    monkeypatch.setattr(committer, "locate", locate)
+    result = coordinator.commit_round()
+    assert {t: (c.outcome, c.attempts) for t, c in result.tables.items()} == dict.fromkeys(
+        ["sink.a", "sink.b", "sink.c"], ("committed", 1)
+    )
+    assert sorted(loads) == ["sink.a", "sink.b", "sink.c"]
+    for table in "abc":
         assert table_ids(catalog, table) == expected[table]
     coordinator.close()
