@@ -119,6 +119,7 @@ class SystemRun:
     pss_mb: float | None = None
     role_rss_mb: dict[str, float] = field(default_factory=dict)
     role_processes: dict[str, int] = field(default_factory=dict)
+    role_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of_child(
@@ -143,4 +144,5 @@ class SystemRun:
             pss_mb=child.peak_pss_mb or None,
             role_rss_mb=child.role_rss_mb,
             role_processes=child.role_processes,
+            role_cpu_s=child.role_cpu_s,
         )

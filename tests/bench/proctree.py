@@ -57,6 +57,8 @@ class TreeUsage:
     largest_rss_mb: float = 0.0
     role_now_mb: dict[str, float] = field(default_factory=dict)
     """Per role, its processes' RSS summed at the latest sample."""
+    role_by_pid: dict[int, str] = field(default_factory=dict)
+    """Each process's role as last seen (a fork shows its parent's command line until it execs)."""
     last_pids: frozenset[int] = frozenset()
     """The processes of the previous sample: only these count towards memory in the next one."""
     samples: int = 0
@@ -64,6 +66,13 @@ class TreeUsage:
     @property
     def cpu_s(self) -> float:
         return sum(self.cpu_by_pid.values())
+
+    def role_cpu_s(self) -> dict[str, float]:
+        """CPU seconds per role: what splits a run's CPU into the JVM's, the workers' and the driver's."""
+        total: dict[str, float] = defaultdict(float)
+        for pid, seconds in self.cpu_by_pid.items():
+            total[self.role_by_pid.get(pid, "other")] += seconds
+        return dict(total)
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,8 @@ class ChildRun:
     role_rss_mb: dict[str, float] = field(default_factory=dict)
     """Per role (driver JVM, driver Python, Python workers), the peak of its processes' summed RSS."""
     role_processes: dict[str, int] = field(default_factory=dict)
+    role_cpu_s: dict[str, float] = field(default_factory=dict)
+    """Per role, its processes' CPU seconds (summed from the samples: a lower bound, see the module)."""
 
     def failure(self, system: str, log: Path, what: str = "failed") -> SystemExit:
         """The benchmark's stop for a system that did not finish its run: the exit code and log tail."""
@@ -97,9 +108,9 @@ def _sample(root: int, usage: TreeUsage) -> None:
     for pid in pids:
         stat = stats[pid]
         usage.cpu_by_pid[pid] = max(stat.cpu_s, usage.cpu_by_pid.get(pid, 0.0))
+        kind = usage.role_by_pid[pid] = role(pid, root)
         if pid not in usage.last_pids:
             continue  # not yet in two samples: maybe a fork still showing its parent's pages
-        kind = role(pid, root)
         rss += stat.rss_mb
         largest = max(largest, stat.rss_mb)
         if with_pss:
@@ -191,4 +202,5 @@ def run_child(
         peak_pss_mb=usage.peak_pss_mb,
         role_rss_mb=dict(usage.role_rss_mb),
         role_processes=dict(usage.role_processes),
+        role_cpu_s=usage.role_cpu_s(),
     )

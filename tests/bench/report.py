@@ -46,6 +46,8 @@ class Measurement:
     """Per process kind (driver JVM, driver Python, Python workers), its peak summed RSS."""
     role_processes: dict[str, int] = field(default_factory=dict)
     """Per process kind, the most processes of it alive at once."""
+    role_cpu_s: dict[str, float] = field(default_factory=dict)
+    """Per process kind, its CPU seconds over the run (start-up included)."""
     taskset: str | None = None  # the CPUs the tree was pinned to (``taskset -c``), None: unpinned
 
 
@@ -68,6 +70,7 @@ class Summary:
     pss_mb: float | None = None
     role_rss_mb: dict[str, float] = field(default_factory=dict)
     role_processes: dict[str, int] = field(default_factory=dict)
+    role_cpu_s: dict[str, float] = field(default_factory=dict)
     taskset: str | None = None
     records: int = STANDARD_RECORDS
 
@@ -95,6 +98,7 @@ def summarise(measurements: Iterable[Measurement]) -> list[Summary]:
         workers = [m.worker_rss_mb for m in ms if m.worker_rss_mb]
         pss = [m.pss_mb for m in ms if m.pss_mb]
         kinds = sorted({kind for m in ms for kind in m.role_rss_mb})
+        cpu_kinds = sorted({kind for m in ms for kind in m.role_cpu_s})
         out.append(
             Summary(
                 cores=cores,
@@ -115,6 +119,7 @@ def summarise(measurements: Iterable[Measurement]) -> list[Summary]:
                 pss_mb=statistics.median(pss) if pss else None,
                 role_rss_mb={k: statistics.median(m.role_rss_mb.get(k, 0.0) for m in ms) for k in kinds},
                 role_processes={k: max(m.role_processes.get(k, 0) for m in ms) for k in kinds},
+                role_cpu_s={k: statistics.median(m.role_cpu_s.get(k, 0.0) for m in ms) for k in cpu_kinds},
                 taskset=taskset,
                 records=records,
             )
@@ -197,6 +202,55 @@ def _memory_table(summaries: list[Summary]) -> list[str]:
             + " | ".join(cells)
             + " |"
         )
+    return [*lines, ""]
+
+
+def _cpu_trend_table(summaries: list[Summary]) -> list[str]:
+    """CPU per process kind at each measured size and, where a system ran at two sizes or more, the
+    least-squares line through them: the fixed seconds (start-up, planning, the last commit) and the
+    seconds per 1M records, so the trend with N shows which costs a longer run pays down."""
+    measured = [s for s in summaries if s.role_cpu_s and s.taskset is None]
+    if not measured:
+        return []
+    kinds = [k for k in ROLES if any(k in s.role_cpu_s for s in measured)]
+    lines = [
+        "## CPU by process kind, fixed and per record",
+        "",
+        "CPU seconds of each kind of process over the whole run (start-up included), then, per system "
+        "measured at two sizes or more, the line through them: fixed CPU s + CPU s per 1M records.",
+        "",
+        "| cores | variant | system | records | tree CPU s | "
+        + " | ".join(f"{k} CPU s" for k in kinds)
+        + " |",
+        "|---:|---|---|---:|---:|" + "---:|" * len(kinds),
+    ]
+    groups: dict[tuple[int, str, str], list[Summary]] = {}
+    for s in sorted(measured, key=lambda s: (-s.cores, s.variant, s.system, s.records)):
+        groups.setdefault((s.cores, s.variant, s.system), []).append(s)
+        tree = s.cpu_per_million * s.records / 1e6
+        cells = [f"{s.role_cpu_s[k]:,.1f}" if k in s.role_cpu_s else "" for k in kinds]
+        row = f"| {s.cores} | {s.variant} | {s.system} | {s.records:,} | {tree:,.1f} | "
+        lines.append(row + " | ".join(cells) + " |")
+    fits = []
+    for (cores, variant, system), sizes in groups.items():
+        if len({s.records for s in sizes}) < 2:
+            continue
+        millions = [s.records / 1e6 for s in sizes]
+        columns = [[s.cpu_per_million * s.records / 1e6 for s in sizes]]
+        columns += [[s.role_cpu_s.get(k, 0.0) for s in sizes] for k in kinds]
+        cells = []
+        for values in columns:
+            fit = statistics.linear_regression(millions, values)
+            cells.append(f"{fit.intercept:,.1f} + {fit.slope:,.2f}/1M")
+        sizes_text = ", ".join(f"{s.records:,}" for s in sizes)
+        fits.append(f"| {cores} | {variant} | {system} | {sizes_text} | " + " | ".join(cells) + " |")
+    if fits:
+        lines += [
+            "",
+            "| cores | variant | system | from records | tree | " + " | ".join(kinds) + " |",
+            "|---:|---|---|---|---:|" + "---:|" * len(kinds),
+            *fits,
+        ]
     return [*lines, ""]
 
 
@@ -340,6 +394,63 @@ def targets(
     return lines
 
 
+TEN_MILLION = 10_000_000
+
+
+def targets_at_scale(summaries: list[Summary], cores: int) -> list[str]:
+    """One line per target of issue 34 (once start-up no longer counts: 10M records), computed from
+    the measured numbers: met, missed or not measured."""
+    lines = ["| target | measured | verdict |", "|---|---|---|"]
+
+    def add(target: str, measured: str | None, met: bool | None) -> None:
+        verdict = "not measured" if met is None else ("met" if met else "**missed**")
+        lines.append(f"| {target} | {measured or ''} | {verdict} |")
+
+    def at(variant: str, system: str, records: int = TEN_MILLION) -> Summary | None:
+        return _find(summaries, cores, variant, system, records)
+
+    ours, peer = at("uniform-3", OURS_BATCH), at("uniform-3", CONNECT)
+    if ours and peer:
+        ratio = ours.rate[0] / peer.rate[0]
+        add("10M uniform-3: wall records/s >= 1.5x Connect's", f"{ratio:.2f}x", ratio >= 1.5)
+        cpu = ours.cpu_per_million / peer.cpu_per_million
+        add(
+            "10M uniform-3: CPU s per 1M <= 0.5x Connect's",
+            f"{ours.cpu_per_million:.1f} vs {peer.cpu_per_million:.1f} s: {cpu:.2f}x",
+            cpu <= 0.5,
+        )
+    else:
+        add("10M uniform-3: wall records/s >= 1.5x, CPU per 1M <= 0.5x Connect's", None, None)
+    for records in (STANDARD_RECORDS, TEN_MILLION):
+        mine, theirs = at("uniform-3", OURS_BATCH, records), at("uniform-3", CONNECT, records)
+        add(
+            f"{records:,} uniform-3: peak RSS of the tree <= Connect's",
+            f"{mine.peak_rss_mb:,.0f} vs {theirs.peak_rss_mb:,.0f} MB" if mine and theirs else None,
+            mine.peak_rss_mb <= theirs.peak_rss_mb if mine and theirs else None,
+        )
+    limit = at("uniform-3", LIMIT)
+    if ours and ours.steady_rate and limit:
+        share = ours.steady_rate / limit.rate[0]
+        add(
+            "10M uniform-3: steady state >= 80% of the 2-process in-process limit",
+            f"{ours.steady_rate:,.0f} vs {limit.rate[0]:,.0f} records/s: {share:.0%}",
+            share >= 0.8,
+        )
+    else:
+        add("10M uniform-3: steady state >= 80% of the 2-process in-process limit", None, None)
+    wide, mixed = at("uniform-50", OURS_BATCH), at("mixed-50", OURS_BATCH)
+    if wide and wide.steady_rate and mixed and mixed.steady_rate:
+        share = mixed.steady_rate / wide.steady_rate
+        add(
+            "10M, 50 tables: mixed-type steady state >= 85% of uniform",
+            f"{mixed.steady_rate:,.0f} vs {wide.steady_rate:,.0f} records/s: {share:.0%}",
+            share >= 0.85,
+        )
+    else:
+        add("10M, 50 tables: mixed-type steady state >= 85% of uniform", None, None)
+    return lines
+
+
 def markdown(data: dict[str, Any]) -> str:
     measurements = [Measurement(**m) for m in data.get("measurements") or []]
     summaries = summarise(measurements)
@@ -364,9 +475,14 @@ def markdown(data: dict[str, Any]) -> str:
         *_table(summaries),
         "",
         *_memory_table(summaries),
+        *_cpu_trend_table(summaries),
         "## Targets (issue 26)",
         "",
         *targets(summaries, latency, cores, data.get("soak")),
+        "",
+        "## Targets at scale (issue 34)",
+        "",
+        *targets_at_scale(summaries, cores),
     ]
     if latency:
         lines += [

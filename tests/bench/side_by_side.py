@@ -132,6 +132,7 @@ def _measure(
         pss_mb=run.pss_mb,
         role_rss_mb=run.role_rss_mb,
         role_processes=run.role_processes,
+        role_cpu_s=run.role_cpu_s,
         taskset=ctx.taskset,
     )
 
