@@ -74,14 +74,14 @@ def tree_of(root: int, stats: dict[int, ProcStat]) -> set[int]:
 
 def role(pid: int, root: int) -> str:
     """What a process of an app's tree is: one of ``ROLES``."""
-    if pid == root:
-        return "driver Python"
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return "other"
+        return "driver Python" if pid == root else "other"
     if argv[0].endswith(b"java"):
-        return "driver JVM"
+        return "driver JVM"  # also a JVM peer's root (the Kafka Connect worker)
+    if pid == root:
+        return "driver Python"
     if b"pyspark.daemon" in argv or b"pyspark.worker" in argv:
         return "Python workers"
     return "other"
