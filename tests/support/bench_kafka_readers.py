@@ -8,6 +8,11 @@ them all twice; wall, process CPU (its librdkafka threads included) and CPU per 
 
 - ``RangeReader``: the sink's (confluent-kafka: one Python ``Message`` per record, then Arrow columns),
   exact ``[start, end)`` ranges per partition, read_committed.
+- ``native``: ``native_reader`` (this folder), a C extension of our own over the librdkafka bundled
+  in confluent-kafka's wheel: ``rd_kafka_consume_batch_queue`` straight into Arrow buffers, the same
+  ranges, chunks and columns as ``RangeReader``. A measurement prototype, built with ``cc`` at start.
+  After the timed runs every partition's range (and an inner one) is read once more by both readers
+  and the tables compared whole (offsets, keys, values, timestamps, headers).
 - ``kafkarrow`` (PyPI, Rust over librdkafka, Arrow batches), when installed in the virtualenv
   (``pip install kafkarrow``; not a dependency): it starts at earliest, latest or a time only, merges
   partitions in timestamp order and has no header column, so it reads the topic, not our ranges.
@@ -22,12 +27,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
+
+try:  # run as a script: tests/support is on the path
+    from native_reader import NativeRangeReader, load
+except ImportError:  # imported as tests.support.bench_kafka_readers
+    from tests.support.native_reader import NativeRangeReader, load
 
 TOPIC, PARTITIONS, TRANSACTION = "readers", 4, 50_000
 VALUE = (
@@ -73,6 +84,36 @@ def range_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
     return rows
 
 
+def native_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
+    reader = NativeRangeReader({"bootstrap.servers": bootstrap}, "readers-native")
+    rows = sum(
+        chunk.num_rows for p, end in ends.items() for chunk in reader.read_chunks(TOPIC, p, 0, end, 50_000)
+    )
+    reader.close()
+    return rows
+
+
+def same_records(bootstrap: str, ends: dict[int, int]) -> bool:
+    """Whether the native reader gives exactly RangeReader's tables: each partition's whole range and
+    an inner one (starting and ending inside), chunks of 50,000 concatenated, compared whole."""
+    python = RangeReader(KafkaClientFactory({"bootstrap.servers": bootstrap}), "readers-check")
+    native = NativeRangeReader({"bootstrap.servers": bootstrap}, "readers-check")
+    same = True
+    for p, end in ends.items():
+        for start, stop in ((0, end), (1_234, max(1_234, end - 7_777))):
+            want = pa.concat_tables(python.read_chunks(TOPIC, p, start, stop, 50_000))
+            got = pa.concat_tables(native.read_chunks(TOPIC, p, start, stop, 50_000))
+            offsets = want.column("offset").to_pylist() == got.column("offset").to_pylist()
+            whole = want.equals(got)
+            same = same and offsets and whole
+            rows = f"RangeReader {want.num_rows:,} rows, native {got.num_rows:,}"
+            verdict = f"offsets identical {offsets}, tables equal {whole}"
+            print(f"  partition {p} [{start}, {stop}): {rows}; {verdict}", flush=True)
+    python.close()
+    native.close()
+    return same
+
+
 def kafkarrow_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
     import kafkarrow  # type: ignore[import-not-found]
 
@@ -112,6 +153,9 @@ def main() -> None:
         ends = produce(bootstrap, args.records)
         print(f"{args.records:,} records over {PARTITIONS} partitions, ends {ends}", flush=True)
         measure("RangeReader (confluent-kafka)", lambda: range_reader(bootstrap, ends, args.records))
+        print(f"native reader: built against librdkafka {load().librdkafka_version()}", flush=True)
+        measure("native (C, consume_batch_queue)", lambda: native_reader(bootstrap, ends, args.records))
+        print(f"native reader = RangeReader, exactly: {same_records(bootstrap, ends)}", flush=True)
         try:
             import kafkarrow  # noqa: F401
         except ImportError:
