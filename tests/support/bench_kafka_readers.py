@@ -1,6 +1,7 @@
 """Read the same committed records with the sink's reader and with Arrow-native Kafka readers from PyPI.
 
     PYTHONPATH=. .venv/bin/python tests/support/bench_kafka_readers.py [--records 1000000]
+        [--conf fetch.queue.backoff.ms=10 ...]  (librdkafka properties for RangeReader and native)
 
 A broker of its own (the stack's, in a temporary folder); N JSON records of ~140 B over 4 partitions,
 produced in transactions of 50,000 (so read_committed has markers to skip), lz4. Each reader reads
@@ -75,8 +76,16 @@ def produce(bootstrap: str, records: int) -> dict[int, int]:
     return ends
 
 
+READER_CONF: dict[str, str] = {}
+"""``--conf`` properties, for the sink's reader and the native one alike (a ``kafka:`` section)."""
+
+
+def reader_conf(bootstrap: str) -> dict[str, str]:
+    return {"bootstrap.servers": bootstrap, **READER_CONF}
+
+
 def range_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
-    reader = RangeReader(KafkaClientFactory({"bootstrap.servers": bootstrap}), "readers-bench")
+    reader = RangeReader(KafkaClientFactory(reader_conf(bootstrap)), "readers-bench")
     rows = sum(
         chunk.num_rows for p, end in ends.items() for chunk in reader.read_chunks(TOPIC, p, 0, end, 50_000)
     )
@@ -85,7 +94,7 @@ def range_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
 
 
 def native_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
-    reader = NativeRangeReader({"bootstrap.servers": bootstrap}, "readers-native")
+    reader = NativeRangeReader(reader_conf(bootstrap), "readers-native")
     rows = sum(
         chunk.num_rows for p, end in ends.items() for chunk in reader.read_chunks(TOPIC, p, 0, end, 50_000)
     )
@@ -96,8 +105,8 @@ def native_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
 def same_records(bootstrap: str, ends: dict[int, int]) -> bool:
     """Whether the native reader gives exactly RangeReader's tables: each partition's whole range and
     an inner one (starting and ending inside), chunks of 50,000 concatenated, compared whole."""
-    python = RangeReader(KafkaClientFactory({"bootstrap.servers": bootstrap}), "readers-check")
-    native = NativeRangeReader({"bootstrap.servers": bootstrap}, "readers-check")
+    python = RangeReader(KafkaClientFactory(reader_conf(bootstrap)), "readers-check")
+    native = NativeRangeReader(reader_conf(bootstrap), "readers-check")
     same = True
     for p, end in ends.items():
         for start, stop in ((0, end), (1_234, max(1_234, end - 7_777))):
@@ -145,13 +154,23 @@ def measure(name: str, read: Callable[[], int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a librdkafka property for RangeReader and the native reader (e.g. fetch.queue.backoff.ms=10)",
+    )
     args = parser.parse_args()
+    READER_CONF.update(item.split("=", 1) for item in args.conf)
     broker = KafkaBroker(Path(tempfile.mkdtemp(prefix="readers-")))
     broker.start()
     try:
         bootstrap = broker.bootstrap_servers
         ends = produce(bootstrap, args.records)
         print(f"{args.records:,} records over {PARTITIONS} partitions, ends {ends}", flush=True)
+        if READER_CONF:
+            print(f"readers' extra properties: {READER_CONF}", flush=True)
         measure("RangeReader (confluent-kafka)", lambda: range_reader(bootstrap, ends, args.records))
         print(f"native reader: built against librdkafka {load().librdkafka_version()}", flush=True)
         measure("native (C, consume_batch_queue)", lambda: native_reader(bootstrap, ends, args.records))
