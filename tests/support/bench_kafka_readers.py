@@ -1,6 +1,7 @@
 """Read the same committed records with the sink's reader and with Arrow-native Kafka readers from PyPI.
 
     PYTHONPATH=. .venv/bin/python tests/support/bench_kafka_readers.py [--records 1000000]
+        [--conf fetch.queue.backoff.ms=10 ...]  (librdkafka properties for RangeReader and native)
 
 A broker of its own (the stack's, in a temporary folder); N JSON records of ~140 B over 4 partitions,
 produced in transactions of 50,000 (so read_committed has markers to skip), lz4. Each reader reads
@@ -8,6 +9,11 @@ them all twice; wall, process CPU (its librdkafka threads included) and CPU per 
 
 - ``RangeReader``: the sink's (confluent-kafka: one Python ``Message`` per record, then Arrow columns),
   exact ``[start, end)`` ranges per partition, read_committed.
+- ``native``: ``native_reader`` (this folder), a C extension of our own over the librdkafka bundled
+  in confluent-kafka's wheel: ``rd_kafka_consume_batch_queue`` straight into Arrow buffers, the same
+  ranges, chunks and columns as ``RangeReader``. A measurement prototype, built with ``cc`` at start.
+  After the timed runs every partition's range (and an inner one) is read once more by both readers
+  and the tables compared whole (offsets, keys, values, timestamps, headers).
 - ``kafkarrow`` (PyPI, Rust over librdkafka, Arrow batches), when installed in the virtualenv
   (``pip install kafkarrow``; not a dependency): it starts at earliest, latest or a time only, merges
   partitions in timestamp order and has no header column, so it reads the topic, not our ranges.
@@ -22,12 +28,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
+
+try:  # run as a script: tests/support is on the path
+    from native_reader import NativeRangeReader, load
+except ImportError:  # imported as tests.support.bench_kafka_readers
+    from tests.support.native_reader import NativeRangeReader, load
 
 TOPIC, PARTITIONS, TRANSACTION = "readers", 4, 50_000
 VALUE = (
@@ -64,13 +76,51 @@ def produce(bootstrap: str, records: int) -> dict[int, int]:
     return ends
 
 
+READER_CONF: dict[str, str] = {}
+"""``--conf`` properties, for the sink's reader and the native one alike (a ``kafka:`` section)."""
+
+
+def reader_conf(bootstrap: str) -> dict[str, str]:
+    return {"bootstrap.servers": bootstrap, **READER_CONF}
+
+
 def range_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
-    reader = RangeReader(KafkaClientFactory({"bootstrap.servers": bootstrap}), "readers-bench")
+    reader = RangeReader(KafkaClientFactory(reader_conf(bootstrap)), "readers-bench")
     rows = sum(
         chunk.num_rows for p, end in ends.items() for chunk in reader.read_chunks(TOPIC, p, 0, end, 50_000)
     )
     reader.close()
     return rows
+
+
+def native_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
+    reader = NativeRangeReader(reader_conf(bootstrap), "readers-native")
+    rows = sum(
+        chunk.num_rows for p, end in ends.items() for chunk in reader.read_chunks(TOPIC, p, 0, end, 50_000)
+    )
+    reader.close()
+    return rows
+
+
+def same_records(bootstrap: str, ends: dict[int, int]) -> bool:
+    """Whether the native reader gives exactly RangeReader's tables: each partition's whole range and
+    an inner one (starting and ending inside), chunks of 50,000 concatenated, compared whole."""
+    python = RangeReader(KafkaClientFactory(reader_conf(bootstrap)), "readers-check")
+    native = NativeRangeReader(reader_conf(bootstrap), "readers-check")
+    same = True
+    for p, end in ends.items():
+        for start, stop in ((0, end), (1_234, max(1_234, end - 7_777))):
+            want = pa.concat_tables(python.read_chunks(TOPIC, p, start, stop, 50_000))
+            got = pa.concat_tables(native.read_chunks(TOPIC, p, start, stop, 50_000))
+            offsets = want.column("offset").to_pylist() == got.column("offset").to_pylist()
+            whole = want.equals(got)
+            same = same and offsets and whole
+            rows = f"RangeReader {want.num_rows:,} rows, native {got.num_rows:,}"
+            verdict = f"offsets identical {offsets}, tables equal {whole}"
+            print(f"  partition {p} [{start}, {stop}): {rows}; {verdict}", flush=True)
+    python.close()
+    native.close()
+    return same
 
 
 def kafkarrow_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
@@ -104,14 +154,27 @@ def measure(name: str, read: Callable[[], int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a librdkafka property for RangeReader and the native reader (e.g. fetch.queue.backoff.ms=10)",
+    )
     args = parser.parse_args()
+    READER_CONF.update(item.split("=", 1) for item in args.conf)
     broker = KafkaBroker(Path(tempfile.mkdtemp(prefix="readers-")))
     broker.start()
     try:
         bootstrap = broker.bootstrap_servers
         ends = produce(bootstrap, args.records)
         print(f"{args.records:,} records over {PARTITIONS} partitions, ends {ends}", flush=True)
+        if READER_CONF:
+            print(f"readers' extra properties: {READER_CONF}", flush=True)
         measure("RangeReader (confluent-kafka)", lambda: range_reader(bootstrap, ends, args.records))
+        print(f"native reader: built against librdkafka {load().librdkafka_version()}", flush=True)
+        measure("native (C, consume_batch_queue)", lambda: native_reader(bootstrap, ends, args.records))
+        print(f"native reader = RangeReader, exactly: {same_records(bootstrap, ends)}", flush=True)
         try:
             import kafkarrow  # noqa: F401
         except ImportError:
