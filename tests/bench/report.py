@@ -482,6 +482,9 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "## Targets at scale (issue 34)",
         "",
+        "Each miss with its measured reason and what would close it: "
+        "[throughput-at-scale.md](throughput-at-scale.md).",
+        "",
         *targets_at_scale(summaries, cores),
     ]
     if latency:

@@ -257,6 +257,42 @@ def test_ranges_of_one_partition_after_another_start_without_waiting_out_a_consu
     assert waits < 2 * (partitions - 1), f"{waits} consume calls came back empty in {partitions - 1} ranges"
 
 
+def test_a_range_larger_than_the_fetch_queue_is_read_without_waiting_out_fetch_backoffs(
+    bootstrap_servers: str, make_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once librdkafka's queue holds ``queued.max.messages.kbytes`` it puts the partition's next fetch
+    off by ``fetch.queue.backoff.ms`` (its default: a second). A range's tail after a transaction is a
+    marker, so its read ends on the EOF that only a next fetch brings; with the default a range larger
+    than the queue waited about a second at its end, and after every time it filled the queue (0.93 s
+    a range in bench_kafka_readers). Here the queue is 16 KB and each range ~150 KB in 3 transactions.
+    Not timed: the consume calls that came back empty (0.2 s each) are counted on the real consumer."""
+    topic = make_topic("queue-backoff")
+    _transactions(bootstrap_servers, topic, [([b"x" * 100 + b"%d" % n for n in range(500)], True)] * 3)
+    kafka = {"bootstrap.servers": bootstrap_servers, "queued.max.messages.kbytes": "16"}
+    reader = RangeReader(KafkaClientFactory(kafka), "fanout-sink:range-reader-test", stall_timeout_s=STALL_S)
+    empty: list[int] = []
+    consume = reader._consumer.consume
+
+    def spy(num_messages: int, timeout: float) -> list[Any]:
+        messages = consume(num_messages, timeout)
+        if not messages:
+            empty.append(num_messages)
+        return messages
+
+    try:
+        monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+        end = 3 * 501  # 500 records and a commit marker per transaction
+        assert len(reader.read(topic, 0, 0, end)) == 1500  # the first connects to the broker
+        empty.clear()
+        for _ in range(3):
+            assert len(reader.read(topic, 0, 0, end)) == 1500
+    finally:
+        reader.close()
+    # With librdkafka's 1 s backoff each read came back empty 5 times or more at its tail alone (15+ for
+    # the three); with 10 ms a read waits only when a fetch is slow, about once on a loaded machine.
+    assert len(empty) < 8, f"{len(empty)} consume calls came back empty in 3 reads"
+
+
 def _one_partition_topics(
     bootstrap: str, make_topic: Callable[..., str], count: int, records: int
 ) -> list[str]:
