@@ -58,7 +58,8 @@ class TreeUsage:
     role_now_mb: dict[str, float] = field(default_factory=dict)
     """Per role, its processes' RSS summed at the latest sample."""
     role_by_pid: dict[int, str] = field(default_factory=dict)
-    """Each process's role as last seen (a fork shows its parent's command line until it execs)."""
+    """Each process's role at its second sample (a fork shows its parent's command line until it
+    execs, an exiting process an empty one); a process seen once counts as "other"."""
     last_pids: frozenset[int] = frozenset()
     """The processes of the previous sample: only these count towards memory in the next one."""
     samples: int = 0
@@ -108,9 +109,11 @@ def _sample(root: int, usage: TreeUsage) -> None:
     for pid in pids:
         stat = stats[pid]
         usage.cpu_by_pid[pid] = max(stat.cpu_s, usage.cpu_by_pid.get(pid, 0.0))
-        kind = usage.role_by_pid[pid] = role(pid, root)
+        kind = role(pid, root)
         if pid not in usage.last_pids:
             continue  # not yet in two samples: maybe a fork still showing its parent's pages
+        # Kept from the second sample on: an exiting process's command line reads empty.
+        usage.role_by_pid.setdefault(pid, kind)
         rss += stat.rss_mb
         largest = max(largest, stat.rss_mb)
         if with_pss:
