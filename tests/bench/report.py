@@ -212,7 +212,7 @@ def _cpu_trend_table(summaries: list[Summary]) -> list[str]:
     measured = [s for s in summaries if s.role_cpu_s and s.taskset is None]
     if not measured:
         return []
-    kinds = [k for k in ROLES if any(k in s.role_cpu_s for s in measured)]
+    kinds = [k for k in ROLES if any(s.role_cpu_s.get(k, 0.0) >= 0.05 for s in measured)]
     lines = [
         "## CPU by process kind, fixed and per record",
         "",
@@ -228,7 +228,7 @@ def _cpu_trend_table(summaries: list[Summary]) -> list[str]:
     for s in sorted(measured, key=lambda s: (-s.cores, s.variant, s.system, s.records)):
         groups.setdefault((s.cores, s.variant, s.system), []).append(s)
         tree = s.cpu_per_million * s.records / 1e6
-        cells = [f"{s.role_cpu_s[k]:,.1f}" if k in s.role_cpu_s else "" for k in kinds]
+        cells = [f"{s.role_cpu_s[k]:,.1f}" if s.role_cpu_s.get(k, 0.0) >= 0.05 else "" for k in kinds]
         row = f"| {s.cores} | {s.variant} | {s.system} | {s.records:,} | {tree:,.1f} | "
         lines.append(row + " | ".join(cells) + " |")
     fits = []
@@ -241,7 +241,7 @@ def _cpu_trend_table(summaries: list[Summary]) -> list[str]:
         cells = []
         for values in columns:
             fit = statistics.linear_regression(millions, values)
-            cells.append(f"{fit.intercept:,.1f} + {fit.slope:,.2f}/1M")
+            cells.append(f"{fit.intercept:,.1f} + {fit.slope:,.2f}/1M" if any(values) else "")
         sizes_text = ", ".join(f"{s.records:,}" for s in sizes)
         fits.append(f"| {cores} | {variant} | {system} | {sizes_text} | " + " | ".join(cells) + " |")
     if fits:
