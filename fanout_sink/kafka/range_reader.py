@@ -90,6 +90,18 @@ def fetch_defaults(conf: Mapping[str, Any]) -> dict[str, Any]:
     return {**FETCH_DEFAULTS, "fetch.max.bytes": max(int(FETCH_DEFAULTS["fetch.max.bytes"]), largest)}
 
 
+RANGE_CONSUMER: dict[str, Any] = {
+    "isolation.level": "read_committed",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,
+    # A start below the log start is an error (ERR__AUTO_OFFSET_RESET), never a jump.
+    "auto.offset.reset": "error",
+}
+"""What a range reader's consumer always is, whatever the ``kafka:`` section says: it reads committed
+records only, never commits, and sees the partition's end (a range's tail may be a marker)."""
+
+
 CONSUME_BATCH = 10_000
 """Messages per ``consume`` call, so per Arrow record batch."""
 
@@ -154,15 +166,7 @@ class RangeReader:
         self._ahead: dict[tuple[str, int], _Ahead] = {}
         """Ranges resumed before their turn, with the records fetched so far."""
         self._consumer = clients.consumer(
-            {
-                "group.id": group,
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
-                # A start below the log start is an error (ERR__AUTO_OFFSET_RESET), never a jump.
-                "auto.offset.reset": "error",
-            },
+            {"group.id": group, **RANGE_CONSUMER},
             defaults=fetch_defaults(clients.conf),
         )
 

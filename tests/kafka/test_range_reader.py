@@ -219,6 +219,22 @@ class _Spied:
         return getattr(self._consumer, name)
 
 
+def _count_empty_consumes(reader: RangeReader, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, every ``consume`` of ``reader`` that comes back empty (it waited its whole
+    timeout) appends the count it asked for to the returned list: a spy on the real consumer."""
+    empty: list[int] = []
+    consume = reader._consumer.consume
+
+    def spy(num_messages: int, timeout: float) -> list[Any]:
+        messages = consume(num_messages, timeout)
+        if not messages:
+            empty.append(num_messages)
+        return messages
+
+    monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+    return empty
+
+
 def test_ranges_of_one_partition_after_another_start_without_waiting_out_a_consume(
     bootstrap_servers: str,
     make_topic: Callable[..., str],
@@ -236,17 +252,8 @@ def test_ranges_of_one_partition_after_another_start_without_waiting_out_a_consu
         for n in range(20):
             producer.produce(topic, value=b"v%d" % n, partition=partition)
     producer.flush(30)
-    empty: list[int] = []
-    consume = reader._consumer.consume
-
-    def spy(num_messages: int, timeout: float) -> list[Any]:
-        messages = consume(num_messages, timeout)
-        if not messages:
-            empty.append(num_messages)
-        return messages
-
     assert len(reader.read(topic, 0, 0, 20)) == 20  # the first connects to the broker
-    monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+    empty = _count_empty_consumes(reader, monkeypatch)
     for partition in range(1, partitions):
         assert len(reader.read(topic, partition, 0, 20)) == 20
     # Before: every range waited out the broker's 500 ms fetch wait, 2 to 3 empty calls (0.2 s each): 14
@@ -270,17 +277,8 @@ def test_a_range_larger_than_the_fetch_queue_is_read_without_waiting_out_fetch_b
     _transactions(bootstrap_servers, topic, [([b"x" * 100 + b"%d" % n for n in range(500)], True)] * 3)
     kafka = {"bootstrap.servers": bootstrap_servers, "queued.max.messages.kbytes": "16"}
     reader = RangeReader(KafkaClientFactory(kafka), "fanout-sink:range-reader-test", stall_timeout_s=STALL_S)
-    empty: list[int] = []
-    consume = reader._consumer.consume
-
-    def spy(num_messages: int, timeout: float) -> list[Any]:
-        messages = consume(num_messages, timeout)
-        if not messages:
-            empty.append(num_messages)
-        return messages
-
     try:
-        monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+        empty = _count_empty_consumes(reader, monkeypatch)
         end = 3 * 501  # 500 records and a commit marker per transaction
         assert len(reader.read(topic, 0, 0, end)) == 1500  # the first connects to the broker
         empty.clear()

@@ -28,6 +28,7 @@ from fanout_sink.errors import SourceReadError
 from fanout_sink.kafka.range_reader import (
     CONSUME_WAIT_S,
     DEFAULT_STALL_TIMEOUT_S,
+    RANGE_CONSUMER,
     RAW_RECORD_SCHEMA,
     fetch_defaults,
 )
@@ -99,16 +100,7 @@ class NativeRangeReader:
     ) -> None:
         self.group = group
         self.stall_timeout_s = stall_timeout_s
-        settings = {
-            **fetch_defaults(conf),
-            **conf,
-            "group.id": group,
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",
-        }
+        settings = {**fetch_defaults(conf), **conf, "group.id": group, **RANGE_CONSUMER}
         self._reader = load().Reader({k: _conf_value(v) for k, v in settings.items()})
 
     def read_chunks(
