@@ -109,9 +109,9 @@ def _sample(root: int, usage: TreeUsage) -> None:
     for pid in pids:
         stat = stats[pid]
         usage.cpu_by_pid[pid] = max(stat.cpu_s, usage.cpu_by_pid.get(pid, 0.0))
-        kind = role(pid, root)
         if pid not in usage.last_pids:
             continue  # not yet in two samples: maybe a fork still showing its parent's pages
+        kind = role(pid, root)
         # Kept from the second sample on: an exiting process's command line reads empty.
         usage.role_by_pid.setdefault(pid, kind)
         rss += stat.rss_mb

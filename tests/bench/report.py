@@ -282,6 +282,12 @@ def _pinned(summaries: list[Summary], cpus: int, system: str) -> Summary | None:
     )
 
 
+def _target_row(target: str, measured: str | None, met: bool | None) -> str:
+    """A targets table's row: the figure, and met, missed or not measured (``met`` is None)."""
+    verdict = "not measured" if met is None else ("met" if met else "**missed**")
+    return f"| {target} | {measured or ''} | {verdict} |"
+
+
 def targets(
     summaries: list[Summary],
     latency: dict[str, Any] | None,
@@ -292,8 +298,7 @@ def targets(
     lines = ["| target | measured | verdict |", "|---|---|---|"]
 
     def add(target: str, measured: str | None, met: bool | None) -> None:
-        verdict = "not measured" if met is None else ("met" if met else "**missed**")
-        lines.append(f"| {target} | {measured or ''} | {verdict} |")
+        lines.append(_target_row(target, measured, met))
 
     ours, peer = (
         _find(summaries, cores, "uniform-3", OURS_BATCH),
@@ -403,8 +408,7 @@ def targets_at_scale(summaries: list[Summary], cores: int) -> list[str]:
     lines = ["| target | measured | verdict |", "|---|---|---|"]
 
     def add(target: str, measured: str | None, met: bool | None) -> None:
-        verdict = "not measured" if met is None else ("met" if met else "**missed**")
-        lines.append(f"| {target} | {measured or ''} | {verdict} |")
+        lines.append(_target_row(target, measured, met))
 
     def at(variant: str, system: str, records: int = TEN_MILLION) -> Summary | None:
         return _find(summaries, cores, variant, system, records)
