@@ -297,7 +297,7 @@ class RangeReader:
             return
         key = (topic, partition)
         if key not in paused:
-            raise ValueError(f"{topic}[{partition}] is not one of the assigned partitions")
+            raise ValueError(f"{topic}[{partition}] is not one of the assigned partition group's partitions")
         if self._failed:
             # A failed fetch can leave the partition in a state no seek leaves (an offset out of
             # range), and a seek right after a new assignment fails with ERR__STATE until librdkafka
