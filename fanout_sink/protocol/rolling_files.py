@@ -18,7 +18,7 @@ a chunk is that budget and the writers' footers, whatever the slice's size.
 Files are written the way PyIceberg's ``_dataframe_to_data_files`` writes them (same conversion to the
 file schema with field ids, same Parquet writer options from the table's write properties, same
 statistics from the Parquet footer, same partition values and locations; its private helpers through
-:mod:`fanout_sink.pyiceberg_internals`), so a ``DataFile`` from here equals one from
+:mod:`fanout_sink.pyiceberg_internals.arrow_writes`), so a ``DataFile`` from here equals one from
 :func:`.datafiles.write_data_files` for the same rows. What PyIceberg derives from the schema for each
 file and batch is derived here once per table layout (:class:`_FileLayout`).
 
@@ -55,9 +55,9 @@ from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import datafiles
 from fanout_sink.protocol import events as ev
+from fanout_sink.pyiceberg_internals import arrow_writes
 
 _PARQUET = ParquetFormatModel()
 
@@ -175,7 +175,7 @@ class _FileLayout:
             return pa.Table.from_arrays(rows.columns, schema=self.direct[1])
         converted = pa.Table.from_batches(
             [
-                pyiceberg_internals.to_file_schema(
+                arrow_writes.to_file_schema(
                     self.file_schema, self.rows_schema, batch, self.downcast, _PARQUET
                 )
                 for batch in rows.to_batches()
@@ -197,11 +197,11 @@ def _only_named(rows: pa.Schema, converted: pa.Schema) -> bool:
     return True
 
 
-_LAYOUTS: dict[tuple[object, ...], _FileLayout] = {}
+LAYOUTS: dict[tuple[object, ...], _FileLayout] = {}
 """Per table uuid, schema id, write properties and Arrow schema: the layout its files use. A lookup
 here costs no schema walk."""
 _MAX_LAYOUTS = 65_536
-_SHAPES: dict[tuple[object, ...], _FileLayout] = {}
+SHAPES: dict[tuple[object, ...], _FileLayout] = {}
 """Per schema shape (the Iceberg schema's fields without its id, format version, write properties,
 Arrow schema): one layout shared by every table of that shape. Dynamic routing makes thousands of
 tables of one schema; a layout each was derived per table (~1 ms) and held per table, and with a
@@ -221,7 +221,7 @@ def _layout(table: Table, schema: pa.Schema, downcast: bool) -> _FileLayout:
         schema,
         downcast,
     )
-    found = _LAYOUTS.get(key)
+    found = LAYOUTS.get(key)
     if found is not None:
         return found
     table_schema = metadata.schema()
@@ -232,22 +232,22 @@ def _layout(table: Table, schema: pa.Schema, downcast: bool) -> _FileLayout:
         schema,
         downcast,
     )
-    found = _SHAPES.get(shape)
+    found = SHAPES.get(shape)
     if found is None:
         found = _derive_layout(metadata, table_schema, schema, downcast)
-        if len(_SHAPES) >= _MAX_SHAPES:  # schemas evolving for days: start over
-            _SHAPES.clear()
-        _SHAPES[shape] = found
-    if len(_LAYOUTS) >= _MAX_LAYOUTS:  # tables dropped and recreated for days: start over
-        _LAYOUTS.clear()
-    _LAYOUTS[key] = found
+        if len(SHAPES) >= _MAX_SHAPES:  # schemas evolving for days: start over
+            SHAPES.clear()
+        SHAPES[shape] = found
+    if len(LAYOUTS) >= _MAX_LAYOUTS:  # tables dropped and recreated for days: start over
+        LAYOUTS.clear()
+    LAYOUTS[key] = found
     return found
 
 
 def _derive_layout(
     metadata: TableMetadata, table_schema: Schema, schema: pa.Schema, downcast: bool
 ) -> _FileLayout:
-    pyiceberg_internals.check_schema_compatible(metadata, schema)
+    arrow_writes.check_schema_compatible(metadata, schema)
     rows_schema = pyarrow_to_schema(
         schema,
         name_mapping=table_schema.name_mapping,
@@ -260,7 +260,7 @@ def _derive_layout(
         rows_schema,
         file_schema,
         downcast,
-        writer_options=pyiceberg_internals.parquet_writer_kwargs(metadata.properties),
+        writer_options=arrow_writes.parquet_writer_kwargs(metadata.properties),
         row_group_rows=property_as_int(
             metadata.properties,
             TableProperties.PARQUET_ROW_GROUP_LIMIT,
@@ -304,7 +304,7 @@ class _TableWriter:
         if spec.is_unpartitioned():
             return self._write_partition(None, rows)
         closed = []
-        for partition_key, part in pyiceberg_internals.partitions(spec, self.table.metadata.schema(), rows):
+        for partition_key, part in arrow_writes.partitions(spec, self.table.metadata.schema(), rows):
             closed += self._write_partition(partition_key, part)
         return closed
 

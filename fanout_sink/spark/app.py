@@ -26,7 +26,14 @@ from fanout_sink.protocol import group_layout
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.round_trigger import RoundTrigger
-from fanout_sink.spark import footprint, maintenance_schedule, planning, progress, table_commits, task_groups
+from fanout_sink.spark import (
+    executor_commits,
+    footprint,
+    maintenance_schedule,
+    partition_group_count,
+    planning,
+    progress,
+)
 from fanout_sink.spark.batch import BatchRunner, StopRequested
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
@@ -55,7 +62,7 @@ class SinkApp:
         master = options.master or config.spark.master
         # Decided once: the driver, the coordinator and every task must pack alike.
         conf = {**config.spark.conf, **dict(options.spark_conf)}
-        config = task_groups.with_group_count(config, master, conf)
+        config = partition_group_count.with_group_count(config, master, conf)
         self.config = config
         self.metrics = (
             SinkMetrics(config.name, config.control.commit_interval.total_seconds())
@@ -147,7 +154,7 @@ class SinkApp:
                         # Executors import the task's modules once, before forking their workers.
                         "spark.python.daemon.module": "fanout_sink.spark.worker_daemon",
                         # Rounds of many tables commit in Spark jobs beside the batches.
-                        **table_commits.spark_conf(),
+                        **executor_commits.spark_conf(),
                         **footprint.app_conf(self.config.spark.conf, dict(self.options.spark_conf)),
                     },
                     light_jit=True,
@@ -159,7 +166,7 @@ class SinkApp:
                 self._stop_coordinator()
                 raise
             self._coordinator = coordinator.result()
-        self._coordinator.table_commits = table_commits.SparkTableCommits(
+        self._coordinator.table_commits = executor_commits.SparkTableCommits(
             spark.sparkContext,
             self.config,
             on_driver=self._coordinator.table_commits,

@@ -91,11 +91,11 @@ def _executor_state(key: str, config: SinkConfig) -> _ExecutorState:
             channel = SinkChannel.from_config(config)
             reader = RangeReader(channel.clients, channel.sink_group)
             _EXECUTOR_STATE[key] = _ExecutorState(slice_worker(config), processor, reader)
-            _freeze_long_lived()
+            freeze_long_lived()
         return _EXECUTOR_STATE[key]
 
 
-def _freeze_long_lived() -> None:
+def freeze_long_lived() -> None:
     """Move the process's long-lived objects out of the cyclic garbage collector's reach.
 
     A slice allocates millions of short-lived container objects (a ``Message`` and a timestamp
@@ -141,7 +141,7 @@ def run_task(
             )
             for planned in group
         ]
-        deliver = functools.partial(state.worker.commit_group, work, state.processor)
+        deliver = functools.partial(state.worker.commit_partition_group, work, state.processor)
         # The group's partitions in one assignment, each resumed for its range (a new assignment per
         # range cost ~1 s per one-partition topic), small ranges fetched ahead (issue 32).
         ranges = [(planned.topic, planned.partition, planned.start, planned.end) for planned in group]

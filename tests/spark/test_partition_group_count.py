@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.spark.task_groups import DEFAULT_GROUPS, group_count, with_group_count
+from fanout_sink.spark.partition_group_count import DEFAULT_GROUPS, group_count, with_group_count
 
 
 def _config(**spark: object) -> SinkConfig:
