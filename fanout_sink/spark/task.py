@@ -91,11 +91,11 @@ def _executor_state(key: str, config: SinkConfig) -> _ExecutorState:
             channel = SinkChannel.from_config(config)
             reader = RangeReader(channel.clients, channel.sink_group)
             _EXECUTOR_STATE[key] = _ExecutorState(slice_worker(config), processor, reader)
-            _freeze_long_lived()
+            freeze_long_lived()
         return _EXECUTOR_STATE[key]
 
 
-def _freeze_long_lived() -> None:
+def freeze_long_lived() -> None:
     """Move the process's long-lived objects out of the cyclic garbage collector's reach.
 
     A slice allocates millions of short-lived container objects (a ``Message`` and a timestamp

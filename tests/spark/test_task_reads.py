@@ -41,7 +41,7 @@ def test_a_task_reads_its_group_of_one_partition_topics_from_one_assignment(
 
     monkeypatch.setattr(task, "RangeReader", CountingReader)
     # Freezing the collector is process-wide: not in the test process (tests/spark/test_task_state.py).
-    monkeypatch.setattr(task, "_freeze_long_lived", lambda: None)
+    monkeypatch.setattr(task, "freeze_long_lived", lambda: None)
 
     reports = list(task.run_task(task.config_key(sink.config), sink.config, 0, {}, [slices]))
 
