@@ -12,7 +12,7 @@ Where the previous layout comes from:
 
 - the layout record: the metadata of one offset the driver commits under the sink's layout group
   (:attr:`~.channel.SinkChannel.layout_group`) once the old ids are fenced, so a layout is recorded
-  before any of its workers runs;
+  before any of its workers runs (the commands beside the app read it too: :func:`channel_in_use`);
 - without a record (the first start with packing, or a record expired after
   ``offsets.retention.minutes`` without a restart): the sink group itself, whose offsets name the
   transactional id that committed them (``recovery.send_delivered``), or carry no name when a
@@ -21,12 +21,14 @@ Where the previous layout comes from:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import TopicPartition
 
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel as names
@@ -40,7 +42,7 @@ FENCING_THREADS = 8
 """Ids initialised at once: each ``init_transactions`` is a round trip or two to the broker."""
 
 
-def _read_record(channel: SinkChannel) -> PartitionGroups | None:
+def read_record(channel: SinkChannel) -> PartitionGroups | None:
     """The layout recorded by the last start, or None if none is (or it expired)."""
     reader = GroupOffsets(channel.clients, channel.layout_group, stable=False)
     try:
@@ -51,6 +53,15 @@ def _read_record(channel: SinkChannel) -> PartitionGroups | None:
     if offset is None or not metadata:
         return None
     return PartitionGroups(json.loads(metadata)[RECORD_KEY])
+
+
+def channel_in_use(config: SinkConfig) -> SinkChannel:
+    """The sink's channel under the layout its app recorded at its last start: what the commands
+    beside the app (``status``, maintenance, ``import-connect``) use, so they name the transactional
+    ids the app's workers use. No record (a sink never started with packing, or one whose record
+    expired): one group per partition, under the partitions' own ids."""
+    unpacked = SinkChannel.from_config(config, PartitionGroups())
+    return dataclasses.replace(unpacked, groups=read_record(unpacked) or PartitionGroups())
 
 
 def _write_record(channel: SinkChannel) -> None:
@@ -98,7 +109,7 @@ def fence_other_layouts(channel: SinkChannel, partitions: list[tuple[str, int]])
     """Fence every transactional id of the previous layout that ``channel.groups`` does not use, then
     record ``channel.groups``; returns how many ids were fenced. Run by the driver before the first
     batch (and before planning restores positions under the new ids)."""
-    recorded = _read_record(channel)
+    recorded = read_record(channel)
     if recorded == channel.groups:
         return 0
     if recorded is not None:

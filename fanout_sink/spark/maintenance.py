@@ -42,8 +42,7 @@ from pyiceberg.table import Table
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import MaintenanceSettings, SinkConfig
 from fanout_sink.errors import TableError
-from fanout_sink.protocol import orphans, table_state
-from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol import group_layout, orphans, table_state
 from fanout_sink.protocol.position_deletes import FILE_PATH_ID
 
 log = logging.getLogger("fanout_sink.maintenance")
@@ -631,7 +630,7 @@ def _clean_orphans(
         cleaned = orphans.clean_tables(
             catalog,
             {run.identifier: run.settings.orphan_older_than for run in runs},
-            lambda: orphans.pending_files(SinkChannel.from_config(config)),
+            lambda: orphans.pending_files(group_layout.channel_in_use(config)),
             dry_run,
         )
     except Exception as exc:  # the control topic could not be read: nothing is removed
