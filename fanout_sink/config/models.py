@@ -250,7 +250,7 @@ class ControlSettings(_ReplicatedTopic):
     commit_timeout: Duration = Field(default=timedelta(seconds=60), examples=["60s"])
     distributed_commit_min_tables: int = Field(default=50, ge=1, examples=[50])
     """A round committing at least this many tables runs its table commits as one Spark job over the
-    executors' cores (spark/table_commits.py); smaller rounds commit on the driver, where a job's
+    executors' cores (spark/executor_commits.py); smaller rounds commit on the driver, where a job's
     scheduling would cost more than it spreads."""
     offsets_refresh_interval: Duration | None = Field(default=None, examples=["6h"])
     """How often the coordinator re-commits an idle partition's sink-group offset (the group is never

@@ -111,7 +111,7 @@ class SinkChannel:
     @classmethod
     def from_config(cls, config: SinkConfig, groups: PartitionGroups) -> SinkChannel:
         """The sink's channel under the layout ``groups``: the app's decision
-        (``spark/task_groups.py``), or the one it recorded (:func:`.group_layout.channel_in_use`).
+        (``spark/partition_group_count.py``), or the one it recorded (:func:`.group_layout.channel_in_use`).
         The config does not say it, so every caller names where its layout comes from."""
         return cls(
             sink=config.name, kafka=dict(config.kafka), control_topic=config.control_topic, groups=groups

@@ -13,7 +13,7 @@ It keeps the driver half of the invariants:
 
 One table's commit (those checks, stale and missing files, change resolution, the snapshot) is
 :mod:`fanout_sink.protocol.table_commit`'s, and who runs a round's commits (threads here, or the
-Spark executors) is :attr:`Coordinator.table_commits`'s (:mod:`fanout_sink.protocol.table_commits`);
+Spark executors) is :attr:`Coordinator.table_commits`'s (:mod:`fanout_sink.protocol.commit_runners`);
 the coordinator keeps the rounds around them, the control topic's events and transactions, and
 reports the tables that keep failing.
 
@@ -47,10 +47,10 @@ from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import round_trigger as trigger
 from fanout_sink.protocol.channel import ControlEvent, ControlReader, SinkChannel
+from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, ThreadedCommits
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 from fanout_sink.protocol.control_tail import RoundMark
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
-from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner, ThreadedCommits
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Coordinator:
             TableCommitter(self.sink, catalog, self.state), self.max_parallel_commits
         )
         """Who runs a round's table commits: threads of this process, until the app hands rounds of
-        many tables to its Spark executors (``fanout_sink.spark.table_commits``)."""
+        many tables to its Spark executors (``fanout_sink.spark.executor_commits``)."""
         self._producer: TransactionalProducer | None = None
         self._reader: ControlReader | None = None
         self._metadata: bytes | None = None

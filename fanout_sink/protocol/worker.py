@@ -139,10 +139,11 @@ class SliceWorker:
     def commit_slice(
         self, planned: Slice, source: pa.Table | SliceSource, process: SliceProcessor
     ) -> SliceResult:
-        """Deliver one source partition's planned range: a group of one slice (:meth:`commit_group`)."""
-        return self.commit_group([(planned, source)], process)[0]
+        """Deliver one source partition's planned range: a partition group of one slice
+        (:meth:`commit_partition_group`)."""
+        return self.commit_partition_group([(planned, source)], process)[0]
 
-    def commit_group(
+    def commit_partition_group(
         self, work: Sequence[tuple[Slice, pa.Table | SliceSource]], process: SliceProcessor
     ) -> list[SliceResult]:
         """Deliver the planned offset ranges ``[start, end)`` of a partition group's slices in one

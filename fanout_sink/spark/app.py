@@ -26,7 +26,14 @@ from fanout_sink.protocol import group_layout
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.round_trigger import RoundTrigger
-from fanout_sink.spark import footprint, maintenance_schedule, planning, progress, table_commits, task_groups
+from fanout_sink.spark import (
+    executor_commits,
+    footprint,
+    maintenance_schedule,
+    partition_group_count,
+    planning,
+    progress,
+)
 from fanout_sink.spark.batch import BatchRunner, StopRequested
 from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.session import build_spark_session
@@ -56,7 +63,7 @@ class SinkApp:
         master = options.master or config.spark.master
         self.config = config
         conf = {**config.spark.conf, **dict(options.spark_conf)}
-        self.channel = SinkChannel.from_config(config, task_groups.decide(config, master, conf))
+        self.channel = SinkChannel.from_config(config, partition_group_count.decide(config, master, conf))
         """The run's one channel: planning, the batches' tasks and the coordinator pack alike, and
         the layout is recorded at start for every other process (``protocol/group_layout.py``)."""
         self.metrics = (
@@ -151,7 +158,7 @@ class SinkApp:
                         # Executors import the task's modules once, before forking their workers.
                         "spark.python.daemon.module": "fanout_sink.spark.worker_daemon",
                         # Rounds of many tables commit in Spark jobs beside the batches.
-                        **table_commits.spark_conf(),
+                        **executor_commits.spark_conf(),
                         **footprint.app_conf(self.config.spark.conf, dict(self.options.spark_conf)),
                     },
                     light_jit=True,
@@ -163,7 +170,7 @@ class SinkApp:
                 self._stop_coordinator()
                 raise
             self._coordinator = coordinator.result()
-        self._coordinator.table_commits = table_commits.SparkTableCommits(
+        self._coordinator.table_commits = executor_commits.SparkTableCommits(
             spark.sparkContext,
             self.tasks,
             on_driver=self._coordinator.table_commits,

@@ -1,7 +1,7 @@
 """What the sink's Spark tasks work with on an executor: shipped once by the driver, built once per
 Python worker process.
 
-The driver decides the run's channel (its partition-group layout, ``spark/task_groups.py``) and the
+The driver decides the run's channel (its partition-group layout, ``spark/partition_group_count.py``) and the
 tasks' config once, and every task gets them as one plain value, :class:`TaskSetup`: no task
 derives its channel from the config again, so every process of the run packs alike. A Python
 worker process serves many tasks of many batches; its :class:`ExecutorContext` (catalog, slice

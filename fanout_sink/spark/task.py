@@ -75,7 +75,7 @@ def run_task(
             )
             for planned in group
         ]
-        deliver = functools.partial(state.worker.commit_group, work, state.processor)
+        deliver = functools.partial(state.worker.commit_partition_group, work, state.processor)
         # The group's partitions in one assignment, each resumed for its range (a new assignment per
         # range cost ~1 s per one-partition topic), small ranges fetched ahead (issue 32).
         ranges = [(planned.topic, planned.partition, planned.start, planned.end) for planned in group]

@@ -7,7 +7,7 @@ The wide sink of :mod:`bench.wide_sink` (N tables, each fed every round, real wo
 (``local-cluster[2,1,1024]``; ``--master`` for another). Each round's table commits run one way
 in turn: ``driver`` (the coordinator's own threads), ``1 executor`` (one Spark task commits every
 table) and ``2 executors`` (two tasks, one per executor, each half of the tables), through the app's
-:class:`~fanout_sink.spark.table_commits.SparkTableCommits`. Measured per round: the wall seconds of
+:class:`~fanout_sink.spark.executor_commits.SparkTableCommits`. Measured per round: the wall seconds of
 the table commits alone (from the round's hand-over to the runner until every outcome is back), so
 tables per second = tables / those seconds. The executors' Python workers are warmed first (imports,
 catalog), and a first round per way is not counted.
@@ -29,11 +29,11 @@ from typing import Any
 
 from bench.process_cpu import read_stat
 from bench.wide_sink import WidePlan, WideSink
+from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner
 from fanout_sink.protocol.table_commit import TableCommit
-from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner
+from fanout_sink.spark.executor_commits import SparkTableCommits, commit_table_shares, spark_conf
 from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.session import build_spark_session
-from fanout_sink.spark.table_commits import SparkTableCommits, commit_group, spark_conf
 
 WAYS = ("driver", "1 executor", "2 executors")
 
@@ -118,7 +118,7 @@ def _warm(context: Any, wide: WideSink) -> None:
     one task per executor over an empty round."""
     empty = RoundTables({}, 0, "warm-up", None, deadline=0.0)
     groups = max(2, context.defaultParallelism)
-    task = functools.partial(commit_group, TaskSetup.of(wide.config, wide.channel), 1)
+    task = functools.partial(commit_table_shares, TaskSetup.of(wide.config, wide.channel), 1)
     context.parallelize([empty] * groups, numSlices=groups).mapPartitions(task).collect()
 
 

@@ -41,11 +41,11 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
+from fanout_sink.protocol.commit_runners import ThreadedCommits
 from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.slices import Slice
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
-from fanout_sink.protocol.table_commits import ThreadedCommits
 
 NAMESPACE = "wide"
 COMMIT_INTERVAL_S = 10.0

@@ -255,7 +255,7 @@ def run_planned_batch(
     results = []
     for group in worker.channel.groups.pack(slices):
         work = [(s, read_slice(bootstrap, s.topic, s.partition, s.start, s.end)) for s in group]
-        results += worker.commit_group(work, process)
+        results += worker.commit_partition_group(work, process)
     return results
 
 

@@ -1,4 +1,4 @@
-"""Who runs a round's table commits (``protocol/table_commits.py``): the coordinator hands the round to a
+"""Who runs a round's table commits (``protocol/commit_runners.py``): the coordinator hands the round to a
 runner, and whatever the runner loses stays pending until a later commit finds each table's floor."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.commit_runners import RoundTables, commit_in_threads
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
-from fanout_sink.protocol.table_commits import RoundTables, commit_in_threads
 
 
 def _pending(offset: int, files: int) -> PendingFiles:

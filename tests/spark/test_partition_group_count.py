@@ -6,7 +6,7 @@ import os
 
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol.partition_groups import PartitionGroups
-from fanout_sink.spark.task_groups import DEFAULT_GROUPS, decide, group_count
+from fanout_sink.spark.partition_group_count import DEFAULT_GROUPS, decide, group_count
 
 
 def _config(**spark: object) -> SinkConfig:

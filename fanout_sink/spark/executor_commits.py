@@ -3,7 +3,7 @@
 The coordinator's table commits are independent per table but Python-CPU-bound (~12 ms per table:
 manifests, manifest list, metadata JSON), so in the driver's one process they share one GIL however
 large the cluster is. :class:`SparkTableCommits` is the coordinator's
-:class:`~fanout_sink.protocol.table_commits.TableCommitRunner` once the app's session exists: a
+:class:`~fanout_sink.protocol.commit_runners.TableCommitRunner` once the app's session exists: a
 round of at least ``control.distributed-commit-min-tables`` tables becomes one Spark job of one
 task per group (``defaultParallelism`` groups: the executors' cores), and each task commits its
 group with a :class:`~fanout_sink.protocol.table_commit.TableCommitter` its Python worker process
@@ -40,9 +40,9 @@ from typing import Any
 from fanout_sink import logs
 from fanout_sink.catalog import load_catalog
 from fanout_sink.logs import TRACEBACK
+from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, commit_in_threads
 from fanout_sink.protocol.commit_state import CommitState
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
-from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner, commit_in_threads
 from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.task_failure import task_failure
 
@@ -99,7 +99,7 @@ class SparkTableCommits:
         context = self.context
         parts = tables.split(self.groups or context.defaultParallelism)
         group = f"fanout-sink-commit-{tables.commit_id}"
-        task = functools.partial(commit_group, self.setup, self.threads)
+        task = functools.partial(commit_table_shares, self.setup, self.threads)
         done = threading.Event()
         started = time.monotonic()
         context.setJobGroup(group, f"commit {tables.commit_id}: {len(tables.due)} tables", True)
@@ -179,7 +179,9 @@ def _committer(setup: TaskSetup) -> TableCommitter:
         return _COMMITTERS[setup.key]
 
 
-def commit_group(setup: TaskSetup, threads: int, parts: Iterable[RoundTables]) -> Iterator[TableCommit]:
+def commit_table_shares(
+    setup: TaskSetup, threads: int, parts: Iterable[RoundTables]
+) -> Iterator[TableCommit]:
     """One Spark task: the tables of its group(s) committed here, an outcome per table."""
     committer = _committer(setup)
     for part in parts:

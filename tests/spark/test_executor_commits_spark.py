@@ -1,4 +1,4 @@
-"""A round's table commits run as a Spark job (``spark/table_commits.py``) on the suite's local session:
+"""A round's table commits run as a Spark job (``spark/executor_commits.py``) on the suite's local session:
 every table once, small rounds on the driver, and what a failed job left committed on the driver."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import CatalogSettings
+from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner
 from fanout_sink.protocol.table_commit import TableCommit
-from fanout_sink.protocol.table_commits import RoundTables, TableCommitRunner
+from fanout_sink.spark.executor_commits import SparkTableCommits
 from fanout_sink.spark.executor_context import TaskSetup
-from fanout_sink.spark.table_commits import SparkTableCommits
 
 
 class _Driver:

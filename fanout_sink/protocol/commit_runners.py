@@ -5,7 +5,7 @@ what follows (settling, the low watermark, ``CommitToTable``/``CommitComplete``)
 themselves are independent per table, so they can run anywhere a
 :class:`~fanout_sink.protocol.table_commit.TableCommitter` can load the tables: in threads of the
 coordinator's process (:class:`ThreadedCommits`, the default) or spread over the Spark cluster's
-Python workers (``fanout_sink.spark.table_commits``), which lifts the one GIL that caps the driver.
+Python workers (``fanout_sink.spark.executor_commits``), which lifts the one GIL that caps the driver.
 
 Wherever a table is committed, the same rules hold (I3, I4): every attempt re-checks the table's
 floor on freshly loaded metadata, so a commit repeated by another process, a retried task or the
