@@ -29,9 +29,9 @@ _SQLITE_PREFIX = "sqlite:///"
 PY_IO_IMPL = "py-io-impl"
 """PyIceberg's catalog property naming the FileIO class; a user's choice is kept."""
 PY_CATALOG_IMPL = "py-catalog-impl"
-HIVE_CATALOG_IMPL = "fanout_sink.pyiceberg_internals.ThreadSafeHiveCatalog"
+HIVE_CATALOG_IMPL = "fanout_sink.pyiceberg_internals.hive.ThreadSafeHiveCatalog"
 """A ``type: hive`` catalog's class: PyIceberg's HiveCatalog with one thrift connection per thread."""
-DURABLE_FILE_IO = "fanout_sink.pyiceberg_internals.DurableFileIO"
+DURABLE_FILE_IO = "fanout_sink.pyiceberg_internals.fileio.DurableFileIO"
 DEFAULT_CATALOG_NAME = "lake"
 DEFAULT_CATALOG_TYPE = "sql"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
@@ -133,7 +133,7 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
         # Files a Kafka transaction or a catalog commit names must be on disk first: fsync them.
         properties[PY_IO_IMPL] = DURABLE_FILE_IO
     if settings.type == "hive" and PY_CATALOG_IMPL not in properties:
-        # PyIceberg's HiveCatalog shares one thrift connection between threads (pyiceberg_internals).
+        # PyIceberg's HiveCatalog shares one thrift connection between threads (pyiceberg_internals/hive.py).
         del properties["type"]
         properties[PY_CATALOG_IMPL] = HIVE_CATALOG_IMPL
     return pyiceberg_load_catalog(settings.name, **properties)

@@ -9,7 +9,7 @@ sink's FileIO is fsynced when its stream is closed (every PyIceberg writer close
 returns the file), and so is its directory entry, including directories the write created.
 
 The FileIO itself, ``DurableFileIO``, subclasses PyIceberg's ``PyArrowFileIO`` and so lives in
-:mod:`fanout_sink.pyiceberg_internals`; ``catalog.load_catalog`` selects it through the catalog
+:mod:`fanout_sink.pyiceberg_internals.fileio`; ``catalog.load_catalog`` selects it through the catalog
 property ``py-io-impl`` when the warehouse is local and the user chose no FileIO; other schemes are
 written as ``PyArrowFileIO`` writes them.
 """

@@ -17,7 +17,7 @@ from support.common import ARROW_SCHEMA, TABLE_SCHEMA
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.protocol import datafiles
-from fanout_sink.pyiceberg_internals import DurableFileIO
+from fanout_sink.pyiceberg_internals.fileio import DurableFileIO
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ class GroupOffsets:
     def committed_with_metadata(
         self, partitions: list[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[int | None, str]]:
-        """Each partition's committed offset and the metadata string committed with it ("" if none)."""
+        """Each partition's committed offset and the offset metadata string committed with it ("" if none)."""
         timeout_s = self.timeout_s
 
         def ask() -> dict[tuple[str, int], tuple[int | None, str]]:
@@ -102,10 +102,10 @@ def source_positions(
     its creation, as Spark's ``subscribePattern`` starts reading it.
     """
     admin, timeout_s = clients.admin(), clients.timeout_s
-    metadata = admin.list_topics(timeout=timeout_s).topics
+    listed = admin.list_topics(timeout=timeout_s).topics
     if pattern is not None:
-        topics = sorted({*topics, *pattern_topics(pattern, metadata)})
-    partitions = [(t, p) for t in topics if t in metadata for p in sorted(metadata[t].partitions)]
+        topics = sorted({*topics, *pattern_topics(pattern, listed)})
+    partitions = [(t, p) for t in topics if t in listed for p in sorted(listed[t].partitions)]
     if not partitions:
         return []
     asked = admin.list_offsets(

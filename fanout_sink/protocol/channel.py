@@ -266,9 +266,9 @@ class ControlReader:
         self._position = 0
 
     def committed(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int | None, str | None]:
-        """The coordinator group's committed low watermark and the metadata committed with it (the
-        round's ``control_tail.RoundMark``); (None, None) when it has none (where to start reading
-        then is recovery's decision: ``recovery.seek_to_low_watermark``)."""
+        """The coordinator group's committed low watermark and the offset metadata committed with it
+        (the round's ``offset_metadata.RoundMark``); (None, None) when it has none (where to start
+        reading then is recovery's decision: ``recovery.seek_to_low_watermark``)."""
         found = retry_transient(lambda: self._consumer.committed([self._tp], timeout=timeout_s))[0]
         return (int(found.offset), found.metadata) if found.offset >= 0 else (None, None)
 

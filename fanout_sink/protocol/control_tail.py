@@ -1,5 +1,4 @@
-"""The bounded tail of the control topic that start-up recovery reads, and the round mark that says
-when the events before it may be gone.
+"""The bounded tail of the control topic that start-up recovery reads.
 
 Recovery used to read the control topic from its log start, so the topic had to keep every event
 and start-up time grew with the sink's age. What recovery needs is much less (docs/design.md,
@@ -14,16 +13,15 @@ and start-up time grew with the sink's age. What recovery needs is much less (do
 - **Where the coordinator resumes.** The coordinator group's low watermark (committed with the
   last round), or else the ``low_watermark`` the newest ``CommitComplete`` of the tail recorded.
 - **Whether deleted events were needed.** A sink down longer than the topic's retention finds
-  even its last round deleted. The round's :class:`RoundMark`, committed as the metadata of the
-  coordinator group's offset (which outlives the topic's retention), tells whether the deleted
-  events held anything a table still needed: nothing was pending at that round, and nothing was
-  written after it. The log end proves the second: it is exactly where that round's own
-  transaction ended.
+  even its last round deleted. The round's :class:`~.offset_metadata.RoundMark`, committed as the
+  metadata of the coordinator group's offset (which outlives the topic's retention), tells whether
+  the deleted events held anything a table still needed: nothing was pending at that round, and
+  nothing was written after it. The log end proves the second: it is exactly where that round's
+  own transaction ended.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -34,50 +32,6 @@ log = logging.getLogger(__name__)
 
 TAIL_WINDOW = 4096
 """Control offsets read back from the end at first; each miss reads four times as far back."""
-
-
-@dataclass(frozen=True)
-class RoundMark:
-    """What a round leaves in the metadata of the coordinator group's offset besides the low watermark.
-
-    ``round_end`` is the control offset the round read up to, ``log_end`` the log end its own
-    transaction leaves when nothing else is written meanwhile (its events and the commit marker
-    after ``round_end``).
-    """
-
-    round_end: int
-    log_end: int
-
-    @classmethod
-    def of_round(cls, round_end: int, events: int) -> RoundMark:
-        """The mark of a round ending at ``round_end`` whose transaction writes ``events`` events."""
-        return cls(round_end, round_end + events + 1)
-
-    def moved_to(self, log_start: int) -> RoundMark:
-        """The mark of a low watermark moved up to ``log_start`` past deleted events that
-        :meth:`nothing_needed_below` found unneeded: still nothing may be written after ``log_end``."""
-        return RoundMark(log_start, self.log_end)
-
-    def encode(self) -> str:
-        return json.dumps({"round_end": self.round_end, "log_end": self.log_end}, separators=(",", ":"))
-
-    @classmethod
-    def decode(cls, metadata: str | None) -> RoundMark | None:
-        """The mark in a committed offset's metadata; None for an offset committed without one."""
-        try:
-            found = json.loads(metadata or "")
-            return cls(int(found["round_end"]), int(found["log_end"]))
-        except (ValueError, TypeError, KeyError):
-            return None
-
-    def nothing_needed_below(self, low_watermark: int, log_end: int) -> bool:
-        """Whether every event below ``log_end`` is in its tables or is round bookkeeping.
-
-        True when the round that committed ``low_watermark`` left nothing pending (its low watermark
-        is its round end) and nothing was written to the control topic after it (the log still ends
-        where its transaction ended: no worker delivered, no attempt aborted, no round started).
-        """
-        return low_watermark == self.round_end and log_end == self.log_end
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,13 @@ from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
 from fanout_sink.kafka.topics import max_message_bytes
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel, recovery
+from fanout_sink.protocol import channel, offset_refresh, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import round_trigger as trigger
 from fanout_sink.protocol.channel import ControlEvent, ControlReader, SinkChannel
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, ThreadedCommits
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
-from fanout_sink.protocol.control_tail import RoundMark
+from fanout_sink.protocol.offset_metadata import RoundMark
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class Coordinator:
         again every round, so a topic created while the sink runs counts for VTTS, lag and offset
         refreshes as soon as it exists. ``workers_idle``: held while workers deliver (the app's
         batch lock); idle partitions' offsets are refreshed only while it is free
-        (:class:`~.recovery.OffsetRefresher`)."""
+        (:class:`~.offset_refresh.OffsetRefresher`)."""
         self.channel = channel
         self.sink = channel.sink
         self.control_topic = channel.control_topic
@@ -128,7 +128,7 @@ class Coordinator:
         many tables to its Spark executors (``fanout_sink.spark.executor_commits``)."""
         self._producer: TransactionalProducer | None = None
         self._reader: ControlReader | None = None
-        self._metadata: bytes | None = None
+        self._group_metadata: bytes | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -139,7 +139,7 @@ class Coordinator:
         self.failing: dict[str, TableFailure] = {}
         """Tables whose commit failed in the latest rounds, by identifier."""
         self.offsets_refresh_interval_s = offsets_refresh_interval_s
-        self._refresher: recovery.OffsetRefresher | None = None
+        self._refresher: offset_refresh.OffsetRefresher | None = None
         self._workers_idle = workers_idle
         self.observer = observer
         self.rounds = rounds or trigger.RoundTrigger(commit_interval_s)
@@ -151,12 +151,12 @@ class Coordinator:
         """Create/check the control topic, fence any older coordinator, seek to the low watermark."""
         channel.ensure_control_topic(self.channel)
         self._producer = self._new_producer()
-        self._metadata = self.channel.clients.group_metadata(self.channel.coordinator_group)
+        self._group_metadata = self.channel.clients.group_metadata(self.channel.coordinator_group)
         self._reader = ControlReader(self.channel)
         start = recovery.seek_to_low_watermark(self._reader)
         log.info("coordinator of sink %r reads the control topic from offset %d", self.sink, start)
-        committed, metadata = self._reader.committed(self.timeout_s)
-        mark = RoundMark.decode(metadata)
+        committed, offset_metadata = self._reader.committed(self.timeout_s)
+        mark = RoundMark.decode(offset_metadata)
         if committed is not None and start > committed and mark is not None:
             # Retention deleted only events no table needed (recovery.seek_to_low_watermark): the
             # new log start is acknowledged at once, so that a crash before the first round, after
@@ -284,8 +284,8 @@ class Coordinator:
                 for payload in payloads:
                     channel.produce_event(producer, self.control_topic, self.sink, payload)
                 if offsets:
-                    assert self._metadata is not None
-                    producer.send_offsets(offsets, self._metadata)
+                    assert self._group_metadata is not None
+                    producer.send_offsets(offsets, self._group_metadata)
         except ProducerFencedError:
             self._fenced = True
             raise
@@ -385,7 +385,7 @@ class Coordinator:
             interval = self.offsets_refresh_interval_s
             if interval is None:
                 interval = offsets_retention_s(self.channel.clients) / 4
-            self._refresher = recovery.OffsetRefresher(self.channel, interval, self._workers_idle)
+            self._refresher = offset_refresh.OffsetRefresher(self.channel, interval, self._workers_idle)
             log.info("idle partitions' sink-group offsets are re-committed every %.0f s", interval)
         try:
             self._refresher.refresh(positions)

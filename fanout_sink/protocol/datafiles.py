@@ -23,9 +23,9 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import PrimitiveType
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import events as ev
+from fanout_sink.pyiceberg_internals import arrow_writes
 
 
 def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
@@ -37,8 +37,8 @@ def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
     if rows.num_rows == 0:
         return []
     metadata = table.metadata
-    pyiceberg_internals.check_schema_compatible(metadata, rows.schema)
-    files = pyiceberg_internals.dataframe_to_data_files(metadata, rows, table.io, uuid.uuid4())
+    arrow_writes.check_schema_compatible(metadata, rows.schema)
+    files = arrow_writes.dataframe_to_data_files(metadata, rows, table.io, uuid.uuid4())
     for data_file in files:
         # PyIceberg 0.12 drops spec_id in DataFile.from_args (it is not a manifest field): the files
         # were written with the table's default spec, so record that.

@@ -10,19 +10,20 @@ the driver initialises every id the previous layout could have used, then record
 
 Where the previous layout comes from:
 
-- the layout record: the metadata of one offset the driver commits under the sink's layout group
-  (:attr:`~.channel.SinkChannel.layout_group`) once the old ids are fenced, so a layout is recorded
-  before any of its workers runs (the commands beside the app read it too: :func:`channel_in_use`);
+- the layout record (:class:`~.offset_metadata.LayoutRecord`): the metadata of one offset the driver
+  commits under the sink's layout group (:attr:`~.channel.SinkChannel.layout_group`) once the old
+  ids are fenced, so a layout is recorded before any of its workers runs (the commands beside the
+  app read it too: :func:`channel_in_use`);
 - without a record (the first start with packing, or a record expired after
   ``offsets.retention.minutes`` without a restart): the sink group itself, whose offsets name the
-  transactional id that committed them (``recovery.send_delivered``), or carry no name when a
-  partition's own id committed them (sinks before packing).
+  transactional id that committed them (:class:`~.offset_metadata.DeliveredBy`, written by
+  ``recovery.send_delivered``), or carry no name when a partition's own id committed them (sinks
+  before packing).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,11 +34,11 @@ from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel as names
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
+from fanout_sink.protocol.offset_metadata import DeliveredBy, LayoutRecord
 from fanout_sink.protocol.partition_groups import PartitionGroups
 
 log = logging.getLogger(__name__)
 
-RECORD_KEY = "partition-groups"
 FENCING_THREADS = 8
 """Ids initialised at once: each ``init_transactions`` is a round trip or two to the broker."""
 
@@ -49,10 +50,9 @@ def read_record(channel: SinkChannel) -> PartitionGroups | None:
         found = reader.committed_with_metadata([(channel.control_topic, CONTROL_PARTITION)])
     finally:
         reader.close()
-    offset, metadata = found[(channel.control_topic, CONTROL_PARTITION)]
-    if offset is None or not metadata:
-        return None
-    return PartitionGroups(json.loads(metadata)[RECORD_KEY])
+    offset, offset_metadata = found[(channel.control_topic, CONTROL_PARTITION)]
+    record = LayoutRecord.decode(offset_metadata) if offset is not None else None
+    return record.layout if record is not None else None
 
 
 def channel_in_use(config: SinkConfig) -> SinkChannel:
@@ -68,8 +68,8 @@ def _write_record(channel: SinkChannel) -> None:
     """Record ``channel.groups`` as the layout in use (a plain commit: the layout group has no members)."""
     consumer = channel.clients.consumer({"group.id": channel.layout_group, "enable.auto.commit": False})
     try:
-        metadata = json.dumps({RECORD_KEY: channel.groups.count})
-        mark = TopicPartition(channel.control_topic, CONTROL_PARTITION, 0, metadata=metadata)
+        record = LayoutRecord(channel.groups).encode()
+        mark = TopicPartition(channel.control_topic, CONTROL_PARTITION, 0, metadata=record)
         consumer.commit(offsets=[mark], asynchronous=False)
     finally:
         consumer.close()
@@ -89,11 +89,14 @@ def _committed_ids(channel: SinkChannel, partitions: list[tuple[str, int]]) -> s
         found = reader.committed_with_metadata(partitions)
     finally:
         reader.close()
-    return {
-        metadata or names.worker_transactional_id(channel.sink, topic, partition)
-        for (topic, partition), (offset, metadata) in found.items()
-        if offset is not None
-    }
+    ids: set[str] = set()
+    for (topic, partition), (offset, offset_metadata) in found.items():
+        if offset is None:
+            continue
+        delivered_by = DeliveredBy.decode(offset_metadata)
+        own = names.worker_transactional_id(channel.sink, topic, partition)
+        ids.add(delivered_by.transactional_id if delivered_by is not None else own)
+    return ids
 
 
 def _fence(channel: SinkChannel, transactional_id: str) -> None:

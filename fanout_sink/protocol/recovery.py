@@ -3,11 +3,11 @@
 The sink-managed group is the source of truth about what was delivered (invariant I1), and this
 module is the only code that writes it: the worker's transactional offset commit goes through
 :func:`send_delivered`, recovery restores positions with :class:`PositionWriter`, and the
-coordinator's :class:`OffsetRefresher` re-commits idle ones. ``tests/test_architecture.py`` checks
-that no other module sends offsets with the sink group's metadata. The planner, the worker and the
-coordinator ask this module where to start; the coordinator group (a different group: how far the
-coordinator read the control topic) is resumed here too (:func:`seek_to_low_watermark`), while the
-coordinator commits its own group itself.
+coordinator's :class:`~.offset_refresh.OffsetRefresher` re-commits idle ones with it.
+``tests/test_architecture.py`` checks that no other module sends offsets with the sink group's
+metadata. The planner, the worker and the coordinator ask this module where to start; the
+coordinator group (a different group: how far the coordinator read the control topic) is resumed
+here too (:func:`seek_to_low_watermark`), while the coordinator commits its own group itself.
 
 Nobody joins the sink group, so the broker expires each partition's committed offset
 ``offsets.retention.minutes`` after that partition's last commit (per partition, for a group
@@ -36,29 +36,27 @@ Two things keep the position known:
   than the topic has now is not this topic's: it is never restored. ``source.recreated-topic-offsets``
   says what happens instead: ``earliest`` reads the new topic from its beginning (planning moves a
   checkpoint that holds the old positions aside), ``fail`` stops with :class:`TopicRecreatedError`.
-- **Refresh** (the coordinator, while running): a partition whose offset has not changed for
-  ``interval`` is committed again with the same protocol and the same offset, which restarts its
-  retention clock. The interval defaults to a quarter of the broker's ``offsets.retention.minutes``.
+- **Refresh** (the coordinator, while running): idle partitions' offsets are committed again
+  through :class:`PositionWriter` before they expire (:mod:`.offset_refresh`).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from confluent_kafka import TopicPartition
 
 from fanout_sink.errors import TopicRecreatedError
-from fanout_sink.kafka.offsets import GroupOffsets, PartitionPosition, log_start_offset
+from fanout_sink.kafka.offsets import GroupOffsets, log_start_offset
 from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
-from fanout_sink.protocol.control_tail import RoundMark, read_tail
+from fanout_sink.protocol.control_tail import read_tail
 from fanout_sink.protocol.legacy_names import legacy_low_watermark, legacy_sink_group, legacy_sink_positions
+from fanout_sink.protocol.offset_metadata import DeliveredBy, RoundMark
 from fanout_sink.protocol.slices import Slice
 
 log = logging.getLogger(__name__)
@@ -91,19 +89,20 @@ def sink_group_metadata(channel: SinkChannel) -> bytes:
 
 
 def send_delivered(
-    producer: TransactionalProducer, metadata: bytes, delivered: Mapping[TopicPartitionKey, int]
+    producer: TransactionalProducer, group_metadata: bytes, delivered: Mapping[TopicPartitionKey, int]
 ) -> None:
     """Send each partition's delivered position inside the producer's open transaction.
 
     Keeps I1 and I2: the offset commits or aborts together with the events and dead letters of the
     same transaction, so the sink group never holds a position whose records are not announced.
     ``offset`` is the planned end (never last record + 1: offsets have holes). The offset's metadata
-    names the producer's transactional id, so a start under another partition-group layout knows
-    which ids delivered last and fences them (:mod:`.group_layout`).
+    names the producer's transactional id (:class:`~.offset_metadata.DeliveredBy`), so a start under
+    another partition-group layout knows which ids delivered last and fences them (:mod:`.group_layout`).
+    ``group_metadata`` is the sink group's (:func:`sink_group_metadata`).
     """
-    name = producer.transactional_id
-    offsets = [TopicPartition(t, p, offset, metadata=name) for (t, p), offset in delivered.items()]
-    producer.send_offsets(offsets, metadata)
+    delivered_by = DeliveredBy(producer.transactional_id).encode()
+    offsets = [TopicPartition(t, p, offset, metadata=delivered_by) for (t, p), offset in delivered.items()]
+    producer.send_offsets(offsets, group_metadata)
 
 
 def delivered_offsets(
@@ -134,7 +133,7 @@ class PositionWriter:
     def __init__(self, channel: SinkChannel) -> None:
         self.channel = channel
         self._offsets = GroupOffsets(channel.clients, channel.sink_group, stable=True)
-        self._metadata = sink_group_metadata(channel)
+        self._group_metadata = sink_group_metadata(channel)
 
     def commit(self, topic: str, partition: int, offset: int, expected: int | None) -> int | None:
         """Commit ``offset`` if the group holds ``expected``; returns what the group holds afterwards."""
@@ -152,7 +151,7 @@ class PositionWriter:
             if current != expected:
                 return current
             with producer.transaction():
-                send_delivered(producer, self._metadata, {(topic, partition): offset})
+                send_delivered(producer, self._group_metadata, {(topic, partition): offset})
             return offset
         finally:
             producer.flush()
@@ -307,7 +306,7 @@ def known_positions(
 
 
 def restore_in_slices(
-    channel: SinkChannel, producer: TransactionalProducer, metadata: bytes, slices: list[Slice]
+    channel: SinkChannel, producer: TransactionalProducer, group_metadata: bytes, slices: list[Slice]
 ) -> dict[TopicPartitionKey, int | None]:
     """The delivered positions of partitions whose sink-group offsets vanished while the app ran.
 
@@ -353,73 +352,8 @@ def restore_in_slices(
     positions = {key: offset for key, offset in restored.items() if offset is not None}
     if positions:
         with producer.transaction():
-            send_delivered(producer, metadata, positions)
+            send_delivered(producer, group_metadata, positions)
     return restored
-
-
-# -- keeping positions from expiring ---------------------------------------------------------------
-
-IDLE_WAIT_S = 5.0
-"""How long a round's refresh waits for the running batch to end before leaving it to the next round."""
-
-
-@dataclass
-class OffsetRefresher:
-    """Re-commits the offsets of partitions that have not committed for ``interval_s``.
-
-    Keeps I1 while running: an idle partition's offset would otherwise expire. The sink group's
-    committed offsets come from the coordinator's round (``source_positions``). A partition counts
-    as committed "now" when it is first seen and whenever its offset changes; a refresh is due
-    ``interval_s`` later. Only caught-up partitions are refreshed: one with records waiting is about
-    to be committed by a worker, and refreshing it would fence that worker (I3). Under packing a
-    refresh fences the partition's whole group, whose other partitions may be mid-delivery: with
-    ``workers_idle`` (the app's batch lock) refreshes run between batches only, waiting for one at
-    most :data:`IDLE_WAIT_S`, else left due for the next round.
-    """
-
-    channel: SinkChannel
-    interval_s: float
-    workers_idle: threading.Lock | None = None
-    _seen: dict[TopicPartitionKey, tuple[int, float]] = field(default_factory=dict)
-
-    def refresh(self, positions: list[PartitionPosition]) -> list[TopicPartitionKey]:
-        """Refreshes what is due; returns the partitions whose offset was committed again."""
-        now = time.monotonic()
-        due: list[PartitionPosition] = []
-        for position in positions:
-            key = (position.topic, position.partition)
-            last = self._seen.get(key)
-            if position.committed is None:
-                self._seen.pop(key, None)
-            elif last is None or last[0] != position.committed:
-                self._seen[key] = (position.committed, now)
-            elif now - last[1] >= self.interval_s and position.caught_up:
-                due.append(position)
-        if not due:
-            return []
-        idle = self.workers_idle
-        if idle is not None and not idle.acquire(timeout=IDLE_WAIT_S):
-            log.info("a batch is running: idle partitions' offsets are re-committed after it")
-            return []
-        refreshed: list[TopicPartitionKey] = []
-        writer = PositionWriter(self.channel)
-        try:
-            for position in due:
-                key = (position.topic, position.partition)
-                offset = position.committed
-                assert offset is not None
-                if writer.commit(position.topic, position.partition, offset, expected=offset) == offset:
-                    refreshed.append(key)
-                self._seen[key] = (offset, time.monotonic())
-        finally:
-            writer.close()
-            if idle is not None:
-                idle.release()
-        log.info(
-            "re-committed the unchanged offsets of %s so that the broker does not expire them",
-            ", ".join(f"{t}[{p}]" for t, p in refreshed) or "no partition",
-        )
-        return refreshed
 
 
 # -- where the coordinator resumes reading the control topic ---------------------------------------
@@ -430,7 +364,7 @@ def seek_to_low_watermark(reader: ControlReader) -> int:
 
     Keeps I4: every event from the low watermark on may still be needed by a table, so if the log
     now starts later (retention, delete-records), this raises ``ControlTopicError`` instead of
-    starting at the log start, unless the :class:`~fanout_sink.protocol.control_tail.RoundMark`
+    starting at the log start, unless the :class:`~fanout_sink.protocol.offset_metadata.RoundMark`
     committed with the low watermark proves that the deleted events held nothing a table needs
     (the last round left nothing pending and nothing was written after it: a sink stopped cleanly,
     then down longer than the topic's retention). Without a committed offset, the legacy
@@ -439,7 +373,7 @@ def seek_to_low_watermark(reader: ControlReader) -> int:
     group's offset expired after a downtime longer than the broker's ``offsets.retention.minutes``.
     """
     channel = reader.channel
-    committed, metadata = reader.committed(channel.timeout_s)
+    committed, offset_metadata = reader.committed(channel.timeout_s)
     if committed is None:
         committed = legacy_low_watermark(channel)
     if committed is None:
@@ -453,7 +387,7 @@ def seek_to_low_watermark(reader: ControlReader) -> int:
                 channel.control_topic,
             )
     log_start, log_end = reader.watermarks(channel.timeout_s)
-    mark = RoundMark.decode(metadata)
+    mark = RoundMark.decode(offset_metadata)
     if (
         committed is not None
         and log_start > committed

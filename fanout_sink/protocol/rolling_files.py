@@ -18,7 +18,7 @@ a chunk is that budget and the writers' footers, whatever the slice's size.
 Files are written the way PyIceberg's ``_dataframe_to_data_files`` writes them (same conversion to the
 file schema with field ids, same Parquet writer options from the table's write properties, same
 statistics from the Parquet footer, same partition values and locations; its private helpers through
-:mod:`fanout_sink.pyiceberg_internals`), so a ``DataFile`` from here equals one from
+:mod:`fanout_sink.pyiceberg_internals.arrow_writes`), so a ``DataFile`` from here equals one from
 :func:`.datafiles.write_data_files` for the same rows. What PyIceberg derives from the schema for each
 file and batch is derived here once per table layout (:class:`_FileLayout`).
 
@@ -55,9 +55,9 @@ from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import datafiles
 from fanout_sink.protocol import events as ev
+from fanout_sink.pyiceberg_internals import arrow_writes
 
 _PARQUET = ParquetFormatModel()
 
@@ -175,7 +175,7 @@ class _FileLayout:
             return pa.Table.from_arrays(rows.columns, schema=self.direct[1])
         converted = pa.Table.from_batches(
             [
-                pyiceberg_internals.to_file_schema(
+                arrow_writes.to_file_schema(
                     self.file_schema, self.rows_schema, batch, self.downcast, _PARQUET
                 )
                 for batch in rows.to_batches()
@@ -247,7 +247,7 @@ def _layout(table: Table, schema: pa.Schema, downcast: bool) -> _FileLayout:
 def _derive_layout(
     metadata: TableMetadata, table_schema: Schema, schema: pa.Schema, downcast: bool
 ) -> _FileLayout:
-    pyiceberg_internals.check_schema_compatible(metadata, schema)
+    arrow_writes.check_schema_compatible(metadata, schema)
     rows_schema = pyarrow_to_schema(
         schema,
         name_mapping=table_schema.name_mapping,
@@ -260,7 +260,7 @@ def _derive_layout(
         rows_schema,
         file_schema,
         downcast,
-        writer_options=pyiceberg_internals.parquet_writer_kwargs(metadata.properties),
+        writer_options=arrow_writes.parquet_writer_kwargs(metadata.properties),
         row_group_rows=property_as_int(
             metadata.properties,
             TableProperties.PARQUET_ROW_GROUP_LIMIT,
@@ -304,7 +304,7 @@ class _TableWriter:
         if spec.is_unpartitioned():
             return self._write_partition(None, rows)
         closed = []
-        for partition_key, part in pyiceberg_internals.partitions(spec, self.table.metadata.schema(), rows):
+        for partition_key, part in arrow_writes.partitions(spec, self.table.metadata.schema(), rows):
             closed += self._write_partition(partition_key, part)
         return closed
 

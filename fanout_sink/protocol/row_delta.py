@@ -7,7 +7,7 @@ both PyIceberg 0.12 and Spark read (PyIceberg refuses equality deletes). Unlike 
 apply to data files of the same sequence number, so a delete may point at a row committed in the
 same snapshot: a key changed twice in one round leaves one row.
 
-``resolve`` reads one snapshot of the table; the commit's ``pyiceberg_internals.RowDelta`` asserts
+``resolve`` reads one snapshot of the table; the commit's ``pyiceberg_internals.snapshots.RowDelta`` asserts
 that snapshot is still the branch head (and refuses PyIceberg's rebasing retry), so a compaction or
 another writer in between fails the commit and the caller resolves again. A delete can never point
 at a file a rewrite removed, nor miss a row a rewrite moved.

@@ -36,7 +36,7 @@ from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel, event_budget
 from fanout_sink.protocol.rolling_files import RollingFiles
 from fanout_sink.protocol.slices import Slice, SliceResult
-from fanout_sink.pyiceberg_internals import current_table_uuids
+from fanout_sink.pyiceberg_internals.sql_catalog import current_table_uuids
 from fanout_sink.transform.records import DeadLetter, SliceProcessor
 
 log = logging.getLogger(__name__)

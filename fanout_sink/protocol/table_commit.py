@@ -39,11 +39,11 @@ from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.errors import TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.protocol import channel, datafiles, row_delta, table_state
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.pyiceberg_internals import snapshots, sql_catalog, transactions
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class TableCommitter:
     def locate(self, identifiers: Iterable[str]) -> dict[str, str]:
         """Where the catalog points each of ``identifiers`` now, for the tables it holds, read in a
         few queries for a whole round (SQL catalogs; others: empty, each commit loads its table)."""
-        found = pyiceberg_internals.sql_metadata_locations(self.catalog, identifiers) or {}
+        found = sql_catalog.sql_metadata_locations(self.catalog, identifiers) or {}
         return {identifier: location for identifier, location in found.items() if location}
 
     def commit(
@@ -156,10 +156,10 @@ class TableCommitter:
                     )
                 )
                 fault_point("coordinator.after-resolve", table=identifier)
-            txn = pyiceberg_internals.no_retry_transaction(table)
+            txn = transactions.no_retry_transaction(table)
             # Each file under the spec it was written with: the spec may have changed since. Data
             # and position deletes in one snapshot, the one that records the control offset (I4).
-            delta = pyiceberg_internals.RowDelta(txn, table.io, snapshot_properties)
+            delta = snapshots.RowDelta(txn, table.io, snapshot_properties)
             with delta:
                 for data_file in added:
                     delta.append_data_file(data_file)
@@ -207,7 +207,7 @@ class TableCommitter:
         again for :data:`MISSING_TABLE_WAIT_S` while it is not found."""
         if location is not None:
             with contextlib.suppress(FileNotFoundError):  # dropped and purged since: ask the catalog
-                return pyiceberg_internals.load_table_at(self.catalog, identifier, location)
+                return sql_catalog.load_table_at(self.catalog, identifier, location)
         deadline = time.monotonic() + MISSING_TABLE_WAIT_S
         while True:
             try:

@@ -102,7 +102,7 @@ class SliceWorker:
                 self._offsets = GroupOffsets(self.channel.clients, self.group, stable=True)
             return self._offsets.committed(partitions)
 
-    def _metadata(self) -> bytes:
+    def _sink_group_metadata(self) -> bytes:
         if self._group_metadata is None:
             self._group_metadata = recovery.sink_group_metadata(self.channel)
         return self._group_metadata
@@ -215,7 +215,9 @@ class SliceWorker:
         delivered = self.committed_offsets([(p.topic, p.partition) for p, _ in work])
         lost = [p for p, _ in work if delivered[(p.topic, p.partition)] is None]
         if lost:  # expired while the app ran, the partitions' first slices, or recreated topics
-            delivered.update(recovery.restore_in_slices(self.channel, producer, self._metadata(), lost))
+            delivered.update(
+                recovery.restore_in_slices(self.channel, producer, self._sink_group_metadata(), lost)
+            )
         results: list[SliceResult] = []
         parts: list[SliceInput] = []
         for planned, source in work:
@@ -273,7 +275,7 @@ class SliceWorker:
                     limit = self._dead_letter_limit(dead_letter_topic)
                     deadletter.publish(producer, dead_letter_topic, written.dead_letters, limit)
                 ends = {(p.planned.topic, p.planned.partition): p.planned.end for p in parts}
-                recovery.send_delivered(producer, self._metadata(), ends)
+                recovery.send_delivered(producer, self._sink_group_metadata(), ends)
                 fault_point("worker.before-commit", topic=first.topic, partition=first.partition)
         finally:
             if not producer.usable:  # the next attempt's producer fences this one

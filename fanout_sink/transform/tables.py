@@ -38,10 +38,10 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config.models import SinkConfig, TableSettings
 from fanout_sink.errors import FanoutSinkError, TableError
+from fanout_sink.pyiceberg_internals import arrow_writes
 from fanout_sink.transform.convert import Matching
 from fanout_sink.transform.inference import Carried, Inference
 
@@ -207,7 +207,7 @@ def iceberg_schema(name: str, schema: pa.Schema, key: TableKey | None) -> Schema
             f"table {name}: key column(s) {missing} are not among its columns {schema.names}; "
             f"fix the key ({key.origin}) or select the key columns"
         )
-    converted = assign_fresh_schema_ids(pyiceberg_internals.schema_from_arrow(pa.schema(fields)))
+    converted = assign_fresh_schema_ids(arrow_writes.schema_from_arrow(pa.schema(fields)))
     ids = [converted.find_field(k).field_id for k in key.columns]
     return Schema(*converted.fields, identifier_field_ids=ids)
 

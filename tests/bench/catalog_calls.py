@@ -5,7 +5,7 @@ The counting wrappers are set on the catalog object itself, not on a proxy: a ``
 catalog it was loaded by and commits through it, so a proxy would miss every commit. A SQL
 catalog's table commits are counted where they reach its database instead (one ``UPDATE`` of the
 table's row each): the coordinator commits through a view of the catalog that reuses the metadata it
-loaded (``pyiceberg_internals.no_retry_transaction``), not through the catalog object's method.
+loaded (``pyiceberg_internals.transactions.no_retry_transaction``), not through the catalog object's method.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 PyIceberg resolves a manifest's Avro writer and renders its header schema for every manifest it
 writes, and resolves a reader for every manifest list it reads (~1.1 ms of a ~12 ms table commit,
-issue 32); ``pyiceberg_internals`` keeps them per format version and partition type, and per file
+issue 32); ``pyiceberg_internals.manifests`` keeps them per format version and partition type, and per file
 schema. No broker: manifests written side by side, and appends through ``RowDelta`` on a SQL catalog.
 """
 
@@ -33,8 +33,8 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import datafiles
+from fanout_sink.pyiceberg_internals import manifests, snapshots
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -93,9 +93,7 @@ def test_a_manifest_is_byte_for_byte_pyicebergs_own(
     entries = _entries(spec, 3)
     theirs = _write(write_manifest, tmp_path / "theirs.avro", version, spec, entries)
     for attempt in range(2):  # the second with the layout built by the first
-        ours = _write(
-            pyiceberg_internals.manifest_writer, tmp_path / f"ours-{attempt}.avro", version, spec, entries
-        )
+        ours = _write(manifests.manifest_writer, tmp_path / f"ours-{attempt}.avro", version, spec, entries)
         assert ours == theirs
 
 
@@ -119,7 +117,7 @@ def test_a_tables_second_commit_resolves_no_manifest_writer_or_reader(
         monkeypatch.setattr(module, "resolve_writer", resolve)
 
     counting(avro_file)  # PyIceberg's Avro files: the manifest list's (and, before, each manifest's)
-    counting(pyiceberg_internals)
+    counting(manifests)
     own_reader = avro_file.resolve_reader
 
     def resolve_reader(*args: Any, **kwargs: Any) -> Any:
@@ -136,7 +134,7 @@ def test_a_tables_second_commit_resolves_no_manifest_writer_or_reader(
         )
         files = datafiles.write_data_files(loaded, rows)
         txn = loaded.transaction()
-        with pyiceberg_internals.RowDelta(txn, loaded.io, {}) as delta:
+        with snapshots.RowDelta(txn, loaded.io, {}) as delta:
             for data_file in files:
                 delta.append_data_file(data_file)
         txn.commit_transaction()
@@ -151,7 +149,7 @@ def test_a_tables_second_commit_resolves_no_manifest_writer_or_reader(
     snapshot = loaded.current_snapshot()
     assert snapshot is not None
     listed = loaded.io.new_input(snapshot.manifest_list)
-    manifests = list(read_manifest_list(listed))
-    assert [m.added_files_count for m in manifests] == [1, 1]
+    listed_manifests = list(read_manifest_list(listed))
+    assert [m.added_files_count for m in listed_manifests] == [1, 1]
     for _ in range(2):  # the second with the reader resolved by the first
-        assert pyiceberg_internals.read_manifest_list(listed) == manifests
+        assert manifests.read_manifest_list(listed) == listed_manifests

@@ -20,9 +20,9 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import datafiles, rolling_files
 from fanout_sink.protocol.rolling_files import RollingFiles, WrittenTable
+from fanout_sink.pyiceberg_internals import arrow_writes
 
 DAY = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SCHEMA = Schema(
@@ -118,9 +118,9 @@ def test_files_after_the_first_of_a_layout_are_written_alike_with_its_work_done_
     catalog.create_namespace("w")
     table = catalog.create_table("w.again", schema=SCHEMA)
     calls: list[str] = []
-    to_file_schema = pyiceberg_internals.to_file_schema
+    to_file_schema = arrow_writes.to_file_schema
     monkeypatch.setattr(
-        pyiceberg_internals, "to_file_schema", lambda *a: calls.append("convert") or to_file_schema(*a)
+        arrow_writes, "to_file_schema", lambda *a: calls.append("convert") or to_file_schema(*a)
     )
     written = []
     for first in (0, 1000, 2000):
@@ -147,9 +147,9 @@ def test_tables_of_one_schema_share_one_layout_and_a_different_schema_gets_its_o
     shape, not per table (with a layout per table and a cap of 4,096, a worker serving 5,000 tables
     derived them all again every batch). Each table's files are still PyIceberg's, with its field ids."""
     checked: list[str] = []
-    check = pyiceberg_internals.check_schema_compatible
+    check = arrow_writes.check_schema_compatible
     monkeypatch.setattr(
-        pyiceberg_internals, "check_schema_compatible", lambda *a: checked.append("check") or check(*a)
+        arrow_writes, "check_schema_compatible", lambda *a: checked.append("check") or check(*a)
     )
     catalog.create_namespace("w")
     alike = [catalog.create_table(f"w.alike{n}", schema=SCHEMA) for n in range(3)]
@@ -243,10 +243,8 @@ def test_a_tables_small_chunks_leave_in_one_row_group_written_once(
     catalog.create_namespace("w")
     table = catalog.create_table("w.small", schema=SCHEMA)
     checks: list[int] = []
-    check = pyiceberg_internals.check_schema_compatible
-    monkeypatch.setattr(
-        pyiceberg_internals, "check_schema_compatible", lambda *a: checks.append(1) or check(*a)
-    )
+    check = arrow_writes.check_schema_compatible
+    monkeypatch.setattr(arrow_writes, "check_schema_compatible", lambda *a: checks.append(1) or check(*a))
     for _ in range(2):
         rolling = RollingFiles()
         for n in range(50):

@@ -1,8 +1,9 @@
 """Change sets resolved into position deletes and committed in one snapshot, read back by PyIceberg.
 
 No broker: data files are written as a worker writes them (``datafiles.write_data_files``), resolved
-by ``row_delta.resolve`` and committed with ``pyiceberg_internals.RowDelta`` as the coordinator does.
-Every check reads the whole table back and compares it with what the changes mean key by key.
+by ``row_delta.resolve`` and committed with ``pyiceberg_internals.snapshots.RowDelta`` as the
+coordinator does. Every check reads the whole table back and compares it with what the changes mean
+key by key.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from pyiceberg.types import (
 )
 from support.row_deltas import commit_round, staged
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.errors import TableError
 from fanout_sink.protocol import datafiles, key_lookup, row_delta
+from fanout_sink.pyiceberg_internals import snapshots
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -476,7 +477,7 @@ def test_a_table_with_equality_deletes_is_refused_with_how_to_fold_them(lake: Sq
     )
     equality.spec_id = 0
     txn = table.transaction()
-    with pyiceberg_internals.RowDelta(txn, table.io, {}) as delta:
+    with snapshots.RowDelta(txn, table.io, {}) as delta:
         delta._added_delete_files.append(equality)
     txn.commit_transaction()
     with pytest.raises(TableError, match=r"(?s)equality-delete files.*rewrite_data_files"):

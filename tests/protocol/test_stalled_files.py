@@ -16,7 +16,7 @@ from support.sink_factory import SinkFactory
 
 from fanout_sink import faults
 from fanout_sink.protocol import orphans, slice_writer
-from fanout_sink.pyiceberg_internals import current_table_uuids
+from fanout_sink.pyiceberg_internals.sql_catalog import current_table_uuids
 
 
 def test_a_slice_that_stalls_past_half_the_orphan_age_writes_its_files_again(

@@ -22,9 +22,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol.slice_writer import SliceWriter
-from fanout_sink.pyiceberg_internals import current_table_uuids
+from fanout_sink.pyiceberg_internals import sql_catalog
+from fanout_sink.pyiceberg_internals.sql_catalog import current_table_uuids
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
 
@@ -39,7 +39,7 @@ def _append(table: Table) -> None:
 
 
 def test_unmoved_moved_dropped_and_recreated_tables(catalog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pyiceberg_internals, "_NAMES_PER_QUERY", 2)  # three queries for five tables
+    monkeypatch.setattr(sql_catalog, "NAMES_PER_QUERY", 2)  # three queries for five tables
     tables = _tables(catalog, 5)
     _append(catalog.load_table("db.t1"))  # a commit moves the pointer; same table
     catalog.drop_table("db.t2")
@@ -62,13 +62,13 @@ def test_an_unmoved_pointer_reads_no_metadata_file(catalog: Any, monkeypatch: py
     tables = _tables(catalog, 2)
     _append(catalog.load_table("db.t1"))
     read: list[str] = []
-    real = pyiceberg_internals._metadata_table_uuid
+    real = sql_catalog.metadata_table_uuid
 
     def counted(io: Any, location: str) -> str:
         read.append(location)
         return real(io, location)
 
-    monkeypatch.setattr(pyiceberg_internals, "_metadata_table_uuid", counted)
+    monkeypatch.setattr(sql_catalog, "metadata_table_uuid", counted)
     current_table_uuids(tables)
     assert read == [catalog.load_table("db.t1").metadata_location]
 
@@ -90,8 +90,8 @@ def test_a_uuid_past_the_head_of_the_file_is_read_from_all_of_it(tmp_path: Path,
     name = "00001-x.gz.metadata.json" if compressed else "00001-x.metadata.json"
     path = tmp_path / name
     path.write_bytes(gzip.compress(text.encode()) if compressed else text.encode())
-    assert text.index("table-uuid") > pyiceberg_internals._HEAD_BYTES
-    assert pyiceberg_internals._metadata_table_uuid(PyArrowFileIO(), f"file://{path}") == str(table_uuid)
+    assert text.index("table-uuid") > sql_catalog.HEAD_BYTES
+    assert sql_catalog.metadata_table_uuid(PyArrowFileIO(), f"file://{path}") == str(table_uuid)
 
 
 def test_the_slice_writer_names_dropped_and_recreated_tables_only(catalog: Any) -> None:

@@ -17,8 +17,8 @@ from pyiceberg.io import InputFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import slice_writer
+from fanout_sink.pyiceberg_internals import sql_catalog, transactions
 
 TABLES = 24
 FED = {f"{NAMESPACE}.w00003", f"{NAMESPACE}.w00017"}
@@ -31,7 +31,7 @@ def test_a_round_asks_the_catalog_about_the_tables_that_received_data_only(
 
     def counted(tables: dict[str, pyiceberg.table.Table]) -> dict[str, str | None]:
         checked.extend(tables)
-        return pyiceberg_internals.current_table_uuids(tables)
+        return sql_catalog.current_table_uuids(tables)
 
     wide = WideSink(WidePlan(tables=TABLES, partitions=TABLES, records=5), bootstrap_servers, tmp_path)
     try:
@@ -70,7 +70,7 @@ def test_a_table_commit_applies_its_staged_updates_once_per_change(
 
         return apply
 
-    for module in (pyiceberg.table, pyiceberg_internals):  # PyIceberg's own transaction, and ours
+    for module in (pyiceberg.table, transactions):  # PyIceberg's own transaction, and ours
         if hasattr(module, "update_table_metadata"):
             monkeypatch.setattr(module, "update_table_metadata", counting(module.update_table_metadata))
     wide = WideSink(WidePlan(tables=3, partitions=3, records=5), bootstrap_servers, tmp_path)

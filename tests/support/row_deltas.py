@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 
 from pyiceberg.table import Table, Transaction
 
-from fanout_sink import pyiceberg_internals
 from fanout_sink.protocol import row_delta
+from fanout_sink.pyiceberg_internals import snapshots
 
 
 def staged(
@@ -22,7 +22,7 @@ def staged(
 
     PyIceberg's default commit retry stays on: ``RowDelta`` must refuse it by itself."""
     txn = table.transaction()
-    with pyiceberg_internals.RowDelta(txn, table.io, dict(properties or {})) as delta:
+    with snapshots.RowDelta(txn, table.io, dict(properties or {})) as delta:
         for change in changes:
             for data_file in change.data_files:
                 delta.append_data_file(data_file)

@@ -1,0 +1,226 @@
+"""The SQL catalog's fast paths: the metadata pointers of many tables in one query, a table read from
+a pointer so found, and a commit against the table as its caller loaded it (no second load).
+
+The SQL catalog module is imported here only when a process uses one (``sys.modules`` is asked
+first): it imports SQLAlchemy (150 modules, 20 MB), which the processes of a REST or Hive sink never
+need. What it reaches into:
+
+- ``pyiceberg.catalog.sql.SqlCatalog``: subclassed by ``_LoadedBaseSqlCatalog`` (built on first use),
+  overriding ``load_table`` and the private ``_update_and_stage_table`` (reading
+  ``_parse_metadata_version`` and ``_load_file_io``), and sharing the catalog's attributes without
+  running its ``__init__``.
+- ``pyiceberg.catalog.sql``'s ``IcebergTables`` (the catalog's table rows) and ``SqlCatalog``'s private
+  ``_iceberg_type_filter``: :func:`current_table_uuids` and :func:`sql_metadata_locations` read many
+  tables' metadata pointers in one query.
+- ``Catalog._load_file_io``: :func:`load_table_at` builds a table as ``SqlCatalog.load_table`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import re
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import StagedTable, Table
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.typedef import Identifier
+
+from fanout_sink.pyiceberg_internals.metadata_updates import apply_updates
+
+
+@functools.cache
+def _loaded_base_sql_catalog() -> type[Catalog]:
+    """Made on first use, like the Hive one: PyIceberg's SQL catalog imports SQLAlchemy (150 modules,
+    20 MB), which the processes of a REST or Hive sink never need."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    class _LoadedBaseSqlCatalog(SqlCatalog):
+        """The SQL catalog committing one table against the metadata its caller loaded it with.
+
+        ``SqlCatalog.commit_table`` loads the table again (a query, the metadata JSON read and parsed)
+        to check the requirements against and apply the updates to: a second load per table commit
+        after the caller's own, ~a fifth of the commit's CPU. The caller's load is as good: the commit's
+        ``UPDATE`` still requires the table's row to point at the metadata location that was loaded,
+        so a commit by anyone in between fails it with ``CommitFailedException`` exactly as before,
+        and requirements that hold on that metadata hold on the metadata the ``UPDATE`` requires.
+
+        It never runs the catalog's ``__init__``: every attribute (name, properties, engine) is read
+        from ``catalog``; only ``base``'s own identifier is answered from ``base``.
+        """
+
+        def __init__(self, catalog: SqlCatalog, base: Table) -> None:
+            self._catalog = catalog
+            self._base = base
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._catalog, name)
+
+        def load_table(self, identifier: str | Identifier) -> Table:
+            if self.identifier_to_tuple(identifier) != self._base.name():
+                return self._catalog.load_table(identifier)
+            return self._base
+
+        def _update_and_stage_table(
+            self,
+            current_table: Table | None,
+            table_identifier: Identifier,
+            requirements: tuple[TableRequirement, ...],
+            updates: tuple[TableUpdate, ...],
+        ) -> StagedTable:
+            """PyIceberg's staging of an existing table's commit, with :func:`apply_updates`."""
+            if current_table is None:
+                return super()._update_and_stage_table(current_table, table_identifier, requirements, updates)
+            for requirement in requirements:
+                requirement.validate(current_table.metadata)
+            metadata = apply_updates(current_table.metadata, updates, current_table.metadata_location)
+            version = self._parse_metadata_version(current_table.metadata_location) + 1
+            provider = load_location_provider(metadata.location, metadata.properties)
+            location = provider.new_table_metadata_file_location(version)
+            return StagedTable(
+                identifier=table_identifier,
+                metadata=metadata,
+                metadata_location=location,
+                io=self._load_file_io(properties=metadata.properties, location=location),
+                catalog=self,
+            )
+
+    return _LoadedBaseSqlCatalog
+
+
+NAMES_PER_QUERY = 500
+"""Table names in one ``IN`` list of :func:`current_table_uuids`' query (SQLite allows 32,766 variables)."""
+HEAD_BYTES = 4096
+"""The head of a metadata file searched for its ``table-uuid`` before the whole file is read."""
+_TABLE_UUID = re.compile(rb'"table-uuid"\s*:\s*"([0-9a-fA-F-]{36})"')
+
+
+def current_table_uuids(tables: dict[str, Table]) -> dict[str, str | None]:
+    """The uuid each table's SQL catalog holds under its name now (None: no such table), for the
+    tables whose catalog is a SQL catalog; the others are left out, for the caller to load.
+
+    A worker checks before every transaction that its cached tables were not dropped and recreated.
+    Loading each table for that read and validated its whole metadata JSON, which grows with the
+    snapshots kept (0.8 ms a table with 11 snapshots, against 0.04 ms here). Here one query reads the pointers
+    of up to :data:`NAMES_PER_QUERY` tables; a pointer that has not moved since the table was loaded
+    is the same table; a moved one (every table commit moves it) is asked for ``table-uuid`` only,
+    from the head of the new metadata file, where Iceberg's writers put it, else from all of it.
+    """
+    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: no SQL catalog in this process
+    if sql is None:
+        return {}
+    by_catalog: dict[int, list[tuple[str, Table]]] = defaultdict(list)
+    for identifier, table in tables.items():
+        if isinstance(table.catalog, sql.SqlCatalog):
+            by_catalog[id(table.catalog)].append((identifier, table))
+    found: dict[str, str | None] = {}
+    for group in by_catalog.values():
+        found.update(_sql_table_uuids(group[0][1].catalog, group))
+    return found
+
+
+def _sql_table_uuids(catalog: Any, tables: list[tuple[str, Table]]) -> dict[str, str | None]:
+    pointers = _sql_pointers(catalog, {_catalog_key(table.name()) for _, table in tables})
+    uuids: dict[str, str | None] = {}
+    for identifier, table in tables:
+        location = pointers.get(_catalog_key(table.name()))
+        if not location:
+            uuids[identifier] = None
+        elif location == table.metadata_location:
+            uuids[identifier] = str(table.metadata.table_uuid)
+        else:
+            uuids[identifier] = metadata_table_uuid(table.io, location)
+    return uuids
+
+
+def _catalog_key(identifier: str | Identifier) -> tuple[str, str]:
+    """(namespace, name) as the SQL catalog's rows hold them."""
+    return Catalog.namespace_to_string(Catalog.namespace_from(identifier)), Catalog.table_name_from(
+        identifier
+    )
+
+
+def _sql_pointers(catalog: Any, names: set[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
+    """The metadata location of each (namespace, name) the SQL catalog holds, one query per
+    :data:`NAMES_PER_QUERY` table names."""
+    from pyiceberg.catalog.sql import IcebergTables
+    from sqlalchemy import select
+
+    pointers: dict[tuple[str, str], str | None] = {}
+    wanted = sorted({name for _, name in names})
+    with catalog.engine.connect() as connection:
+        for start in range(0, len(wanted), NAMES_PER_QUERY):
+            query = select(
+                IcebergTables.table_namespace, IcebergTables.table_name, IcebergTables.metadata_location
+            ).where(
+                IcebergTables.catalog_name == catalog.name,
+                IcebergTables.table_name.in_(wanted[start : start + NAMES_PER_QUERY]),
+            )
+            if (type_filter := catalog._iceberg_type_filter()) is not None:
+                query = query.where(type_filter)
+            for namespace, name, location in connection.execute(query):
+                pointers[(namespace, name)] = location
+    return pointers
+
+
+def sql_metadata_locations(catalog: Catalog, identifiers: Iterable[str]) -> dict[str, str | None] | None:
+    """Per identifier, the metadata location its SQL catalog points at now (None: no such table);
+    None when ``catalog`` is not a SQL catalog (the caller loads each table from the catalog).
+
+    A round's table commits load every due table. ``SqlCatalog.load_table`` spends half of a load in
+    one ORM query per table (~1 ms of ~1.8 ms); here one query reads the pointers of up to
+    :data:`NAMES_PER_QUERY` tables, and :func:`load_table_at` reads each table's metadata from its
+    pointer. A pointer that moves meanwhile is no hazard: the commit's ``UPDATE`` requires the row
+    to still point where the metadata was read (see :func:`_loaded_base_sql_catalog`).
+    """
+    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: not a SQL catalog
+    if sql is None or not isinstance(catalog, sql.SqlCatalog):
+        return None
+    keys = {identifier: _catalog_key(identifier) for identifier in identifiers}
+    pointers = _sql_pointers(catalog, set(keys.values())) if keys else {}
+    return {identifier: pointers.get(key) for identifier, key in keys.items()}
+
+
+def load_table_at(catalog: Catalog, identifier: str, location: str) -> Table:
+    """The table as the metadata file at ``location`` holds it, built as ``SqlCatalog.load_table``
+    builds it from its row, for a location :func:`sql_metadata_locations` read."""
+    io = catalog._load_file_io(location=location)
+    metadata = FromInputFile.table_metadata(io.new_input(location))
+    return Table(
+        identifier=Catalog.identifier_to_tuple(identifier),
+        metadata=metadata,
+        metadata_location=location,
+        io=catalog._load_file_io(metadata.properties, location),
+        catalog=catalog,
+    )
+
+
+def metadata_table_uuid(io: FileIO, location: str) -> str:
+    """The ``table-uuid`` of the metadata file at ``location``: from its first :data:`HEAD_BYTES`,
+    where Iceberg's writers put it, else from the whole (possibly gzipped) file."""
+    with io.new_input(location).open() as stream:
+        text = stream.read(HEAD_BYTES)
+        if (found := _TABLE_UUID.search(text)) is not None:
+            return str(uuid.UUID(found.group(1).decode()))
+        text += stream.read()
+    if location.endswith((".gz.metadata.json", ".metadata.json.gz")):
+        text = gzip.decompress(text)
+    return str(uuid.UUID(json.loads(text)["table-uuid"]))
+
+
+def commit_catalog(catalog: Catalog, table: Table) -> Catalog:
+    """The catalog to commit ``table`` through: for a SQL catalog, one that commits against ``table``
+    as loaded instead of loading it again (``_LoadedBaseSqlCatalog``); any other catalog as it is."""
+    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: the catalog is no SqlCatalog
+    if sql is not None and isinstance(catalog, sql.SqlCatalog):
+        return _loaded_base_sql_catalog()(catalog, table)  # type: ignore[call-arg]
+    return catalog
