@@ -112,11 +112,11 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 
 def _import_connect(args: argparse.Namespace) -> int:
-    from fanout_sink import connect_import
     from fanout_sink.config.loading import load_config
+    from fanout_sink.connect_import import takeover, translator
 
-    props = connect_import.load_connector(args.connector)
-    imported = connect_import.translate(props, bootstrap=args.bootstrap_servers, sink_name=args.name)
+    props = translator.load_connector(args.connector)
+    imported = translator.translate(props, bootstrap=args.bootstrap_servers, sink_name=args.name)
     text = imported.yaml()
     if args.out:
         Path(args.out).write_text(text)
@@ -131,7 +131,7 @@ def _import_connect(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise FanoutSinkError("--take-over needs --out: the sink it seeds is the YAML written there")
-    taken = connect_import.take_over(imported, load_config(args.out))
+    taken = takeover.take_over(imported, load_config(args.out))
     for (topic, part), offset in sorted(taken.positions.items()):
         print(
             f"took over {topic}[{part}] at offset {offset} (group {imported.connect_group!r})",

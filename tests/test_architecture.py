@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fanout_sink"
 
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "faults", "processes", "logs", "user_info"),
+    ("errors", "faults", "processes", "logs", "user_info", "retries"),
     ("kafka", "catalog", "durable_io", "pyiceberg_internals", "avro_schema", "jars"),
     ("config",),
     ("transform",),

@@ -1,21 +1,18 @@
 """`fanout-sink import-connect`: an Iceberg Kafka Connect sink's config (Apache and Tabular keys) as a
-sink YAML that loads and validates, every key it cannot carry listed with a reason; the control
-events the takeover reads, decoded as the Java sink writes them."""
+sink YAML that loads and validates, every key it cannot carry listed with a reason
+(``connect_import/translator.py``; the takeover's checks are in ``test_connect_import_takeover.py``)."""
 
 from __future__ import annotations
 
-import io
 import json
-import struct
 from pathlib import Path
 
-import fastavro
 import pytest
 import yaml
 
-from fanout_sink import connect_import
 from fanout_sink.cli import main
 from fanout_sink.config.loading import load_config
+from fanout_sink.connect_import import translator
 
 APACHE = {
     "name": "events-sink",
@@ -81,12 +78,12 @@ TABULAR = {
 }
 
 
-def _reasons(imported: connect_import.Imported) -> dict[str, str]:
+def _reasons(imported: translator.Imported) -> dict[str, str]:
     return {item.key: item.reason for item in imported.uncarried}
 
 
 def test_apache_keys_become_tables_routes_partitions_catalog_and_control() -> None:
-    imported = connect_import.translate(APACHE)
+    imported = translator.translate(APACHE)
     sink = imported.sink
     assert sink["name"] == "events-sink"
     assert sink["source"] == {
@@ -118,7 +115,7 @@ def test_apache_keys_become_tables_routes_partitions_catalog_and_control() -> No
 
 
 def test_every_key_left_out_is_listed_with_its_reason() -> None:
-    reasons = _reasons(connect_import.translate(APACHE))
+    reasons = _reasons(translator.translate(APACHE))
     for key in (
         "tasks.max", "iceberg.table.shop.payments.id-columns",
         "iceberg.tables.write-props.write.parquet.compression-codec",
@@ -135,7 +132,7 @@ def test_every_key_left_out_is_listed_with_its_reason() -> None:
 
 
 def test_tabular_keys_become_a_dynamic_upsert_route_with_its_cdc_field() -> None:
-    imported = connect_import.translate(TABULAR)
+    imported = translator.translate(TABULAR)
     sink = imported.sink
     assert sink["source"] == {"pattern": "crm\\..*", "starting-offsets": "latest"}
     assert sink["dynamic"] == {
@@ -157,7 +154,7 @@ def test_static_upsert_tables_take_their_id_columns_as_keys() -> None:
         "iceberg.table.crm.accounts.id-columns": "account_id",
         "iceberg.table.crm.accounts.route-regex": "accounts",
     }
-    table = connect_import.translate(props).sink["tables"]["crm.accounts"]
+    table = translator.translate(props).sink["tables"]["crm.accounts"]
     assert table["changes"] == {"format": "upsert", "key": ["account_id"], "delete-when": "_op == 'D'"}
     assert table["when"] == "regex(\"table-name\", '^(?:accounts)$')"
 
@@ -180,8 +177,8 @@ def test_static_upsert_tables_take_their_id_columns_as_keys() -> None:
 )
 def test_a_config_the_sink_cannot_take_names_the_key(change: dict[str, str | None], key: str) -> None:
     props = {k: v for k, v in {**APACHE, **change}.items() if v is not None}
-    with pytest.raises(connect_import.ImportError_, match=f"^{key}: "):
-        connect_import.translate(props)
+    with pytest.raises(translator.ImportError_, match=f"^{key}: "):
+        translator.translate(props)
 
 
 def test_the_command_writes_a_yaml_the_loader_takes_and_lists_what_it_left_out(
@@ -214,7 +211,7 @@ def test_the_command_writes_a_yaml_the_loader_takes_and_lists_what_it_left_out(
 def test_a_properties_file_reads_like_connects_standalone(tmp_path: Path) -> None:
     path = tmp_path / "connector.properties"
     path.write_text("# standalone\n" + "".join(f"{k}={v}\n" for k, v in APACHE.items()))
-    assert connect_import.load_connector(path) == APACHE
+    assert translator.load_connector(path) == APACHE
 
 
 def test_take_over_needs_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,121 +219,3 @@ def test_take_over_needs_out(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     connector.write_text(json.dumps(APACHE))
     assert main(["import-connect", str(connector), "--take-over"]) == 2
     assert "--take-over needs --out" in capsys.readouterr().err
-
-
-_UUID = {"type": "fixed", "name": "uuid_fixed", "namespace": "", "size": 16}
-_REF = {
-    "type": "record", "name": "TableReference",
-    "fields": [{"name": "namespace", "type": {"type": "array", "items": "string"}},
-               {"name": "name", "type": "string"}],
-}  # fmt: skip
-_PAYLOAD = {
-    "type": "record", "name": "DataWritten",
-    "fields": [{"name": "commit_id", "type": "uuid_fixed"}, {"name": "table_reference", "type": _REF},
-               {"name": "data_files", "type": {"type": "array", "items": "string"}}],
-}  # fmt: skip
-EVENT_SCHEMA = {
-    "type": "record", "name": "Event", "namespace": "org.apache.iceberg.connect.events",
-    "fields": [{"name": "id", "type": _UUID}, {"name": "type", "type": "int"},
-               {"name": "group_id", "type": "string"}, {"name": "payload", "type": _PAYLOAD}],
-}  # fmt: skip
-"""A DataWritten event's schema as the Java sink frames it: its UUID fixed has no namespace inside
-namespaced records, so a later bare reference resolves elsewhere."""
-
-
-def java_event(group: str, table: str, files: list[str]) -> bytes:
-    """A DataWritten event framed as Iceberg's AvroEncoderUtil writes it: magic C2 01,
-    writeUTF(schema), datum."""
-    namespace, name = table.rsplit(".", 1)
-    datum = {
-        "id": b"u" * 16, "type": 1, "group_id": group,
-        "payload": {"commit_id": b"c" * 16, "table_reference": {"namespace": [namespace], "name": name},
-                    "data_files": files},
-    }  # fmt: skip
-    body = io.BytesIO()
-    fastavro.schemaless_writer(
-        body, fastavro.parse_schema(connect_import.avro_short_names(EVENT_SCHEMA)), datum
-    )
-    text = json.dumps(EVENT_SCHEMA).encode()
-    return b"\xc2\x01" + struct.pack(">H", len(text)) + text + body.getvalue()
-
-
-def test_a_control_event_decodes_with_the_schema_it_carries() -> None:
-    with pytest.raises(fastavro.schema.UnknownType):  # what fastavro makes of the schema as written
-        fastavro.parse_schema(EVENT_SCHEMA)
-    event = connect_import.decode_event(java_event("connect-x", "ns.t", ["f"]))
-    assert event["group_id"] == "connect-x" and event["type"] == 1
-    assert event["payload"]["table_reference"] == {"namespace": ["ns"], "name": "t"}
-    assert event["payload"]["data_files"] == ["f"]
-    with pytest.raises(ValueError, match="magic"):
-        connect_import.decode_event(b"\x00\x01")
-
-
-def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_then_seeds_the_sink_group(
-    bootstrap_servers: str, tmp_path: Path
-) -> None:
-    """On the real broker, with the connector's group, control topic and table summaries made by hand
-    as the Java sink leaves them: no offsets, then files announced past the table's last commit, are
-    refused naming what to do; once the table's summary covers them the sink group gets the offsets."""
-    import pyarrow as pa
-    from confluent_kafka import Consumer, Producer, TopicPartition
-    from support.common import create_named_topic, produce_json
-
-    from fanout_sink.catalog import CatalogSettings, load_catalog
-    from fanout_sink.kafka.offsets import GroupOffsets
-    from fanout_sink.protocol import group_layout
-
-    name = f"kc-checks-{tmp_path.name[-12:].replace('_', '-')}"
-    topic = create_named_topic(bootstrap_servers, f"{name}-src", partitions=2)
-    control = create_named_topic(bootstrap_servers, f"{name}-ctl")
-    produce_json(bootstrap_servers, topic, 0, [{"id": i} for i in range(5)])
-    settings = CatalogSettings(
-        name="lake", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh"
-    )
-    catalog = load_catalog(settings)
-    catalog.create_namespace_if_not_exists("shop")
-    table = catalog.create_table("shop.orders", schema=pa.schema([("id", pa.int64())]))
-    props = {
-        "name": name, "connector.class": connect_import.APACHE_CLASS, "topics": topic,
-        "iceberg.tables": "shop.orders", "iceberg.control.topic": control, "iceberg.catalog": "lake",
-        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-        "iceberg.catalog.uri": f"jdbc:sqlite:{tmp_path}/c.db", "iceberg.catalog.warehouse": f"file://{tmp_path}/wh",
-        "iceberg.kafka.bootstrap.servers": bootstrap_servers,
-    }  # fmt: skip
-    imported = connect_import.translate(props)
-    (tmp_path / "sink.yaml").write_text(imported.yaml())
-    config = load_config(tmp_path / "sink.yaml")
-
-    with pytest.raises(connect_import.ImportError_, match=f"group 'connect-{name}' has no offsets"):
-        connect_import.take_over(imported, config)
-
-    group = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"connect-{name}"})
-    group.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
-    group.close()
-    producer = Producer({"bootstrap.servers": bootstrap_servers})
-    producer.produce(control, b"not an Iceberg event")
-    for _ in range(3):
-        producer.produce(control, java_event(f"connect-{name}", "shop.orders", ["f.parquet"]))
-    producer.produce(control, java_event("connect-other", "shop.orders", ["g.parquet"]))
-    producer.flush(30)
-    summary_key = f"kafka.connect.offsets.{control}.cg-control-{name}"  # as the Java coordinator names it
-    table.append(pa.table({"id": [0]}), snapshot_properties={summary_key: json.dumps({"0": 2})})
-    with pytest.raises(
-        connect_import.ImportError_, match=r"shop\.orders: data files announced at .*\[0\]@3"
-    ) as err:
-        connect_import.take_over(imported, config)
-    assert str(err.value).startswith("iceberg.control.topic: the connector's last commit did not complete")
-
-    other_key = f"kafka.connect.offsets.{control}.cg-control-other"  # another connector on the same topic
-    table.append(pa.table({"id": [2]}), snapshot_properties={other_key: json.dumps({"0": 5})})
-    with pytest.raises(connect_import.ImportError_, match=r"recorded up to 2"):
-        connect_import.take_over(imported, config)
-    table.append(pa.table({"id": [1]}), snapshot_properties={summary_key: json.dumps({"0": 4})})
-    taken = connect_import.take_over(imported, config)
-    assert taken.positions == {(topic, 0): 3} and taken.unstarted == [(topic, 1)]
-    channel = group_layout.channel_in_use(config)
-    reader = GroupOffsets(channel.clients, channel.sink_group)
-    try:
-        assert reader.committed([(topic, 0), (topic, 1)]) == {(topic, 0): 3, (topic, 1): None}
-    finally:
-        reader.close()

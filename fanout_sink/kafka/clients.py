@@ -12,6 +12,7 @@ for clients): a new client kind is a new method here, not a constructor call in 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,6 +24,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 # Re-exported by confluent_kafka.admin without __all__, so strict mypy sees them as private.
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+
+from fanout_sink.retries import Retry
 
 KafkaConf = Mapping[str, Any]
 """A ``kafka:`` section: librdkafka property names and values."""
@@ -43,19 +46,21 @@ _TRANSIENT = {
 }
 
 
+def _transient(exc: BaseException) -> bool:
+    error = exc.args[0]
+    return isinstance(error, KafkaError) and (error.code() in _TRANSIENT or error.retriable())
+
+
+TRANSIENT_RETRY = Retry(
+    deadline_s=DEFAULT_TIMEOUT_S, backoff_s=0.2, retry_on=(KafkaException,), retry_if=_transient
+)
+"""A broker call asked again every 0.2 s while its answer is transient, for ``timeout_s`` (30 s)."""
+
+
 def retry_transient(call: Callable[[], _T], timeout_s: float = DEFAULT_TIMEOUT_S) -> _T:
     """Run ``call`` again while the broker answers with a transient error (a group coordinator that
     is still loading, a pending transactional offset commit), up to ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            error = exc.args[0]
-            transient = isinstance(error, KafkaError) and (error.code() in _TRANSIENT or error.retriable())
-            if not transient or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return dataclasses.replace(TRANSIENT_RETRY, deadline_s=timeout_s).run(call)
 
 
 LIBRDKAFKA_LOGGER = "fanout_sink.librdkafka"

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from fanout_sink.errors import ProducerFencedError, TransactionStuckError
 from fanout_sink.kafka.clients import KafkaClientFactory
+from fanout_sink.retries import Retry
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,11 @@ def is_fenced(error: KafkaError) -> bool:
         KafkaError.INVALID_PRODUCER_EPOCH,
     }
 
+
+QUEUE_ROOM_WAIT = Retry(backoff_s=0.05)
+"""A message the full producer queue refused is queued again after each 0.05 s of serving delivery
+reports (the producer's ``poll``), until the transaction's deadline
+(:meth:`TransactionalProducer.produce`)."""
 
 _LIBRDKAFKA_BATCH_SIZE = 1_000_000
 """librdkafka's default ``batch.size``."""
@@ -136,6 +142,7 @@ class TransactionalProducer:
         frees room. The wait ends at the transaction's deadline (``transaction.timeout.ms``), after
         which the broker aborts the transaction anyway: :class:`TransactionStuckError`.
         """
+        tries = QUEUE_ROOM_WAIT.start(self._deadline, sleep=self._producer.poll)
         while True:
             try:
                 if headers:
@@ -144,13 +151,12 @@ class TransactionalProducer:
                     self._producer.produce(topic, key=key, value=value)
                 return
             except BufferError:
-                if time.monotonic() >= self._deadline:
+                if not tries.again():
                     raise TransactionStuckError(
                         f"the producer queue of {self.transactional_id!r} stayed full until the "
                         f"transaction's deadline ({self._transaction_timeout_s:.0f}s): the broker does not "
                         f"take messages for {topic!r}; the producer is replaced and its transaction aborted"
                     ) from None
-                self._producer.poll(0.05)
 
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: bytes) -> None:
         """``send_offsets_to_transaction`` with a deadline that holds.

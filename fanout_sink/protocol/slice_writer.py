@@ -37,6 +37,7 @@ from fanout_sink.protocol.channel import SinkChannel, event_budget
 from fanout_sink.protocol.rolling_files import RollingFiles
 from fanout_sink.protocol.slices import Slice, SliceResult
 from fanout_sink.pyiceberg_internals.sql_catalog import current_table_uuids
+from fanout_sink.retries import Retry, Tries
 from fanout_sink.transform.records import DeadLetter, SliceProcessor
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,11 @@ slice again (files too old to commit, a table recreated meanwhile): it keeps no 
 DEFAULT_CHUNK_RECORDS = 50_000
 """Records per chunk unless configured (``spark.max-records-per-batch``)."""
 
-STALL_REWRITES = 3
-"""Writes of one slice at most after stalls past half the orphan age, before the worker gives up."""
+STALL_RETRY = Retry(attempts=4)
+"""A slice whose files stalled past half the orphan age is written again at once, 3 times at most
+in a row, before the worker gives up."""
 
-TABLE_CHECKS = 3
+TABLE_CHECK_RETRY = Retry(attempts=3)
 """Writes of one slice at most when its tables keep being recreated; the last one goes out unchecked
 (the coordinator rewrites files found for an old table uuid into the new table)."""
 
@@ -158,15 +160,15 @@ class SliceWriter:
 
         Each slice's ``result`` gets the counts of the last write (a write again starts them over)."""
         planned = parts[0].planned  # names the group in messages and fault points
-        checks = stalls = 0
+        writes = TABLE_CHECK_RETRY.start()  # every write counts, a stalled one's too
+        stalls = STALL_RETRY.start()
         while True:
             written_at = time.time()  # wall time, as cleanup compares file times: a paused VM counts
             written = self._write(parts, process)
             fault_point("worker.after-write-files", topic=planned.topic, partition=planned.partition)
-            checks += 1
             # Are the tables still the ones the files were written for? A processor's cached table
             # outlives a drop and recreate, and files for the old uuid would never be the new table's.
-            changed = self._changed_tables(written.tables) if checks < TABLE_CHECKS else {}
+            changed = {} if writes.last else self._changed_tables(written.tables)
             for identifier, current in changed.items():
                 log.warning(
                     "%s: table %s was %s since it was loaded; writing the slice again",
@@ -182,13 +184,11 @@ class SliceWriter:
                 )
                 if written.table_changed is not None:
                     written.table_changed(identifier, current)
-            if changed:
-                continue
             # The age last, after the catalog calls above: a catalog load that hangs past the orphan
             # age must not let the transaction name files cleanup may have deleted (issue 33 item 3).
-            if not self._stalled(written_at, planned, stalls):
+            if not changed and not self._stalled(written_at, planned, stalls):
                 return written
-            stalls += 1
+            writes.again()  # past the last check, writes go on unchecked: the count stays there
 
     def _chunks(self, part: SliceInput) -> Iterator[pa.Table]:
         """The slice's records left to deliver, chunk by chunk; read anew for every write."""
@@ -214,7 +214,7 @@ class SliceWriter:
             if close is not None:  # a reader's generator releases its assignment
                 close()
 
-    def _stalled(self, written_at: float, planned: Slice, stalls: int) -> bool:
+    def _stalled(self, written_at: float, planned: Slice, stalls: Tries) -> bool:
         """Whether the slice's files are too old to commit: an unannounced file older than orphan
         cleanup's safety age may be gone already, and a table whose snapshot names a missing file
         fails every scan. Half the age leaves the transaction itself ample time."""
@@ -222,10 +222,10 @@ class SliceWriter:
         age = time.time() - written_at
         if limit is None or age <= limit / 2:
             return False
-        if stalls >= STALL_REWRITES:
+        if not stalls.again():
             raise FanoutSinkError(
                 f"{planned}: the slice's files were {age:.0f} s old before their transaction "
-                f"{stalls + 1} times in a row, more than half of orphan cleanup's safety age "
+                f"{stalls.number} times in a row, more than half of orphan cleanup's safety age "
                 f"({limit:.0f} s).\n  fix: raise maintenance.orphan-older-than well above the time a "
                 "slice takes (hours or days outside tests)"
             )

@@ -35,6 +35,8 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
 
+from fanout_sink.retries import Retry
+
 PREFIX = "fanout-sink"
 MAINTENANCE_LAST_RUN_MS = f"{PREFIX}.maintenance.last-run-ms"
 """Table property: when ``fanout-sink maintain`` last finished on the table (epoch ms). Not namespaced
@@ -149,14 +151,20 @@ def properties_behind(table: Table, sink: str) -> dict[str, str]:
     return summary_properties(sink, in_ancestry.control_offsets, in_ancestry.commit_id, in_ancestry.vtts_ms)
 
 
-def persist_state(catalog: Catalog, identifier: str, sink: str, attempts: int = 5) -> dict[str, str]:
+PERSIST_RETRY = Retry(attempts=5, retry_on=(CommitFailedException,))
+""":func:`persist_state` conflicting with a commit meanwhile reloads and decides again at once, 5
+times in all."""
+
+
+def persist_state(catalog: Catalog, identifier: str, sink: str) -> dict[str, str]:
     """Set :func:`properties_behind` as table properties (nothing when none are behind); the
     properties written.
 
     The commit requires the current snapshot it read the ancestry at, so it can never set an older
     floor over a newer one the sink committed meanwhile: a conflict reloads and decides again.
     """
-    for attempt in range(1, attempts + 1):
+
+    def attempt() -> dict[str, str]:
         table = catalog.load_table(identifier)
         behind = properties_behind(table, sink)
         if not behind:
@@ -168,14 +176,10 @@ def persist_state(catalog: Catalog, identifier: str, sink: str, attempts: int = 
                 {"ref": MAIN_BRANCH, "snapshot-id": snapshot.snapshot_id if snapshot else None}
             ),
         )
-        try:
-            catalog.commit_table(table, requirements, (SetPropertiesUpdate(updates=behind),))
-        except CommitFailedException:
-            if attempt == attempts:
-                raise
-            continue
+        catalog.commit_table(table, requirements, (SetPropertiesUpdate(updates=behind),))
         return behind
-    return {}
+
+    return PERSIST_RETRY.run(attempt)
 
 
 @dataclass(frozen=True)

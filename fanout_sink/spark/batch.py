@@ -28,6 +28,7 @@ from fanout_sink.logs import TRACEBACK
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.slices import Slice
+from fanout_sink.retries import Retry, Tries
 from fanout_sink.spark import planning
 from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.task import SliceReport, run_task
@@ -84,7 +85,9 @@ class BatchRunner:
         self.setup = setup
         self.config = setup.config
         self.checkpoint = setup.config.checkpoint_location
-        self.retries = retries
+        self.retry = Retry(attempts=retries)
+        """A failed batch is run again at once, ``retries`` runs in all; a bad record or a sink
+        error ends it at once, and a run held up by the Schema Registry is not counted."""
         self.lock = threading.Lock()
         self.record_error: RecordError | None = None
         """The bad record that stopped the query (``errors.tolerance: none``)."""
@@ -121,7 +124,7 @@ class BatchRunner:
             if self._rounds is not None:
                 self._rounds.expect(batch_id, ranges)
             started = time.monotonic()
-            attempt = 1
+            tries = self.retry.start()
             while True:
                 try:
                     reports = self._run(frame, batch_id, ranges)
@@ -142,10 +145,9 @@ class BatchRunner:
                                 "next start, and what it delivered is skipped then"
                             ) from exc
                         continue
-                    self._log_failure(batch_id, attempt, exc)
-                    if attempt == self.retries or isinstance(exc, FanoutSinkError):
+                    self._log_failure(batch_id, tries, exc)
+                    if isinstance(exc, FanoutSinkError) or not tries.again():
                         raise
-                    attempt += 1
             if self._rounds is not None:  # a slice that found its range delivered writes no report
                 done_before = [r.result for r in reports if not r.result.transaction_committed]
                 self._rounds.delivered_before(
@@ -177,17 +179,18 @@ class BatchRunner:
             extra={"batch": batch_id},
         )
 
-    def _log_failure(self, batch_id: int, attempt: int, error: Exception) -> None:
+    def _log_failure(self, batch_id: int, tries: Tries, error: Exception) -> None:
         """The one place a failed task's traceback is logged (Spark's repeats of it are filtered
         out, see ``spark/log4j2``); Spark's Java stack traces only at DEBUG."""
         failure = task_failure(error)
-        last = attempt == self.retries or isinstance(error, FanoutSinkError)
+        attempt = tries.number
+        last = tries.last or isinstance(error, FanoutSinkError)
         log.log(
             logging.ERROR if last else logging.WARNING,
             "batch %d attempt %d of %d failed: %s; %s",
             batch_id,
             attempt,
-            self.retries,
+            self.retry.attempts,
             failure.summary,
             "giving up" if last else "retrying the batch",
             extra={"batch": batch_id, "attempt": attempt, TRACEBACK: failure.traceback},

@@ -18,7 +18,6 @@ one table converge on one schema; a change that another worker already made is a
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config.models import SinkConfig, TableSettings
 from fanout_sink.errors import FanoutSinkError, TableError
 from fanout_sink.pyiceberg_internals import arrow_writes
+from fanout_sink.retries import Retry
 from fanout_sink.transform.convert import Matching
 from fanout_sink.transform.inference import Carried, Inference
 
@@ -237,15 +237,26 @@ def check_key(name: str, table: Table, key: TableKey | None) -> None:
     )
 
 
+SCHEMA_CHANGE_RETRY = Retry(attempts=12, backoff_s=0.03, linear=True, jitter=2 / 3)
+"""A schema change that conflicted (workers evolving one table at once) is tried again on the
+reloaded table, 12 times in all, after uniformly 0.01-0.05 s times the number of tries so far:
+the racing workers drift apart."""
+
+
 class TableManager:
     """Loads, creates and evolves the sink's tables; caches loaded tables for the process."""
 
     def __init__(
-        self, catalog: Catalog, config: SinkConfig, retries: int = 12, max_age_seconds: float = 300.0
+        self,
+        catalog: Catalog,
+        config: SinkConfig,
+        retry: Retry = SCHEMA_CHANGE_RETRY,
+        max_age_seconds: float = 300.0,
     ) -> None:
         self.catalog = catalog
         self.config = config
-        self.retries = retries
+        self.retry = retry
+        """How a schema change that conflicted with another worker's is tried again."""
         self.max_age_seconds = max_age_seconds
         """A cached table is reloaded after this long, to see other workers' schema changes."""
         self._cache: dict[str, tuple[Table, float]] = {}
@@ -410,7 +421,8 @@ class TableManager:
         evolution = settings.evolution
         if not (evolution.add_columns or evolution.widen_types or evolution.make_optional):
             return table
-        for attempt in range(self.retries):
+        tries = self.retry.start()
+        while True:
             changes = _diff(self.arrow_schema(table), rows, settings, matching, inference)
             if not changes:
                 return table
@@ -419,8 +431,6 @@ class TableManager:
                 log.info("evolved table %s: %s", name, changes.describe())
                 return self._remember(name, self.catalog.load_table(name))
             except retryable as exc:
-                if attempt + 1 == self.retries:
+                if not tries.again():
                     raise TableError(f"table {name}: schema change kept conflicting: {exc}") from exc
-                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
                 table = self._remember(name, self.catalog.load_table(name))
-        return table

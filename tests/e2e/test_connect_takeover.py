@@ -21,10 +21,10 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 from support.common import create_named_topic, produce_json
 
-from fanout_sink import connect_import
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.cli import main
 from fanout_sink.config.loading import load_config
+from fanout_sink.connect_import import takeover, translator
 
 pytestmark = pytest.mark.usefixtures("own_spark")
 
@@ -71,7 +71,7 @@ def test_the_sink_takes_over_from_the_stopped_connector_and_finishes_the_stream_
         catalog.create_table(table, schema=SCHEMA)
     connector = {
         "name": name,
-        "connector.class": connect_import.APACHE_CLASS,
+        "connector.class": translator.APACHE_CLASS,
         "tasks.max": "2",
         "topics": topic,
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -85,7 +85,7 @@ def test_the_sink_takes_over_from_the_stopped_connector_and_finishes_the_stream_
         "iceberg.kafka.bootstrap.servers": bootstrap_servers,
     }
     (tmp_path / "connector.json").write_text(json.dumps({"name": name, "config": connector}))
-    imported = connect_import.translate(connector)
+    imported = translator.translate(connector)
     (tmp_path / "early.yaml").write_text(imported.yaml())
     early = load_config(tmp_path / "early.yaml")
     _produce(bootstrap_servers, topic, range(FIRST))
@@ -103,8 +103,8 @@ def test_the_sink_takes_over_from_the_stopped_connector_and_finishes_the_stream_
         except Exception:  # the Java side may be mid-commit on the SQLite file
             return False
         try:  # while Connect runs, the takeover is refused, naming what to do
-            connect_import.take_over(imported, early)
-        except connect_import.ImportError_ as exc:
+            takeover.take_over(imported, early)
+        except translator.ImportError_ as exc:
             refusals.append(str(exc))
         return True
 

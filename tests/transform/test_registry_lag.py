@@ -4,12 +4,13 @@ unknown id (issue 33 item 5): an unknown id fails the slice (retried) until
 ``source.unknown-schema-id-timeout`` has passed since it was first seen, and the ids of one chunk
 share one wait budget.
 
-The registry module's clock is a fake one (:class:`_Clock`): sleeps advance it at once and are
-summed, so the tests count the seconds a decode would wait instead of waiting them; the registry
-is a real HTTP one."""
+The registry module's clock, its wait policy's too, is a fake one (:class:`_Clock`): sleeps advance
+it at once and are summed, so the tests count the seconds a decode would wait instead of waiting
+them; the registry is a real HTTP one."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Iterator
 from typing import Any
@@ -57,6 +58,8 @@ class _Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     fake = _Clock()
     monkeypatch.setattr(registry_format, "time", fake)
+    waits = dataclasses.replace(registry_format.UNKNOWN_ID_WAIT, clock=fake.time, sleep=fake.sleep)
+    monkeypatch.setattr(registry_format, "UNKNOWN_ID_WAIT", waits)
     return fake
 
 

@@ -32,6 +32,7 @@ with warnings.catch_warnings(record=True):  # authlib (the registry client's) wa
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from fanout_sink.errors import SchemaError, UnknownSchemaIdError
+from fanout_sink.retries import Retry
 from fanout_sink.transform.formats.decoded import (
     Decoded,
     FieldPaths,
@@ -93,6 +94,16 @@ UNKNOWN_ID_WAIT_S = 5.0
 """How long one decode (a chunk of a slice) waits in all for ids the registry answers 404: a
 follower replicating a new schema serves it within seconds. Shared by every id of the chunk, so
 many unknown ids wait no longer than one; an id still unknown fails the slice (retried)."""
+UNKNOWN_ID_WAIT = Retry(
+    deadline_s=UNKNOWN_ID_WAIT_S,
+    backoff_s=0.1,
+    multiplier=2,
+    max_backoff_s=1.0,
+    pause_within_deadline=True,
+    clock=time.time,
+)
+"""An unknown id is asked again after 0.1 s, then twice as long each time up to 1 s, no pause
+ending past the decode's :data:`UNKNOWN_ID_WAIT_S` budget. Wall-clock, as the ids' first-seen times."""
 UNKNOWN_ID_TTL_S = 60.0
 """How long a final 404 (an id unknown for ``source.unknown-schema-id-timeout``) is remembered:
 values naming the id are dead-lettered without asking again; after that the next value asks
@@ -140,7 +151,7 @@ class _WriterSchemas:
     def problems(self, schema_ids: list[int]) -> tuple[dict[int, str | None], dict[int, float]]:
         """Why values with each id cannot be read (None: they can), and the pending ids (unknown for
         less than the timeout) with when each was first seen."""
-        deadline = time.time() + UNKNOWN_ID_WAIT_S
+        deadline = UNKNOWN_ID_WAIT.deadline()
         problems: dict[int, str | None] = {}
         pending: dict[int, float] = {}
         for schema_id in schema_ids:
@@ -175,19 +186,17 @@ class _WriterSchemas:
             problems[schema_id] = problem
         return problems, pending
 
-    def _look_up(self, schema_id: int, deadline: float) -> tuple[str | None, bool]:
+    def _look_up(self, schema_id: int, deadline: float | None) -> tuple[str | None, bool]:
         """The problem of ``schema_id`` (None: usable), and whether the registry lacked it (asked
-        again until ``deadline``)."""
-        pause = 0.1
+        again until ``deadline``, by :data:`UNKNOWN_ID_WAIT`)."""
+        tries = UNKNOWN_ID_WAIT.start(deadline)
         while True:
             try:
                 schema = self._client.get_schema(schema_id, fmt=self._reader.schema_format)
             except (SchemaRegistryError, http.HTTPError) as exc:
                 _missing(exc, f"schema id {schema_id}")
-                if time.time() + pause > deadline:
+                if not tries.again():
                     return f"unknown schema id {schema_id} in the Schema Registry", True
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
                 continue
             return self._usable(schema_id, schema)
 

@@ -1,38 +1,23 @@
-"""Moving over from the Iceberg Kafka Connect sink: its connector config as a sink YAML, and a takeover
-that starts each source partition exactly where the connector's tables end.
+"""The offline half of moving over from the Iceberg Kafka Connect sink: its connector config as a
+sink YAML. Contacts nothing.
 
 Both families of the Java sink are read: Apache's ``org.apache.iceberg.connect`` and Tabular's
-``io.tabular.iceberg.connect``. The translation (:func:`translate`) contacts nothing; every key it
-cannot carry is listed with the reason, so nothing is dropped silently.
-
-The takeover (:func:`take_over`) is exact because of how the Java sink commits. Its worker sends the
-``DataWritten`` and ``DataComplete`` events to the connector's control topic and the SOURCE offsets
-to Connect's consumer group (``connect-<name>``) in one Kafka transaction; its coordinator appends
-the files to the tables later and records the CONTROL-topic offsets it had read in each snapshot's
-summary (``kafka.connect.offsets.<control-topic>.<group>``). So the Connect group's offsets are
-where the tables end exactly when every data file announced on the control topic reached its table:
-a ``DataWritten`` of table T at control offset X is in T when T's newest such summary holds an offset
-above X. The takeover refuses while the connector runs (members in its groups), when the group has
-no offsets, and when an announced file has not reached its table (a commit in flight, or one the
-connector never finished); otherwise it writes those offsets into the sink-managed group the way a
-worker does, and the sink's first start reads from there (``protocol/recovery.py``).
+``io.tabular.iceberg.connect``. Every key :func:`translate` cannot carry is listed with the reason, so
+nothing is dropped silently, and the YAML is loaded as `run` loads it before it is returned
+(:func:`check`). The connector's groups and control topic are kept in :class:`Imported` for the
+takeover (``connect_import/takeover.py``), which the translation itself never reads.
 """
 
 from __future__ import annotations
 
-import functools
-import io
 import json
 import re
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fastavro
 import yaml
-from confluent_kafka import TopicPartition
 
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
@@ -64,9 +49,6 @@ _CATALOG_JAVA_ONLY = {
     "jdbc.user": "carried as the user of catalog.uri",
     "jdbc.password": "carried as the password of catalog.uri",
 }
-_EVENT_MAGIC = b"\xc2\x01"
-_DATA_WRITTEN = 1
-_SUMMARY_PREFIX = "kafka.connect.offsets."
 
 
 class ImportError_(FanoutSinkError):
@@ -548,212 +530,3 @@ def _report_rest(reader: _Reader, control_topic: str) -> None:
 def check(imported: Imported) -> SinkConfig:
     """The YAML the import writes, loaded as `run` loads it: a translation bug fails here, naming the key."""
     return parse_config(yaml.safe_load(imported.yaml()), "<imported connector config>")
-
-
-# --- the takeover --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Takeover:
-    """What the takeover wrote: each source partition's start, and the partitions left to
-    ``source.starting-offsets`` (the connector delivered nothing from them)."""
-
-    positions: dict[tuple[str, int], int]
-    unstarted: list[tuple[str, int]]
-
-
-_AVRO_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
-
-
-def avro_short_names(schema: Any) -> Any:
-    """The schema with every named type and reference by its short name, namespaces dropped.
-
-    Iceberg Java writes its UUID type as a fixed ``uuid_fixed`` without a namespace inside namespaced
-    records, then refers to it by a name fastavro resolves into the enclosing namespace
-    (``org.apache.iceberg.connect.events.uuid_fixed``), which it never defined. The events' type
-    names are unique without their namespaces (Iceberg names structs ``r<field id>``)."""
-    if isinstance(schema, str):
-        return schema if schema in _AVRO_PRIMITIVES else schema.rsplit(".", 1)[-1]
-    if isinstance(schema, list):
-        return [avro_short_names(item) for item in schema]
-    if isinstance(schema, dict):
-        out = {key: value for key, value in schema.items() if key != "namespace"}
-        if schema.get("type") in ("record", "error", "enum", "fixed") and isinstance(schema.get("name"), str):
-            out["name"] = schema["name"].rsplit(".", 1)[-1]
-        for key in ("type", "items", "values"):
-            if key in schema:
-                out[key] = avro_short_names(schema[key])
-        if "fields" in schema:
-            out["fields"] = [{**f, "type": avro_short_names(f["type"])} for f in schema["fields"]]
-        return out
-    return schema
-
-
-def decode_event(value: bytes) -> dict[str, Any]:
-    """One Java sink control event: two magic bytes, the writer's Avro schema (Java's ``writeUTF``:
-    a two-byte length), then the datum. Decoded with the schema it carries, so both sink families and
-    later event versions read alike."""
-    if value[:2] != _EVENT_MAGIC:
-        raise ValueError("not an Iceberg Kafka Connect event (no magic bytes)")
-    (length,) = struct.unpack(">H", value[2:4])
-    schema = fastavro.parse_schema(avro_short_names(json.loads(value[4 : 4 + length].decode("utf-8"))))
-    record = fastavro.schemaless_reader(io.BytesIO(value[4 + length :]), schema, None)
-    if not isinstance(record, dict):
-        raise ValueError("an Iceberg Kafka Connect event is an Avro record")
-    return record
-
-
-def _groups_with_members(admin: Any, groups: list[str], timeout_s: float) -> dict[str, int]:
-    """The groups that have members now: the connector (or a task of it) still runs. A group the
-    broker never saw is empty; its coordinator may answer NOT_COORDINATOR while loading (retried)."""
-    from fanout_sink.kafka.clients import retry_transient
-
-    def members(group: str) -> int:
-        description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result()
-        return len(description.members)
-
-    found = {group: retry_transient(functools.partial(members, group), timeout_s) for group in groups}
-    return {group: count for group, count in found.items() if count}
-
-
-def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> list[str]:
-    """Each table whose data files the connector announced but did not commit, with the control
-    offset of the newest such announcement (empty: every announced file is in its table)."""
-    from fanout_sink.catalog import load_catalog
-
-    consumer = clients.consumer(
-        {
-            "group.id": f"{config.name}-takeover-check",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    announced: dict[str, tuple[int, int]] = {}  # table -> (partition, offset) of its newest DataWritten
-    try:
-        metadata = consumer.list_topics(imported.control_topic, timeout=clients.timeout_s)
-        topic = metadata.topics.get(imported.control_topic)
-        if topic is None or topic.error is not None:
-            raise ImportError_(
-                f"iceberg.control.topic: {imported.control_topic!r} does not exist on the broker; the "
-                "connector never ran, or this is not its config"
-            )
-        for partition in topic.partitions:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(imported.control_topic, partition), timeout=clients.timeout_s
-            )
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(imported.control_topic, partition, low)])
-            position = low
-            while position < high:
-                message = consumer.poll(clients.timeout_s)
-                if message is None:
-                    break  # read_committed: the last stable offset can stay below high (markers)
-                if message.error() is not None:
-                    raise ImportError_(
-                        f"iceberg.control.topic: reading {imported.control_topic!r} failed: {message.error()}"
-                    )
-                position = message.offset() + 1
-                if not message.value() or message.value()[:2] != _EVENT_MAGIC:
-                    continue  # not the Java sink's: no announcement of its files
-                event = decode_event(message.value())
-                if event.get("group_id") != imported.connect_group or event.get("type") != _DATA_WRITTEN:
-                    continue
-                payload = event.get("payload") or {}
-                if not (payload.get("data_files") or payload.get("delete_files")):
-                    continue
-                ref = payload.get("table_reference") or payload.get("table_name") or {}
-                table = ".".join([*ref.get("namespace", []), ref.get("name", "")])
-                announced[table] = max(announced.get(table, (partition, -1)), (partition, message.offset()))
-    finally:
-        consumer.close()
-    catalog = load_catalog(config.catalog, create=False)
-    problems = []
-    for table, (partition, offset) in sorted(announced.items()):
-        committed = _summary_control_offset(catalog.load_table(table), imported, partition)
-        if committed is None or committed <= offset:
-            problems.append(
-                f"{table}: data files announced at {imported.control_topic}[{partition}]@{offset}, the "
-                f"table's commits recorded up to {committed}"
-            )
-    return problems
-
-
-def _summary_control_offset(table: Any, imported: Imported, partition: int) -> int | None:
-    """The control offset this connector's coordinator recorded in the newest snapshot it made.
-
-    The key names the control topic and the coordinator's control group (Apache: ``cg-control-<name>``
-    or ``iceberg.control.group-id-prefix`` + name; Tabular: ``iceberg.control.group-id``); Connect's
-    group is accepted too. Connectors share the default control topic (``control-iceberg``), so
-    another connector's commits to the same table must not count."""
-    keys = {
-        f"{_SUMMARY_PREFIX}{imported.control_topic}.{group}"
-        for group in (imported.connect_group, imported.control_group)
-    }
-    snapshot = table.current_snapshot()
-    while snapshot is not None:
-        summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        for key in keys & set(summary):
-            offsets = json.loads(summary[key])
-            return int(offsets[str(partition)]) if str(partition) in offsets else None
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-    return None
-
-
-def take_over(imported: Imported, config: SinkConfig) -> Takeover:
-    """Seed the sink group with the connector's source offsets, once the connector is stopped and its
-    last commit completed; raises :class:`ImportError_` saying what to do otherwise."""
-    from fanout_sink.kafka.offsets import GroupOffsets
-    from fanout_sink.protocol.group_layout import channel_in_use
-    from fanout_sink.protocol.recovery import PositionWriter, delivered_offsets
-    from fanout_sink.spark.planning import source_partitions
-
-    channel = channel_in_use(config)
-    clients = channel.clients
-    running = _groups_with_members(
-        clients.admin(), [imported.connect_group, imported.control_group], clients.timeout_s
-    )
-    if running:
-        raise ImportError_(
-            f"name: the connector {imported.connector!r} still runs ({running} members): stop it first "
-            f"(`curl -X DELETE <connect>/connectors/{imported.connector}`, or stop Connect standalone), "
-            "then run --take-over again"
-        )
-    partitions = source_partitions(config, channel)
-    wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
-    reader = GroupOffsets(clients, imported.connect_group, stable=True)  # waits for pending transactions
-    try:
-        found = {key: value for key, value in reader.committed(wanted).items() if value is not None}
-    finally:
-        reader.close()
-    if not found:
-        raise ImportError_(
-            f"name: the connector's group {imported.connect_group!r} has no offsets for "
-            f"{sorted(partitions)}: "
-            "nothing to take over from; run the sink without --take-over (source.starting-offsets decides)"
-        )
-    ours = delivered_offsets(channel, wanted)
-    if ours:
-        raise ImportError_(
-            f"name: the sink group {channel.sink_group!r} already holds offsets ({len(ours)} partitions): "
-            "this sink has run; a takeover is only for its first start"
-        )
-    problems = _uncommitted_files(imported, config, clients)
-    if problems:
-        raise ImportError_(
-            "iceberg.control.topic: the connector's last commit did not complete, so its group's offsets are "
-            "ahead of its tables: " + "; ".join(problems) + ". Start the connector again until it logs a "
-            "completed commit, stop it, and run --take-over again"
-        )
-    writer = PositionWriter(channel)
-    try:
-        for (topic, part), offset in sorted(found.items()):
-            held = writer.commit(topic, part, offset, expected=None)
-            if held is not None and held != offset:
-                raise ImportError_(
-                    f"name: the sink group got offset {held} for {topic}[{part}] meanwhile: "
-                    "is the sink running?"
-                )
-    finally:
-        writer.close()
-    return Takeover(found, [key for key in wanted if key not in found])
