@@ -197,11 +197,11 @@ def _only_named(rows: pa.Schema, converted: pa.Schema) -> bool:
     return True
 
 
-_LAYOUTS: dict[tuple[object, ...], _FileLayout] = {}
+LAYOUTS: dict[tuple[object, ...], _FileLayout] = {}
 """Per table uuid, schema id, write properties and Arrow schema: the layout its files use. A lookup
 here costs no schema walk."""
 _MAX_LAYOUTS = 65_536
-_SHAPES: dict[tuple[object, ...], _FileLayout] = {}
+SHAPES: dict[tuple[object, ...], _FileLayout] = {}
 """Per schema shape (the Iceberg schema's fields without its id, format version, write properties,
 Arrow schema): one layout shared by every table of that shape. Dynamic routing makes thousands of
 tables of one schema; a layout each was derived per table (~1 ms) and held per table, and with a
@@ -221,7 +221,7 @@ def _layout(table: Table, schema: pa.Schema, downcast: bool) -> _FileLayout:
         schema,
         downcast,
     )
-    found = _LAYOUTS.get(key)
+    found = LAYOUTS.get(key)
     if found is not None:
         return found
     table_schema = metadata.schema()
@@ -232,15 +232,15 @@ def _layout(table: Table, schema: pa.Schema, downcast: bool) -> _FileLayout:
         schema,
         downcast,
     )
-    found = _SHAPES.get(shape)
+    found = SHAPES.get(shape)
     if found is None:
         found = _derive_layout(metadata, table_schema, schema, downcast)
-        if len(_SHAPES) >= _MAX_SHAPES:  # schemas evolving for days: start over
-            _SHAPES.clear()
-        _SHAPES[shape] = found
-    if len(_LAYOUTS) >= _MAX_LAYOUTS:  # tables dropped and recreated for days: start over
-        _LAYOUTS.clear()
-    _LAYOUTS[key] = found
+        if len(SHAPES) >= _MAX_SHAPES:  # schemas evolving for days: start over
+            SHAPES.clear()
+        SHAPES[shape] = found
+    if len(LAYOUTS) >= _MAX_LAYOUTS:  # tables dropped and recreated for days: start over
+        LAYOUTS.clear()
+    LAYOUTS[key] = found
     return found
 
 

@@ -81,7 +81,7 @@ class ExecutorContext:
                     build_processor(config, self.catalog),
                     RangeReader(channel.clients, channel.sink_group),
                 )
-                _freeze_long_lived()
+                freeze_long_lived()
             return self._delivery
 
 
@@ -97,7 +97,7 @@ def _slice_worker(config: SinkConfig, channel: SinkChannel) -> SliceWorker:
     )
 
 
-def _freeze_long_lived() -> None:
+def freeze_long_lived() -> None:
     """Move the process's long-lived objects out of the cyclic garbage collector's reach.
 
     A slice allocates millions of short-lived container objects (a ``Message`` and a timestamp

@@ -42,8 +42,8 @@ SPEC = PartitionSpec(
 def _no_layouts_yet(monkeypatch: pytest.MonkeyPatch) -> None:
     """Layouts are kept per process by schema shape, and these tests share one schema: each starts
     with none, so that what it counts is its own work."""
-    monkeypatch.setattr(rolling_files, "_LAYOUTS", {})
-    monkeypatch.setattr(rolling_files, "_SHAPES", {})
+    monkeypatch.setattr(rolling_files, "LAYOUTS", {})
+    monkeypatch.setattr(rolling_files, "SHAPES", {})
 
 
 def _chunk(first: int, count: int) -> pa.Table:

@@ -41,7 +41,7 @@ def test_a_task_reads_its_group_of_one_partition_topics_from_one_assignment(
 
     monkeypatch.setattr(executor_context, "RangeReader", CountingReader)
     # Freezing the collector is process-wide: not in the test process (tests/spark/test_task_state.py).
-    monkeypatch.setattr(executor_context, "_freeze_long_lived", lambda: None)
+    monkeypatch.setattr(executor_context, "freeze_long_lived", lambda: None)
 
     reports = list(task.run_task(executor_context.TaskSetup.of(sink.config, sink.channel), 0, {}, [slices]))
 

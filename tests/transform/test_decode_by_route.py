@@ -77,7 +77,7 @@ def test_mixed_batch_decodes_routing_fields_then_each_group_in_one_call(parsed_a
     expected = [json.loads(values[i])["amount"] for i in orders.rows.tolist()]
     assert orders.records.column("amount").to_pylist() == expected
     # Only the sample that types the routing fields was parsed value by value.
-    assert 0 < len(parsed_alone) <= json_format._SAMPLE
+    assert 0 < len(parsed_alone) <= json_format.SAMPLE
 
 
 def test_without_routing_fields_a_mixed_batch_still_goes_per_record(parsed_alone: list[bytes]) -> None:
@@ -128,7 +128,7 @@ def test_demo_orders_topic_lands_in_each_tables_types(
         strict=True,
     )
     assert {i: (a, t) for i, a, t in got} == expected_payments
-    assert len(parsed_alone) <= json_format._SAMPLE
+    assert len(parsed_alone) <= json_format.SAMPLE
 
 
 def test_bad_values_in_a_mixed_batch_become_dead_letters_the_rest_stays_vectorised(
@@ -159,7 +159,7 @@ def test_bad_values_in_a_mixed_batch_become_dead_letters_the_rest_stays_vectoris
     assert rows == len(values) - 2 and process.last_stats.reconciles()
     # The NaN was screened out before parsing; the truncated value was found by halving the
     # batch: a few small groups parsed one value at a time, not the batch.
-    assert len(parsed_alone) <= json_format._SAMPLE + 2 * json_format._LEAF
+    assert len(parsed_alone) <= json_format.SAMPLE + 2 * json_format.LEAF
 
 
 def test_a_table_within_another_tables_records_is_taken_from_its_parse(
@@ -171,13 +171,13 @@ def test_a_table_within_another_tables_records_is_taken_from_its_parse(
     orders = np.flatnonzero(kinds == "order")
     all_orders = decoded.subset(orders, "shop.orders")
     reads: list[int] = []
-    real = json_format._arrow_read
+    real = json_format.arrow_read
 
     def counted(*args: Any) -> pa.Table:
         reads.append(1)
         return real(*args)
 
-    monkeypatch.setattr(json_format, "_arrow_read", counted)
+    monkeypatch.setattr(json_format, "arrow_read", counted)
     some = decoded.subset(orders[::3], "shop.big_orders")
     assert reads == []
     assert some.rows.tolist() == orders[::3].tolist()

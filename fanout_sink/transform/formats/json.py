@@ -242,7 +242,7 @@ def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
     if known is not None:
         try:
             options = pa_json.ParseOptions(explicit_schema=known, unexpected_field_behavior="infer")
-            table = _arrow_read(buffer, options)
+            table = arrow_read(buffer, options)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass
         else:
@@ -253,11 +253,11 @@ def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
                     if name in table.column_names and table.column(name).null_count == table.num_rows
                 ]
                 return table.drop_columns(empty) if empty else table
-    table = _arrow_read(buffer)
+    table = arrow_read(buffer)
     schema = pa.schema([f.with_type(_without_timestamps(f.type)) for f in table.schema])
     if schema.equals(table.schema):
         return table
-    return _arrow_read(buffer, pa_json.ParseOptions(explicit_schema=schema))
+    return arrow_read(buffer, pa_json.ParseOptions(explicit_schema=schema))
 
 
 _ONE_BLOCK = pa_json.ReadOptions().block_size
@@ -265,7 +265,7 @@ _ONE_BLOCK = pa_json.ReadOptions().block_size
 _SERIAL = pa_json.ReadOptions(use_threads=False)
 
 
-def _arrow_read(buffer: pa.Buffer, options: pa_json.ParseOptions | None = None) -> pa.Table:
+def arrow_read(buffer: pa.Buffer, options: pa_json.ParseOptions | None = None) -> pa.Table:
     """Arrow's JSON reader, refusing what it builds wrong: a list with a null before its other
     elements (``[null, false]``, ``[null, null]``) becomes an invalid array whose offsets pass the
     end of its values, which crashes whatever reads it next. Validating costs microseconds.
@@ -303,9 +303,9 @@ def _loader(values: pa.Array) -> Callable[[], list[Any]]:
     return lambda: [json.loads(v.decode("utf-8")) for v in values.to_pylist()]
 
 
-_SAMPLE = 64
+SAMPLE = 64
 """Values (spread over the batch) whose routing fields give the types they are parsed as."""
-_LEAF = 8
+LEAF = 8
 """A failing group of at most this many values is parsed value by value to find the bad ones."""
 _MISSES = 256
 """Failed parses allowed while isolating bad values; more, and the batch is parsed per record."""
@@ -320,7 +320,7 @@ def _path_value(obj: Any, path: tuple[str, ...]) -> Any:
 
 
 def _routing_schema(values: pa.Array, fields: FieldPaths) -> pa.Schema | None:
-    """The Arrow schema of just the routing fields, typed from :data:`_SAMPLE` values spread over
+    """The Arrow schema of just the routing fields, typed from :data:`SAMPLE` values spread over
     the batch (record kinds often come in runs: the first values may all be orders).
 
     A field the sample never sets is read as a string (if it is not, the parse fails and the batch
@@ -329,7 +329,7 @@ def _routing_schema(values: pa.Array, fields: FieldPaths) -> pa.Schema | None:
     """
     if any(a != b and a == b[: len(a)] for a in fields for b in fields):
         return None
-    picked = np.unique(np.linspace(0, len(values) - 1, num=min(_SAMPLE, len(values))).astype(np.int64))
+    picked = np.unique(np.linspace(0, len(values) - 1, num=min(SAMPLE, len(values))).astype(np.int64))
     sample = [parse_json_value(v)[0] for v in values.take(pa.array(picked)).to_pylist()]
     tree: dict[str, Any] = {}
     for path in sorted(fields):
@@ -356,7 +356,7 @@ def _parse_routing(
 
     ``joined`` is :func:`_newline_joined` of ``values``, made once for this and the whole parse.
     Returns (table, indices of the values it holds, failures). A failing group is halved until it
-    is :data:`_LEAF` values small; those are parsed one by one, which names the bad ones. ``None``
+    is :data:`LEAF` values small; those are parsed one by one, which names the bad ones. ``None``
     when valid values still do not parse (a routing field changes type) or after :data:`_MISSES`
     failed parses (too many bad values to be worth it).
     """
@@ -369,7 +369,7 @@ def _parse_routing(
     def attempt(part: pa.Array) -> pa.Table | None:
         try:
             buffer = joined if len(part) == len(values) else _newline_joined(part)
-            table = _arrow_read(buffer, options)
+            table = arrow_read(buffer, options)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return None
         return table if table.num_rows == len(part) else None
@@ -384,7 +384,7 @@ def _parse_routing(
         misses += 1
         if misses > _MISSES:
             return False
-        if hi - lo > _LEAF:
+        if hi - lo > LEAF:
             mid = (lo + hi) // 2
             return visit(lo, mid) and visit(mid, hi)
         good: list[int] = []
