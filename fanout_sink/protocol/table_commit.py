@@ -19,7 +19,7 @@ started; after a conflict, loaded from the catalog again):
   same state as table properties in the same metadata commit (so that snapshot expiry cannot erase
   it). It is committed exactly once (I3): PyIceberg's own commit retry would rebase the same append
   onto a new head without the floor check; a conflict instead reloads the table and re-checks the
-  floor, up to :data:`COMMIT_ATTEMPTS` times.
+  floor, as :data:`COMMIT_RETRY` says (3 tries).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -44,15 +43,21 @@ from fanout_sink.faults import fault_point
 from fanout_sink.protocol import channel, datafiles, row_delta, table_state
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 from fanout_sink.pyiceberg_internals import snapshots, sql_catalog, transactions
+from fanout_sink.retries import Retry
 
 log = logging.getLogger(__name__)
 
-COMMIT_ATTEMPTS = 3
-"""Tries per table and round when the catalog reports a conflict (each reloads and re-checks the floor)."""
-MISSING_TABLE_WAIT_S = 10.0
-"""A table not found at commit is looked up again this long before its files are refused: dropping
-and creating a table (or renaming it aside and creating a new one) leaves a moment with no table,
-and a round that meets it would otherwise quarantine rows the new table should get (chaos found it)."""
+COMMIT_RETRY = Retry(attempts=3)
+"""Tries per table and round when the catalog reports a conflict (each reloads and re-checks the
+floor), one right after the other."""
+LOCATED_COMMIT_RETRY = replace(COMMIT_RETRY, attempts=4)
+"""The same for a commit whose first try loads the table from the metadata location read before
+the round: that try conflicts whenever the table moved on since, so it gets one more."""
+MISSING_TABLE_WAIT = Retry(deadline_s=10.0, backoff_s=0.5, retry_on=(NoSuchTableError,))
+"""A table not found at commit is looked up again every 0.5 s for 10 s before its files are refused:
+dropping and creating a table (or renaming it aside and creating a new one) leaves a moment with no
+table, and a round that meets it would otherwise quarantine rows the new table should get (chaos
+found it)."""
 
 QUARANTINE_FOLDER = "_fanout_sink_quarantine"
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
@@ -112,11 +117,12 @@ class TableCommitter:
 
         ``location``: the table's metadata location as :meth:`locate` read it, loaded for the first
         attempt instead of asking the catalog; if the table moved on since, the commit conflicts and
-        the next attempt (one more than :data:`COMMIT_ATTEMPTS` allows otherwise) loads it from the
-        catalog."""
+        the next attempt (:data:`LOCATED_COMMIT_RETRY`: one more than :data:`COMMIT_RETRY`) loads it
+        from the catalog."""
         outcome = TableCommit(identifier, "failed")
-        for attempt in range(1, COMMIT_ATTEMPTS + 1 + (location is not None)):
-            outcome.attempts = attempt
+        tries = (COMMIT_RETRY if location is None else LOCATED_COMMIT_RETRY).start()
+        while True:
+            attempt = outcome.attempts = tries.number
             try:
                 table = self._table_to_decide_on(identifier, items, location if attempt == 1 else None)
             except NoSuchTableError:
@@ -178,7 +184,9 @@ class TableCommitter:
                     "commit of %s conflicted (attempt %d): reloading and re-checking", identifier, attempt
                 )
                 outcome.error = str(exc)
-                continue
+                if tries.again():
+                    continue
+                return outcome
             fault_point("coordinator.after-table-commit", table=identifier)
             outcome.outcome = "committed"
             outcome.files = len(added)
@@ -190,7 +198,6 @@ class TableCommitter:
             snapshot = committed.current_snapshot()
             outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None
             return outcome
-        return outcome
 
     def _table_to_decide_on(self, identifier: str, items: list[PendingFiles], location: str | None) -> Table:
         """The table from ``location``, or from the catalog when there is none or when files for
@@ -204,18 +211,11 @@ class TableCommitter:
 
     def _load_table_or_wait(self, identifier: str, location: str | None = None) -> Table:
         """The table, from ``location`` when given and still there, else from the catalog, looked up
-        again for :data:`MISSING_TABLE_WAIT_S` while it is not found."""
+        again while it is not found, as :data:`MISSING_TABLE_WAIT` says."""
         if location is not None:
             with contextlib.suppress(FileNotFoundError):  # dropped and purged since: ask the catalog
                 return sql_catalog.load_table_at(self.catalog, identifier, location)
-        deadline = time.monotonic() + MISSING_TABLE_WAIT_S
-        while True:
-            try:
-                return self.catalog.load_table(identifier)
-            except NoSuchTableError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.5)
+        return MISSING_TABLE_WAIT.run(lambda: self.catalog.load_table(identifier))
 
     def _table_missing(self, identifier: str, items: list[PendingFiles], outcome: TableCommit) -> TableCommit:
         """The table is gone: its owed files are quarantined and named in an ERROR."""
