@@ -204,7 +204,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _maintain(args: argparse.Namespace) -> int:
     from fanout_sink.catalog import load_catalog
     from fanout_sink.config.loading import load_config
-    from fanout_sink.spark.maintenance import maintain, render_text, select_tables
+    from fanout_sink.maintenance.report import render_text
+    from fanout_sink.spark.maintenance import maintain, select_tables
     from fanout_sink.spark.session import build_spark_session
 
     config = load_config(args.config)

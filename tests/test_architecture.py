@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("transform",),
     ("protocol",),
+    ("maintenance",),
     ("spark", "status", "preflight", "metrics", "validate", "connect_import"),
     ("devtools",),
     # The composition root: the one command offers product and developer tooling alike, and

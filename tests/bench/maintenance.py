@@ -39,7 +39,8 @@ from bench.table_health import FILTER_MINUTES, SCANS, TableHealth, measure
 from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
 from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
-from fanout_sink.spark.maintenance import TableMaintenance, maintain
+from fanout_sink.maintenance.report import TableMaintenance
+from fanout_sink.spark.maintenance import maintain
 
 
 @dataclass(frozen=True)

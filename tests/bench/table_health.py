@@ -19,7 +19,7 @@ from typing import Any
 from pyarrow import fs
 from pyiceberg.table import Table
 
-from fanout_sink.spark.maintenance import live_manifests
+from fanout_sink.maintenance.decisions import live_manifests
 from fanout_sink.status import data_file_stats
 
 SCANS = ("pyiceberg_count", "pyiceberg_filtered", "spark_count", "spark_filtered")

@@ -26,11 +26,12 @@ from support.sink_factory import STATIC, SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.kafka.offsets import source_positions
+from fanout_sink.maintenance.report import TableMaintenance
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import ControlReader
 from fanout_sink.protocol.orphans import clock_skew_margin, normalise
-from fanout_sink.spark.maintenance import TableMaintenance, maintain
+from fanout_sink.spark.maintenance import maintain
 
 pytestmark = [pytest.mark.usefixtures("own_spark")]
 

@@ -28,8 +28,10 @@ from fanout_sink import cli
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
+from fanout_sink.maintenance import decisions
+from fanout_sink.maintenance.report import render_text
 from fanout_sink.protocol import datafiles, row_delta, table_state
-from fanout_sink.spark import maintenance, maintenance_schedule
+from fanout_sink.spark import maintenance_schedule
 from fanout_sink.spark.maintenance import maintain
 
 
@@ -141,19 +143,6 @@ def _config(catalog_settings: CatalogSettings, **maintenance_keys: Any) -> SinkC
             "tables": {"sink.slow": {"maintenance": {"interval": "1h"}}},
         }
     )
-
-
-def test_compaction_pays_only_for_enough_small_files_in_one_partition(catalog: Any) -> None:
-    catalog.create_namespace_if_not_exists("sink")
-    spec = PartitionSpec(
-        PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="topic")
-    )
-    table = catalog.create_table("sink.parts", schema=TABLE_SCHEMA, partition_spec=spec)
-    for i, topic in enumerate(["a", "a", "b", "a", "b"]):
-        table.append(pa.Table.from_pylist([{"id": i, "topic": topic}], ARROW_SCHEMA))
-    table = catalog.load_table("sink.parts")
-    assert maintenance.compaction_candidates(table, target=1 << 20, min_input_files=3) == 3  # a: 3, b: 2
-    assert maintenance.compaction_candidates(table, target=100, min_input_files=3) == 0  # none is small
 
 
 def test_tables_are_due_by_their_own_interval_since_their_last_run(
@@ -300,14 +289,12 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
     changed = _rows_both_ways(spark, catalog, qualified)
     # Iceberg's default again: the delete-file rewrite writes one file per data file.
     spark.sql(f"ALTER TABLE {qualified} UNSET TBLPROPERTIES ('write.delete.granularity')")
-    loaded = maintenance.delete_load(
-        catalog.load_table("sink.changes"), file_threshold=1, ratio_threshold=0.3
-    )
+    loaded = decisions.delete_load(catalog.load_table("sink.changes"), file_threshold=1, ratio_threshold=0.3)
     assert loaded.delete_files >= 4 and loaded.position_deletes > 0 and loaded.dangling == 0
     assert loaded.most_per_data_file == 3  # the first files: one delete file per statement
     # every data file was hit, and some that UPDATE wrote were hit by MERGE
     assert loaded.over_threshold == loaded.data_files_with_deletes > 8
-    assert 0 < maintenance.figures(catalog.load_table("sink.changes")).delete_files == loaded.delete_files
+    assert 0 < decisions.figures(catalog.load_table("sink.changes")).delete_files == loaded.delete_files
 
     def config(**keys: Any) -> SinkConfig:
         return sink_config({"orphan-older-than": "1h", **keys}, {"sink.changes": {}})
@@ -324,8 +311,8 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
     assert held.before.delete_files == loaded.delete_files
     assert held.after.position_deletes == held.before.position_deletes
     assert held.after.data_files == held.before.data_files
-    merged = maintenance.delete_load(catalog.load_table("sink.changes"), 100, 1.0)
-    assert (merged.most_per_data_file, merged.dangling) == (1, 0), maintenance.render_text([held])
+    merged = decisions.delete_load(catalog.load_table("sink.changes"), 100, 1.0)
+    assert (merged.most_per_data_file, merged.dangling) == (1, 0), render_text([held])
     assert _rows_both_ways(spark, catalog, qualified) == changed
 
     # A copy-on-write delete (PyIceberg's, as the coordinator's own rewrites) drops a whole data file
@@ -333,11 +320,11 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
     with pytest.warns(UserWarning, match="falling back to copy-on-write"):  # the table says merge-on-read
         catalog.load_table("sink.changes").delete(And(EqualTo("topic", "b"), LessThan("id", 20)))
     changed = [(i, topic) for i, topic in changed if not (topic == "b" and i < 20)]
-    assert maintenance.delete_load(catalog.load_table("sink.changes"), 100, 1.0).dangling >= 1
+    assert decisions.delete_load(catalog.load_table("sink.changes"), 100, 1.0).dangling >= 1
     (dangling,) = maintain(spark, config(**thresholds), ["sink.changes"])
     steps = {s.name: s for s in dangling.steps}
     assert steps["deletes"].action == "ran" and "at most 1 per data file" in steps["deletes"].detail
-    assert maintenance.delete_load(catalog.load_table("sink.changes"), 100, 1.0).dangling == 0
+    assert decisions.delete_load(catalog.load_table("sink.changes"), 100, 1.0).dangling == 0
     assert dangling.after.delete_files < dangling.before.delete_files
     assert _rows_both_ways(spark, catalog, qualified) == changed
 
@@ -349,42 +336,11 @@ def test_maintain_folds_position_deletes_that_spark_sql_wrote_merge_on_read(
     assert "rewritten_data_files_count" in steps["compact"].detail
     assert steps["deletes"].action == "skipped" and steps["deletes"].detail.startswith("0 delete file(s)")
     assert (folded.after.delete_files, folded.after.position_deletes) == (0, 0)
-    assert maintenance.delete_load(catalog.load_table("sink.changes"), 1, 0.3) == maintenance.NO_DELETES
+    assert decisions.delete_load(catalog.load_table("sink.changes"), 1, 0.3) == decisions.NO_DELETES
     assert _rows_both_ways(spark, catalog, qualified) == changed
-    report = maintenance.render_text([held, folded])
+    report = render_text([held, folded])
     assert f"delete files {held.before.delete_files} -> {held.after.delete_files}" in report
     assert f"delete files {folded.before.delete_files} -> 0" in report
-
-
-def test_delete_load_counts_the_sinks_deletes_as_rewrite_data_files_selects_them(catalog: Any) -> None:
-    """The coordinator's deletes, without Spark: a round that hits one data file writes a file-scoped
-    delete file (the ratio applies), a round over two files one partition-scoped file (each data file
-    then reads one more delete file; the ratio ignores it, as Iceberg's does). Rounds after the first
-    two only delete, so that no new data file falls inside a partition-scoped file's path bounds."""
-    create_tables(catalog, ["keyed"])
-    table = catalog.load_table("sink.keyed")
-
-    def change(ids: range = range(0), deleted: Sequence[int] = ()) -> row_delta.ChangeSet:
-        rows = pa.Table.from_pylist([{"id": i, "topic": "new"} for i in ids], ARROW_SCHEMA)
-        files = datafiles.write_data_files(table, rows) if ids else []
-        return row_delta.ChangeSet(files, pa.table({"id": pa.array(deleted, pa.int64())}))
-
-    commit_round(table, ["id"], [change(range(100))])  # data file 1: ids 0-99
-    commit_round(table, ["id"], [change(range(100, 110))])  # data file 2: ids 100-109
-    assert maintenance.delete_load(table.refresh(), 1, 0.3) == maintenance.NO_DELETES
-    commit_round(table.refresh(), ["id"], [change(deleted=range(40))])  # 40 of file 1's rows: file-scoped
-    load = maintenance.delete_load(table.refresh(), 2, 0.4)
-    assert (load.delete_files, load.position_deletes, load.data_files_with_deletes) == (1, 40, 1)
-    assert (load.over_threshold, load.dangling, load.most_per_data_file) == (1, 0, 1)  # 40% >= 0.4
-    assert maintenance.delete_load(table, 2, 0.5).over_threshold == 0
-    assert maintenance.delete_load(table, 1, 1.0).over_threshold == 1  # one delete file >= 1
-
-    commit_round(table.refresh(), ["id"], [change(deleted=[45, 105])])  # files 1 and 2: partition-scoped
-    load = maintenance.delete_load(table.refresh(), 2, 0.5)
-    assert (load.delete_files, load.position_deletes, load.data_files_with_deletes) == (2, 42, 2)
-    assert (load.most_per_data_file, load.over_threshold) == (2, 1)  # file 1: two delete files
-    assert maintenance.delete_load(table, 3, 0.4).over_threshold == 1  # file 1: 40 file-scoped of 100
-    assert maintenance.delete_load(table, 3, 0.41).over_threshold == 0  # the 41st is partition-scoped
 
 
 def _sinks(round_number: int) -> dict[str, str]:
@@ -421,7 +377,7 @@ def test_a_compacted_file_inside_a_delete_files_path_bounds_leaves_no_delete_fil
     # Compaction writes below the first path: its file sorts between the delete file's bounds.
     with table.transaction() as txn:
         txn.set_properties({"write.data.path": f"{paths[0]}-compacted"})
-    assert maintenance.delete_load(table.refresh(), 1, 0.3).data_files_with_deletes == 2
+    assert decisions.delete_load(table.refresh(), 1, 0.3).data_files_with_deletes == 2
 
     config = sink_config({"orphan-older-than": "1h"}, {"sink.spanned": {}})
     (result,) = maintain(spark, config, ["sink.spanned"])
@@ -430,9 +386,9 @@ def test_a_compacted_file_inside_a_delete_files_path_bounds_leaves_no_delete_fil
     assert steps["compact"].action == "ran", steps["compact"].detail
     (compacted,) = [task.file.file_path for task in catalog.load_table("sink.spanned").scan().plan_files()]
     assert paths[0] < compacted < paths[1]
-    assert steps["deletes"].action == "ran", maintenance.render_text([result])
+    assert steps["deletes"].action == "ran", render_text([result])
     assert (result.after.delete_files, result.after.position_deletes) == (0, 0)
-    assert maintenance.delete_load(catalog.load_table("sink.spanned"), 1, 0.3) == maintenance.NO_DELETES
+    assert decisions.delete_load(catalog.load_table("sink.spanned"), 1, 0.3) == decisions.NO_DELETES
     rows = catalog.load_table("sink.spanned").scan().to_arrow()["id"].to_pylist()
     assert sorted(rows) == [i for i in range(20) if i not in (3, 14)]
 

@@ -1,0 +1,69 @@
+"""What a maintenance run did, per table and step: the records the run keeps, the app logs and
+``fanout-sink maintain`` prints (:func:`render_text`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fanout_sink.maintenance.decisions import Figures
+
+StepName = Literal["load", "compact", "deletes", "manifests", "expire", "orphans", "last-run"]
+StepAction = Literal["ran", "skipped", "failed", "dry-run"]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: StepName
+    action: StepAction
+    detail: str
+    """Why it was skipped, what it did (the procedure's counts), or the error."""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TableMaintenance:
+    """What one maintenance run did to one table."""
+
+    table: str
+    before: Figures
+    after: Figures
+    steps: tuple[Step, ...]
+    orphans_removed: tuple[str, ...] = ()
+    """Paths removed (in a dry run: that would be removed)."""
+    duration_s: float = 0.0
+    floor_written: dict[str, str] = field(default_factory=dict)
+    """The sink state written as table properties before expiry (tables committed before the sink
+    set them)."""
+
+    @property
+    def ok(self) -> bool:
+        return all(step.action != "failed" for step in self.steps)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return {step.name: step.detail for step in self.steps if step.action == "skipped"}
+
+
+def render_text(results: Sequence[TableMaintenance]) -> str:
+    """The short per-table summary ``fanout-sink maintain`` prints."""
+    if not results:
+        return "no table holds a commit of this sink yet: nothing to maintain"
+    lines = []
+    for r in results:
+        lines.append(
+            f"{r.table}: data files {r.before.data_files} -> {r.after.data_files}, "
+            + (
+                f"delete files {r.before.delete_files} -> {r.after.delete_files} (position deletes "
+                f"{r.before.position_deletes} -> {r.after.position_deletes}), "
+                if r.before.delete_files or r.after.delete_files
+                else ""
+            )
+            + f"bytes {r.before.bytes} -> {r.after.bytes}, "
+            f"snapshots {r.before.snapshots} -> {r.after.snapshots}, "
+            f"manifests {r.before.manifests} -> {r.after.manifests}, orphans {len(r.orphans_removed)}, "
+            f"{r.duration_s:.1f}s"
+        )
+        lines += [f"  {step.name}: {step.action} {step.detail}" for step in r.steps]
+    return "\n".join(lines)
