@@ -61,11 +61,57 @@ TIERS = {
     "fast": "not (kafka or spark or own_spark or stores or cluster or chaos)",
     "middle": "not (own_spark or stores or cluster or chaos)",
     "full": "",
+    "bench": "bench",
 }
 """``test --tier NAME``: which tests run, by the markers the suite derives from each test's fixtures
 (tests/support/fixture_markers.py). ``fast``: no broker and no JVM, for the inner loop of a change;
 ``middle``: adds the shared broker and the shared Spark session, for the usual change; ``full`` (the
-default, what CI runs): everything, the app runs, the storage servers, the cluster and chaos too."""
+default, what CI runs): everything, the app runs, the storage servers, the cluster and chaos too.
+``bench``: only the benchmark harnesses' smoke runs (marker ``bench``, opt-in:
+tests/support/opt_in_markers.py), which test the benchmarks, not the product; ``full`` adds them when
+``tests/bench`` changed since they last passed (``bench_changed``)."""
+
+WITH_BENCH = "bench or not bench"
+"""The full tier's ``-m`` when it takes the bench tier too: naming ``bench`` opts its tests in."""
+
+BENCH_PASSED = ROOT / "tests" / "bench-passed.sha256"
+"""The fingerprint of ``tests/bench`` (``bench_fingerprint``) the last time every bench smoke run
+passed. A content stamp rather than a ``git diff`` base: a fresh clone, a shallow one, a merge of two
+branches or a squash all compare the same way, and any doubt (no stamp, a merge that changed the
+folder) runs the bench tier rather than skipping it."""
+
+
+def bench_fingerprint(root: Path = ROOT) -> str:
+    """sha256 over the path and bytes of every file under ``tests/bench`` that git tracks or would
+    track (uncommitted edits count; ignored files such as ``__pycache__`` do not). Outside a git
+    checkout: every file there but compiled Python."""
+    folder = root / "tests" / "bench"
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "tests/bench"],
+        cwd=root,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode == 0:
+        names = {name.decode() for name in listed.stdout.split(b"\0") if name}
+    else:
+        names = {
+            path.relative_to(root).as_posix()
+            for path in folder.rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        }
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        path = root / name
+        if path.is_file():  # a tracked file deleted in the work tree is gone from the fingerprint
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def bench_changed(fingerprint: str, stamp: Path = BENCH_PASSED) -> bool:
+    """Whether ``tests/bench`` differs from what its smoke runs last passed on (no stamp: it does)."""
+    recorded = stamp.read_text().split() if stamp.exists() else []
+    return not recorded or recorded[0] != fingerprint
 
 
 LANES = 3
@@ -92,6 +138,14 @@ def choose_run(args: list[str]) -> tuple[str, int, list[str]]:
     # Lanes only for the whole suite: a run narrowed by pytest arguments is one process, as typed.
     lanes = known.lanes or (LANES if known.tier == "full" and not rest else 1)
     return str(known.tier), lanes, rest
+
+
+def selection(tier: str, bench_is_new: bool) -> tuple[str, bool]:
+    """The tier's ``-m`` expression and whether it runs the bench smoke runs: the ``bench`` tier
+    always, the ``full`` tier when ``tests/bench`` changed since they last passed, no other tier."""
+    if tier == "full" and bench_is_new:
+        return WITH_BENCH, True
+    return TIERS[tier], tier == "bench"
 
 
 def closing_counts(log: str) -> dict[str, int]:
@@ -161,10 +215,17 @@ def _run_lanes(count: int, pytest_args: list[str]) -> int:
 
 
 def run_tests(args: list[str]) -> int:
-    """Lint, type-check, then the tier's pytest run; the first failing step decides the exit code."""
+    """Lint, type-check, then the tier's pytest run; the first failing step decides the exit code.
+    A passing run of every bench smoke run (the bench tier, no pytest arguments narrowing it) records
+    the fingerprint of the ``tests/bench`` it ran on in ``BENCH_PASSED``."""
     tier, lanes, pytest_args = choose_run(args)
-    if TIERS[tier]:
-        pytest_args = ["-m", TIERS[tier], *pytest_args]
+    fingerprint = bench_fingerprint()
+    expression, with_bench = selection(tier, bench_changed(fingerprint))
+    if with_bench and tier == "full":
+        _say(f"tests/bench is not what its smoke runs last passed on ({BENCH_PASSED.name}): they run too")
+    stamps = with_bench and not pytest_args
+    if expression:
+        pytest_args = ["-m", expression, *pytest_args]
     checks = [
         [str(_bin("ruff")), "check", "fanout_sink", "tests"],
         [str(_bin("ruff")), "format", "--check", "fanout_sink", "tests"],
@@ -175,10 +236,14 @@ def run_tests(args: list[str]) -> int:
         if code != 0:
             return code
     if lanes > 1:
-        return _run_lanes(lanes, pytest_args)
-    code = _run([str(_bin("python")), "-m", "pytest", *pytest_args])
-    if code == 5:
-        _say("pytest collected no tests: that counts as a failure")
+        code = _run_lanes(lanes, pytest_args)
+    else:
+        code = _run([str(_bin("python")), "-m", "pytest", *pytest_args])
+        if code == 5:
+            _say("pytest collected no tests: that counts as a failure")
+    if code == 0 and stamps:
+        BENCH_PASSED.write_text(fingerprint + "\n")
+        _say(f"the bench smoke runs passed: commit {BENCH_PASSED.relative_to(ROOT)} with tests/bench")
     return code
 
 
@@ -186,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help"}:
         print(
-            "usage: python3 -m fanout_sink.bootstrap demo | test [--tier fast|middle|full] [pytest args]"
-            " | <fanout-sink args>"
+            "usage: python3 -m fanout_sink.bootstrap demo"
+            " | test [--tier fast|middle|full|bench] [pytest args] | <fanout-sink args>"
         )
         return 0 if args else 2
     ensure_venv()

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from bench import slice_pipeline
 
+pytestmark = pytest.mark.bench
+
 
 def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.md"

@@ -28,8 +28,6 @@ from fanout_sink import jars
 from fanout_sink.catalog import load_catalog
 from fanout_sink.errors import StackError
 
-pytestmark = [pytest.mark.usefixtures("own_spark"), pytest.mark.bench]
-
 RECORDS = 1000
 VARIANT = Variant("mixed", 3)
 
@@ -43,7 +41,7 @@ class SmokeRun:
 
 
 @pytest.fixture(scope="module")
-def smoke(bootstrap_servers: str, tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
+def smoke(bootstrap_servers: str, own_spark: None, tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
     """One round of every system on 1000 mixed-type records (the harder variant), run folders kept.
 
     A run's time here is its start-up, so more records would prove nothing more. Each system's tree
@@ -70,6 +68,7 @@ def smoke(bootstrap_servers: str, tmp_path_factory: pytest.TempPathFactory) -> S
     return SmokeRun(out, work, systems, connect_skipped)
 
 
+@pytest.mark.bench
 def test_every_system_ran_and_the_report_is_written(smoke: SmokeRun) -> None:
     data = json.loads((smoke.out / "results.json").read_text())
     measured = {m["system"] for m in data["measurements"]}
@@ -85,6 +84,7 @@ def test_every_system_ran_and_the_report_is_written(smoke: SmokeRun) -> None:
     assert (smoke.out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.bench
 def test_connect_peer_ran(smoke: SmokeRun) -> None:
     if smoke.connect_skipped:
         pytest.skip(f"mvn could not fetch the Connect jars: {smoke.connect_skipped}")
@@ -92,6 +92,7 @@ def test_connect_peer_ran(smoke: SmokeRun) -> None:
     assert connect_peer.SYSTEM in {m["system"] for m in data["measurements"]}
 
 
+@pytest.mark.bench
 def test_a_dropped_row_is_reported_naming_system_and_table(smoke: SmokeRun) -> None:
     """The checker on a real landed table: one row deleted from the limit's table t1 after its run."""
     folder = smoke.work / VARIANT.name / "r0-limit"
