@@ -171,11 +171,13 @@ def test_status_uses_the_partition_group_layout_the_apps_start_recorded(
 
     monkeypatch.setattr(status_command, "collect_status", spy)
     assert main(["status", "--config", str(sink.config_file), "--json"]) == 0
-    app = dataclasses.replace(sink.channel, groups=PartitionGroups(3))  # the app's decision at start
+    app = dataclasses.replace(
+        sink.channel, partition_groups=PartitionGroups(3)
+    )  # the app's decision at start
     group_layout.fence_other_layouts(app, [(sink.topic, p) for p in range(4)])
     assert main(["status", "--config", str(sink.config_file), "--json"]) == 0
     capsys.readouterr()
 
-    assert [channel.groups for channel in seen] == [PartitionGroups(), PartitionGroups(3)]
+    assert [channel.partition_groups for channel in seen] == [PartitionGroups(), PartitionGroups(3)]
     assert seen[1] == app == group_layout.channel_in_use(sink.config)
     assert seen[1].worker_transactional_id(sink.topic, 0) == app.worker_transactional_id(sink.topic, 0)

@@ -73,8 +73,8 @@ def worker_transactional_id(sink: str, topic: str, partition: int) -> str:
     return _name(sink, topic, partition)
 
 
-def group_transactional_id(sink: str, count: int, index: int) -> str:
-    """Group ``index`` of a layout of ``count`` groups: another count never reuses an id, so an old
+def partition_group_transactional_id(sink: str, count: int, index: int) -> str:
+    """Partition group ``index`` of a layout of ``count``: another count never reuses an id, so an old
     layout's producers are fenced explicitly (:mod:`.group_layout`), not by chance."""
     return _name(sink, "groups", count, index)
 
@@ -105,17 +105,21 @@ class SinkChannel:
     """How long one Kafka call may wait."""
     scan_timeout_s: float = CONTROL_SCAN_TIMEOUT_S
     """How long reading the control topic's whole retained history may take."""
-    groups: PartitionGroups = field(default_factory=PartitionGroups)
-    """How source partitions share transactional ids: the layout the app decided at start and
-    recorded (:mod:`.group_layout`), which every process of the sink uses."""
+    partition_groups: PartitionGroups = field(default_factory=PartitionGroups)
+    """How source partitions share transactional ids (not a Kafka group: those are the ``*_group``
+    names): the layout the app decided at start and recorded (:mod:`.group_layout`), which every
+    process of the sink uses."""
 
     @classmethod
-    def from_config(cls, config: SinkConfig, groups: PartitionGroups) -> SinkChannel:
-        """The sink's channel under the layout ``groups``: the app's decision
+    def from_config(cls, config: SinkConfig, partition_groups: PartitionGroups) -> SinkChannel:
+        """The sink's channel under the layout ``partition_groups``: the app's decision
         (``spark/partition_group_count.py``), or the one it recorded (:func:`.group_layout.channel_in_use`).
         The config does not say it, so every caller names where its layout comes from."""
         return cls(
-            sink=config.name, kafka=dict(config.kafka), control_topic=config.control_topic, groups=groups
+            sink=config.name,
+            kafka=dict(config.kafka),
+            control_topic=config.control_topic,
+            partition_groups=partition_groups,
         )
 
     @property
@@ -141,10 +145,12 @@ class SinkChannel:
 
     def worker_transactional_id(self, topic: str, partition: int) -> str:
         """The transactional id that delivers ``topic[partition]``: its group's under packing."""
-        count = self.groups.count
+        count = self.partition_groups.count
         if count is None:
             return worker_transactional_id(self.sink, topic, partition)
-        return group_transactional_id(self.sink, count, self.groups.group_of(topic, partition))
+        return partition_group_transactional_id(
+            self.sink, count, self.partition_groups.group_of(topic, partition)
+        )
 
 
 def ensure_control_topic(channel: SinkChannel, *, settings: TopicSettings | None = None) -> None:

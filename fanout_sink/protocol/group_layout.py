@@ -1,11 +1,12 @@
 """A start under another partition-group layout: the old layout's transactional ids fenced first.
 
 Keeps I3 across layouts. Zombie fencing is per transactional id: ``init_transactions`` on an id
-fences that id's older holders and aborts their open transaction, nothing else. A new group count
-gives every group a new id (:func:`~.channel.group_transactional_id`), so a worker of the previous
-layout that is still alive (a lingering executor of a crashed driver) would not be fenced by the new
-one and could commit a range the new layout delivers again; an old id's open transaction would also
-hold ``read_committed`` readers of the control topic until it times out. So before the first batch
+fences that id's older holders and aborts their open transaction, nothing else. A new
+partition-group count gives every partition group a new id
+(:func:`~.channel.partition_group_transactional_id`), so a worker of the previous layout that is
+still alive (a lingering executor of a crashed driver) would not be fenced by the new one and could
+commit a range the new layout delivers again; an old id's open transaction would also hold
+``read_committed`` readers of the control topic until it times out. So before the first batch
 the driver initialises every id the previous layout could have used, then records the new layout.
 
 Where the previous layout comes from:
@@ -61,14 +62,15 @@ def channel_in_use(config: SinkConfig) -> SinkChannel:
     ids the app's workers use. No record (a sink never started with packing, or one whose record
     expired): one group per partition, under the partitions' own ids."""
     unpacked = SinkChannel.from_config(config, PartitionGroups())
-    return dataclasses.replace(unpacked, groups=read_record(unpacked) or PartitionGroups())
+    return dataclasses.replace(unpacked, partition_groups=read_record(unpacked) or PartitionGroups())
 
 
 def _write_record(channel: SinkChannel) -> None:
-    """Record ``channel.groups`` as the layout in use (a plain commit: the layout group has no members)."""
+    """Record ``channel.partition_groups`` as the layout in use (a plain commit: the layout group
+    has no members)."""
     consumer = channel.clients.consumer({"group.id": channel.layout_group, "enable.auto.commit": False})
     try:
-        record = LayoutRecord(channel.groups).encode()
+        record = LayoutRecord(channel.partition_groups).encode()
         mark = TopicPartition(channel.control_topic, CONTROL_PARTITION, 0, metadata=record)
         consumer.commit(offsets=[mark], asynchronous=False)
     finally:
@@ -79,7 +81,9 @@ def _layout_ids(channel: SinkChannel, layout: PartitionGroups, partitions: list[
     """Every transactional id ``layout`` could have delivered ``partitions`` under."""
     if layout.count is None:
         return {names.worker_transactional_id(channel.sink, t, p) for t, p in partitions}
-    return {names.group_transactional_id(channel.sink, layout.count, i) for i in range(layout.count)}
+    return {
+        names.partition_group_transactional_id(channel.sink, layout.count, i) for i in range(layout.count)
+    }
 
 
 def _committed_ids(channel: SinkChannel, partitions: list[tuple[str, int]]) -> set[str]:
@@ -109,11 +113,11 @@ def _fence(channel: SinkChannel, transactional_id: str) -> None:
 
 
 def fence_other_layouts(channel: SinkChannel, partitions: list[tuple[str, int]]) -> int:
-    """Fence every transactional id of the previous layout that ``channel.groups`` does not use, then
-    record ``channel.groups``; returns how many ids were fenced. Run by the driver before the first
-    batch (and before planning restores positions under the new ids)."""
+    """Fence every transactional id of the previous layout that ``channel.partition_groups`` does not
+    use, then record ``channel.partition_groups``; returns how many ids were fenced. Run by the driver
+    before the first batch (and before planning restores positions under the new ids)."""
     recorded = read_record(channel)
-    if recorded == channel.groups:
+    if recorded == channel.partition_groups:
         return 0
     if recorded is not None:
         stale = _layout_ids(channel, recorded, partitions)
@@ -121,12 +125,12 @@ def fence_other_layouts(channel: SinkChannel, partitions: list[tuple[str, int]])
     else:
         stale = _committed_ids(channel, partitions)
         source = "the transactional ids that committed the sink group's offsets"
-    stale -= _layout_ids(channel, channel.groups, partitions)
+    stale -= _layout_ids(channel, channel.partition_groups, partitions)
     if stale:
         log.info(
             "partition-group layout changed to %s: fencing %d transactional id(s) of %s before the "
             "first batch, so none of their producers can still commit",
-            channel.groups.describe(),
+            channel.partition_groups.describe(),
             len(stale),
             source,
         )

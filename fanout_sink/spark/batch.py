@@ -204,8 +204,8 @@ class BatchRunner:
             )
 
     def _run(self, frame: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
-        """One task per partition group with a range that moved (``numSlices`` = groups: one element
-        each), groups in index order; the reports (one per slice) come back pickled. ``frame`` (the
+        """One task per partition group with a range that moved (``numSlices`` = partition groups: one
+        element each), in index order; the reports (one per slice) come back pickled. ``frame`` (the
         micro-batch, never executed here) is for a planner whose source's tasks deliver the ranges
         themselves (the benchmark's ``python_source`` prototype)."""
         context = frame.sparkSession.sparkContext
@@ -217,9 +217,9 @@ class BatchRunner:
         slices = [
             Slice(topic, partition, start, end, ids.get(topic)) for (topic, partition), (start, end) in moved
         ]
-        groups = self.setup.channel.groups.pack(slices)
+        packed = self.setup.channel.partition_groups.pack(slices)
         task = functools.partial(run_task, self.setup, batch_id, dict(self._unknown_since))
         reports: list[SliceReport] = (
-            context.parallelize(groups, numSlices=len(groups)).mapPartitions(task).collect()
+            context.parallelize(packed, numSlices=len(packed)).mapPartitions(task).collect()
         )
         return reports

@@ -47,7 +47,7 @@ def run_task(
     setup: TaskSetup,
     batch_id: int,
     unknown_schema_ids: dict[int, float],
-    groups: Iterable[list[Slice]],
+    partition_groups: Iterable[list[Slice]],
 ) -> Iterator[SliceReport]:
     """One Spark task = one partition group's slices of the micro-batch (one element), each with the
     topic's id the driver asked when it planned the batch; a report per slice, delivered with this
@@ -61,7 +61,7 @@ def run_task(
         if isinstance(state.processor.decoder, RegistryDecoder):
             state.processor.decoder.seen_since(unknown_schema_ids)
     profile_dir = os.environ.get(PROFILE_ENV)
-    for group in groups:
+    for slices in partition_groups:
         # Chunks, not whole ranges: the task's memory holds one chunk's working set.
         work = [
             (
@@ -73,18 +73,18 @@ def run_task(
                     max_records=state.worker.writer.chunk_records,
                 ),
             )
-            for planned in group
+            for planned in slices
         ]
         deliver = functools.partial(state.worker.commit_partition_group, work, state.processor)
-        # The group's partitions in one assignment, each resumed for its range (a new assignment per
+        # The partition group's partitions in one assignment, each resumed for its range (a new assignment per
         # range cost ~1 s per one-partition topic), small ranges fetched ahead (issue 32).
-        ranges = [(planned.topic, planned.partition, planned.start, planned.end) for planned in group]
+        ranges = [(planned.topic, planned.partition, planned.start, planned.end) for planned in slices]
         with state.reader.assigned(ranges):
             if profile_dir:
                 profiler = cProfile.Profile()
                 results = profiler.runcall(deliver)
                 Path(profile_dir).mkdir(parents=True, exist_ok=True)
-                first = group[0]
+                first = slices[0]
                 name = f"{first.topic}-{first.partition}-{batch_id}.prof"
                 profiler.dump_stats(Path(profile_dir) / name)
             else:

@@ -84,7 +84,7 @@ def test_a_worker_killed_between_two_groups_of_a_batch_delivers_each_record_once
     sink.run_child("worker", "worker.after-commit=kill", expect=-signal.SIGKILL)
     done = {p for p, (offset, _) in _offsets(sink).items() if offset == 10}
     assert done and len(done) < PARTITIONS  # exactly the first group's partitions, all of them
-    assert {sink.channel.groups.group_of(sink.topic, p) for p in done} == {0}
+    assert {sink.channel.partition_groups.group_of(sink.topic, p) for p in done} == {0}
     sink.run_child("worker", "worker.before-commit=kill", expect=-signal.SIGKILL)
     assert {p for p, (offset, _) in _offsets(sink, stable=False).items() if offset == 10} == done
     sink.run_child("worker")
@@ -109,7 +109,7 @@ def test_a_restart_with_another_group_count_fences_the_old_layouts_open_transact
         time.sleep(0.1)  # the zombie has written its first group's files and is about to commit
     time.sleep(1.0)
 
-    three = dataclasses.replace(sink.channel, groups=PartitionGroups(3))
+    three = dataclasses.replace(sink.channel, partition_groups=PartitionGroups(3))
     fenced = group_layout.fence_other_layouts(three, [(sink.topic, p) for p in range(PARTITIONS)])
     assert fenced == 2  # both ids of the recorded 2-group layout
     worker = SliceWorker(three)
@@ -133,7 +133,7 @@ def test_the_first_start_with_packing_fences_the_partitions_own_ids_that_deliver
     """A sink that ran before packing (one transactional id per partition, offsets without a name)
     has no layout record: the ids that committed the sink group's offsets are fenced."""
     sink, _expected = _packed_sink(sink_factory, groups=2)
-    unpacked = dataclasses.replace(sink.channel, groups=PartitionGroups())
+    unpacked = dataclasses.replace(sink.channel, partition_groups=PartitionGroups())
     worker = SliceWorker(unpacked)
     try:
         run_planned_batch(worker, sink.bootstrap, sink.plan(), make_processor(catalog))

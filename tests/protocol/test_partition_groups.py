@@ -35,9 +35,9 @@ def test_many_one_partition_topics_spread_over_the_groups() -> None:
 def test_without_a_count_every_partition_is_its_own_group_under_its_own_id() -> None:
     channel = SinkChannel("s", {}, "s-control")
     slices = [Slice("t", p, 0, 5) for p in range(3)]
-    assert channel.groups.pack(slices) == [[s] for s in slices]
+    assert channel.partition_groups.pack(slices) == [[s] for s in slices]
     assert channel.worker_transactional_id("t", 1) == "fanout-sink:s:t:1"
-    packed = SinkChannel("s", {}, "s-control", groups=PartitionGroups(2))
+    packed = SinkChannel("s", {}, "s-control", partition_groups=PartitionGroups(2))
     ids = {packed.worker_transactional_id("t", p) for p in range(10)}
     assert ids == {"fanout-sink:s:groups:2:0", "fanout-sink:s:groups:2:1"}
     with pytest.raises(ValueError):

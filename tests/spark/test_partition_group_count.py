@@ -43,6 +43,8 @@ def test_the_app_holds_one_channel_under_the_decided_layout_and_hands_it_to_ever
     from fanout_sink.spark.app import RunOptions, SinkApp
 
     app = SinkApp(_config(), RunOptions(master="local[3]"))
-    assert app.channel.groups == PartitionGroups(3)
-    assert app.tasks.channel.groups == app.channel.groups and app.batches.setup is app.tasks
+    assert app.channel.partition_groups == PartitionGroups(3)
+    assert (
+        app.tasks.channel.partition_groups == app.channel.partition_groups and app.batches.setup is app.tasks
+    )
     assert app.config.spark.partition_groups is None  # the config is not rewritten

@@ -253,7 +253,7 @@ def run_planned_batch(
     the Kafka source."""
     slices = [Slice(t, p, start, end) for (t, p), (start, end) in sorted(ranges.items()) if end > start]
     results = []
-    for group in worker.channel.groups.pack(slices):
+    for group in worker.channel.partition_groups.pack(slices):
         work = [(s, read_slice(bootstrap, s.topic, s.partition, s.start, s.end)) for s in group]
         results += worker.commit_partition_group(work, process)
     return results
