@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from fanout_sink.catalog import load_catalog, local_warehouse_path, sqlite_path
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.clients import KafkaClientFactory
+from fanout_sink.retries import Retry
 
 log = logging.getLogger("fanout_sink.preflight")
 
@@ -102,14 +102,14 @@ class Preflight:
         if self._broker_error is not None:  # known: asking again would only wait as long again
             raise self._broker_error
         admin = self.admin()
-        deadline = time.monotonic() + self.broker_timeout_s
+        tries = Retry(deadline_s=self.broker_timeout_s).start()  # each try waits 1 s for its answer
         while True:
             try:
                 self._metadata = admin.list_topics(timeout=1.0)
                 return self._metadata
             except KafkaException:
                 admin.poll(0)  # serves error_cb
-            if any(e.code() in _GIVE_UP for e in self.errors) or time.monotonic() >= deadline:
+            if any(e.code() in _GIVE_UP for e in self.errors) or not tries.again():
                 self._broker_error = self._broker_failure()
                 raise self._broker_error
 

@@ -29,7 +29,7 @@ from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.kafka.topics import pattern_topics
 from fanout_sink.protocol import events as ev
-from fanout_sink.protocol import recovery, table_state
+from fanout_sink.protocol import group_layout, recovery, table_state
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
 
 
@@ -293,7 +293,7 @@ def run(config_path: Path, as_json: bool) -> str:
     """
     config = load_config(config_path)
     status = collect_status(
-        SinkChannel.from_config(config),
+        group_layout.channel_in_use(config),
         config.catalog,
         config.source.topics,
         config.source.pattern,

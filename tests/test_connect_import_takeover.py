@@ -73,7 +73,7 @@ def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_th
 
     from fanout_sink.catalog import CatalogSettings, load_catalog
     from fanout_sink.kafka.offsets import GroupOffsets
-    from fanout_sink.protocol.channel import SinkChannel
+    from fanout_sink.protocol import group_layout
 
     name = f"kc-checks-{tmp_path.name[-12:].replace('_', '-')}"
     topic = create_named_topic(bootstrap_servers, f"{name}-src", partitions=2)
@@ -123,7 +123,8 @@ def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_th
     table.append(pa.table({"id": [1]}), snapshot_properties={summary_key: json.dumps({"0": 4})})
     taken = takeover.take_over(imported, config)
     assert taken.positions == {(topic, 0): 3} and taken.unstarted == [(topic, 1)]
-    reader = GroupOffsets(SinkChannel.from_config(config).clients, SinkChannel.from_config(config).sink_group)
+    channel = group_layout.channel_in_use(config)
+    reader = GroupOffsets(channel.clients, channel.sink_group)
     try:
         assert reader.committed([(topic, 0), (topic, 1)]) == {(topic, 0): 3, (topic, 1): None}
     finally:

@@ -3,6 +3,7 @@ its ``--json`` keys are exactly the ones ``docs/status.md`` documents."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -15,8 +16,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from support.common import make_processor, produce_json, run_planned_batch
 from support.sink_factory import SinkFactory
 
+from fanout_sink import status as status_command
 from fanout_sink.cli import main
-from fanout_sink.protocol import table_state
+from fanout_sink.protocol import group_layout, table_state
+from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
+from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.transform.processor import build_processor
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "status.md"
@@ -149,3 +153,29 @@ def test_status_of_a_pattern_source_shows_the_topics_it_matches_now(
     assert f"pattern {pattern} matches 2 topics now" in text
     assert text.count(f"{prefix}.b") == 1, "each matched topic named once, with its partitions"
     assert f"{prefix}.a[0]: committed - end 2 lag 2" in text and f"{prefix}.ab[" not in text
+
+
+def test_status_uses_the_partition_group_layout_the_apps_start_recorded(
+    sink_factory: SinkFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status`` (like maintenance and ``import-connect``: ``group_layout.channel_in_use``) names the
+    transactional ids the app's workers use: the layout its start recorded, not one of its own."""
+    sink = sink_factory(partitions={"src": 4}, prefix="stl")
+    ensure_control_topic(sink.channel)
+    seen: list[SinkChannel] = []
+    collect = status_command.collect_status
+
+    def spy(channel: SinkChannel, *args: Any) -> Any:
+        seen.append(channel)
+        return collect(channel, *args)
+
+    monkeypatch.setattr(status_command, "collect_status", spy)
+    assert main(["status", "--config", str(sink.config_file), "--json"]) == 0
+    app = dataclasses.replace(sink.channel, groups=PartitionGroups(3))  # the app's decision at start
+    group_layout.fence_other_layouts(app, [(sink.topic, p) for p in range(4)])
+    assert main(["status", "--config", str(sink.config_file), "--json"]) == 0
+    capsys.readouterr()
+
+    assert [channel.groups for channel in seen] == [PartitionGroups(), PartitionGroups(3)]
+    assert seen[1] == app == group_layout.channel_in_use(sink.config)
+    assert seen[1].worker_transactional_id(sink.topic, 0) == app.worker_transactional_id(sink.topic, 0)

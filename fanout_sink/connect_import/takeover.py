@@ -28,7 +28,7 @@ from fanout_sink.connect_import.events import announced_table, recorded_control_
 from fanout_sink.connect_import.translator import Imported, ImportError_
 from fanout_sink.kafka.clients import retry_transient
 from fanout_sink.kafka.offsets import GroupOffsets
-from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.group_layout import channel_in_use
 from fanout_sink.protocol.recovery import PositionWriter, delivered_offsets
 from fanout_sink.spark.planning import source_partitions
 
@@ -116,7 +116,7 @@ def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> 
 def take_over(imported: Imported, config: SinkConfig) -> Takeover:
     """Seed the sink group with the connector's source offsets, once the connector is stopped and its
     last commit completed; raises :class:`ImportError_` saying what to do otherwise."""
-    channel = SinkChannel.from_config(config)
+    channel = channel_in_use(config)
     clients = channel.clients
     running = _groups_with_members(
         clients.admin(), [imported.connect_group, imported.control_group], clients.timeout_s
@@ -127,7 +127,7 @@ def take_over(imported: Imported, config: SinkConfig) -> Takeover:
             f"(`curl -X DELETE <connect>/connectors/{imported.connector}`, or stop Connect standalone), "
             "then run --take-over again"
         )
-    partitions = source_partitions(config)
+    partitions = source_partitions(config, channel)
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
     reader = GroupOffsets(clients, imported.connect_group, stable=True)  # waits for pending transactions
     try:

@@ -83,6 +83,10 @@ class _LibrdkafkaLog:
         self._logger.debug(msg, *args)
 
 
+PROBE_RETRY = Retry(backoff_s=1.0)
+"""An unreachable cluster's probe asks for its metadata (2 s per try) every second until it answers."""
+
+
 class _Reachability:
     """One WARNING when a cluster becomes unreachable, one INFO when it answers again, per process.
 
@@ -121,14 +125,13 @@ class _Reachability:
         since = time.monotonic()
         probe_conf: dict[str, Any] = {**conf, "logger": _LIBRDKAFKA_LOG}  # no error_cb: it is the watcher
         admin = AdminClient(probe_conf)
-        attempts = 0
+        tries = PROBE_RETRY.start()
         while True:
             try:
                 admin.list_topics(timeout=2.0)
                 break
             except KafkaException:
-                attempts += 1
-                if attempts == 1:
+                if tries.number == 1:
                     log.warning(
                         "Kafka at %s is unreachable (%s); the sink keeps retrying and logs when it is "
                         "back (librdkafka's own lines: logger %s at DEBUG)",
@@ -136,10 +139,10 @@ class _Reachability:
                         reason,
                         LIBRDKAFKA_LOGGER,
                     )
-                time.sleep(1.0)
+                tries.again()  # no count, no deadline: always another
         with self._lock:
             self._probing.discard(servers)
-        if attempts:
+        if tries.number > 1:
             log.info("Kafka at %s is reachable again (after %.0f s)", servers, time.monotonic() - since)
 
 

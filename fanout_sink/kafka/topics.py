@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
@@ -23,6 +22,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.errors import TopicError
 from fanout_sink.kafka.clients import KafkaClientFactory, retry_transient
+from fanout_sink.retries import Retry
 
 _PRODUCER_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 log = logging.getLogger(__name__)
@@ -68,6 +68,11 @@ class TopicState:
     """The topic's effective properties (empty unless checked, or if the broker would not describe them)."""
 
 
+LEADER_WAIT = Retry(backoff_s=0.1)
+"""A topic just created shows no partitions until a leader is elected: :func:`ensure_topic` asks for
+its metadata again every 0.1 s, for the clients' timeout."""
+
+
 def ensure_topic(
     clients: KafkaClientFactory, topic: str, purpose: str, settings: TopicSettings, check: bool = True
 ) -> TopicState:
@@ -103,11 +108,8 @@ def ensure_topic(
                     f"{settings.section}.replication-factor and .min-insync-replicas set the replication."
                 ) from exc
     # A topic just created (by us or a concurrent process) shows no partitions until a leader is elected.
-    deadline = time.monotonic() + timeout_s
-    while (metadata is None or metadata.error is not None or not metadata.partitions) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.1)
+    tries = replace(LEADER_WAIT, deadline_s=timeout_s).start()
+    while (metadata is None or metadata.error is not None or not metadata.partitions) and tries.again():
         metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
     described = _describe(admin, ConfigResource(ResourceType.TOPIC, topic), timeout_s) if check else None
     if check and not created and metadata is not None:

@@ -105,15 +105,16 @@ class SinkChannel:
     scan_timeout_s: float = CONTROL_SCAN_TIMEOUT_S
     """How long reading the control topic's whole retained history may take."""
     groups: PartitionGroups = field(default_factory=PartitionGroups)
-    """How source partitions share transactional ids (``spark.partition-groups``)."""
+    """How source partitions share transactional ids: the layout the app decided at start and
+    recorded (:mod:`.group_layout`), which every process of the sink uses."""
 
     @classmethod
-    def from_config(cls, config: SinkConfig) -> SinkChannel:
+    def from_config(cls, config: SinkConfig, groups: PartitionGroups) -> SinkChannel:
+        """The sink's channel under the layout ``groups``: the app's decision
+        (``spark/partition_group_count.py``), or the one it recorded (:func:`.group_layout.channel_in_use`).
+        The config does not say it, so every caller names where its layout comes from."""
         return cls(
-            sink=config.name,
-            kafka=dict(config.kafka),
-            control_topic=config.control_topic,
-            groups=PartitionGroups(config.spark.partition_groups),
+            sink=config.name, kafka=dict(config.kafka), control_topic=config.control_topic, groups=groups
         )
 
     @property

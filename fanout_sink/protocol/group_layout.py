@@ -12,7 +12,8 @@ Where the previous layout comes from:
 
 - the layout record (:class:`~.offset_metadata.LayoutRecord`): the metadata of one offset the driver
   commits under the sink's layout group (:attr:`~.channel.SinkChannel.layout_group`) once the old
-  ids are fenced, so a layout is recorded before any of its workers runs;
+  ids are fenced, so a layout is recorded before any of its workers runs (the commands beside the
+  app read it too: :func:`channel_in_use`);
 - without a record (the first start with packing, or a record expired after
   ``offsets.retention.minutes`` without a restart): the sink group itself, whose offsets name the
   transactional id that committed them (:class:`~.offset_metadata.DeliveredBy`, written by
@@ -22,11 +23,13 @@ Where the previous layout comes from:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import TopicPartition
 
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel as names
@@ -40,7 +43,7 @@ FENCING_THREADS = 8
 """Ids initialised at once: each ``init_transactions`` is a round trip or two to the broker."""
 
 
-def _read_record(channel: SinkChannel) -> PartitionGroups | None:
+def read_record(channel: SinkChannel) -> PartitionGroups | None:
     """The layout recorded by the last start, or None if none is (or it expired)."""
     reader = GroupOffsets(channel.clients, channel.layout_group, stable=False)
     try:
@@ -50,6 +53,15 @@ def _read_record(channel: SinkChannel) -> PartitionGroups | None:
     offset, offset_metadata = found[(channel.control_topic, CONTROL_PARTITION)]
     record = LayoutRecord.decode(offset_metadata) if offset is not None else None
     return record.layout if record is not None else None
+
+
+def channel_in_use(config: SinkConfig) -> SinkChannel:
+    """The sink's channel under the layout its app recorded at its last start: what the commands
+    beside the app (``status``, maintenance, ``import-connect``) use, so they name the transactional
+    ids the app's workers use. No record (a sink never started with packing, or one whose record
+    expired): one group per partition, under the partitions' own ids."""
+    unpacked = SinkChannel.from_config(config, PartitionGroups())
+    return dataclasses.replace(unpacked, groups=read_record(unpacked) or PartitionGroups())
 
 
 def _write_record(channel: SinkChannel) -> None:
@@ -100,7 +112,7 @@ def fence_other_layouts(channel: SinkChannel, partitions: list[tuple[str, int]])
     """Fence every transactional id of the previous layout that ``channel.groups`` does not use, then
     record ``channel.groups``; returns how many ids were fenced. Run by the driver before the first
     batch (and before planning restores positions under the new ids)."""
-    recorded = _read_record(channel)
+    recorded = read_record(channel)
     if recorded == channel.groups:
         return 0
     if recorded is not None:

@@ -35,6 +35,7 @@ from fanout_sink.spark import (
     progress,
 )
 from fanout_sink.spark.batch import BatchRunner, StopRequested
+from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.session import build_spark_session
 from fanout_sink.spark.source import read_stream
 from fanout_sink.spark.spark_metrics import SparkMetricsMirror
@@ -60,10 +61,11 @@ class SinkApp:
     def __init__(self, config: SinkConfig, options: RunOptions | None = None) -> None:
         self.options = options = options or RunOptions()
         master = options.master or config.spark.master
-        # Decided once: the driver, the coordinator and every task must pack alike.
-        conf = {**config.spark.conf, **dict(options.spark_conf)}
-        config = partition_group_count.with_group_count(config, master, conf)
         self.config = config
+        conf = {**config.spark.conf, **dict(options.spark_conf)}
+        self.channel = SinkChannel.from_config(config, partition_group_count.decide(config, master, conf))
+        """The run's one channel: planning, the batches' tasks and the coordinator pack alike, and
+        the layout is recorded at start for every other process (``protocol/group_layout.py``)."""
         self.metrics = (
             SinkMetrics(config.name, config.control.commit_interval.total_seconds())
             if config.metrics is not None
@@ -74,8 +76,10 @@ class SinkApp:
         self.rounds = RoundTrigger(
             control.commit_interval.total_seconds(), control.commit_min_interval.total_seconds()
         )
+        self.tasks = TaskSetup.of(config, self.channel)
+        """What every Spark task of the run gets: the batches' and the table commits'."""
         self.batches = BatchRunner(
-            config, self.options.batch_retries, self._coordinator_error, self.metrics, self.rounds
+            self.tasks, self.options.batch_retries, self._coordinator_error, self.metrics, self.rounds
         )
         self._stop_requested = threading.Event()
         self._query_started = threading.Event()
@@ -123,20 +127,20 @@ class SinkApp:
                 self.metrics.close()
 
     def _run(self) -> int:
-        channel = SinkChannel.from_config(self.config)
+        channel = self.channel
         ensure_control_topic(channel, settings=self.config.control.topic_settings())
         if self.config.dead_letter is not None:
             dead_letter = self.config.dead_letter
             ensure_topic(
                 channel.clients, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
             )
-        partitions = planning.source_partitions(self.config)
+        partitions = planning.source_partitions(self.config, channel)
         # Before anything delivers or restores a position under this layout's transactional ids.
         group_layout.fence_other_layouts(channel, [(t, p) for t, n in partitions.items() for p in range(n)])
         checkpoint = self.config.checkpoint_location
         # A checkpoint on an object store or HDFS is read through the session's JVM: planned after it.
         local = planning.is_local_checkpoint(checkpoint)
-        starting = planning.plan_start(self.config, partitions) if local else None
+        starting = planning.plan_start(self.config, channel, partitions) if local else None
         master = self.options.master or self.config.spark.master
         log.info("starting Spark (master %s, checkpoint %s)", master, checkpoint)
         # The coordinator needs no Spark: it opens its producer, catalog and control-topic position
@@ -168,7 +172,7 @@ class SinkApp:
             self._coordinator = coordinator.result()
         self._coordinator.table_commits = executor_commits.SparkTableCommits(
             spark.sparkContext,
-            self.config,
+            self.tasks,
             on_driver=self._coordinator.table_commits,
             min_tables=self.config.control.distributed_commit_min_tables,
         )
@@ -178,7 +182,7 @@ class SinkApp:
         )
         try:
             if starting is None:
-                starting = planning.plan_start(self.config, partitions, spark)
+                starting = planning.plan_start(self.config, self.channel, partitions, spark)
             if schedule is not None:
                 schedule.start()
             self._run_query(spark, starting)
@@ -233,7 +237,7 @@ class SinkApp:
     def _start_coordinator(self) -> Coordinator:
         control = self.config.control
         coordinator = Coordinator(
-            channel=SinkChannel.from_config(self.config),
+            channel=self.channel,
             catalog=load_catalog(self.config.catalog),
             source_topics=list(self.config.source.topics),
             source_pattern=self.config.source.pattern,

@@ -22,18 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import BatchError, FanoutSinkError, RecordError, UnknownSchemaIdError
-from fanout_sink.kafka.java_client import inline_tls_files
 from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.logs import TRACEBACK
 from fanout_sink.metrics import SinkMetrics
-from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.slices import Slice
 from fanout_sink.retries import Retry, Tries
 from fanout_sink.spark import planning
-from fanout_sink.spark.task import SliceReport, config_key, run_task
+from fanout_sink.spark.executor_context import TaskSetup
+from fanout_sink.spark.task import SliceReport, run_task
 from fanout_sink.spark.task_failure import task_failure
 
 log = logging.getLogger("fanout_sink.app")
@@ -76,15 +74,17 @@ class BatchRunner:
 
     def __init__(
         self,
-        config: SinkConfig,
+        setup: TaskSetup,
         retries: int,
         coordinator_error: Callable[[], BaseException | None],
         metrics: SinkMetrics | None = None,
         rounds: RoundTrigger | None = None,
     ) -> None:
-        # The tasks' copy: their librdkafka clients may run on hosts without the driver's TLS files.
-        self.config = config.model_copy(update={"kafka": inline_tls_files(config.kafka)})
-        self.checkpoint = config.checkpoint_location
+        """``setup``: the config and channel every task of the run gets (the run's layout packs the
+        batches' slices)."""
+        self.setup = setup
+        self.config = setup.config
+        self.checkpoint = setup.config.checkpoint_location
         self.retry = Retry(attempts=retries)
         """A failed batch is run again at once, ``retries`` runs in all; a bad record or a sink
         error ends it at once, and a run held up by the Schema Registry is not counted."""
@@ -96,7 +96,6 @@ class BatchRunner:
         self.stopping = threading.Event()
         """Set by the app's stop: a batch that begins afterwards delivers nothing (:class:`StopRequested`)."""
         self._coordinator_error = coordinator_error
-        self._config_key = config_key(config)
         self._metrics = metrics
         self._rounds = rounds
         """Told each batch's planned ranges and its end, so the coordinator commits once it is reported."""
@@ -214,12 +213,12 @@ class BatchRunner:
         if not moved:
             return []
         # One describe per batch: every slice's DataComplete names the topic id it was read from.
-        ids = topic_ids(SinkChannel.from_config(self.config).clients, {topic for (topic, _), _ in moved})
+        ids = topic_ids(self.setup.channel.clients, {topic for (topic, _), _ in moved})
         slices = [
             Slice(topic, partition, start, end, ids.get(topic)) for (topic, partition), (start, end) in moved
         ]
-        groups = SinkChannel.from_config(self.config).groups.pack(slices)
-        task = functools.partial(run_task, self._config_key, self.config, batch_id, dict(self._unknown_since))
+        groups = self.setup.channel.groups.pack(slices)
+        task = functools.partial(run_task, self.setup, batch_id, dict(self._unknown_since))
         reports: list[SliceReport] = (
             context.parallelize(groups, numSlices=len(groups)).mapPartitions(task).collect()
         )

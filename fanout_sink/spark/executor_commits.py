@@ -39,12 +39,11 @@ from typing import Any
 
 from fanout_sink import logs
 from fanout_sink.catalog import load_catalog
-from fanout_sink.config.models import SinkConfig
 from fanout_sink.logs import TRACEBACK
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, commit_in_threads
 from fanout_sink.protocol.commit_state import CommitState
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
-from fanout_sink.spark.task import config_key
+from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.task_failure import task_failure
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,8 @@ class SparkTableCommits:
 
     context: Any
     """The app's SparkContext."""
-    config: SinkConfig
+    setup: TaskSetup
+    """The tasks' config and channel, as the batches' tasks get them."""
     on_driver: TableCommitRunner
     min_tables: int
     threads: int = 4
@@ -99,7 +99,7 @@ class SparkTableCommits:
         context = self.context
         parts = tables.split(self.groups or context.defaultParallelism)
         group = f"fanout-sink-commit-{tables.commit_id}"
-        task = functools.partial(commit_table_shares, config_key(self.config), self.config, self.threads)
+        task = functools.partial(commit_table_shares, self.setup, self.threads)
         done = threading.Event()
         started = time.monotonic()
         context.setJobGroup(group, f"commit {tables.commit_id}: {len(tables.due)} tables", True)
@@ -169,20 +169,21 @@ _COMMITTERS: dict[str, TableCommitter] = {}
 _COMMITTERS_LOCK = threading.Lock()
 
 
-def _committer(key: str, config: SinkConfig) -> TableCommitter:
-    """One committer per Python worker process and config: its catalog outlives a round."""
+def _committer(setup: TaskSetup) -> TableCommitter:
+    """One committer per Python worker process and setup: its catalog outlives a round."""
     with _COMMITTERS_LOCK:
-        if key not in _COMMITTERS:
+        if setup.key not in _COMMITTERS:
+            config = setup.config
             logs.configure(config.logging.format, config.logging.level)
-            _COMMITTERS[key] = TableCommitter(config.name, load_catalog(config.catalog), CommitState())
-        return _COMMITTERS[key]
+            _COMMITTERS[setup.key] = TableCommitter(config.name, load_catalog(config.catalog), CommitState())
+        return _COMMITTERS[setup.key]
 
 
 def commit_table_shares(
-    key: str, config: SinkConfig, threads: int, parts: Iterable[RoundTables]
+    setup: TaskSetup, threads: int, parts: Iterable[RoundTables]
 ) -> Iterator[TableCommit]:
     """One Spark task: the tables of its group(s) committed here, an outcome per table."""
-    committer = _committer(key, config)
+    committer = _committer(setup)
     for part in parts:
         # The floors the coordinator's CommitToTable events announced, for files of swapped tables.
         known = committer.state.committed_through

@@ -36,8 +36,7 @@ from fanout_sink.errors import TableError
 from fanout_sink.maintenance import decisions
 from fanout_sink.maintenance.decisions import NO_FIGURES, Decision, Figures, span
 from fanout_sink.maintenance.report import Step, StepAction, StepName, TableMaintenance
-from fanout_sink.protocol import orphans, table_state
-from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol import group_layout, orphans, table_state
 
 log = logging.getLogger("fanout_sink.maintenance")
 
@@ -330,7 +329,7 @@ def _clean_orphans(
         cleaned = orphans.clean_tables(
             catalog,
             {run.identifier: run.settings.orphan_older_than for run in runs},
-            lambda: orphans.pending_files(SinkChannel.from_config(config)),
+            lambda: orphans.pending_files(group_layout.channel_in_use(config)),
             dry_run,
         )
     except Exception as exc:  # the control topic could not be read: nothing is removed

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 
 from fanout_sink.config.models import SinkConfig
+from fanout_sink.protocol.partition_groups import PartitionGroups
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -45,9 +46,10 @@ def group_count(config: SinkConfig, master: str, conf: Mapping[str, str]) -> tup
     )
 
 
-def with_group_count(config: SinkConfig, master: str, conf: Mapping[str, str]) -> SinkConfig:
-    """``config`` with ``spark.partition-groups`` decided, so every process of the run packs alike."""
+def decide(config: SinkConfig, master: str, conf: Mapping[str, str]) -> PartitionGroups:
+    """The run's layout: the driver decides it once, puts it in the one channel it hands to planning,
+    the batches and the coordinator, and records it (``protocol/group_layout.py``) for every other
+    process; the config stays as it was written."""
     count, source = group_count(config, master, conf)
     log.info("packing source partitions into %d partition group(s) (from %s)", count, source)
-    spark = config.spark.model_copy(update={"partition_groups": count})
-    return config.model_copy(update={"spark": spark})
+    return PartitionGroups(count)

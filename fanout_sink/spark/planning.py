@@ -269,10 +269,10 @@ def starting_offsets_option(
     return json.dumps(spec)
 
 
-def source_partitions(config: SinkConfig) -> dict[str, int]:
+def source_partitions(config: SinkConfig, channel: SinkChannel) -> dict[str, int]:
     """The partition count of every source topic: ``source.topics``, plus what ``source.pattern``
-    matches now (internal topics excluded)."""
-    clients = SinkChannel.from_config(config).clients
+    matches now (internal topics excluded), asked through ``channel``'s clients."""
+    clients = channel.clients
     metadata = clients.admin().list_topics(timeout=clients.timeout_s)
     wanted = list(config.source.topics)
     if config.source.pattern:
@@ -329,7 +329,9 @@ def _checkpoint_starts(checkpoint: str, spark: Any) -> dict[TopicPartitionKey, i
     return _offsets(open_checkpoint(checkpoint, spark), "sources", "0", "0") or {}
 
 
-def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None) -> str:
+def plan_start(
+    config: SinkConfig, channel: SinkChannel, partitions: dict[str, int], spark: Any = None
+) -> str:
     """Where the stream starts; returns Spark's ``startingOffsets`` (used when no checkpoint is kept).
 
     The delivered positions come from ``protocol.recovery``: the sink group's offsets, the missing
@@ -340,10 +342,10 @@ def plan_start(config: SinkConfig, partitions: dict[str, int], spark: Any = None
     first batch's start), also when the checkpoint is moved aside for another one. A recreated
     topic (``source.recreated-topic-offsets: earliest``) counts as delivered up to 0, so a
     checkpoint holding the old topic's positions is ahead and moved aside, and Spark starts it at
-    earliest. ``spark`` is needed for a checkpoint that is not on local disk (:func:`open_checkpoint`).
+    earliest. ``channel``: the run's, whose layout's transactional ids restore positions. ``spark``
+    is needed for a checkpoint that is not on local disk (:func:`open_checkpoint`).
     """
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
-    channel = SinkChannel.from_config(config)
     found = recovery.recover_positions(channel, wanted, config.source.recreated_topic_offsets)
     checkpoint = config.checkpoint_location
     ends = last_committed_ends(checkpoint, spark) or {}

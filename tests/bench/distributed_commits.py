@@ -32,8 +32,8 @@ from bench.wide_sink import WidePlan, WideSink
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner
 from fanout_sink.protocol.table_commit import TableCommit
 from fanout_sink.spark.executor_commits import SparkTableCommits, commit_table_shares, spark_conf
+from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.session import build_spark_session
-from fanout_sink.spark.task import config_key
 
 WAYS = ("driver", "1 executor", "2 executors")
 
@@ -106,7 +106,9 @@ def _runners(wide: WideSink, context: Any) -> dict[str, TableCommitRunner]:
     driver = wide.coordinator.table_commits
 
     def on_executors(groups: int) -> SparkTableCommits:
-        return SparkTableCommits(context, wide.config, driver, min_tables=1, groups=groups)
+        return SparkTableCommits(
+            context, TaskSetup.of(wide.config, wide.channel), driver, min_tables=1, groups=groups
+        )
 
     return {"driver": driver, "1 executor": on_executors(1), "2 executors": on_executors(2)}
 
@@ -116,7 +118,7 @@ def _warm(context: Any, wide: WideSink) -> None:
     one task per executor over an empty round."""
     empty = RoundTables({}, 0, "warm-up", None, deadline=0.0)
     groups = max(2, context.defaultParallelism)
-    task = functools.partial(commit_table_shares, config_key(wide.config), wide.config, 1)
+    task = functools.partial(commit_table_shares, TaskSetup.of(wide.config, wide.channel), 1)
     context.parallelize([empty] * groups, numSlices=groups).mapPartitions(task).collect()
 
 

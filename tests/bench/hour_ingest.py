@@ -34,6 +34,7 @@ from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.slices import Slice
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import build_processor
@@ -234,7 +235,7 @@ class HourIngest:
         interval_ms = int(plan.interval_s * 1000)
         end_ms = int(time.time() * 1000) // interval_ms * interval_ms
         result = IngestResult(start_ms=end_ms - plan.rounds * interval_ms, end_ms=end_ms)
-        channel = SinkChannel.from_config(self.config)
+        channel = SinkChannel.from_config(self.config, PartitionGroups())  # a slot per partition
         producer = channel.clients.producer({"enable.idempotence": True, "linger.ms": 5})
         slots = [Slot.open(self.config, self.catalog) for _ in range(plan.partitions)]
         coordinator = Coordinator(
@@ -288,7 +289,7 @@ class Slot:
 
     @classmethod
     def open(cls, config: SinkConfig, catalog: Any) -> Slot:
-        channel = SinkChannel.from_config(config)
+        channel = SinkChannel.from_config(config, PartitionGroups())  # a slot per partition
         return cls(
             SliceWorker(channel),
             RangeReader(channel.clients, channel.sink_group),

@@ -48,7 +48,6 @@ from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import log_start_offset, source_positions
-from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.spark import planning
 from fanout_sink.spark.app import RunOptions, SinkApp
 from fanout_sink.spark.batch import BatchRunner
@@ -153,14 +152,14 @@ class PlannerApp(SinkApp):
         self.config_path = config_path
         if planner == "python":
             self.batches = FrameBatchRunner(
-                config, options.batch_retries, self._coordinator_error, self.metrics, self.rounds
+                self.tasks, options.batch_retries, self._coordinator_error, self.metrics, self.rounds
             )
         self._until: dict[tuple[str, int], int] | None = None
 
     def _stream(self, spark: Any, starting: str, limit: int | None) -> Any:
         if self.planner == "kafka":
             return super()._stream(spark, starting, limit)
-        channel = SinkChannel.from_config(self.config)
+        channel = self.channel
         start = resolve(channel.clients, channel.sink_group, starting)
         files = planning.open_checkpoint(self.config.checkpoint_location)
         if not files.names("offsets") and files.read("sources", "0", "0") is None:
@@ -182,7 +181,7 @@ class PlannerApp(SinkApp):
         durations = BatchDurations(self)
         spark.streams.addListener(durations)
         if self.planner == "python" and self.available_now:
-            channel = SinkChannel.from_config(self.config)
+            channel = self.channel
             positions = source_positions(channel.clients, channel.sink_group, sorted(json.loads(starting)))
             until = self._until = {(p.topic, p.partition): p.end for p in positions}
 

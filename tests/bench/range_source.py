@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 if TYPE_CHECKING:
-    from fanout_sink.config.models import SinkConfig
     from fanout_sink.kafka.clients import KafkaClientFactory
+    from fanout_sink.spark.executor_context import TaskSetup
 
 SOURCE_NAME = "fanout_sink_ranges"
 SUMMARY_SCHEMA = "topic string, partition int, report binary"
@@ -82,31 +82,33 @@ class RangeStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self.cap = cap
         self.until = flat(until) if until is not None else None
         self._base = flat(starting)
-        self._config: SinkConfig | None = None
+        self._setup: TaskSetup | None = None
         self._clients: KafkaClientFactory | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Travels as the YAML's path: unpickling needs no pydantic, and librdkafka handles stay in
         # the process that made them.
-        return {**self.__dict__, "_config": None, "_clients": None}
+        return {**self.__dict__, "_setup": None, "_clients": None}
 
     @property
-    def config(self) -> SinkConfig:
-        if self._config is None:
+    def setup(self) -> TaskSetup:
+        """The tasks' config and channel, as the app's batches make them; one range per task, so
+        each partition delivers under its own transactional id (ranges of one group delivered by
+        concurrent tasks would fence each other)."""
+        if self._setup is None:
             from fanout_sink.config.loading import load_config
-            from fanout_sink.kafka.java_client import inline_tls_files
+            from fanout_sink.protocol.channel import SinkChannel
+            from fanout_sink.protocol.partition_groups import PartitionGroups
+            from fanout_sink.spark.executor_context import TaskSetup
 
             config = load_config(self.config_path)
-            # As BatchRunner does for its tasks: their clients may run where the driver's TLS files are not.
-            self._config = config.model_copy(update={"kafka": inline_tls_files(config.kafka)})
-        return self._config
+            self._setup = TaskSetup.of(config, SinkChannel.from_config(config, PartitionGroups()))
+        return self._setup
 
     @property
     def clients(self) -> KafkaClientFactory:
         if self._clients is None:
-            from fanout_sink.protocol.channel import SinkChannel
-
-            self._clients = SinkChannel.from_config(self.config).clients
+            self._clients = self.setup.channel.clients
         return self._clients
 
     def initialOffset(self) -> Offsets:
@@ -114,10 +116,9 @@ class RangeStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def latestOffset(self) -> Offsets:
         from fanout_sink.kafka.offsets import source_positions
-        from fanout_sink.protocol.channel import SinkChannel
 
         topics = sorted(self.starting)
-        sink_group = SinkChannel.from_config(self.config).sink_group
+        sink_group = self.setup.channel.sink_group
         ends = {(p.topic, p.partition): p.end for p in source_positions(self.clients, sink_group, topics)}
         if self.until is not None:
             ends = {key: min(end, self.until.get(key, end)) for key, end in ends.items()}
@@ -146,12 +147,12 @@ class RangeStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         unknown here (it only names a profile file): the range's start stands in for it."""
         assert isinstance(partition, RangePartition)
         from fanout_sink.protocol.slices import Slice
-        from fanout_sink.spark.task import config_key, run_task
+        from fanout_sink.spark.task import run_task
 
         planned = Slice(
             partition.topic, partition.partition, partition.start, partition.end, partition.topic_id
         )
-        for report in run_task(config_key(self.config), self.config, partition.start, {}, [[planned]]):
+        for report in run_task(self.setup, partition.start, {}, [[planned]]):
             yield partition.topic, partition.partition, pickle.dumps(report)
 
 

@@ -43,6 +43,7 @@ from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
 from fanout_sink.protocol.commit_runners import ThreadedCommits
 from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.slices import Slice
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 
@@ -180,7 +181,7 @@ class WideSink:
         # The workers' catalog is their own (as in an executor), counted apart.
         self.worker_catalog = load_catalog(settings)
         self.worker_calls = CatalogCalls(self.worker_catalog)
-        self.channel = SinkChannel.from_config(self.config)
+        self.channel = SinkChannel.from_config(self.config, PartitionGroups())  # a slot per partition
         self.producer = self.channel.clients.producer({"enable.idempotence": True, "linger.ms": 5})
         self.slots = [Slot.open(self.config, self.worker_catalog) for _ in range(self.parallel)]
         self.coordinator = Coordinator(self.channel, catalog, source_topics=[self.topic])

@@ -25,8 +25,7 @@ from pyiceberg.transforms import BucketTransform, IdentityTransform, Transform
 from fanout_sink.config.loading import load_config
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets, source_positions
-from fanout_sink.protocol import orphans
-from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol import group_layout, orphans
 
 log = logging.getLogger("chaos")
 
@@ -185,7 +184,9 @@ def remove_orphans(catalog: Catalog, config_file: Path, tables: list[str]) -> tu
     config = load_config(config_file)
     age = config.maintenance.orphan_older_than
     results = orphans.clean_tables(
-        catalog, dict.fromkeys(tables, age), lambda: orphans.pending_files(SinkChannel.from_config(config))
+        catalog,
+        dict.fromkeys(tables, age),
+        lambda: orphans.pending_files(group_layout.channel_in_use(config)),
     )
     for name, result in results.items():
         if result.error or result.failed:

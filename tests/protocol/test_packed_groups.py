@@ -18,7 +18,7 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.protocol import group_layout
-from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
+from fanout_sink.protocol.channel import ensure_control_topic
 from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.worker import SliceWorker
 
@@ -109,7 +109,7 @@ def test_a_restart_with_another_group_count_fences_the_old_layouts_open_transact
         time.sleep(0.1)  # the zombie has written its first group's files and is about to commit
     time.sleep(1.0)
 
-    three = dataclasses.replace(SinkChannel.from_config(sink.config), groups=PartitionGroups(3))
+    three = dataclasses.replace(sink.channel, groups=PartitionGroups(3))
     fenced = group_layout.fence_other_layouts(three, [(sink.topic, p) for p in range(PARTITIONS)])
     assert fenced == 2  # both ids of the recorded 2-group layout
     worker = SliceWorker(three)

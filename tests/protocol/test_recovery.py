@@ -19,7 +19,14 @@ import pytest
 from chaos import maintenance
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from support.common import make_processor, produce_json, read_slice, sink_group_offset, write_checkpoint_batch
+from support.common import (
+    make_processor,
+    produce_json,
+    read_slice,
+    sink_channel,
+    sink_group_offset,
+    write_checkpoint_batch,
+)
 from support.expiry_fixtures import Expired, idle_log
 from support.sink_factory import SinkFactory
 
@@ -47,7 +54,7 @@ def test_expired_offsets_fall_back_to_the_legacy_named_group(
     legacy.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
     legacy.close()
     with caplog.at_level(logging.INFO):
-        starting = planning.plan_start(config, {topic: 1})
+        starting = planning.plan_start(config, sink_channel(config), {topic: 1})
     assert _starting(starting, topic) == {0: 4}
     assert sink_group_offset(bootstrap, sink, topic, 0) == 4
     assert "legacy" in caplog.text and "migrated" in caplog.text
@@ -68,7 +75,7 @@ def test_partition_never_written_keeps_the_checkpoint_position_under_latest(
     write_checkpoint_batch(checkpoint, 0, {topic: {0: 5, 1: 0}}, starts={topic: {0: 0, 1: 0}})
     produce_json(bootstrap_servers, topic, 1, [{"id": 100 + i, "table": "a"} for i in range(3)])  # app down
 
-    planning.plan_start(config, {topic: 2})
+    planning.plan_start(config, sink_channel(config), {topic: 2})
 
     assert (checkpoint / "commits" / "0").exists(), "the checkpoint was moved aside: partition 1 skipped"
     # The next batch starts where batch 0 ended: partition 1's records [0, 3) are planned.
@@ -95,7 +102,7 @@ def test_truncated_control_history_trusts_the_checkpoint_else_warns(
     write_checkpoint_batch(checkpoint, 0, {topic: {0: 7}})
 
     with caplog.at_level(logging.WARNING):
-        starting = planning.plan_start(config, {topic: 2})
+        starting = planning.plan_start(config, sink_channel(config), {topic: 2})
 
     assert (checkpoint / "commits" / "0").exists()
     assert _starting(starting, topic) == {0: 7, 1: -2}
@@ -114,7 +121,7 @@ def test_checkpoint_claiming_deliveries_the_sink_never_made_is_moved_aside(
     checkpoint = Path(config.checkpoint_location)
     write_checkpoint_batch(checkpoint, 0, {topic: {0: 4}}, starts={topic: {0: 0}})
 
-    starting = planning.plan_start(config, {topic: 1})
+    starting = planning.plan_start(config, sink_channel(config), {topic: 1})
 
     assert not checkpoint.exists() and list(checkpoint.parent.glob(f"{checkpoint.name}.stale-*"))
     assert _starting(starting, topic) == {0: 0}
@@ -133,7 +140,7 @@ def test_expired_sink_group_offsets_are_recovered_from_the_control_topic_and_res
     back in the sink group, so the worker's overlap/gap check works again."""
     s = expired.recovered
 
-    starting = planning.plan_start(s.config, {s.topic: 1})
+    starting = planning.plan_start(s.config, sink_channel(s.config), {s.topic: 1})
 
     assert (s.checkpoint / "commits" / "0").exists(), "the checkpoint was moved aside"
     assert _starting(starting, s.topic) == {0: 6}
@@ -161,7 +168,7 @@ def test_positions_survive_expiry_and_retention_together_through_the_last_round(
     9, not the checkpoint's 6 (which would deliver [6, 9) again)."""
     s = expired.last_round
 
-    starting = planning.plan_start(s.config, {s.topic: 1})
+    starting = planning.plan_start(s.config, sink_channel(s.config), {s.topic: 1})
 
     assert sink_group_offset(s.bootstrap, s.name, s.topic, 0) == 9
     assert _starting(starting, s.topic) == {0: 9}

@@ -72,7 +72,7 @@ def _deliver_old_generation(sink: SinkUnderTest) -> str:
 def _restart_and_continue(sink: SinkUnderTest) -> None:
     """The app restarts: start-up planning, then the batch Spark plans from its answer (the
     checkpoint's next batch, or the starting offsets when the checkpoint was moved aside), then a round."""
-    starting = planning.plan_start(sink.config, {sink.topic: 1})
+    starting = planning.plan_start(sink.config, sink.channel, {sink.topic: 1})
     end = end_offset(sink.bootstrap, sink.topic, 0)
     if (sink.checkpoint / "commits" / "0").exists():
         start = planning.last_committed_ends(str(sink.checkpoint)).get((sink.topic, 0), 0)  # type: ignore[union-attr]
@@ -135,7 +135,7 @@ def test_a_recreated_topic_stops_the_sink_when_the_operator_says_fail(sink_facto
     new_id = topic_ids(sink.channel.clients, [sink.topic])[sink.topic]
 
     with pytest.raises(TopicRecreatedError) as raised:
-        planning.plan_start(sink.config, {sink.topic: 1})
+        planning.plan_start(sink.config, sink.channel, {sink.topic: 1})
 
     message = str(raised.value)
     assert sink.topic in message and old_id in message and new_id in message

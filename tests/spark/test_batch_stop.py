@@ -12,7 +12,10 @@ from __future__ import annotations
 import pytest
 
 from fanout_sink.config.loading import parse_config
+from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.spark.batch import BatchRunner, StopRequested
+from fanout_sink.spark.executor_context import TaskSetup
 
 
 class _Frame:
@@ -25,7 +28,8 @@ class _Frame:
 
 def test_a_batch_that_begins_after_the_stop_delivers_nothing_and_ends_at_once() -> None:
     config = parse_config({"name": "shop", "source": {"topics": ["orders"]}, "tables": {"a.orders": {}}})
-    runner = BatchRunner(config, retries=3, coordinator_error=lambda: None)
+    channel = SinkChannel.from_config(config, PartitionGroups(2))
+    runner = BatchRunner(TaskSetup.of(config, channel), retries=3, coordinator_error=lambda: None)
     runner.stopping.set()
 
     with pytest.raises(StopRequested, match=r"batch 7 .* not started: the app is stopping"):

@@ -12,6 +12,7 @@ from fanout_sink.catalog import CatalogSettings
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner
 from fanout_sink.protocol.table_commit import TableCommit
 from fanout_sink.spark.executor_commits import SparkTableCommits
+from fanout_sink.spark.executor_context import TaskSetup
 
 
 class _Driver:
@@ -40,7 +41,9 @@ def test_a_round_of_tables_is_committed_once_by_spark_tasks(
     sink, expected = _round(sink_factory)
     coordinator = sink.coordinator()
     driver = _Driver(coordinator.table_commits)
-    coordinator.table_commits = SparkTableCommits(spark.sparkContext, sink.config, driver, min_tables=3)
+    coordinator.table_commits = SparkTableCommits(
+        spark.sparkContext, TaskSetup.of(sink.config, sink.channel), driver, min_tables=3
+    )
     result = coordinator.commit_round()
     assert {c.outcome for c in result.tables.values()} == {"committed"}
     assert driver.tables == []  # every outcome came from the job's tasks
@@ -60,7 +63,9 @@ def test_a_round_of_fewer_tables_than_the_minimum_stays_on_the_driver(
     sink, expected = _round(sink_factory)
     coordinator = sink.coordinator()
     driver = _Driver(coordinator.table_commits)
-    coordinator.table_commits = SparkTableCommits(spark.sparkContext, sink.config, driver, min_tables=4)
+    coordinator.table_commits = SparkTableCommits(
+        spark.sparkContext, TaskSetup.of(sink.config, sink.channel), driver, min_tables=4
+    )
     assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
     assert driver.tables == ["sink.a", "sink.b", "sink.c"]
     assert table_ids(catalog, "b") == expected["b"]
@@ -77,7 +82,9 @@ def test_tables_a_failed_commit_job_left_without_outcome_are_committed_on_the_dr
     driver = _Driver(coordinator.table_commits)
     unreachable = CatalogSettings(name="nowhere", type="no-such-type")
     config = sink.config.model_copy(update={"catalog": unreachable})
-    coordinator.table_commits = SparkTableCommits(spark.sparkContext, config, driver, min_tables=1)
+    coordinator.table_commits = SparkTableCommits(
+        spark.sparkContext, TaskSetup.of(config, sink.channel), driver, min_tables=1
+    )
     result = coordinator.commit_round()
     assert {c.outcome for c in result.tables.values()} == {"committed"}
     assert driver.tables == ["sink.a", "sink.b", "sink.c"]

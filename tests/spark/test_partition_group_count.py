@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.spark.partition_group_count import DEFAULT_GROUPS, group_count, with_group_count
+from fanout_sink.protocol.partition_groups import PartitionGroups
+from fanout_sink.spark.partition_group_count import DEFAULT_GROUPS, decide, group_count
 
 
 def _config(**spark: object) -> SinkConfig:
@@ -32,6 +33,16 @@ def test_the_count_follows_the_executors_cores_unless_set() -> None:
     assert count == DEFAULT_GROUPS and "spark.partition-groups" in source
 
 
-def test_the_decided_count_travels_in_the_config_every_process_gets() -> None:
-    decided = with_group_count(_config(), "local[2]", {})
-    assert decided.spark.partition_groups == 2
+def test_the_decided_count_is_the_runs_layout_and_the_config_stays_as_written() -> None:
+    config = _config()
+    assert decide(config, "local[2]", {}) == PartitionGroups(2)
+    assert config.spark.partition_groups is None
+
+
+def test_the_app_holds_one_channel_under_the_decided_layout_and_hands_it_to_every_task() -> None:
+    from fanout_sink.spark.app import RunOptions, SinkApp
+
+    app = SinkApp(_config(), RunOptions(master="local[3]"))
+    assert app.channel.groups == PartitionGroups(3)
+    assert app.tasks.channel.groups == app.channel.groups and app.batches.setup is app.tasks
+    assert app.config.spark.partition_groups is None  # the config is not rewritten

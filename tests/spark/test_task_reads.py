@@ -12,7 +12,7 @@ from support.sink_factory import SinkFactory
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.slices import Slice
-from fanout_sink.spark import task
+from fanout_sink.spark import executor_context, task
 
 TOPICS = 6
 
@@ -39,11 +39,11 @@ def test_a_task_reads_its_group_of_one_partition_topics_from_one_assignment(
             consumers.append(CountedConsumer(self._consumer))
             self._consumer = consumers[-1]
 
-    monkeypatch.setattr(task, "RangeReader", CountingReader)
+    monkeypatch.setattr(executor_context, "RangeReader", CountingReader)
     # Freezing the collector is process-wide: not in the test process (tests/spark/test_task_state.py).
-    monkeypatch.setattr(task, "freeze_long_lived", lambda: None)
+    monkeypatch.setattr(executor_context, "freeze_long_lived", lambda: None)
 
-    reports = list(task.run_task(task.config_key(sink.config), sink.config, 0, {}, [slices]))
+    reports = list(task.run_task(executor_context.TaskSetup.of(sink.config, sink.channel), 0, {}, [slices]))
 
     delivered = [(r.result.slice.label, r.result.records_in, r.result.transaction_committed) for r in reports]
     assert delivered == [(s.label, 5, True) for s in slices]

@@ -1,5 +1,6 @@
-"""The executor state a Python worker builds once (spark/task.py) leaves the garbage collector only
-the objects a slice creates: what exists once it is built is frozen, later cycles are still collected.
+"""The executor context a Python worker builds once (spark/executor_context.py) leaves the garbage
+collector only the objects a slice creates: what exists once it is built is frozen, later cycles are
+still collected.
 
 Run in a child interpreter: freezing is process-wide and would change the test process's collector.
 """
@@ -16,7 +17,9 @@ _CHILD = textwrap.dedent(
     """
     import gc, json, sys, weakref
     from fanout_sink.config.loading import parse_config
-    from fanout_sink.spark import task
+    from fanout_sink.protocol.channel import SinkChannel
+    from fanout_sink.protocol.partition_groups import PartitionGroups
+    from fanout_sink.spark.executor_context import TaskSetup, executor_context
 
     folder = sys.argv[1]
     config = parse_config(
@@ -31,7 +34,8 @@ _CHILD = textwrap.dedent(
         "gc",
     )
     before = gc.get_freeze_count()
-    task._executor_state(task.config_key(config), config)
+    channel = SinkChannel.from_config(config, PartitionGroups(2))
+    executor_context(TaskSetup.of(config, channel)).delivery()
     frozen = gc.get_freeze_count()
 
     class Node:

@@ -24,9 +24,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets
-from fanout_sink.protocol.channel import sink_group
+from fanout_sink.protocol.channel import SinkChannel, sink_group
+from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.slices import Slice, SliceResult
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.records import (
@@ -43,6 +45,13 @@ TABLE_SCHEMA = Schema(
     NestedField(2, "topic", StringType(), required=False),
 )
 ARROW_SCHEMA = TABLE_SCHEMA.as_arrow()
+
+
+def sink_channel(config: SinkConfig) -> SinkChannel:
+    """A test sink's channel, the same in the test and in its children: packed as the app packs when
+    ``spark.partition-groups`` is set, else one group per partition (what tests that deliver
+    partitions one at a time from several processes need)."""
+    return SinkChannel.from_config(config, PartitionGroups(config.spark.partition_groups))
 
 
 def embedded_catalog_settings(folder: Path) -> CatalogSettings:

@@ -17,9 +17,10 @@ import signal
 import sys
 import threading
 
+from common import sink_channel
+
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import load_config
-from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.coordinator import Coordinator
 
 
@@ -43,7 +44,7 @@ def main() -> int:
     config = load_config(sys.argv[1])
     intervals = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     coordinator = Coordinator(
-        SinkChannel.from_config(config),
+        sink_channel(config),
         load_catalog(config.catalog),
         source_topics=sorted(set(config.source.topics)),
         max_parallel_commits=1,

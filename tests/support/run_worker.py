@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import sys
 
-from common import make_processor, run_planned_batch
+from common import make_processor, run_planned_batch, sink_channel
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import load_config
-from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark.planning import planned_ranges
 
@@ -24,7 +23,7 @@ from fanout_sink.spark.planning import planned_ranges
 def main() -> int:
     config = load_config(sys.argv[1])
     dlq = config.dead_letter.topic if config.dead_letter is not None else None
-    worker = SliceWorker(SinkChannel.from_config(config), dead_letter_topic=dlq)
+    worker = SliceWorker(sink_channel(config), dead_letter_topic=dlq)
     ranges = planned_ranges(config.checkpoint_location, int(sys.argv[2]))
     bootstrap = config.kafka["bootstrap.servers"]
     results = run_planned_batch(worker, bootstrap, ranges, make_processor(load_catalog(config.catalog)))

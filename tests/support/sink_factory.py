@@ -43,6 +43,7 @@ from support.common import (
     make_processor,
     read_slice,
     run_batch,
+    sink_channel,
     sink_group_offset,
     write_checkpoint_batch,
 )
@@ -118,8 +119,8 @@ class SinkUnderTest:
 
     @cached_property
     def channel(self) -> SinkChannel:
-        """The sink's channel, as the app makes it from the config (``SinkChannel.from_config``)."""
-        return SinkChannel.from_config(self.config)
+        """The sink's channel (:func:`~support.common.sink_channel`): its children use the same."""
+        return sink_channel(self.config)
 
     @property
     def kafka(self) -> dict[str, str]:
