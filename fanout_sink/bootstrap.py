@@ -170,7 +170,7 @@ def merge_durations(parts: list[Path], merged: Path) -> None:
     merged.write_text(json.dumps(seconds, indent=0, sort_keys=True) + "\n")
 
 
-def _run_lanes(count: int, pytest_args: list[str], beside: list[str]) -> int:
+def run_lanes(count: int, pytest_args: list[str], beside: list[str]) -> int:
     """Every lane at once, and the check ``beside`` with them: the first lane's output as it comes,
     the check's once it ended, the other lanes' once the first ended, then one line with the totals.
     The check's exit code if it failed (it comes before the tests), else 0 only when every lane passed
@@ -241,7 +241,7 @@ def _show_check(cmd: list[str], code: int, log: Path) -> bool:
 
 def run_tests(args: list[str]) -> int:
     """Lint, type-check, then the tier's pytest run; the first failing step decides the exit code
-    (in lanes, the type check runs beside the tests: ``_run_lanes``).
+    (in lanes, the type check runs beside the tests: ``run_lanes``).
     A passing run of every bench smoke run (the bench tier, no pytest arguments narrowing it) records
     the fingerprint of the ``tests/bench`` it ran on in ``BENCH_PASSED``."""
     tier, lanes, pytest_args = choose_run(args)
@@ -264,7 +264,7 @@ def run_tests(args: list[str]) -> int:
         if code != 0:
             return code
     if lanes > 1:
-        code = _run_lanes(lanes, pytest_args, beside=typing)
+        code = run_lanes(lanes, pytest_args, beside=typing)
     else:
         code = _run([str(_bin("python")), "-m", "pytest", *pytest_args])
         if code == 5:

@@ -142,6 +142,6 @@ def test_the_type_check_runs_beside_the_lanes_and_its_failure_decides_the_exit_c
     monkeypatch.setattr(bootstrap, "VENV", tmp_path / ".venv")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     args = ["-p", "support.lanes", "-p", "no:cacheprovider"]
-    assert bootstrap._run_lanes(2, args, beside=[str(bin_dir / "mypy")]) == expected
+    assert bootstrap.run_lanes(2, args, beside=[str(bin_dir / "mypy")]) == expected
     printed = capsys.readouterr().out
     assert "checked" in printed and "tests: 2 passed, 0 failed" in printed
