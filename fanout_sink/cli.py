@@ -159,8 +159,8 @@ def _logging_options(config: SinkConfig, args: argparse.Namespace) -> SinkConfig
 
 
 def _run(args: argparse.Namespace) -> int:
+    from fanout_sink.config.fields import parse_duration
     from fanout_sink.config.loading import load_config
-    from fanout_sink.config.models import parse_duration
     from fanout_sink.spark.app import RunOptions, SinkApp
 
     # `kill -USR1 <pid>` prints every thread's stack: the first question about a sink that seems stuck.

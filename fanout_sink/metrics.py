@@ -23,7 +23,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from fanout_sink.config.models import MetricsSettings
+from fanout_sink.config.runtime import MetricsSettings
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.protocol.coordinator import RoundResult

@@ -43,7 +43,8 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
 from fanout_sink.config.loading import load_config
-from fanout_sink.config.models import SinkConfig, TableSettings
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.config.tables import TableSettings
 from fanout_sink.errors import ConfigError, PreflightError, TableError
 from fanout_sink.kafka.range_reader import RAW_RECORD_SCHEMA
 from fanout_sink.preflight import BROKER_TIMEOUT_S, CHECKS, Finding, Preflight

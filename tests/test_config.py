@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config.fields import PartitionField, parse_duration
 from fanout_sink.config.loading import load_config, parse_config, write_standalone_copy
-from fanout_sink.config.models import PartitionField, parse_duration
 from fanout_sink.config.secrets import is_secret_key
 from fanout_sink.errors import ConfigError
 from fanout_sink.user_info import redact_url

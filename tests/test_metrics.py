@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from fanout_sink.config.models import MetricsSettings
+from fanout_sink.config.runtime import MetricsSettings
 from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.metrics import SinkMetrics

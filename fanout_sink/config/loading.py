@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fanout_sink.config.models import SinkConfig, TableSettings
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.config.tables import TableSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
 from fanout_sink.kafka.java_client import PropertyError, java_tls_properties
 

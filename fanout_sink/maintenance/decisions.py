@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table import Table
 
-from fanout_sink.config.models import MaintenanceSettings
+from fanout_sink.config.maintenance import MaintenanceSettings
 from fanout_sink.protocol import orphans
 from fanout_sink.protocol.position_deletes import FILE_PATH_ID
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from fanout_sink.config.models import ControlSettings, SinkConfig
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.config.topics import ControlSettings
 from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.clients import DEFAULT_TIMEOUT_S, KafkaClientFactory, KafkaConf, retry_transient

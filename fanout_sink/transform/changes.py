@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fanout_sink.config.models import ChangeSettings
+from fanout_sink.config.tables import ChangeSettings
 from fanout_sink.transform import debezium
 from fanout_sink.transform.convert import Matching
 from fanout_sink.transform.expressions import Predicate

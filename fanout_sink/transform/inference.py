@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fanout_sink.config.models import TableSettings
+from fanout_sink.config.tables import TableSettings
 from fanout_sink.transform.convert import to_timestamps
 
 Carried = Callable[[tuple[str, ...]], bool]

@@ -34,7 +34,8 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from fanout_sink.config.models import SinkConfig, TableSettings
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.config.tables import TableSettings
 from fanout_sink.errors import RecordError, TableError, UnknownSchemaIdError
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.changes import last_change_wins, message_key_columns, null_keys, read_changes

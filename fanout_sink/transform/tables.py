@@ -38,7 +38,8 @@ from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
-from fanout_sink.config.models import SinkConfig, TableSettings
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.config.tables import TableSettings
 from fanout_sink.errors import FanoutSinkError, TableError
 from fanout_sink.pyiceberg_internals import arrow_writes
 from fanout_sink.retries import Retry

@@ -27,7 +27,7 @@ from chaos.changes import ChangeTraffic, change_traffic, create_change_table
 from chaos.traffic import Traffic, flood
 from chaos.verify import Verdict, verify
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.config.models import parse_duration
+from fanout_sink.config.fields import parse_duration
 from fanout_sink.devtools.stack.broker import KafkaBroker, log_tail
 from fanout_sink.devtools.topics import read_to_end
 from fanout_sink.errors import FanoutSinkError

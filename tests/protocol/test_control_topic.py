@@ -15,7 +15,7 @@ from support.common import produce_json, read_slice, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
-from fanout_sink.config.models import ControlSettings, DeadLetterSettings
+from fanout_sink.config.topics import ControlSettings, DeadLetterSettings
 from fanout_sink.errors import ControlTopicError, TopicError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.topics import ensure_topic

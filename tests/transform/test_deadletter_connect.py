@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from support.raw_slices import from_messages
 from support.sink_factory import SinkFactory
 
-from fanout_sink.config.models import DeadLetterSettings
+from fanout_sink.config.topics import DeadLetterSettings
 from fanout_sink.transform import deadletter
 from fanout_sink.transform.processor import build_processor
 
