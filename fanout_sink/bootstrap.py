@@ -170,9 +170,14 @@ def merge_durations(parts: list[Path], merged: Path) -> None:
     merged.write_text(json.dumps(seconds, indent=0, sort_keys=True) + "\n")
 
 
-def _run_lanes(count: int, pytest_args: list[str]) -> int:
-    """Every lane at once: the first one's output as it comes, the others' once it ended, then one
-    line with the totals. Exit 0 only when every lane passed (pytest's 5, no test collected, fails)."""
+def run_lanes(count: int, pytest_args: list[str], beside: list[str]) -> int:
+    """Every lane at once, and the check ``beside`` with them: the first lane's output as it comes,
+    the check's once it ended, the other lanes' once the first ended, then one line with the totals.
+    The check's exit code if it failed (it comes before the tests), else 0 only when every lane passed
+    (pytest's 5, no test collected, fails).
+
+    The check (mypy: half a minute of one core in a fresh clone) runs beside the lanes rather than
+    before them: alone it left the second core idle, beside them it takes what the lanes leave."""
     fetch = [str(_bin("fanout-sink")), "jars", "--all"]
     _say("$ " + " ".join(fetch))
     code = subprocess.run(fetch, cwd=ROOT, stdout=subprocess.DEVNULL, check=False).returncode
@@ -180,6 +185,11 @@ def _run_lanes(count: int, pytest_args: list[str]) -> int:
         return code
     folder = ROOT / ".pytest-lanes"
     folder.mkdir(exist_ok=True)
+    check_log = folder / f"{Path(beside[0]).name}.log"
+    _say(f"beside the lanes, output in {check_log.name}: $ " + " ".join(beside))
+    with check_log.open("w") as out:
+        check = subprocess.Popen(beside, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    check_shown = False
     logs = [folder / f"lane-{number}.log" for number in range(1, count + 1)]
     seconds = [folder / f"durations-{number}.json" for number in range(1, count + 1)]
     processes = []
@@ -192,9 +202,14 @@ def _run_lanes(count: int, pytest_args: list[str]) -> int:
     with logs[0].open() as first:  # follow the first lane's log while it runs
         while processes[0].poll() is None:
             sys.stdout.write(first.read())
+            if not check_shown and check.poll() is not None:
+                check_shown = _show_check(beside, check.returncode, check_log)
             sys.stdout.flush()
             time.sleep(1)
         sys.stdout.write(first.read())
+    check_code = check.wait()
+    if not check_shown:
+        _show_check(beside, check_code, check_log)
     codes = [process.wait() for process in processes]
     for log in logs[1:]:
         _say(f"{log.stem}, its output:")
@@ -211,11 +226,22 @@ def _run_lanes(count: int, pytest_args: list[str]) -> int:
     print(f"tests: {totals.get('passed', 0)} passed, {failed} failed", flush=True)
     if 5 in codes:
         _say("a lane collected no tests: that counts as a failure")
+    if check_code != 0:
+        _say(f"{Path(beside[0]).name} failed (exit {check_code}): that decides the exit code")
+        return check_code
     return next((code for code in codes if code != 0), 0)
 
 
+def _show_check(cmd: list[str], code: int, log: Path) -> bool:
+    """The check's output and exit code, between the first lane's lines."""
+    _say(f"{Path(cmd[0]).name} (beside the lanes): exit {code}, its output:")
+    print(log.read_text(), flush=True)
+    return True
+
+
 def run_tests(args: list[str]) -> int:
-    """Lint, type-check, then the tier's pytest run; the first failing step decides the exit code.
+    """Lint, type-check, then the tier's pytest run; the first failing step decides the exit code
+    (in lanes, the type check runs beside the tests: ``run_lanes``).
     A passing run of every bench smoke run (the bench tier, no pytest arguments narrowing it) records
     the fingerprint of the ``tests/bench`` it ran on in ``BENCH_PASSED``."""
     tier, lanes, pytest_args = choose_run(args)
@@ -229,14 +255,16 @@ def run_tests(args: list[str]) -> int:
     checks = [
         [str(_bin("ruff")), "check", "fanout_sink", "tests"],
         [str(_bin("ruff")), "format", "--check", "fanout_sink", "tests"],
-        [str(_bin("mypy"))],
     ]
+    typing = [str(_bin("mypy"))]
+    if lanes == 1:  # in lanes it runs beside them
+        checks.append(typing)
     for check in checks:
         code = _run(check)
         if code != 0:
             return code
     if lanes > 1:
-        code = _run_lanes(lanes, pytest_args)
+        code = run_lanes(lanes, pytest_args, beside=typing)
     else:
         code = _run([str(_bin("python")), "-m", "pytest", *pytest_args])
         if code == 5:

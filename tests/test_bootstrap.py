@@ -118,3 +118,30 @@ def test_a_bench_test_runs_only_when_the_expression_names_bench(tmp_path: Path) 
     assert passed("-m", bootstrap.TIERS["fast"]) == {"test_product"}
     assert passed("-m", bootstrap.TIERS["bench"]) == {"test_smoke"}
     assert passed("-m", bootstrap.WITH_BENCH) == {"test_smoke", "test_product"}
+
+
+@pytest.mark.parametrize(("check_exit", "expected"), [(0, 0), (3, 3)])
+def test_the_type_check_runs_beside_the_lanes_and_its_failure_decides_the_exit_code(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    check_exit: int,
+    expected: int,
+) -> None:
+    """Both lanes run their test whatever the check says; the check's output is shown; its failure
+    comes first, as it would have before the tests."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    for name, body in (("fanout-sink", "exit 0"), ("mypy", f"echo checked; exit {check_exit}")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "test_a.py").write_text("def test_1(): pass\n")
+    (tmp_path / "test_b.py").write_text("def test_2(): pass\n")
+    monkeypatch.setattr(bootstrap, "ROOT", tmp_path)
+    monkeypatch.setattr(bootstrap, "VENV", tmp_path / ".venv")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    args = ["-p", "support.lanes", "-p", "no:cacheprovider"]
+    assert bootstrap.run_lanes(2, args, beside=[str(bin_dir / "mypy")]) == expected
+    printed = capsys.readouterr().out
+    assert "checked" in printed and "tests: 2 passed, 0 failed" in printed

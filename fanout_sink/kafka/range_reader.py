@@ -111,8 +111,9 @@ CONSUME_WAIT_S = 0.2
 DEFAULT_STALL_TIMEOUT_S = 60.0
 
 AHEAD_RECORDS = 50_000
-"""Records (offsets planned) of the ranges fetched ahead at once, at most: what a group's reader holds
-beyond the range it reads, as Python messages (~10-20 MB). A larger range is read on its own turn."""
+"""Records (offsets planned) of the ranges fetched ahead at once, at most: what a reader inside
+``assigned`` holds beyond the range it reads, as Python messages (~10-20 MB). A larger range is
+read on its own turn."""
 
 AHEAD_PARTITIONS = 500
 """Ranges fetched ahead at once, at most: one fetch request names every resumed partition."""
@@ -142,8 +143,8 @@ class RangeReader:
 
     ``group`` is the sink group's id, used only because librdkafka needs one (and named in errors):
     the consumer never joins, subscribes or commits. ``read`` holds a lock, so threads of one
-    process take turns on the single assignment; a thread inside :meth:`assigned` holds it until the
-    group is done.
+    process take turns on the single assignment; a thread inside :meth:`assigned` holds it until its
+    ranges are done.
     """
 
     def __init__(
@@ -152,15 +153,15 @@ class RangeReader:
         self.group = group
         self.stall_timeout_s = stall_timeout_s
         self._lock = threading.RLock()
-        self._group: list[TopicPartition] = []
-        """Inside :meth:`assigned`: the group's partitions at their starts; empty outside."""
+        self._assignment: list[TopicPartition] = []
+        """Inside :meth:`assigned`: the assigned partitions at their starts; empty outside."""
         self._paused: dict[tuple[str, int], int | None] | None = None
-        """Inside :meth:`assigned`: each partition of the group and the offset it would be fetched
+        """Inside :meth:`assigned`: each assigned partition and the offset it would be fetched
         from when resumed (``None``: unknown, so a read seeks first); ``None`` outside."""
         self._failed = False
-        """A read inside the group failed: the next read assigns the group afresh, at its own start."""
+        """A read inside :meth:`assigned` failed: the next read assigns them all afresh, at its own start."""
         self._plan: list[tuple[tuple[str, int], int, int]] = []
-        """Inside :meth:`assigned`: the group's ranges in the order they will be read."""
+        """Inside :meth:`assigned`: the ranges in the order they will be read."""
         self._planned = 0
         """How many of ``_plan`` were taken for reading or fetching ahead."""
         self._ahead: dict[tuple[str, int], _Ahead] = {}
@@ -172,34 +173,36 @@ class RangeReader:
 
     @contextmanager
     def assigned(self, ranges: Sequence[tuple[str, int, int, int]]) -> Iterator[None]:
-        """Assign every ``(topic, partition, start, end)`` of a group at once, paused, the ranges in
-        the order they will be read; inside, a :meth:`read_chunks` of one of them resumes that
+        """Assign every ``(topic, partition, start, end)`` (a partition group's) at once, paused, the
+        ranges in the order they will be read; inside, a :meth:`read_chunks` of one of them resumes that
         partition for its range, and the small ranges after it (:data:`AHEAD_RECORDS`,
-        :data:`AHEAD_PARTITIONS`) to fetch them ahead. One assignment for the group: the consumer
+        :data:`AHEAD_PARTITIONS`) to fetch them ahead. One assignment for all of them: the consumer
         learns all its topics' leaders together, instead of each range's first fetch waiting about a
         second for a topic newly assigned alone. Partitions not being read or fetched ahead stay paused
         and fetch nothing."""
         with self._lock:
-            if self._group:
-                raise RuntimeError("a RangeReader holds one group's assignment at a time")
-            self._group = [TopicPartition(topic, partition, start) for topic, partition, start, _ in ranges]
+            if self._assignment:
+                raise RuntimeError("a RangeReader holds one assignment of ranges at a time")
+            self._assignment = [
+                TopicPartition(topic, partition, start) for topic, partition, start, _ in ranges
+            ]
             self._plan = [((topic, partition), start, end) for topic, partition, start, end in ranges]
             try:
-                self._assign_group()
+                self._assign_all()
                 yield
             finally:
                 # librdkafka keeps a partition's pause across assignments: a later range of it,
                 # assigned alone, would never fetch.
-                self._consumer.resume(self._group)
-                self._group, self._paused, self._failed = [], None, False
+                self._consumer.resume(self._assignment)
+                self._assignment, self._paused, self._failed = [], None, False
                 self._plan, self._planned, self._ahead = [], 0, {}
                 self._consumer.unassign()
 
-    def _assign_group(self) -> None:
-        """The group's partitions assigned at their starts, all paused; nothing fetched ahead."""
-        self._consumer.assign(self._group)
-        self._consumer.pause(self._group)
-        self._paused = {(p.topic, p.partition): p.offset for p in self._group}
+    def _assign_all(self) -> None:
+        """The ranges' partitions assigned at their starts, all paused; nothing fetched ahead."""
+        self._consumer.assign(self._assignment)
+        self._consumer.pause(self._assignment)
+        self._paused = {(p.topic, p.partition): p.offset for p in self._assignment}
         self._ahead = {}
 
     def _fetch_ahead(self, current: tuple[str, int]) -> None:
@@ -294,16 +297,16 @@ class RangeReader:
             return
         key = (topic, partition)
         if key not in paused:
-            raise ValueError(f"{topic}[{partition}] is not one of the assigned group's partitions")
+            raise ValueError(f"{topic}[{partition}] is not one of the assigned partition group's partitions")
         if self._failed:
             # A failed fetch can leave the partition in a state no seek leaves (an offset out of
             # range), and a seek right after a new assignment fails with ERR__STATE until librdkafka
-            # has started the partition: the group is assigned afresh with this range's start.
-            self._group = [
+            # has started the partition: all are assigned afresh, this one at this range's start.
+            self._assignment = [
                 TopicPartition(p.topic, p.partition, start if (p.topic, p.partition) == key else p.offset)
-                for p in self._group
+                for p in self._assignment
             ]
-            self._assign_group()
+            self._assign_all()
             self._failed = False
             paused = self._paused
             assert paused is not None
@@ -317,7 +320,7 @@ class RangeReader:
         if kept is None:
             if paused[key] != start:
                 # A seek restarts the partition's fetching (~0.1 s): only for a range that does not
-                # start where the group was assigned (a partly delivered slice) or a range read again.
+                # start where its partition was assigned (a partly delivered slice) or a range read again.
                 self._consumer.seek(TopicPartition(topic, partition, start))
             # Where it stops is not tracked (the read drops what comes past the end): seek next time.
             paused[key] = None
@@ -327,7 +330,7 @@ class RangeReader:
         try:
             yield kept
         except Exception:
-            self._failed = True  # the next read of the group starts from a fresh assignment
+            self._failed = True  # the next read starts from a fresh assignment
             raise
         finally:
             self._consumer.pause([TopicPartition(topic, partition)])
@@ -418,7 +421,7 @@ class RangeReader:
 
 
 def _key(message: Message) -> tuple[str, int]:
-    """A consumed message's (or event's) partition, as the group's maps key it."""
+    """A consumed message's (or event's) partition, as the reader's maps key it."""
     return str(message.topic()), int(message.partition() or 0)
 
 

@@ -56,10 +56,11 @@ class RoundTables:
         wanted = set(tables)
         return replace(self, due={t: items for t, items in self.due.items() if t in wanted})
 
-    def split(self, groups: int) -> list[RoundTables]:
-        """At most ``groups`` non-empty parts of about equal file counts (largest tables first, each to
-        the lightest part), so that no part waits on a few heavy tables of another's share."""
-        parts: list[dict[str, list[PendingFiles]]] = [{} for _ in range(max(1, min(groups, len(self.due))))]
+    def split(self, shares: int) -> list[RoundTables]:
+        """At most ``shares`` non-empty shares of the round's tables, of about equal file counts
+        (largest tables first, each to the lightest share), so that no share waits on a few heavy
+        tables of another's."""
+        parts: list[dict[str, list[PendingFiles]]] = [{} for _ in range(max(1, min(shares, len(self.due))))]
         weights = [0] * len(parts)
         for table, items in sorted(self.due.items(), key=lambda kv: -_files(kv[1])):
             lightest = weights.index(min(weights))

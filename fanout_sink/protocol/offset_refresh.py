@@ -36,7 +36,7 @@ class OffsetRefresher:
     as committed "now" when it is first seen and whenever its offset changes; a refresh is due
     ``interval_s`` later. Only caught-up partitions are refreshed: one with records waiting is about
     to be committed by a worker, and refreshing it would fence that worker (I3). Under packing a
-    refresh fences the partition's whole group, whose other partitions may be mid-delivery: with
+    refresh fences the partition's whole partition group, whose other partitions may be mid-delivery: with
     ``workers_idle`` (the app's batch lock) refreshes run between batches only, waiting for one at
     most :data:`IDLE_WAIT_S`, else left due for the next round.
     """

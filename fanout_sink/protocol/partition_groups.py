@@ -1,4 +1,7 @@
-"""Source partitions packed into groups: one Spark task and one transactional id per group.
+"""Source partitions packed into partition groups: one Spark task and one transactional id per group.
+
+In this module "group" is short for partition group (elsewhere a bare "group" is a Kafka consumer
+group: the sink group, the coordinator group, the layout group).
 
 A slice per partition cost a Spark task, a transaction and a transactional producer (with its
 librdkafka threads) per source partition and batch: 1,000 one-partition topics meant 1,000 tasks

@@ -315,8 +315,8 @@ def restore_in_slices(
     otherwise be delivered again. The control topic proves the positions; they are restored into the
     group at once, in one transaction under the worker's producer that has just fenced older
     attempts (I3), so the next slices read them as usual. It reads the control topic's history once
-    for all the group's silent partitions, so the worker calls it only when the group is silent:
-    for partitions' first slices, and after an expiry.
+    for all the partition group's silent partitions, so the worker calls it only when the sink group
+    is silent about them: for partitions' first slices, and after an expiry.
 
     A position recorded under another topic id than the slice's ``topic_id`` (the topic now) is the
     old topic's of a recreated one and is never restored. The new topic's slice may go ahead only if

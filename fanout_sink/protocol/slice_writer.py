@@ -1,19 +1,19 @@
-"""What a group of slices writes: their records routed into data files and key files, and the
-``DataWritten`` events that will announce them.
+"""What a partition group's slices write: their records routed into data files and key files, and
+the ``DataWritten`` events that will announce them.
 
 The worker (:mod:`.worker`) fences, reads the delivered offsets and owns the transaction; it hands
 this module the records left to deliver of each slice of a partition group, and commits what comes
-back. The group's slices share their open files: an append table gets one file per task (rolled at
-its target size), not one per partition. Here each slice streams through
-routing and conversion (the ``SliceProcessor``) in chunks of at most ``chunk_records`` records, so
+back. The partition group's slices share their open files: an append table gets one file per task
+(rolled at its target size), not one per partition. Here each slice streams through routing and
+conversion (the ``SliceProcessor``) in chunks of at most ``chunk_records`` records, so
 a worker holds one chunk's working set whatever the slice's size: append tables' rows wait for
 their target file size across chunks (:mod:`.rolling_files`), a change table's chunks are written
 with their key files and announced one by one, in order. Files are invisible until a round appends
 them; a crash before the transaction leaves only orphan files.
 
-A group is written again, from a new read of its records, when its files come out too old to
-commit (a stall past half of orphan cleanup's safety age) or when one of its tables was dropped
-and recreated meanwhile. The events are packed to fit the control topic's messages.
+A partition group is written again, from a new read of its records, when its files come out too
+old to commit (a stall past half of orphan cleanup's safety age) or when one of its tables was
+dropped and recreated meanwhile. The events are packed to fit the control topic's messages.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def table_ref(table: Table) -> ev.TableRef:
 
 @dataclass(frozen=True)
 class SliceInput:
-    """One slice of a group as the writer takes it: where its records come from, the delivered
+    """One slice of a partition group as the writer takes it: where its records come from, the delivered
     offset the worker read (``None``: never delivered), and the result its counts go to."""
 
     planned: Slice
@@ -97,7 +97,7 @@ class SliceInput:
 
 @dataclass
 class SliceWrite:
-    """What one write of a group made, gathered over its slices and chunks."""
+    """What one write of a partition group made, gathered over its slices and chunks."""
 
     events: list[ev.DataWritten] = field(default_factory=list)
     tables: dict[str, Table] = field(default_factory=dict)
@@ -126,7 +126,7 @@ class SliceWrite:
 
 
 class SliceWriter:
-    """Writes groups of slices of one sink; holds none between calls (one per worker, shared by its
+    """Writes partition groups' slices of one sink; holds none between calls (one per worker, shared by its
     threads)."""
 
     def __init__(
@@ -159,7 +159,7 @@ class SliceWriter:
         """Each slice's records from its delivered offset on, written; what announces them.
 
         Each slice's ``result`` gets the counts of the last write (a write again starts them over)."""
-        planned = parts[0].planned  # names the group in messages and fault points
+        planned = parts[0].planned  # names the partition group in messages and fault points
         writes = TABLE_CHECK_RETRY.start()  # every write counts, a stalled one's too
         stalls = STALL_RETRY.start()
         while True:
@@ -240,7 +240,7 @@ class SliceWriter:
         return True
 
     def _write(self, parts: Sequence[SliceInput], process: SliceProcessor) -> SliceWrite:
-        """Route the group's slices one after another, chunk by chunk, and write their data files;
+        """Route the partition group's slices one after another, chunk by chunk, and write their data files;
         the events that will announce them.
 
         An append table's rows roll into files of its target size across chunks and slices. A change
@@ -335,20 +335,20 @@ class SliceWriter:
                 f"{base} bytes before any file, more than the control topic {self.control_topic} accepts "
                 f"({self.control_limit()}).\n  fix: raise the topic's max.message.bytes"
             )
-        groups: list[list[ev.DataFileRecord]] = [[]]
+        per_event: list[list[ev.DataFileRecord]] = [[]]
         size = base
         for original in records:
             record, own = self._fitting(first, base, original, budget - base)
-            if groups[-1] and (size + own > budget or len(groups[-1]) >= self.max_files_per_event):
-                groups.append([])
+            if per_event[-1] and (size + own > budget or len(per_event[-1]) >= self.max_files_per_event):
+                per_event.append([])
                 size = base
-            groups[-1].append(record)
+            per_event[-1].append(record)
             size += own
         events = [
             first.model_copy(
                 update={"files": tuple(files)} if i == 0 else {"files": tuple(files), "deleted_keys": ()}
             )
-            for i, files in enumerate(groups)
+            for i, files in enumerate(per_event)
         ]
         return [e for e in events if e.files or e.deleted_keys]
 

@@ -1,12 +1,13 @@
 """The worker commit unit: a partition group's slices -> data files + one Kafka transaction.
 
 This is where invariants I1 (no gap, no overlap), I2 (events and offsets are atomic) and the
-worker half of I3 (fencing) are kept. A group is the slices of one batch whose partitions share a
-transactional id (:mod:`.partition_groups`; without packing, one partition alone). The order of
-steps is the protocol:
+worker half of I3 (fencing) are kept. A partition group is the slices of one batch whose
+partitions share a transactional id (:mod:`.partition_groups`; without packing, one partition
+alone). The order of steps is the protocol:
 
-1. Get the producer of the group's transactional id (``fanout-sink:<sink>:groups:<count>:<index>``,
-   or ``fanout-sink:<sink>:<topic>:<partition>`` for one partition). Creating it runs
+1. Get the producer of the partition group's transactional id
+   (``fanout-sink:<sink>:groups:<count>:<index>``, or ``fanout-sink:<sink>:<topic>:<partition>``
+   for one partition). Creating it runs
    ``init_transactions``, which fences every older attempt holding that id, so no attempt started
    before can commit after this point.
 2. Only then read the sink-managed group's committed offsets (``require_stable``: pending
@@ -18,8 +19,8 @@ steps is the protocol:
    and convert them (the ``SliceProcessor``), write data files (invisible until appended): the
    :class:`~.slice_writer.SliceWriter`. Slices stream through these steps one after another in
    chunks of at most ``chunk_records`` records, so a worker holds one chunk's working set whatever
-   the group's size; append tables' rows wait for their target file size across chunks and slices
-   (:mod:`.rolling_files`), a change table's chunks are announced one by one, in order.
+   the partition group's size; append tables' rows wait for their target file size across chunks
+   and slices (:mod:`.rolling_files`), a change table's chunks are announced one by one, in order.
 4. One transaction: ``DataWritten`` per table, a ``DataComplete`` per slice, dead letters, and each
    slice's source offset (the planned end offset, never last record + 1: offsets have holes) sent to
    the sink group with generation -1 metadata (``recovery.send_delivered``, the one writer of the
@@ -82,7 +83,7 @@ class SliceWorker:
         self.sink = channel.sink
         self.control_topic = channel.control_topic
         self.dead_letter_topic = dead_letter_topic
-        self.group = channel.sink_group
+        self.sink_group = channel.sink_group
         self.timeout_s = channel.timeout_s
         self._group_metadata: bytes | None = None
         self._producers: dict[str, TransactionalProducer] = {}
@@ -99,7 +100,7 @@ class SliceWorker:
         """The sink-managed group's stable committed offsets, in one request."""
         with self._guard:
             if self._offsets is None:
-                self._offsets = GroupOffsets(self.channel.clients, self.group, stable=True)
+                self._offsets = GroupOffsets(self.channel.clients, self.sink_group, stable=True)
             return self._offsets.committed(partitions)
 
     def _sink_group_metadata(self) -> bytes:
@@ -117,7 +118,7 @@ class SliceWorker:
         with self._guard:
             return self._locks.setdefault(txn_id, threading.Lock())
 
-    def _producer(self, txn_id: str, group: str) -> TransactionalProducer:
+    def _producer(self, txn_id: str, slices: str) -> TransactionalProducer:
         producer = self._producers.get(txn_id)
         if producer is None:
             limits = [self.writer.control_limit()]
@@ -128,7 +129,7 @@ class SliceWorker:
                 txn_id,
                 batch_bytes=min(limits),
                 fenced_message=(
-                    f"the transaction for {group} was fenced: a newer attempt for these partitions "
+                    f"the transaction for {slices} was fenced: a newer attempt for these partitions "
                     f"(transactional id {txn_id!r}) took over. This attempt stops; the newer one "
                     "delivers the records."
                 ),
@@ -149,16 +150,16 @@ class SliceWorker:
         """Deliver the planned offset ranges ``[start, end)`` of a partition group's slices in one
         transaction; one result per slice, in the order given.
 
-        The slices' partitions must share one transactional id (one group of the channel's
-        :class:`~.partition_groups.PartitionGroups`). Each source reads the slice's records when the
-        worker knows what is left; a table of the range's records already read (tests, tools) is
-        taken as it is and its delivered head dropped. Slices without a ``topic_id`` get it from the
-        broker.
+        The slices' partitions must share one transactional id (one partition group of the
+        channel's :class:`~.partition_groups.PartitionGroups`). Each source reads the slice's records
+        when the worker knows what is left; a table of the range's records already read (tests,
+        tools) is taken as it is and its delivered head dropped. Slices without a ``topic_id`` get it
+        from the broker.
         """
         work = self._with_topic_ids(work)
         txn_ids = {self.channel.worker_transactional_id(p.topic, p.partition) for p, _ in work}
         if len(txn_ids) != 1:
-            raise ValueError(f"the slices of one group share one transactional id, not {sorted(txn_ids)}")
+            raise ValueError(f"a partition group's slices share one transactional id, not {sorted(txn_ids)}")
         txn_id = txn_ids.pop()
         if not self._control_checked:
             # Producing to a missing topic only times out; creating or checking it once says why.
@@ -167,9 +168,9 @@ class SliceWorker:
         with self._lock(txn_id):
             ends = self._committed_to.setdefault(txn_id, {})
             if txn_id in self._producers and not self._continues(ends, [p for p, _ in work]):
-                # Another process delivered the group in between (Spark ran its last task in another
-                # Python worker): its producer fenced the cached one, which would only find out at
-                # the transaction, after the slices' work. Start with a new one.
+                # Another process delivered the partition group in between (Spark ran its last task in
+                # another Python worker): its producer fenced the cached one, which would only find out
+                # at the transaction, after the slices' work. Start with a new one.
                 self._producers.pop(txn_id)
             cached = txn_id in self._producers
             try:
@@ -177,9 +178,9 @@ class SliceWorker:
             except ProducerFencedError:
                 if not cached:
                     raise
-                # The cached producer was fenced since its last use: the group ran in another process
-                # meanwhile (Spark moved the task). That is not a zombie situation, so start over
-                # once with a new producer, which fences in turn and re-reads the offsets.
+                # The cached producer was fenced since its last use: the partition group ran in another
+                # process meanwhile (Spark moved the task). That is not a zombie situation, so start
+                # over once with a new producer, which fences in turn and re-reads the offsets.
                 log.info("cached producer %s was fenced since its last use; retrying with a new one", txn_id)
                 results = self._attempt(txn_id, work, process)
             for result in results:
@@ -230,7 +231,7 @@ class SliceWorker:
                 continue
             if committed is not None and committed < planned.start:
                 raise OffsetGapError(
-                    planned.topic, planned.partition, committed, planned.start, planned.end, self.group
+                    planned.topic, planned.partition, committed, planned.start, planned.end, self.sink_group
                 )
             parts.append(SliceInput(planned, source, committed, result))
         if not parts:
@@ -244,7 +245,8 @@ class SliceWorker:
     def _commit(
         self, txn_id: str, producer: TransactionalProducer, parts: list[SliceInput], written: SliceWrite
     ) -> None:
-        """The group's one transaction: its events, a ``DataComplete`` per slice, dead letters and offsets."""
+        """The partition group's one transaction: its events, a ``DataComplete`` per slice, dead
+        letters and offsets."""
         dead_letter_topic = self.dead_letter_topic
         first = parts[0].planned
         if written.dead_letters and dead_letter_topic is None:

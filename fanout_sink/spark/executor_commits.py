@@ -1,21 +1,22 @@
-"""A round of many tables committed by the Spark executors: one job, each task a group of tables.
+"""A round of many tables committed by the Spark executors: one job, each task a share of the tables.
 
 The coordinator's table commits are independent per table but Python-CPU-bound (~12 ms per table:
 manifests, manifest list, metadata JSON), so in the driver's one process they share one GIL however
 large the cluster is. :class:`SparkTableCommits` is the coordinator's
 :class:`~fanout_sink.protocol.commit_runners.TableCommitRunner`, given to it when it is built; once
 the app's session exists, a round of at least ``control.distributed-commit-min-tables`` tables
-becomes one Spark job of one task per group (``defaultParallelism`` groups: the executors' cores),
-and each task commits its group with the
-:class:`~fanout_sink.protocol.table_commit.TableCommitter` of its Python worker process's
+becomes one Spark job (its job group names the round) of one task per share of the tables
+(``defaultParallelism`` shares: the executors' cores,
+:meth:`~fanout_sink.protocol.commit_runners.RoundTables.split`), and each task commits its share
+with the :class:`~fanout_sink.protocol.table_commit.TableCommitter` of its Python worker process's
 :class:`~fanout_sink.spark.executor_context.ExecutorContext` (the one the batches' tasks use). The
 pending ``DataWritten`` events travel pickled, the ``TableCommit`` outcomes come back pickled; the
-coordinator keeps everything else of the round. Small rounds stay on the driver,
-where a job's scheduling would cost more than it spreads.
+coordinator keeps everything else of the round. Small rounds stay on the driver, where a job's
+scheduling would cost more than it spreads.
 
 Nothing here needs its own exactly-once rule: every table commit re-checks the table's floor on
 freshly loaded metadata in a no-retry transaction (I3, I4), wherever and however often it runs. A
-task retried by Spark, a Python worker killed mid-group, a job cancelled: the tables it committed
+task retried by Spark, a Python worker killed mid-share, a job cancelled: the tables it committed
 hold their floor, the others are committed by the retry, by the driver (:attr:`on_driver`, for the
 tables the job gave no outcome, while the round has time left) or by the next round.
 
@@ -81,8 +82,9 @@ class SparkTableCommits:
     min_tables: int
     threads: int = 4
     """Commit threads per task (they overlap catalog and storage waits; CPU stays one core's)."""
-    groups: int | None = None
-    """Tasks per job; None: ``defaultParallelism`` (the executors' cores). The benchmark sets it."""
+    shares: int | None = None
+    """Tasks (shares of the round's tables) per job; None: ``defaultParallelism`` (the executors'
+    cores). The benchmark sets it."""
 
     def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
         if len(tables.due) < self.min_tables or not self.context.done():
@@ -96,17 +98,20 @@ class SparkTableCommits:
         return results
 
     def _on_executors(self, tables: RoundTables) -> dict[str, TableCommit]:
-        """The outcomes of one job over the round's groups; none when the job failed or was cancelled."""
+        """The outcomes of one job over the round's shares; none when the job failed or was cancelled."""
         context = self.context.result()
-        parts = tables.split(self.groups or context.defaultParallelism)
-        group = f"fanout-sink-commit-{tables.commit_id}"
+        parts = tables.split(self.shares or context.defaultParallelism)
+        job_group = f"fanout-sink-commit-{tables.commit_id}"
         task = functools.partial(commit_table_shares, self.setup, self.threads)
         done = threading.Event()
         started = time.monotonic()
-        context.setJobGroup(group, f"commit {tables.commit_id}: {len(tables.due)} tables", True)
+        context.setJobGroup(job_group, f"commit {tables.commit_id}: {len(tables.due)} tables", True)
         context.setLocalProperty("spark.scheduler.pool", POOL)
         watcher = threading.Thread(
-            target=self._watch, args=(group, tables.deadline, done), name=f"{group}-watch", daemon=True
+            target=self._watch,
+            args=(job_group, tables.deadline, done),
+            name=f"{job_group}-watch",
+            daemon=True,
         )
         watcher.start()
         try:
@@ -137,7 +142,7 @@ class SparkTableCommits:
         )
         return {outcome.identifier: outcome for outcome in outcomes}
 
-    def _watch(self, group: str, deadline: float, done: threading.Event) -> None:
+    def _watch(self, job_group: str, deadline: float, done: threading.Event) -> None:
         """Cancel the job when its tasks have not all started within :data:`START_WAIT_S`, or when it
         runs past the round's deadline."""
         start_by: float | None = time.monotonic() + START_WAIT_S
@@ -145,19 +150,19 @@ class SparkTableCommits:
             if time.time() > deadline + CANCEL_GRACE_S:
                 reason = "past the commit timeout"
             elif start_by is not None and time.monotonic() > start_by:
-                if self._all_started(group):
+                if self._all_started(job_group):
                     start_by = None
                     continue
                 reason = f"no free task slots within {START_WAIT_S:.0f} s"
             else:
                 continue
-            log.warning("cancelling the commit job %s: %s", group, reason)
-            self.context.result().cancelJobGroup(group)
+            log.warning("cancelling the commit job %s: %s", job_group, reason)
+            self.context.result().cancelJobGroup(job_group)
             return
 
-    def _all_started(self, group: str) -> bool:
+    def _all_started(self, job_group: str) -> bool:
         tracker = self.context.result().statusTracker()
-        for job in tracker.getJobIdsForGroup(group):
+        for job in tracker.getJobIdsForGroup(job_group):
             info = tracker.getJobInfo(job)
             for stage in info.stageIds if info is not None else ():
                 found = tracker.getStageInfo(stage)
@@ -169,8 +174,9 @@ class SparkTableCommits:
 def commit_table_shares(
     setup: TaskSetup, threads: int, parts: Iterable[RoundTables]
 ) -> Iterator[TableCommit]:
-    """One Spark task: the tables of its group(s) committed here, an outcome per table, by the
-    committer of this Python worker process's context (its catalog outlives a round)."""
+    """One Spark task: the tables of its share (``parts``: normally one) committed here, an outcome
+    per table, by the committer of this Python worker process's context (its catalog outlives a
+    round)."""
     committer = executor_context(setup).committer
     for part in parts:
         yield from commit_in_threads(committer, part, threads).values()

@@ -109,9 +109,9 @@ def _runners(wide: WideSink, context: Any) -> dict[str, TableCommitRunner]:
     session: Future[Any] = Future()
     session.set_result(context)
 
-    def on_executors(groups: int) -> SparkTableCommits:
+    def on_executors(shares: int) -> SparkTableCommits:
         return SparkTableCommits(
-            session, TaskSetup.of(wide.config, wide.channel), driver, min_tables=1, groups=groups
+            session, TaskSetup.of(wide.config, wide.channel), driver, min_tables=1, shares=shares
         )
 
     return {"driver": driver, "1 executor": on_executors(1), "2 executors": on_executors(2)}
@@ -121,9 +121,9 @@ def _warm(context: Any, wide: WideSink) -> None:
     """Wait for the executors and have each Python worker build its committer (imports, catalog):
     one task per executor over an empty round."""
     empty = RoundTables({}, 0, "warm-up", None, deadline=0.0)
-    groups = max(2, context.defaultParallelism)
+    shares = max(2, context.defaultParallelism)
     task = functools.partial(commit_table_shares, TaskSetup.of(wide.config, wide.channel), 1)
-    context.parallelize([empty] * groups, numSlices=groups).mapPartitions(task).collect()
+    context.parallelize([empty] * shares, numSlices=shares).mapPartitions(task).collect()
 
 
 def run(plan: WidePlan, bootstrap: str, folder: Path, master: str, parallel: int = 2) -> CommitThroughput:

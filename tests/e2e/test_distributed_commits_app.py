@@ -23,7 +23,7 @@ def _distributed_sink(sink_factory: SinkFactory) -> SinkUnderTest:
     return sink_factory(name=name, overrides={"control": control})
 
 
-def test_a_commit_task_killed_mid_group_is_retried_by_spark_and_every_row_lands_once(
+def test_a_commit_task_killed_mid_share_is_retried_by_spark_and_every_row_lands_once(
     sink_factory: SinkFactory, tmp_path: Path
 ) -> None:
     sink = _distributed_sink(sink_factory)

@@ -357,7 +357,7 @@ def test_inside_a_group_a_range_is_exact_wherever_it_starts_and_however_often_it
         assert [len(c) for c in chunks] == [8, 8, 4]
         assert values(pa.concat_tables(chunks)) == [f"2:{n}".encode() for n in range(10, 30)]
         assert values(reader.read(marked, 0, 0, 3)) == [b"m0", b"m1"]
-        with pytest.raises(ValueError, match=r"not one of the assigned group's partitions"):
+        with pytest.raises(ValueError, match=r"not one of the assigned partition group's partitions"):
             reader.read(marked, 1, 0, 1)
     assert values(reader.read(topic, 2, 0, 3)) == [b"2:0", b"2:1", b"2:2"]
 

@@ -28,7 +28,7 @@ def _pending(offset: int, files: int) -> PendingFiles:
     )
 
 
-def test_a_round_split_into_groups_keeps_every_table_once_and_balances_files() -> None:
+def test_a_round_split_into_shares_keeps_every_table_once_and_balances_files() -> None:
     heavy = {f"t{i}": [_pending(i, 10)] for i in range(2)}
     light = {f"u{i}": [_pending(10 + i, 1)] for i in range(20)}
     tables = RoundTables({**heavy, **light}, 100, "c", None, deadline=0.0, floors={"u": 3})
@@ -37,7 +37,7 @@ def test_a_round_split_into_groups_keeps_every_table_once_and_balances_files() -
     files = [sum(len(p.event.files) for items in part.due.values() for p in items) for part in parts]
     assert files == [20, 20]
     assert all((p.round_end, p.commit_id, p.floors) == (100, "c", {"u": 3}) for p in parts)
-    assert len(tables.split(50)) == 22  # never an empty group
+    assert len(tables.split(50)) == 22  # never an empty share
     assert pickle.loads(pickle.dumps(tables)) == tables  # shipped to executors as it is
 
 
