@@ -20,7 +20,7 @@ file schema with field ids, same Parquet writer options from the table's write p
 statistics from the Parquet footer, same partition values and locations; its private helpers through
 :mod:`fanout_sink.pyiceberg_internals.arrow_writes`), so a ``DataFile`` from here equals one from
 :func:`.datafiles.write_data_files` for the same rows. What PyIceberg derives from the schema for each
-file and batch is derived here once per table layout (:class:`_FileLayout`).
+file and batch is derived once per table layout (``file_layouts.py``).
 
 Change tables never come here: their rows of one chunk are the keys' last changes in that chunk, and
 a later chunk may change a key again, so each chunk is written and announced on its own (the
@@ -35,31 +35,18 @@ import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from pyiceberg.io import OutputFile, OutputStream
-from pyiceberg.io.pyarrow import (
-    DataFileStatistics,
-    ParquetFormatModel,
-    StatisticsCollector,
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
-    pyarrow_to_schema,
-)
+from pyiceberg.io import OutputFile
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionKey
-from pyiceberg.schema import Schema, sanitize_column_names
 from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, Table, TableProperties
-from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
 from fanout_sink.protocol import datafiles
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.file_layouts import PARQUET, ParquetFile, layout_for
 from fanout_sink.pyiceberg_internals import arrow_writes
-
-_PARQUET = ParquetFormatModel()
 
 ROW_GROUP_BYTES = 16 * 1024 * 1024
 """A table's held rows are written once they reach this many Arrow bytes (or its target file size)."""
@@ -90,46 +77,11 @@ class WrittenTable:
     rows: int = 0
 
 
-class _ParquetFile:
-    """PyIceberg's Parquet file writer (same writer options, row group limit and statistics from the
-    footer) with what it derives from the schema taken from the layout, once per process."""
-
-    def __init__(self, output: OutputFile, layout: _FileLayout) -> None:
-        self._output = output
-        self._layout = layout
-        self._stream: OutputStream | None = None
-        self._writer: pq.ParquetWriter | None = None
-
-    def write(self, rows: pa.Table) -> None:
-        if self._writer is None:
-            stream = self._output.create(overwrite=True)
-            try:
-                self._writer = pq.ParquetWriter(
-                    stream, schema=rows.schema, store_decimal_as_integer=True, **self._layout.writer_options
-                )
-            except Exception:
-                stream.close()
-                raise
-            self._stream = stream
-        self._writer.write(rows, row_group_size=self._layout.row_group_rows)
-
-    def close(self) -> DataFileStatistics:
-        if self._writer is None or self._stream is None:
-            raise ValueError("a Parquet file closed before any row was written to it")
-        with self._stream:
-            self._writer.close()
-            return data_file_statistics_from_parquet_metadata(
-                parquet_metadata=self._writer.writer.metadata,
-                stats_columns=self._layout.statistics,
-                parquet_column_mapping=self._layout.column_ids,
-            )
-
-
 @dataclass
 class _OpenFile:
     """One Parquet file being written: rows go in as row groups until it is full."""
 
-    writer: _ParquetFile
+    writer: ParquetFile
     output: OutputFile
     path: str
     partition_key: PartitionKey | None
@@ -146,130 +98,7 @@ class _FileNames:
         self._count = itertools.count()
 
     def next(self) -> str:
-        return f"00000-{next(self._count)}-{self._uuid}.{_PARQUET.file_extension()}"
-
-
-@dataclass
-class _FileLayout:
-    """How rows of one Arrow schema become a table schema's files: checked and derived once per
-    process for each schema shape, write properties and Arrow schema (:func:`_layout`), not per slice
-    and table (with 500 tables a slice paid ~7 ms each for it), and not per file either: PyIceberg's Parquet
-    writer derives its statistics plan and column ids from the schema at every close, and its
-    conversion to the file schema walks the schema for every batch (at 2,000 tables of 25 rows a
-    slice, ~1.2 ms of each file's ~6 ms)."""
-
-    rows_schema: Schema
-    file_schema: Schema
-    downcast: bool
-    writer_options: dict[str, object]
-    row_group_rows: int
-    statistics: dict[int, StatisticsCollector]
-    column_ids: dict[str, int]
-    direct: tuple[pa.Schema, pa.Schema] | None = None
-    """(rows' Arrow schema, file Arrow schema) once the conversion of a flat schema turned out to
-    change no column's type: then it only names the columns and adds their field ids."""
-
-    def to_file(self, rows: pa.Table) -> pa.Table:
-        """``rows`` as the file schema's columns with field ids, as PyIceberg converts them."""
-        if self.direct is not None and rows.schema.equals(self.direct[0]):
-            return pa.Table.from_arrays(rows.columns, schema=self.direct[1])
-        converted = pa.Table.from_batches(
-            [
-                arrow_writes.to_file_schema(
-                    self.file_schema, self.rows_schema, batch, self.downcast, _PARQUET
-                )
-                for batch in rows.to_batches()
-            ]
-        )
-        if self.direct is None and _only_named(rows.schema, converted.schema):
-            self.direct = (rows.schema, converted.schema)
-        return converted
-
-
-def _only_named(rows: pa.Schema, converted: pa.Schema) -> bool:
-    """Whether converting ``rows`` kept every column's type and place (no cast, no column added or
-    reordered, nothing nested whose children the conversion rebuilds)."""
-    if len(rows) != len(converted):
-        return False
-    for before, after in zip(rows, converted, strict=True):
-        if pa.types.is_nested(before.type) or before.type != after.type:
-            return False
-    return True
-
-
-LAYOUTS: dict[tuple[object, ...], _FileLayout] = {}
-"""Per table uuid, schema id, write properties and Arrow schema: the layout its files use. A lookup
-here costs no schema walk."""
-_MAX_LAYOUTS = 65_536
-SHAPES: dict[tuple[object, ...], _FileLayout] = {}
-"""Per schema shape (the Iceberg schema's fields without its id, format version, write properties,
-Arrow schema): one layout shared by every table of that shape. Dynamic routing makes thousands of
-tables of one schema; a layout each was derived per table (~1 ms) and held per table, and with a
-cap below the tables a worker serves (4,096 at 5,000 tables) the cache emptied itself every batch:
-11 % of a worker's wall time in a 5,000-table run (py-spy)."""
-_MAX_SHAPES = 4096
-
-
-def _layout(table: Table, schema: pa.Schema, downcast: bool) -> _FileLayout:
-    metadata = table.metadata
-    properties = tuple(sorted(metadata.properties.items()))
-    key = (
-        metadata.table_uuid,
-        metadata.current_schema_id,
-        metadata.format_version,
-        properties,
-        schema,
-        downcast,
-    )
-    found = LAYOUTS.get(key)
-    if found is not None:
-        return found
-    table_schema = metadata.schema()
-    shape = (
-        table_schema.model_dump_json(exclude={"schema_id"}),
-        metadata.format_version,
-        properties,
-        schema,
-        downcast,
-    )
-    found = SHAPES.get(shape)
-    if found is None:
-        found = _derive_layout(metadata, table_schema, schema, downcast)
-        if len(SHAPES) >= _MAX_SHAPES:  # schemas evolving for days: start over
-            SHAPES.clear()
-        SHAPES[shape] = found
-    if len(LAYOUTS) >= _MAX_LAYOUTS:  # tables dropped and recreated for days: start over
-        LAYOUTS.clear()
-    LAYOUTS[key] = found
-    return found
-
-
-def _derive_layout(
-    metadata: TableMetadata, table_schema: Schema, schema: pa.Schema, downcast: bool
-) -> _FileLayout:
-    arrow_writes.check_schema_compatible(metadata, schema)
-    rows_schema = pyarrow_to_schema(
-        schema,
-        name_mapping=table_schema.name_mapping,
-        downcast_ns_timestamp_to_us=downcast,
-        format_version=metadata.format_version,
-    )
-    sanitized = sanitize_column_names(table_schema)
-    file_schema = sanitized if sanitized != table_schema else table_schema
-    return _FileLayout(
-        rows_schema,
-        file_schema,
-        downcast,
-        writer_options=arrow_writes.parquet_writer_kwargs(metadata.properties),
-        row_group_rows=property_as_int(
-            metadata.properties,
-            TableProperties.PARQUET_ROW_GROUP_LIMIT,
-            TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
-        )
-        or TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
-        statistics=compute_statistics_plan(file_schema, metadata.properties),
-        column_ids=parquet_path_to_id_mapping(file_schema),
-    )
+        return f"00000-{next(self._count)}-{self._uuid}.{PARQUET.file_extension()}"
 
 
 class _TableWriter:
@@ -279,7 +108,7 @@ class _TableWriter:
         self.table = table
         self.schema = schema
         self._names = names
-        self._layout = _layout(table, schema, downcast)
+        self._layout = layout_for(table, schema, downcast)
         self._target = target_file_bytes(table)
         self._held: list[pa.Table] = []
         self.held_bytes = 0
@@ -347,7 +176,7 @@ class _TableWriter:
         )
         output = self.table.io.new_output(path)
         open_file = _OpenFile(
-            writer=_ParquetFile(output, self._layout),
+            writer=ParquetFile(output, self._layout),
             output=output,
             path=path,
             partition_key=partition_key,

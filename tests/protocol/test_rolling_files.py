@@ -20,7 +20,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from fanout_sink.protocol import datafiles, rolling_files
+from fanout_sink.protocol import datafiles, file_layouts
 from fanout_sink.protocol.rolling_files import RollingFiles, WrittenTable
 from fanout_sink.pyiceberg_internals import arrow_writes
 
@@ -42,8 +42,8 @@ SPEC = PartitionSpec(
 def _no_layouts_yet(monkeypatch: pytest.MonkeyPatch) -> None:
     """Layouts are kept per process by schema shape, and these tests share one schema: each starts
     with none, so that what it counts is its own work."""
-    monkeypatch.setattr(rolling_files, "LAYOUTS", {})
-    monkeypatch.setattr(rolling_files, "SHAPES", {})
+    monkeypatch.setattr(file_layouts, "LAYOUTS", {})
+    monkeypatch.setattr(file_layouts, "SHAPES", {})
 
 
 def _chunk(first: int, count: int) -> pa.Table:
