@@ -43,8 +43,8 @@ class RoundTables:
     """Wall-clock time (``time.time()``) by which the round stops waiting for a table."""
     floors: dict[str, int] = field(default_factory=dict)
     """Per table uuid of the due files, the floor its last ``CommitToTable`` announced
-    (``CommitState.committed_through``): what a committer outside the coordinator's process needs
-    for files of a table swapped away."""
+    (``CommitState.committed_through``): what every committer checks files of a table swapped away
+    against, wherever it runs."""
     failing: frozenset[str] = frozenset()
     """Tables that failed in the rounds before: their next failure's traceback is not logged again."""
 
@@ -102,6 +102,7 @@ def commit_in_threads(committer: TableCommitter, tables: RoundTables, threads: i
                 tables.round_end,
                 tables.commit_id,
                 tables.vtts,
+                tables.floors,
                 locations.get(identifier),
             )
             for identifier, items in tables.due.items()

@@ -128,10 +128,6 @@ class CommitState:
         self._fold_reports(round_end)
         return tuple(self.times[key] for key in sorted(self.times)), self.reports_below
 
-    def owed(self, items: list[PendingFiles]) -> list[PendingFiles]:
-        """The items no ``CommitToTable`` read so far accounts for (by the uuid they were written for)."""
-        return [p for p in items if p.offset >= self.committed_through.get(p.event.table.uuid, 0)]
-
     def due(self, round_end: int) -> dict[str, list[PendingFiles]]:
         """Per table, the pending files read below ``round_end`` (later ones wait for the next round)."""
         due = {t: [p for p in items if p.offset < round_end] for t, items in self.pending.items()}

@@ -15,7 +15,9 @@ One table's commit (those checks, stale and missing files, change resolution, th
 :mod:`fanout_sink.protocol.table_commit`'s, and who runs a round's commits (threads here, or the
 Spark executors) is :attr:`Coordinator.table_commits`'s (:mod:`fanout_sink.protocol.commit_runners`);
 the coordinator keeps the rounds around them, the control topic's events and transactions, and
-reports the tables that keep failing.
+reports the tables that keep failing (:mod:`fanout_sink.protocol.failing_tables`). What it is told
+is fixed when it is built: its settings (:class:`CoordinatorSettings`) and its collaborators (the
+channel, the catalog, the commit runner, the round trigger, the metrics observer).
 
 Rounds start when :class:`~fanout_sink.protocol.round_trigger.RoundTrigger` says: as soon as every
 planned range of a micro-batch has reported, at least every commit interval, never closer together
@@ -38,6 +40,7 @@ from typing import Protocol
 from confluent_kafka import KafkaException, TopicPartition
 from pyiceberg.catalog import Catalog
 
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import FanoutSinkError, ProducerFencedError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
@@ -49,6 +52,7 @@ from fanout_sink.protocol import round_trigger as trigger
 from fanout_sink.protocol.channel import ControlEvent, ControlReader, SinkChannel
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, ThreadedCommits
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.protocol.failing_tables import FailingTables
 from fanout_sink.protocol.offset_metadata import RoundMark
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 
@@ -59,13 +63,33 @@ POLL_S = 0.2
 report starts its round within this."""
 
 
-@dataclass
-class TableFailure:
-    """A table whose commit failed in consecutive rounds (forgotten at its next successful round)."""
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """What the sink's settings tell its coordinator (``source:`` and ``control:``), seconds named as
+    such; :meth:`of` reads them from the config, tools and tests state them."""
 
-    rounds: int
-    since_ms: int
-    error: str | None = None
+    source_topics: tuple[str, ...] = ()
+    source_pattern: str | None = None
+    """Matched again every round, so a topic created while the sink runs counts for VTTS, lag and
+    offset refreshes as soon as it exists."""
+    commit_interval_s: float = 30.0
+    commit_timeout_s: float = 60.0
+    offsets_refresh_interval_s: float | None = None
+    """None: a quarter of the broker's ``offsets.retention.minutes``."""
+    max_parallel_commits: int = 4
+    """Commit threads of the default runner (:class:`~.commit_runners.ThreadedCommits`)."""
+
+    @classmethod
+    def of(cls, config: SinkConfig) -> CoordinatorSettings:
+        control = config.control
+        refresh = control.offsets_refresh_interval
+        return cls(
+            source_topics=tuple(config.source.topics),
+            source_pattern=config.source.pattern,
+            commit_interval_s=control.commit_interval.total_seconds(),
+            commit_timeout_s=control.commit_timeout.total_seconds(),
+            offsets_refresh_interval_s=refresh.total_seconds() if refresh else None,
+        )
 
 
 @dataclass
@@ -95,37 +119,32 @@ class Coordinator:
         self,
         channel: SinkChannel,
         catalog: Catalog,
-        source_topics: list[str] | None = None,
-        source_pattern: str | None = None,
-        commit_interval_s: float = 30.0,
-        commit_timeout_s: float = 60.0,
-        max_parallel_commits: int = 4,
-        offsets_refresh_interval_s: float | None = None,
-        observer: RoundObserver | None = None,
+        settings: CoordinatorSettings,
+        *,
+        table_commits: TableCommitRunner | None = None,
         rounds: trigger.RoundTrigger | None = None,
+        observer: RoundObserver | None = None,
         workers_idle: threading.Lock | None = None,
     ) -> None:
-        """``source_topics``/``source_pattern``: the sink's ``source`` section; the pattern is matched
-        again every round, so a topic created while the sink runs counts for VTTS, lag and offset
-        refreshes as soon as it exists. ``workers_idle``: held while workers deliver (the app's
-        batch lock); idle partitions' offsets are refreshed only while it is free
+        """``table_commits``: who runs a round's table commits (none: ``settings.max_parallel_commits``
+        threads of this process; the app's also spreads large rounds over its Spark executors,
+        ``fanout_sink.spark.executor_commits``). ``rounds``: when the thread's next round is due (the
+        driver tells it what each batch planned). ``workers_idle``: held while workers deliver (the
+        app's batch lock); idle partitions' offsets are refreshed only while it is free
         (:class:`~.offset_refresh.OffsetRefresher`)."""
         self.channel = channel
         self.sink = channel.sink
         self.control_topic = channel.control_topic
         self.catalog = catalog
-        self.source_topics = list(source_topics or [])
-        self.source_pattern = source_pattern
-        self.commit_interval_s = commit_interval_s
-        self.commit_timeout_s = commit_timeout_s
-        self.max_parallel_commits = max(1, max_parallel_commits)
+        self.settings = settings
         self.timeout_s = channel.timeout_s
         self.state = CommitState()
-        self.table_commits: TableCommitRunner = ThreadedCommits(
-            TableCommitter(self.sink, catalog, self.state), self.max_parallel_commits
+        self.table_commits: TableCommitRunner = table_commits or ThreadedCommits(
+            TableCommitter(self.sink, catalog), max(1, settings.max_parallel_commits)
         )
-        """Who runs a round's table commits: threads of this process, until the app hands rounds of
-        many tables to its Spark executors (``fanout_sink.spark.executor_commits``)."""
+        self.rounds = rounds or trigger.RoundTrigger(settings.commit_interval_s)
+        self.observer = observer
+        self._workers_idle = workers_idle
         self._producer: TransactionalProducer | None = None
         self._reader: ControlReader | None = None
         self._group_metadata: bytes | None = None
@@ -136,14 +155,9 @@ class Coordinator:
         self._max_message_bytes: int | None = None
         self.error: BaseException | None = None
         self.last_round: RoundResult | None = None
-        self.failing: dict[str, TableFailure] = {}
+        self.failing = FailingTables()
         """Tables whose commit failed in the latest rounds, by identifier."""
-        self.offsets_refresh_interval_s = offsets_refresh_interval_s
         self._refresher: offset_refresh.OffsetRefresher | None = None
-        self._workers_idle = workers_idle
-        self.observer = observer
-        self.rounds = rounds or trigger.RoundTrigger(commit_interval_s)
-        """When the thread's next round is due; the driver tells it what each batch planned."""
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -199,10 +213,10 @@ class Coordinator:
                         "(a planned batch reported, or at least every %.0f s), quietly until one succeeds",
                         self.sink,
                         exc,
-                        self.commit_interval_s,
+                        self.settings.commit_interval_s,
                     )
                     log.debug("commit round of sink %r failed", self.sink, exc_info=True)
-                    self._stopping.wait(min(1.0, self.commit_interval_s))
+                    self._stopping.wait(min(1.0, self.settings.commit_interval_s))
                 else:
                     if failed:
                         log.info("commit rounds of sink %r succeed again after %d failed", self.sink, failed)
@@ -215,7 +229,7 @@ class Coordinator:
         """Stop the thread; with ``commit_now`` run one last round (shutdown, end of an available-now run)."""
         self._stopping.set()
         if self._thread is not None:
-            self._thread.join(self.commit_timeout_s + self.timeout_s)
+            self._thread.join(self.settings.commit_timeout_s + self.timeout_s)
             self._thread = None
         if self.error is not None:
             raise self.error
@@ -310,11 +324,10 @@ class Coordinator:
             self.rounds.started()
             commit_id = str(uuid.uuid4())
             self._publish([ev.StartCommit(commit_id=commit_id)])
-            sourced = bool(self.source_topics or self.source_pattern)
+            topics, pattern = list(self.settings.source_topics), self.settings.source_pattern
+            sourced = bool(topics or pattern)
             positions = (
-                source_positions(
-                    self.channel.clients, self.channel.sink_group, self.source_topics, self.source_pattern
-                )
+                source_positions(self.channel.clients, self.channel.sink_group, topics, pattern)
                 if sourced
                 else []
             )
@@ -382,7 +395,7 @@ class Coordinator:
         if not positions:
             return
         if self._refresher is None:
-            interval = self.offsets_refresh_interval_s
+            interval = self.settings.offsets_refresh_interval_s
             if interval is None:
                 interval = offsets_retention_s(self.channel.clients) / 4
             self._refresher = offset_refresh.OffsetRefresher(self.channel, interval, self._workers_idle)
@@ -404,7 +417,7 @@ class Coordinator:
             round_end,
             commit_id,
             vtts,
-            deadline=time.time() + self.commit_timeout_s,
+            deadline=time.time() + self.settings.commit_timeout_s,
             floors={u: f for u, f in self.state.committed_through.items() if u in uuids},
             failing=frozenset(self.failing),
         )
@@ -415,39 +428,5 @@ class Coordinator:
             results = {t: TableCommit(t, "failed", error=repr(exc)) for t in due}
         # Left pending when a runner gives no outcome: the next round's re-check skips what landed.
         results = {t: results.get(t) or TableCommit(t, "failed", error="no outcome") for t in due}
-        self._report_failures(due, results)
+        self.failing.record(due, results)
         return results
-
-    def _report_failures(self, due: dict[str, list[PendingFiles]], results: dict[str, TableCommit]) -> None:
-        """One ERROR per failing table and round, so a table that never recovers cannot go unnoticed.
-
-        Its files stay pending and hold the low watermark (the control topic is re-read from there
-        after a restart); the other tables keep committing meanwhile.
-        """
-        now_ms = int(time.time() * 1000)
-        for identifier, outcome in results.items():
-            if outcome.outcome != "failed":
-                if (recovered := self.failing.pop(identifier, None)) is not None:
-                    log.info("table %s commits again after %d failed round(s)", identifier, recovered.rounds)
-                continue
-            failure = self.failing.setdefault(identifier, TableFailure(0, now_ms))
-            failure.rounds += 1
-            failure.error = outcome.error
-            oldest = min(due[identifier], key=lambda p: p.offset)
-            age = "unknown" if oldest.written_ms is None else f"{(now_ms - oldest.written_ms) / 1000:.0f}s"
-            log.error(
-                "commit of table %s failed %d round(s) in a row (%s); %d file event(s) pending, the "
-                "oldest pending for %s (control offset %d), which holds the control topic's low "
-                "watermark for all tables while the others keep committing.\n"
-                "  fix: repair what the error names (catalog reachable? table metadata readable? "
-                "specs/columns of the files still in the table?); the next round then appends the "
-                "pending files exactly once. Until then keep the control topic's retention longer "
-                "than that age.",
-                identifier,
-                failure.rounds,
-                outcome.error,
-                len(due[identifier]),
-                age,
-                oldest.offset,
-                extra={"table": identifier},
-            )

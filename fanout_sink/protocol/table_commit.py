@@ -7,7 +7,7 @@ started; after a conflict, loaded from the catalog again):
 
 - The floor (I4): events below the control offset the table's state records are in the table
   already and skipped, for that table only; for files of a table swapped away (dropped, or renamed
-  aside), the floor its last ``CommitToTable`` announced (:meth:`CommitState.owed`).
+  aside), the floor its last ``CommitToTable`` announced (the round's ``floors``, :func:`owed`).
 - Dropped-and-recreated tables: files carry the table uuid they were written for; files for
   another uuid are never appended as they are (Iceberg also asserts the uuid at commit): their rows
   are rewritten into the new table when the columns fit (a change event's as its change set, resolved
@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -41,7 +41,7 @@ from pyiceberg.table import Table
 from fanout_sink.errors import TableError
 from fanout_sink.faults import fault_point
 from fanout_sink.protocol import channel, datafiles, row_delta, table_state
-from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.protocol.commit_state import PendingFiles
 from fanout_sink.pyiceberg_internals import snapshots, sql_catalog, transactions
 from fanout_sink.retries import Retry
 
@@ -85,17 +85,23 @@ class TableCommit:
     error: str | None = None
 
 
+def owed(items: list[PendingFiles], floors: Mapping[str, int]) -> list[PendingFiles]:
+    """The items no ``CommitToTable`` accounts for: at or above the floor ``floors`` holds for the
+    table uuid they were written for."""
+    return [p for p in items if p.offset >= floors.get(p.event.table.uuid, 0)]
+
+
 class TableCommitter:
     """Commits one table's files of a round; one per coordinator, shared by its commit threads.
 
-    It keeps nothing between calls: ``state`` is the coordinator's (read here for the uuids whose
-    floor a ``CommitToTable`` already announced), ``sink`` the sink's name in table state.
+    It keeps nothing between calls: ``sink`` is the sink's name in table state, and what a round
+    knows beyond the tables (the floors its ``CommitToTable`` events announced) comes with each
+    call, the same on the driver and on an executor.
     """
 
-    def __init__(self, sink: str, catalog: Catalog, state: CommitState) -> None:
+    def __init__(self, sink: str, catalog: Catalog) -> None:
         self.sink = sink
         self.catalog = catalog
-        self.state = state
 
     def locate(self, identifiers: Iterable[str]) -> dict[str, str]:
         """Where the catalog points each of ``identifiers`` now, for the tables it holds, read in a
@@ -110,10 +116,15 @@ class TableCommitter:
         round_end: int,
         commit_id: str,
         vtts: int | None,
+        floors: Mapping[str, int],
         location: str | None = None,
     ) -> TableCommit:
         """Append ``items`` (the table's due files of round ``commit_id``) not yet in the table, as
         one snapshot recording ``round_end`` as the table's control offset (I4).
+
+        ``floors``: per table uuid, the floor its last ``CommitToTable`` announced (the round's,
+        :attr:`~.commit_runners.RoundTables.floors`): files written for a table swapped away are
+        owed only at or above it.
 
         ``location``: the table's metadata location as :meth:`locate` read it, loaded for the first
         attempt instead of asking the catalog; if the table moved on since, the commit conflicts and
@@ -126,12 +137,12 @@ class TableCommitter:
             try:
                 table = self._table_to_decide_on(identifier, items, location if attempt == 1 else None)
             except NoSuchTableError:
-                return self._table_missing(identifier, items, outcome)
+                return self._table_missing(identifier, owed(items, floors), outcome)
             table_uuid = str(table.metadata.table_uuid)
             outcome.table_uuid = table_uuid
             floor = table_state.read_state(table, self.sink).next_control_offset(channel.CONTROL_PARTITION)
             todo = [p for p in items if p.offset >= floor]
-            stale = self.state.owed([p for p in todo if p.event.table.uuid != table_uuid])
+            stale = owed([p for p in todo if p.event.table.uuid != table_uuid], floors)
             outcome.stale_files = sum(len(p.event.files) for p in stale)
             current = self._present(table, [p for p in todo if p.event.table.uuid == table_uuid], outcome)
             appends = [
@@ -217,9 +228,9 @@ class TableCommitter:
                 return sql_catalog.load_table_at(self.catalog, identifier, location)
         return MISSING_TABLE_WAIT.run(lambda: self.catalog.load_table(identifier))
 
-    def _table_missing(self, identifier: str, items: list[PendingFiles], outcome: TableCommit) -> TableCommit:
-        """The table is gone: its owed files are quarantined and named in an ERROR."""
-        owed = self.state.owed(items)  # the rest went into the table before it was dropped
+    def _table_missing(self, identifier: str, owed: list[PendingFiles], outcome: TableCommit) -> TableCommit:
+        """The table is gone: its owed files (the rest went into the table before it was dropped) are
+        quarantined and named in an ERROR."""
         if not owed:
             outcome.outcome = "already-committed"
             return outcome

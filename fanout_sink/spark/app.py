@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,8 +24,10 @@ from fanout_sink.kafka.topics import ensure_topic
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol import group_layout
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
-from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.commit_runners import ThreadedCommits
+from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
 from fanout_sink.protocol.round_trigger import RoundTrigger
+from fanout_sink.protocol.table_commit import TableCommitter
 from fanout_sink.spark import (
     executor_commits,
     footprint,
@@ -85,6 +87,8 @@ class SinkApp:
         self._query_started = threading.Event()
         self._query: Any = None
         self._coordinator: Coordinator | None = None
+        self._spark_context: Future[Any] = Future()
+        """The session's SparkContext once it exists: the coordinator's executor commits wait for it."""
 
     def _coordinator_error(self) -> BaseException | None:
         return self._coordinator.error if self._coordinator is not None else None
@@ -170,12 +174,7 @@ class SinkApp:
                 self._stop_coordinator()
                 raise
             self._coordinator = coordinator.result()
-        self._coordinator.table_commits = executor_commits.SparkTableCommits(
-            spark.sparkContext,
-            self.tasks,
-            on_driver=self._coordinator.table_commits,
-            min_tables=self.config.control.distributed_commit_min_tables,
-        )
+        self._spark_context.set_result(spark.sparkContext)
         interval = maintenance_schedule.schedule_interval(self.config)
         schedule = (
             maintenance_schedule.MaintenanceSchedule(spark, self.config, interval) if interval else None
@@ -235,19 +234,24 @@ class SinkApp:
         return read_stream(spark, self.config, starting, limit)
 
     def _start_coordinator(self) -> Coordinator:
-        control = self.config.control
+        """The coordinator with its collaborators, started: its catalog, its commit runner (rounds of
+        many tables go to the executors once the session exists, the rest stay on the driver's
+        threads), the round trigger the batches feed, the metrics and the batch lock."""
+        catalog = load_catalog(self.config.catalog)
+        settings = CoordinatorSettings.of(self.config)
+        on_driver = ThreadedCommits(TableCommitter(self.config.name, catalog), settings.max_parallel_commits)
         coordinator = Coordinator(
-            channel=self.channel,
-            catalog=load_catalog(self.config.catalog),
-            source_topics=list(self.config.source.topics),
-            source_pattern=self.config.source.pattern,
-            commit_interval_s=control.commit_interval.total_seconds(),
-            commit_timeout_s=control.commit_timeout.total_seconds(),
-            offsets_refresh_interval_s=(
-                control.offsets_refresh_interval.total_seconds() if control.offsets_refresh_interval else None
+            self.channel,
+            catalog,
+            settings,
+            table_commits=executor_commits.SparkTableCommits(
+                self._spark_context,
+                self.tasks,
+                on_driver=on_driver,
+                min_tables=self.config.control.distributed_commit_min_tables,
             ),
-            observer=self.metrics,
             rounds=self.rounds,
+            observer=self.metrics,
             workers_idle=self.batches.lock,
         )
         coordinator.start()

@@ -3,14 +3,16 @@
 The coordinator's table commits are independent per table but Python-CPU-bound (~12 ms per table:
 manifests, manifest list, metadata JSON), so in the driver's one process they share one GIL however
 large the cluster is. :class:`SparkTableCommits` is the coordinator's
-:class:`~fanout_sink.protocol.commit_runners.TableCommitRunner` once the app's session exists: a
-round of at least ``control.distributed-commit-min-tables`` tables becomes one Spark job (its job
-group names the round) of one task per share of the tables (``defaultParallelism`` shares: the
-executors' cores, :meth:`~fanout_sink.protocol.commit_runners.RoundTables.split`), and each task
-commits its share with a :class:`~fanout_sink.protocol.table_commit.TableCommitter` its Python
-worker process builds once. The pending ``DataWritten`` events travel pickled, the ``TableCommit``
-outcomes come back pickled; the coordinator keeps everything else of the round. Small rounds stay on
-the driver, where a job's scheduling would cost more than it spreads.
+:class:`~fanout_sink.protocol.commit_runners.TableCommitRunner`, given to it when it is built; once
+the app's session exists, a round of at least ``control.distributed-commit-min-tables`` tables
+becomes one Spark job (its job group names the round) of one task per share of the tables
+(``defaultParallelism`` shares: the executors' cores,
+:meth:`~fanout_sink.protocol.commit_runners.RoundTables.split`), and each task commits its share
+with the :class:`~fanout_sink.protocol.table_commit.TableCommitter` of its Python worker process's
+:class:`~fanout_sink.spark.executor_context.ExecutorContext` (the one the batches' tasks use). The
+pending ``DataWritten`` events travel pickled, the ``TableCommit`` outcomes come back pickled; the
+coordinator keeps everything else of the round. Small rounds stay on the driver, where a job's
+scheduling would cost more than it spreads.
 
 Nothing here needs its own exactly-once rule: every table commit re-checks the table's floor on
 freshly loaded metadata in a no-retry transaction (I3, I4), wherever and however often it runs. A
@@ -34,17 +36,15 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from fanout_sink import logs
-from fanout_sink.catalog import load_catalog
 from fanout_sink.logs import TRACEBACK
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, commit_in_threads
-from fanout_sink.protocol.commit_state import CommitState
-from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
-from fanout_sink.spark.executor_context import TaskSetup
+from fanout_sink.protocol.table_commit import TableCommit
+from fanout_sink.spark.executor_context import TaskSetup, executor_context
 from fanout_sink.spark.task_failure import task_failure
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,9 @@ class SparkTableCommits:
     """Rounds of at least ``min_tables`` tables committed by Spark tasks, smaller ones (and what a
     job left without an outcome) by ``on_driver``."""
 
-    context: Any
-    """The app's SparkContext."""
+    context: Future[Any]
+    """The app's SparkContext, once its session exists (the coordinator starts while the driver JVM
+    does): until then every round commits on the driver."""
     setup: TaskSetup
     """The tasks' config and channel, as the batches' tasks get them."""
     on_driver: TableCommitRunner
@@ -86,7 +87,7 @@ class SparkTableCommits:
     cores). The benchmark sets it."""
 
     def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
-        if len(tables.due) < self.min_tables:
+        if len(tables.due) < self.min_tables or not self.context.done():
             return self.on_driver(tables)
         results = self._on_executors(tables)
         missing = [t for t in tables.due if t not in results]
@@ -98,7 +99,7 @@ class SparkTableCommits:
 
     def _on_executors(self, tables: RoundTables) -> dict[str, TableCommit]:
         """The outcomes of one job over the round's shares; none when the job failed or was cancelled."""
-        context = self.context
+        context = self.context.result()
         parts = tables.split(self.shares or context.defaultParallelism)
         job_group = f"fanout-sink-commit-{tables.commit_id}"
         task = functools.partial(commit_table_shares, self.setup, self.threads)
@@ -156,11 +157,11 @@ class SparkTableCommits:
             else:
                 continue
             log.warning("cancelling the commit job %s: %s", job_group, reason)
-            self.context.cancelJobGroup(job_group)
+            self.context.result().cancelJobGroup(job_group)
             return
 
     def _all_started(self, job_group: str) -> bool:
-        tracker = self.context.statusTracker()
+        tracker = self.context.result().statusTracker()
         for job in tracker.getJobIdsForGroup(job_group):
             info = tracker.getJobInfo(job)
             for stage in info.stageIds if info is not None else ():
@@ -170,29 +171,12 @@ class SparkTableCommits:
         return True
 
 
-_COMMITTERS: dict[str, TableCommitter] = {}
-_COMMITTERS_LOCK = threading.Lock()
-
-
-def _committer(setup: TaskSetup) -> TableCommitter:
-    """One committer per Python worker process and setup: its catalog outlives a round."""
-    with _COMMITTERS_LOCK:
-        if setup.key not in _COMMITTERS:
-            config = setup.config
-            logs.configure(config.logging.format, config.logging.level)
-            _COMMITTERS[setup.key] = TableCommitter(config.name, load_catalog(config.catalog), CommitState())
-        return _COMMITTERS[setup.key]
-
-
 def commit_table_shares(
     setup: TaskSetup, threads: int, parts: Iterable[RoundTables]
 ) -> Iterator[TableCommit]:
     """One Spark task: the tables of its share (``parts``: normally one) committed here, an outcome
-    per table."""
-    committer = _committer(setup)
+    per table, by the committer of this Python worker process's context (its catalog outlives a
+    round)."""
+    committer = executor_context(setup).committer
     for part in parts:
-        # The floors the coordinator's CommitToTable events announced, for files of swapped tables.
-        known = committer.state.committed_through
-        for table_uuid, floor in part.floors.items():
-            known[table_uuid] = max(known.get(table_uuid, 0), floor)
         yield from commit_in_threads(committer, part, threads).values()

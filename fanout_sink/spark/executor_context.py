@@ -4,9 +4,10 @@ Python worker process.
 The driver decides the run's channel (its partition-group layout, ``spark/partition_group_count.py``) and the
 tasks' config once, and every task gets them as one plain value, :class:`TaskSetup`: no task
 derives its channel from the config again, so every process of the run packs alike. A Python
-worker process serves many tasks of many batches; its :class:`ExecutorContext` (catalog, slice
-worker, processor, source reader) is built on its first task and reused: producers, the consumer,
-catalog connections and loaded tables outlive a micro-batch.
+worker process serves many tasks of many batches and commit rounds; its one
+:class:`ExecutorContext` (one catalog, the table committer, the slice worker, processor and source
+reader) is built on its first task and shared by both kinds: producers, the consumer, catalog
+connections and loaded tables outlive a micro-batch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.java_client import inline_tls_files
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.table_commit import TableCommitter
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
 
@@ -59,11 +61,12 @@ class Delivery:
 
 class ExecutorContext:
     """One per Python worker process and :class:`TaskSetup`: its catalog, and what the tasks built on
-    it share."""
+    it share: the table committer of the commit tasks, the batch tasks' :class:`Delivery`."""
 
     def __init__(self, setup: TaskSetup) -> None:
         self.setup = setup
         self.catalog = load_catalog(setup.config.catalog)
+        self.committer = TableCommitter(setup.config.name, self.catalog)
         self._delivery: Delivery | None = None
         self._lock = threading.Lock()
 

@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,12 @@ class CommitThroughput:
 def _runners(wide: WideSink, context: Any) -> dict[str, TableCommitRunner]:
     driver = wide.coordinator.table_commits
 
+    session: Future[Any] = Future()
+    session.set_result(context)
+
     def on_executors(shares: int) -> SparkTableCommits:
         return SparkTableCommits(
-            context, TaskSetup.of(wide.config, wide.channel), driver, min_tables=1, shares=shares
+            session, TaskSetup.of(wide.config, wide.channel), driver, min_tables=1, shares=shares
         )
 
     return {"driver": driver, "1 executor": on_executors(1), "2 executors": on_executors(2)}

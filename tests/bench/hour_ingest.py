@@ -33,7 +33,7 @@ from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
 from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.slices import Slice
 from fanout_sink.protocol.worker import SliceWorker
@@ -241,8 +241,7 @@ class HourIngest:
         coordinator = Coordinator(
             channel,
             self.catalog,
-            source_topics=[self.topic],
-            commit_interval_s=plan.interval_s,
+            CoordinatorSettings(source_topics=(self.topic,), commit_interval_s=plan.interval_s),
         )
         coordinator.open()
         try:

@@ -42,7 +42,7 @@ from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol.channel import CONTROL_PARTITION, SinkChannel
 from fanout_sink.protocol.commit_runners import ThreadedCommits
-from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
 from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.slices import Slice
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
@@ -100,7 +100,7 @@ class TimedCommitter(TableCommitter):
     """The coordinator's table committer, adding up the CPU time of the threads its commits ran on."""
 
     def __init__(self, committer: TableCommitter, profile: cProfile.Profile | None = None) -> None:
-        super().__init__(committer.sink, committer.catalog, committer.state)
+        super().__init__(committer.sink, committer.catalog)
         self.cpu_s = 0.0
         self._lock = threading.Lock()
         self.profile = profile
@@ -184,12 +184,15 @@ class WideSink:
         self.channel = SinkChannel.from_config(self.config, PartitionGroups())  # a slot per partition
         self.producer = self.channel.clients.producer({"enable.idempotence": True, "linger.ms": 5})
         self.slots = [Slot.open(self.config, self.worker_catalog) for _ in range(self.parallel)]
-        self.coordinator = Coordinator(self.channel, catalog, source_topics=[self.topic])
-        self.committer = TimedCommitter(
-            TableCommitter(self.coordinator.sink, catalog, self.coordinator.state), profile
-        )
-        self.coordinator.table_commits = ThreadedCommits(
-            self.committer, 1 if profile is not None else self.coordinator.max_parallel_commits
+        coordinated = CoordinatorSettings(source_topics=(self.topic,))
+        self.committer = TimedCommitter(TableCommitter(self.channel.sink, catalog), profile)
+        self.coordinator = Coordinator(
+            self.channel,
+            catalog,
+            coordinated,
+            table_commits=ThreadedCommits(
+                self.committer, 1 if profile is not None else coordinated.max_parallel_commits
+            ),
         )
         self.coordinator.open()
         self.control = self.channel.clients.consumer(

@@ -14,7 +14,7 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 from fanout_sink.catalog import load_catalog
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.commit_runners import RoundTables, commit_in_threads
-from fanout_sink.protocol.commit_state import CommitState, PendingFiles
+from fanout_sink.protocol.commit_state import PendingFiles
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 
 
@@ -59,8 +59,7 @@ class _LostAfterFirstTable:
 
     def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
         shipped: RoundTables = pickle.loads(pickle.dumps(tables))
-        state = CommitState(committed_through=dict(shipped.floors))
-        committer = TableCommitter(self.sink.name, load_catalog(self.sink.settings), state)
+        committer = TableCommitter(self.sink.name, load_catalog(self.sink.settings))
         self.committed = list(commit_in_threads(committer, shipped.only(list(shipped.due)[:1]), 1).values())
         return {}
 

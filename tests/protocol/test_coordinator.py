@@ -25,10 +25,11 @@ from support.common import (
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
+from fanout_sink.config.loading import parse_config
 from fanout_sink.errors import ProducerFencedError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.protocol import channel, round_trigger, table_state
-from fanout_sink.protocol.coordinator import RoundResult
+from fanout_sink.protocol.coordinator import CoordinatorSettings, RoundResult
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.slices import Slice
 
@@ -356,3 +357,18 @@ def test_many_files_travel_in_several_events_and_land_in_one_snapshot(
     kinds = [type(e.event.payload).__name__ for e in reader.read_until(reader.end_offset())]
     reader.close()
     assert kinds.count("DataWritten") == 4
+
+
+def test_the_coordinators_settings_are_the_configs_source_and_control_sections_in_seconds() -> None:
+    control = {"commit-interval": "10s", "commit-timeout": "45s", "offsets-refresh-interval": "6h"}
+    listed = {"name": "shop", "source": {"topics": ["orders", "refunds"]}, "control": control}
+    assert CoordinatorSettings.of(
+        parse_config({**listed, "tables": {"a.orders": {}}})
+    ) == CoordinatorSettings(
+        source_topics=("orders", "refunds"),
+        commit_interval_s=10.0,
+        commit_timeout_s=45.0,
+        offsets_refresh_interval_s=6 * 3600.0,
+    )
+    matched = {"name": "shop", "source": {"pattern": "eu[.].*"}, "tables": {"a.orders": {}}}
+    assert CoordinatorSettings.of(parse_config(matched)) == CoordinatorSettings(source_pattern="eu[.].*")

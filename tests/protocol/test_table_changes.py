@@ -139,7 +139,7 @@ def test_a_table_that_keeps_failing_is_reported_every_round_while_others_commit(
         )
         return routed
 
-    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.coordinator")
+    caplog.set_level(logging.ERROR, logger="fanout_sink.protocol.failing_tables")
     for round_no in range(3):
         ids = list(range(round_no * 10, round_no * 10 + 3))
         produce_json(bootstrap_servers, topic, 0, [{"id": i, "table": "a"} for i in ids])

@@ -3,14 +3,15 @@ every table once, small rounds on the driver, and what a failed job left committ
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner
-from fanout_sink.protocol.table_commit import TableCommit
+from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, ThreadedCommits
+from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 from fanout_sink.spark.executor_commits import SparkTableCommits
 from fanout_sink.spark.executor_context import TaskSetup
 
@@ -25,6 +26,13 @@ class _Driver:
     def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
         self.tables += list(tables.due)
         return self.runner(tables)
+
+
+def _session(spark: Any) -> Future[Any]:
+    """The SparkContext as the app hands it to the runner: once its session exists."""
+    context: Future[Any] = Future()
+    context.set_result(spark.sparkContext)
+    return context
 
 
 def _round(sink_factory: SinkFactory) -> tuple[SinkUnderTest, dict[str, list[int]]]:
@@ -42,7 +50,7 @@ def test_a_round_of_tables_is_committed_once_by_spark_tasks(
     coordinator = sink.coordinator()
     driver = _Driver(coordinator.table_commits)
     coordinator.table_commits = SparkTableCommits(
-        spark.sparkContext, TaskSetup.of(sink.config, sink.channel), driver, min_tables=3
+        _session(spark), TaskSetup.of(sink.config, sink.channel), driver, min_tables=3
     )
     result = coordinator.commit_round()
     assert {c.outcome for c in result.tables.values()} == {"committed"}
@@ -64,7 +72,7 @@ def test_a_round_of_fewer_tables_than_the_minimum_stays_on_the_driver(
     coordinator = sink.coordinator()
     driver = _Driver(coordinator.table_commits)
     coordinator.table_commits = SparkTableCommits(
-        spark.sparkContext, TaskSetup.of(sink.config, sink.channel), driver, min_tables=4
+        _session(spark), TaskSetup.of(sink.config, sink.channel), driver, min_tables=4
     )
     assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
     assert driver.tables == ["sink.a", "sink.b", "sink.c"]
@@ -83,10 +91,28 @@ def test_tables_a_failed_commit_job_left_without_outcome_are_committed_on_the_dr
     unreachable = CatalogSettings(name="nowhere", type="no-such-type")
     config = sink.config.model_copy(update={"catalog": unreachable})
     coordinator.table_commits = SparkTableCommits(
-        spark.sparkContext, TaskSetup.of(config, sink.channel), driver, min_tables=1
+        _session(spark), TaskSetup.of(config, sink.channel), driver, min_tables=1
     )
     result = coordinator.commit_round()
     assert {c.outcome for c in result.tables.values()} == {"committed"}
+    assert driver.tables == ["sink.a", "sink.b", "sink.c"]
+    for table in "abc":
+        assert table_ids(catalog, table) == expected[table]
+    coordinator.close()
+
+
+def test_a_runner_built_before_the_session_exists_commits_on_the_driver_until_it_does(
+    sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """The app builds its coordinator with the executor runner while the driver JVM starts: until the
+    session's SparkContext is set, every round, however large, commits on the driver."""
+    sink, expected = _round(sink_factory)
+    driver = _Driver(ThreadedCommits(TableCommitter(sink.name, catalog)))
+    session: Future[Any] = Future()
+    runner = SparkTableCommits(session, TaskSetup.of(sink.config, sink.channel), driver, min_tables=1)
+    coordinator = sink.coordinator(table_commits=runner)
+    assert coordinator.table_commits is runner
+    assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
     assert driver.tables == ["sink.a", "sink.b", "sink.c"]
     for table in "abc":
         assert table_ids(catalog, table) == expected[table]

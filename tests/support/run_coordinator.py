@@ -21,7 +21,7 @@ from common import sink_channel
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import load_config
-from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
 
 
 def serve(coordinator: Coordinator) -> int:
@@ -46,9 +46,9 @@ def main() -> int:
     coordinator = Coordinator(
         sink_channel(config),
         load_catalog(config.catalog),
-        source_topics=sorted(set(config.source.topics)),
-        max_parallel_commits=1,
-        **intervals,
+        CoordinatorSettings(
+            source_topics=tuple(sorted(set(config.source.topics))), max_parallel_commits=1, **intervals
+        ),
     )
     if intervals:
         return serve(coordinator)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -53,7 +53,7 @@ from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.devtools.sample_data import shop_events
 from fanout_sink.protocol.channel import SinkChannel
-from fanout_sink.protocol.coordinator import Coordinator
+from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
 from fanout_sink.protocol.slices import Slice, SliceResult
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.spark import planning
@@ -150,10 +150,14 @@ class SinkUnderTest:
 
     def coordinator(self, timeout_s: float | None = None, opened: bool = True, **options: Any) -> Coordinator:
         """A coordinator of the sink's source topics, opened unless ``opened`` is false (``timeout_s``
-        as for :meth:`worker`)."""
-        coordinator = Coordinator(
-            self._channel(timeout_s), self.catalog, source_topics=list(self.partitions), **options
+        as for :meth:`worker`); ``options`` are :class:`CoordinatorSettings` fields and collaborators
+        (``table_commits``, ``rounds``, ...), sorted here."""
+        named = {f.name for f in fields(CoordinatorSettings)}
+        settings = CoordinatorSettings(
+            source_topics=tuple(self.partitions), **{k: v for k, v in options.items() if k in named}
         )
+        collaborators = {k: v for k, v in options.items() if k not in named}
+        coordinator = Coordinator(self._channel(timeout_s), self.catalog, settings, **collaborators)
         if opened:
             coordinator.open()
         return coordinator
