@@ -54,3 +54,25 @@ def test_every_test_runs_in_exactly_one_lane_with_its_module(tmp_path: Path) -> 
     assert second == {"test_b.py::test_1", "test_b.py::test_2", "test_c.py::test_1"}
     assert set(json.loads((tmp_path / "out" / "1.json").read_text())) == first
     assert _run(tmp_path) == first | second  # without --lane: everything
+
+
+class _Item:
+    """What ``units_of`` reads of a collected test: its id and its fixture closure."""
+
+    def __init__(self, nodeid: str, *fixtures: str) -> None:
+        self.nodeid, self.fixturenames = nodeid, list(fixtures)
+
+
+def test_modules_on_the_spark_session_or_the_tls_broker_share_one_process_each_whole() -> None:
+    items = [
+        _Item("tests/a.py::t1", "spark"),
+        _Item("tests/a.py::t2"),  # its module's other test goes with it
+        _Item("tests/b.py::t1", "spark", "tmp_path"),
+        _Item("tests/c.py::t1", "tls_broker"),
+        _Item("tests/c.py::t2"),
+        _Item("tests/d.py::t1", "spark", "object_store_process"),  # the servers' unit wins
+        _Item("tests/d.py::t2"),
+        _Item("tests/e.py::t1", "kafka_broker"),
+    ]
+    units = lanes.units_of(items)  # type: ignore[arg-type]
+    assert units == ["spark session"] * 3 + ["tls broker"] * 2 + ["stores", "tests/d.py", "tests/e.py"]

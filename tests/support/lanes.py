@@ -7,7 +7,8 @@ balance. Here every lane collects the same tests, puts them into units that must
 and deals the units out longest first to the lane with the least time so far, by the seconds each test
 took in an earlier run (``tests/durations.json``). A unit is a test module (its module fixtures are
 built once), except that the tests on the shared storage servers or on the Spark cluster are one unit
-each: those session fixtures cost minutes of JVM start-up in every process that builds them.
+each: those session fixtures cost minutes of JVM start-up in every process that builds them; and the
+modules that take the shared Spark session or the TLS broker are one unit each (seconds of start-up).
 
 ``--durations-out PATH`` writes the seconds this process's tests took (set-up, call and tear-down
 together), which the bootstrap merges into ``.pytest-lanes/durations.json`` for the next rebalance.
@@ -40,6 +41,15 @@ _SHARED_SERVERS = (
 )
 """Unit name -> the session fixtures whose tests stay in one process."""
 
+_SHARED_SESSIONS = (
+    ("spark session", ("spark",)),
+    ("tls broker", ("tls_broker",)),
+)
+"""Unit name -> session fixtures whose test modules (whole) go to one process: every process that
+builds one pays its start-up again (the Spark session 10 CPU s, the TLS broker 6.5, measured), and the
+modules using them, dealt one by one, had put the Spark session in all three lanes and the TLS broker
+in two."""
+
 _PLAN = pytest.StashKey[str]()
 _LANE = re.compile(r"^([1-9][0-9]*)/([1-9][0-9]*)$")
 
@@ -64,7 +74,25 @@ def unit_of(item: pytest.Item) -> str:
     for unit, fixtures in _SHARED_SERVERS:
         if names.intersection(fixtures):
             return unit
+    return _module(item)
+
+
+def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
+
+
+def units_of(items: list[pytest.Item]) -> list[str]:
+    """Each item's unit: ``unit_of``, then every module with a test on a ``_SHARED_SESSIONS`` fixture
+    (and not on the shared servers) joins that session's unit with all its tests."""
+    units = [unit_of(item) for item in items]
+    for name, fixtures in _SHARED_SESSIONS:
+        modules = {
+            unit
+            for item, unit in zip(items, units, strict=True)
+            if unit == _module(item) and set(fixtures) & set(getattr(item, "fixturenames", ()))
+        }
+        units = [name if unit in modules else unit for unit in units]
+    return units
 
 
 def weight_of(item: pytest.Item, known: dict[str, float]) -> float:
@@ -100,7 +128,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     index, count = parse_lane(str(option))
     known = load_durations()
-    unit_by_item = [unit_of(item) for item in items]
+    unit_by_item = units_of(items)
     units: dict[str, float] = {}
     for item, unit in zip(items, unit_by_item, strict=True):
         units[unit] = units.get(unit, 0.0) + weight_of(item, known)
