@@ -10,7 +10,9 @@ from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config.models import SinkConfig
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, ThreadedCommits
+from fanout_sink.protocol.coordinator import Coordinator
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 from fanout_sink.spark.executor_commits import SparkTableCommits
 from fanout_sink.spark.executor_context import TaskSetup
@@ -35,6 +37,19 @@ def _session(spark: Any) -> Future[Any]:
     return context
 
 
+def _coordinator(
+    sink: SinkUnderTest, session: Future[Any], min_tables: int, config: SinkConfig | None = None
+) -> tuple[Coordinator, _Driver]:
+    """A coordinator built as the app builds it: rounds of at least ``min_tables`` tables as Spark
+    jobs (the tasks get ``config``, the sink's by default), the rest on the driver's counted runner."""
+    driver = _Driver(ThreadedCommits(TableCommitter(sink.name, sink.catalog)))
+    setup = TaskSetup.of(config or sink.config, sink.channel)
+    runner = SparkTableCommits(session, setup, driver, min_tables=min_tables)
+    coordinator = sink.coordinator(table_commits=runner)
+    assert coordinator.table_commits is runner
+    return coordinator, driver
+
+
 def _round(sink_factory: SinkFactory) -> tuple[SinkUnderTest, dict[str, list[int]]]:
     """Tables a, b and c with ids 0-29 delivered and announced, not committed yet."""
     sink = sink_factory(partitions={"src": 1}, tables="abc", prefix="sc")
@@ -47,11 +62,7 @@ def test_a_round_of_tables_is_committed_once_by_spark_tasks(
     spark: Any, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     sink, expected = _round(sink_factory)
-    coordinator = sink.coordinator()
-    driver = _Driver(coordinator.table_commits)
-    coordinator.table_commits = SparkTableCommits(
-        _session(spark), TaskSetup.of(sink.config, sink.channel), driver, min_tables=3
-    )
+    coordinator, driver = _coordinator(sink, _session(spark), min_tables=3)
     result = coordinator.commit_round()
     assert {c.outcome for c in result.tables.values()} == {"committed"}
     assert driver.tables == []  # every outcome came from the job's tasks
@@ -69,11 +80,7 @@ def test_a_round_of_fewer_tables_than_the_minimum_stays_on_the_driver(
     spark: Any, sink_factory: SinkFactory, catalog: Any
 ) -> None:
     sink, expected = _round(sink_factory)
-    coordinator = sink.coordinator()
-    driver = _Driver(coordinator.table_commits)
-    coordinator.table_commits = SparkTableCommits(
-        _session(spark), TaskSetup.of(sink.config, sink.channel), driver, min_tables=4
-    )
+    coordinator, driver = _coordinator(sink, _session(spark), min_tables=4)
     assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
     assert driver.tables == ["sink.a", "sink.b", "sink.c"]
     assert table_ids(catalog, "b") == expected["b"]
@@ -86,13 +93,9 @@ def test_tables_a_failed_commit_job_left_without_outcome_are_committed_on_the_dr
     """The executors cannot open the catalog (their copy of the config names a catalog type that does
     not exist): every task fails, the job gives no outcome, and the driver commits the round."""
     sink, expected = _round(sink_factory)
-    coordinator = sink.coordinator()
-    driver = _Driver(coordinator.table_commits)
     unreachable = CatalogSettings(name="nowhere", type="no-such-type")
     config = sink.config.model_copy(update={"catalog": unreachable})
-    coordinator.table_commits = SparkTableCommits(
-        _session(spark), TaskSetup.of(config, sink.channel), driver, min_tables=1
-    )
+    coordinator, driver = _coordinator(sink, _session(spark), min_tables=1, config=config)
     result = coordinator.commit_round()
     assert {c.outcome for c in result.tables.values()} == {"committed"}
     assert driver.tables == ["sink.a", "sink.b", "sink.c"]
@@ -107,11 +110,7 @@ def test_a_runner_built_before_the_session_exists_commits_on_the_driver_until_it
     """The app builds its coordinator with the executor runner while the driver JVM starts: until the
     session's SparkContext is set, every round, however large, commits on the driver."""
     sink, expected = _round(sink_factory)
-    driver = _Driver(ThreadedCommits(TableCommitter(sink.name, catalog)))
-    session: Future[Any] = Future()
-    runner = SparkTableCommits(session, TaskSetup.of(sink.config, sink.channel), driver, min_tables=1)
-    coordinator = sink.coordinator(table_commits=runner)
-    assert coordinator.table_commits is runner
+    coordinator, driver = _coordinator(sink, Future(), min_tables=1)
     assert {c.outcome for c in coordinator.commit_round().tables.values()} == {"committed"}
     assert driver.tables == ["sink.a", "sink.b", "sink.c"]
     for table in "abc":
