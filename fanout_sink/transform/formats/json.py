@@ -49,7 +49,8 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _BIG_INT = r"(?:^|[\[:,])\s*-?\d{19,}\s*(?:[\]},]|$)"
 """An integer token of 19 or more digits: it may not fit int64 (a cheap, conservative test)."""
 _BIG_INT_TOKEN = re.compile(_BIG_INT.encode())
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A high (d800-dbff) or low (dc00-dfff) surrogate escape: either may stand unpaired."""
 
 
 def _nesting(value: bytes) -> int:
