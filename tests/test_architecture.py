@@ -347,7 +347,6 @@ MAX_PROTOCOL_LINES = 450
 """The exactly-once protocol's modules are read line by line when a guarantee is in question."""
 
 
-@pytest.mark.xfail(strict=False, reason="issue 46 item 5 in progress")
 def test_no_module_outgrows_its_size() -> None:
     """A module past these sizes has grown a second job (issue 46 item 5): split it by concern."""
     over = []

@@ -32,3 +32,28 @@ def test_every_cited_test_exists(doc: Path) -> None:
         elif not any(_defines(test, elsewhere) for test in tests):
             missing.append(f"…::{elsewhere}")
     assert not missing, f"{doc.name} cites tests that do not exist (moved or renamed?): {missing}"
+
+
+def test_the_module_map_has_a_row_for_every_module_and_none_for_a_module_gone() -> None:
+    """design.md's module map is how a newcomer finds a module: a module added, moved or removed
+    takes its row along. A folder row (``devtools/stack/``) covers the modules under it."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text[text.index("### Module map") : text.index("## 3.")]
+    first_cells = re.findall(r"^\| ([^|]+) \|", table, re.M)
+    named: set[str] = set()
+    for cell in first_cells:
+        folder = ""
+        for entry in re.findall(r"`([^`]+)`", cell):
+            if "/" in entry and not entry.endswith("/"):
+                folder = entry.rsplit("/", 1)[0] + "/"
+            named.add(entry if "/" in entry else folder + entry)  # `a/x.py`, `y.py`: y sits in a/
+    package = ROOT / "fanout_sink"
+    modules = {str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "__init__.py"}
+    folders = {entry for entry in named if entry.endswith("/")}
+    unmapped = sorted(m for m in modules if m not in named and not any(m.startswith(f) for f in folders))
+    # The tooling table below the map names tests/ paths, which test_every_cited_test_exists covers.
+    gone = sorted(
+        e for e in named if e.endswith(".py") and not e.startswith("tests/") and not (package / e).exists()
+    )
+    assert not unmapped, f"modules without a row in design.md's module map: {unmapped}"
+    assert not gone, f"design.md's module map names modules that no longer exist: {gone}"

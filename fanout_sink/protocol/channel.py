@@ -12,7 +12,12 @@ joined with ':', which neither a sink name (``^[A-Za-z0-9][A-Za-z0-9._-]*$``) no
 - ``fanout-sink:<sink>``: the sink-managed consumer group holding the source offsets. Nobody ever
   joins it; offsets arrive only through ``send_offsets_to_transaction`` with generation -1.
 - ``fanout-sink:<sink>:coordinator``: the coordinator's group, holding its control-topic low watermark.
-- ``fanout-sink:<sink>:<topic>:<partition>``: a worker's transactional id (stable per source partition).
+- ``fanout-sink:<sink>:layout``: the layout group, whose one offset records the partition-group count
+  in use (:mod:`.group_layout`).
+- ``fanout-sink:<sink>:groups:<count>:<index>``: a worker's transactional id, one per partition group
+  of a layout of ``count`` (stable while the count stays; a new count never reuses one).
+- ``fanout-sink:<sink>:<topic>:<partition>``: a partition's own transactional id, for deliveries
+  without packing (tools and tests deliver partitions one at a time) and sinks from before packing.
 - ``fanout-sink:<sink>:coordinator``: the coordinator's transactional id (stable per sink).
 
 Before, the parts were joined with '-' (sink ``a`` reading ``b-c`` and sink ``a-b`` reading ``c``
@@ -47,7 +52,8 @@ log = logging.getLogger(__name__)
 CONTROL_PARTITION = 0
 
 CONTROL_SCAN_TIMEOUT_S = 600.0
-"""How long reading the control topic's whole retained history at start may take (one partition)."""
+"""How long one bounded read of the control topic may take: a window of its tail at start
+(:mod:`.control_tail`), never its whole retained history."""
 
 
 SEPARATOR = ":"
@@ -104,7 +110,7 @@ class SinkChannel:
     timeout_s: float = DEFAULT_TIMEOUT_S
     """How long one Kafka call may wait."""
     scan_timeout_s: float = CONTROL_SCAN_TIMEOUT_S
-    """How long reading the control topic's whole retained history may take."""
+    """How long one read of a window of the control topic's tail may take."""
     partition_groups: PartitionGroups = field(default_factory=PartitionGroups)
     """How source partitions share transactional ids (not a Kafka group: those are the ``*_group``
     names): the layout the app decided at start and recorded (:mod:`.group_layout`), which every
