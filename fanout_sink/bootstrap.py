@@ -114,11 +114,12 @@ def bench_changed(fingerprint: str, stamp: Path = BENCH_PASSED) -> bool:
     return not recorded or recorded[0] != fingerprint
 
 
-LANES = 3
+LANES = 4
 """The full tier runs as this many pytest processes at once (``--lane K/N``, tests/support/lanes.py).
-The suite is CPU-bound on the 2-core machine (JVM start-ups, Spark apps): five lanes kept both cores
-at 0% idle, took 1,885-2,790 s each and pushed three JVM-heavy tests past their timeouts, no faster
-than three. Each lane has its own broker and Spark session (session fixtures are per process);
+The suite is mostly CPU-bound on the 2-core machine (JVM start-ups, Spark apps), with waits between
+(restarts, kills, orphan-age margins): three lanes ran a clean clone's CI in 20 min 43 s (lanes of
+1,154-1,168 s); five kept both cores at 0% idle, took 1,885-2,790 s each and pushed three JVM-heavy
+tests past their timeouts. Each lane has its own broker and Spark session (session fixtures are per process);
 nothing is shared but the jar cache, filled before the lanes start. The lanes are dealt out by the
 seconds each test took in an earlier run (``tests/durations.json``); each run writes its own to
 ``.pytest-lanes/durations.json``, which replaces that file to rebalance."""
