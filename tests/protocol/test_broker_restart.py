@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory
 
@@ -55,11 +57,17 @@ def test_broker_killed_mid_transaction_then_retry_delivers_exactly_once(
 
 
 def test_the_coordinator_thread_outlives_a_broker_outage_longer_than_its_timeouts(
-    broker_factory: Callable[[], KafkaBroker], sink_factory: SinkFactory, catalog: Any
+    broker_factory: Callable[[], KafkaBroker],
+    sink_factory: SinkFactory,
+    catalog: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The broker stays away for several times the coordinator's Kafka timeout: the rounds fail, and so
     does re-creating its transactional producer (``init_transactions`` times out while polling). The
     thread keeps trying; once the broker is back, the next rounds commit everything, exactly once."""
+    # Its rare failure under a loaded machine (rounds still failing 120 s after the broker is back) logs
+    # why only at DEBUG: keep those lines in the report.
+    caplog.set_level(logging.DEBUG, logger="fanout_sink.protocol.coordinator")
     broker = broker_factory()
     bootstrap = broker.bootstrap_servers
     sink = sink_factory(bootstrap=bootstrap, partitions={"src": 1}, tables="ab", prefix="o")
