@@ -35,6 +35,14 @@ IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 """One part of a table identifier, or a top-level column name."""
 
 
+def string_map(value: Any) -> Any:
+    """A YAML mapping of client or table properties as the string map both Kafka and Iceberg take:
+    keys and values as strings, booleans spelled ``true``/``false`` as they expect."""
+    if isinstance(value, dict):
+        return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+    return value
+
+
 def check_jmespath(value: str | None, example: str) -> str | None:
     """``value`` when it compiles as jmespath; otherwise an error with ``example``."""
     if value is None:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from fanout_sink.catalog import CatalogSettings
-from fanout_sink.config.fields import Section, check_table_identifier
+from fanout_sink.config.fields import Section, check_table_identifier, string_map
 from fanout_sink.config.maintenance import MaintenanceSettings
 from fanout_sink.config.runtime import LoggingSettings, MetricsSettings, SparkSettings
 from fanout_sink.config.secrets import redact
@@ -55,9 +55,7 @@ class SinkConfig(Section):
     @field_validator("kafka", mode="before")
     @classmethod
     def _stringify(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
-        return value
+        return string_map(value)
 
     @field_validator("kafka")
     @classmethod

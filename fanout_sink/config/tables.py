@@ -14,6 +14,7 @@ from fanout_sink.config.fields import (
     Section,
     check_jmespath,
     check_table_identifier,
+    string_map,
 )
 from fanout_sink.config.maintenance import MaintenanceSettings
 
@@ -136,9 +137,7 @@ class TableSettings(Section):
     @field_validator("properties", mode="before")
     @classmethod
     def _stringify(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
-        return value
+        return string_map(value)
 
 
 class UnmatchedSettings(Section):
