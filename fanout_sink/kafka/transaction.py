@@ -63,12 +63,14 @@ class TransactionalProducer:
         transactional_id: str,
         fenced_message: str,
         batch_bytes: int | None = None,
+        initialize: bool = True,
     ) -> None:
         """``batch_bytes``: the most bytes one produce request may batch per partition, when a topic
         it writes accepts less than the producer's default batch (the broker refuses a whole batch
-        over the topic's ``max.message.bytes``, however small its messages)."""
+        over the topic's ``max.message.bytes``, however small its messages). ``initialize=False``
+        leaves :meth:`initialize` to the owner, which keeps the producer when it times out."""
         self.transactional_id = transactional_id
-        self.timeout_s = timeout_s = clients.timeout_s
+        self.timeout_s = clients.timeout_s
         self.usable = True
         self._fenced_message = fenced_message
         # Past this the broker aborts the transaction anyway, so waiting longer for anything is futile.
@@ -79,7 +81,22 @@ class TransactionalProducer:
             configured = int(clients.conf.get("batch.size", _LIBRDKAFKA_BATCH_SIZE))
             settings["batch.size"] = str(min(configured, batch_bytes))
         self._producer = clients.producer(settings, defaults={"transaction.timeout.ms": 60000})
-        self._producer.init_transactions(timeout_s)
+        self.initialized = False
+        if initialize:
+            self.initialize()
+
+    def initialize(self) -> None:
+        """``init_transactions``: fences every older holder of the id. When it times out (the broker
+        away), call it again on this producer, not on a new one: the new one's request would race
+        the one this producer still has in flight, and whichever the broker serves last fences the
+        other, so an owner retrying every second could end up fenced by its own discarded producer."""
+        try:
+            self._producer.init_transactions(self.timeout_s)
+        except KafkaException as exc:
+            if is_fenced(exc.args[0]):  # fatal: this producer is done, a new one is needed
+                self.usable = False
+            raise
+        self.initialized = True
 
     @contextmanager
     def transaction(self) -> Iterator[TransactionalProducer]:

@@ -30,6 +30,7 @@ the low watermark (the oldest control offset a table still needs).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -41,9 +42,9 @@ from confluent_kafka import KafkaException, TopicPartition
 from pyiceberg.catalog import Catalog
 
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.errors import FanoutSinkError, ProducerFencedError
+from fanout_sink.errors import ProducerFencedError
 from fanout_sink.faults import fault_point
-from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s, source_positions
+from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.kafka.topics import max_message_bytes
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, offset_refresh, recovery
@@ -144,7 +145,6 @@ class Coordinator:
         )
         self.rounds = rounds or trigger.RoundTrigger(settings.commit_interval_s)
         self.observer = observer
-        self._workers_idle = workers_idle
         self._producer: TransactionalProducer | None = None
         self._reader: ControlReader | None = None
         self._group_metadata: bytes | None = None
@@ -157,7 +157,11 @@ class Coordinator:
         self.last_round: RoundResult | None = None
         self.failing = FailingTables()
         """Tables whose commit failed in the latest rounds, by identifier."""
-        self._refresher: offset_refresh.OffsetRefresher | None = None
+        self._refresher = offset_refresh.OffsetRefresher(
+            channel, settings.offsets_refresh_interval_s, workers_idle
+        )
+        """Re-commits idle partitions' sink-group offsets after each round, before the broker expires
+        them (the group is never joined, so an offset lives ``offsets.retention.minutes``)."""
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -165,6 +169,7 @@ class Coordinator:
         """Create/check the control topic, fence any older coordinator, seek to the low watermark."""
         channel.ensure_control_topic(self.channel)
         self._producer = self._new_producer()
+        self._producer.initialize()
         self._group_metadata = self.channel.clients.group_metadata(self.channel.coordinator_group)
         self._reader = ControlReader(self.channel)
         start = recovery.seek_to_low_watermark(self._reader)
@@ -233,7 +238,26 @@ class Coordinator:
             self._thread = None
         if self.error is not None:
             raise self.error
-        return self.commit_round(trigger.STOP) if commit_now else None
+        if not commit_now:
+            return None
+        self._read_reports_of_finished_batches()
+        return self.commit_round(trigger.STOP)
+
+    def _read_reports_of_finished_batches(self) -> None:
+        """Wait (at most the Kafka timeout) until the reports of every batch the driver finished are
+        readable: a transaction's markers may be written just after its commit returned, and a final
+        round that ran before them would leave that batch's files to the next start (an
+        available-now run would end with tables behind what it delivered)."""
+        deadline = time.monotonic() + self.timeout_s
+        with contextlib.suppress(KafkaException, TimeoutError):  # the round then fails the same way
+            while self.rounds.unreported() and time.monotonic() < deadline:
+                self.poll_once(0.2)
+        if waiting := self.rounds.unreported():
+            log.warning(
+                "sink %r stops with batches %s reported only in part; the next start commits the rest",
+                self.sink,
+                waiting,
+            )
 
     def close(self) -> None:
         if self._reader is not None:
@@ -252,6 +276,8 @@ class Coordinator:
         elif self._producer is None or not self._producer.usable:  # a new one fences the old
             self._producer = self._new_producer()
         assert self._producer is not None and self._reader is not None
+        if not self._producer.initialized:  # timed out before (the broker away): the same producer again
+            self._producer.initialize()
         return self._producer, self._reader
 
     def _limit(self) -> int:
@@ -268,6 +294,7 @@ class Coordinator:
             self.channel.clients,
             txn_id,
             batch_bytes=self._limit(),
+            initialize=False,
             fenced_message=(
                 f"coordinator of sink {self.sink!r} was fenced: another coordinator with transactional "
                 f"id {txn_id!r} started. This one stops; make sure only one application runs per sink name."
@@ -377,7 +404,7 @@ class Coordinator:
             self._publish(payloads, [watermark])
             self.rounds.done(round_end)
             self.last_round = result
-            self._refresh_offsets(positions)
+            self._refresher.after_round(positions)
             if result.tables:
                 log.info(
                     "commit %s (%s): %s (vtts %s)",
@@ -388,23 +415,6 @@ class Coordinator:
                     extra={"commit_id": commit_id},
                 )
             return result, positions
-
-    def _refresh_offsets(self, positions: list[PartitionPosition]) -> None:
-        """Re-commit idle partitions' sink-group offsets before the broker expires them (the group is
-        never joined, so each offset lives ``offsets.retention.minutes`` after its last commit)."""
-        if not positions:
-            return
-        if self._refresher is None:
-            interval = self.settings.offsets_refresh_interval_s
-            if interval is None:
-                interval = offsets_retention_s(self.channel.clients) / 4
-            self._refresher = offset_refresh.OffsetRefresher(self.channel, interval, self._workers_idle)
-            log.info("idle partitions' sink-group offsets are re-committed every %.0f s", interval)
-        try:
-            self._refresher.refresh(positions)
-        except (KafkaException, TimeoutError, FanoutSinkError):
-            # The round itself is done; an offset not refreshed now is retried next round.
-            log.warning("re-committing idle partitions' offsets failed; retrying next round", exc_info=True)
 
     def _commit_tables(
         self, due: dict[str, list[PendingFiles]], round_end: int, commit_id: str, vtts: int | None

@@ -17,7 +17,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from fanout_sink.kafka.offsets import PartitionPosition
+from confluent_kafka import KafkaException
+
+from fanout_sink.errors import FanoutSinkError
+from fanout_sink.kafka.offsets import PartitionPosition, offsets_retention_s
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.recovery import PositionWriter, TopicPartitionKey
 
@@ -42,9 +45,23 @@ class OffsetRefresher:
     """
 
     channel: SinkChannel
-    interval_s: float
+    interval_s: float | None
+    """None: a quarter of the broker's ``offsets.retention.minutes``, asked at the first refresh."""
     workers_idle: threading.Lock | None = None
     _seen: dict[TopicPartitionKey, tuple[int, float]] = field(default_factory=dict)
+
+    def after_round(self, positions: list[PartitionPosition]) -> None:
+        """A round read ``positions``: refresh what is due. A failure is only logged: the round
+        itself is done, and an offset not refreshed now is retried after the next one."""
+        if not positions:
+            return
+        try:
+            if self.interval_s is None:
+                self.interval_s = offsets_retention_s(self.channel.clients) / 4
+                log.info("idle partitions' sink-group offsets are re-committed every %.0f s", self.interval_s)
+            self.refresh(positions)
+        except (KafkaException, TimeoutError, FanoutSinkError):
+            log.warning("re-committing idle partitions' offsets failed; retrying next round", exc_info=True)
 
     def refresh(self, positions: list[PartitionPosition]) -> list[TopicPartitionKey]:
         """Refreshes what is due; returns the partitions whose offset was committed again."""
@@ -57,7 +74,7 @@ class OffsetRefresher:
                 self._seen.pop(key, None)
             elif last is None or last[0] != position.committed:
                 self._seen[key] = (position.committed, now)
-            elif now - last[1] >= self.interval_s and position.caught_up:
+            elif self.interval_s is not None and now - last[1] >= self.interval_s and position.caught_up:
                 due.append(position)
         if not due:
             return []

@@ -52,6 +52,8 @@ class _Expected:
     ends: dict[tuple[str, int], int]
     reported_at: dict[tuple[str, int], int] = field(default_factory=dict)
     """Per range, the control offset of the report that covered it (-1: delivered before, no new report)."""
+    finished: bool = False
+    """The driver's batch returned: its transactions committed, its reports are on their way."""
 
     def complete(self) -> bool:
         return len(self.reported_at) == len(self.ends)
@@ -103,6 +105,19 @@ class RoundTrigger:
                 for key in ranges:
                     if key in expected.ends:
                         expected.reported_at.setdefault(key, -1)
+
+    def finished(self, batch_id: int) -> None:
+        """The driver's batch ``batch_id`` returned: every report it wrote is committed, though maybe
+        not readable yet (its markers). A final round waits for those (:meth:`unreported`)."""
+        with self._lock:
+            if (expected := self._expected.get(batch_id)) is not None:
+                expected.finished = True
+
+    def unreported(self) -> list[int]:
+        """Batches the driver finished whose reports are not all read yet: a stop's final round that
+        ran now would leave their files to the next start."""
+        with self._lock:
+            return sorted(b for b, e in self._expected.items() if e.finished and not e.complete())
 
     def observe(self, item: ControlEvent) -> None:
         """A committed control event of this sink, read by the coordinator (in control-topic order)."""

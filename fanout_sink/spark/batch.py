@@ -153,6 +153,7 @@ class BatchRunner:
                 self._rounds.delivered_before(
                     batch_id, [(r.slice.topic, r.slice.partition) for r in done_before]
                 )
+                self._rounds.finished(batch_id)
             seconds = time.monotonic() - started
             log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:

@@ -119,3 +119,21 @@ def test_positions_of_a_deleted_and_recreated_topic_do_not_complete_the_new_topi
         rounds.observe(ControlEvent(offset, ev.Event(sink="x", payload=payload)))
     rounds.expect(1, {("s", 0): (0, 50)})  # the new topic's s/0 has delivered nothing yet
     assert rounds.due() is None
+
+
+def test_a_batch_the_driver_finished_is_unreported_until_each_of_its_ranges_reports() -> None:
+    """The driver's word that a batch returned does not make its reports readable (their markers
+    may come just after): a stop's final round waits while the batch is listed here."""
+    clock = Clock()
+    rounds = _trigger(clock)
+    rounds.expect(3, {("s", 0): (0, 10), ("s", 1): (0, 5)})
+    rounds.expect(4, {("s", 0): (10, 20)})  # planned, not finished (the app stopped mid-batch)
+    assert rounds.unreported() == [], "nothing finished yet"
+    rounds.finished(3)
+    assert rounds.unreported() == [3]
+    rounds.observe(_report(20, 0, 10))
+    assert rounds.unreported() == [3], "s/1 has not reported"
+    rounds.delivered_before(3, [("s", 1)])  # or it found its range delivered: no report comes
+    assert rounds.unreported() == []
+    rounds.finished(99)  # a batch never planned here (empty) is nothing to wait for
+    assert rounds.unreported() == []
