@@ -92,11 +92,23 @@ cap below the tables a worker serves (4,096 at 5,000 tables) the cache emptied i
 _MAX_SHAPES = 4096
 
 
+WRITE_PREFIX = "write."
+"""Iceberg's prefix of the properties a file layout follows (Parquet writer options, metrics modes,
+row-group limit)."""
+
+
+def _write_properties(properties: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The properties a layout depends on, as a key. Not the others: the sink records its state in
+    properties at every commit, and keyed on those a table got a new layout after each round (and
+    tables of one schema stopped sharing theirs)."""
+    return tuple(sorted((k, v) for k, v in properties.items() if k.startswith(WRITE_PREFIX)))
+
+
 def layout_for(table: Table, schema: pa.Schema, downcast: bool) -> FileLayout:
     """The layout of ``table``'s files for rows of ``schema``: found by table, else by schema shape,
     else derived (and PyIceberg's schema compatibility check run) once."""
     metadata = table.metadata
-    properties = tuple(sorted(metadata.properties.items()))
+    properties = _write_properties(metadata.properties)
     key = (
         metadata.table_uuid,
         metadata.current_schema_id,

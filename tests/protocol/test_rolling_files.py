@@ -173,6 +173,34 @@ def test_tables_of_one_schema_share_one_layout_and_a_different_schema_gets_its_o
     assert derived == [1, 0, 0, 1, 0, 0, 0], "one layout for the three alike tables, one for the other"
 
 
+def test_a_commits_table_state_keeps_the_tables_layout_and_a_write_property_changes_it(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sink records its per-round state (commit id, control offsets, VTTS) in table properties:
+    a layout keyed on every property got a new key after each commit, so every round derived every
+    table's layout again and tables of one schema stopped sharing one (issue 50). Only the write
+    properties (``write.*``: Parquet options, metrics modes, row-group limit) decide a layout."""
+    checked: list[str] = []
+    check = arrow_writes.check_schema_compatible
+    monkeypatch.setattr(
+        arrow_writes, "check_schema_compatible", lambda *a: checked.append("check") or check(*a)
+    )
+    catalog.create_namespace("w")
+    table = catalog.create_table("w.t", schema=SCHEMA)
+    rows = _chunk(0, 10)
+    first = file_layouts.layout_for(table, rows.schema, downcast=False)
+    with table.transaction() as txn:  # what a round's commit writes beside its snapshot
+        txn.set_properties({"fanout-sink.s.commit-id": "r1", "fanout-sink.s.control-offsets": '{"0": 7}'})
+    table = catalog.load_table("w.t")
+    assert file_layouts.layout_for(table, rows.schema, downcast=False) is first
+    assert checked == ["check"], "derived once, not again after the commit"
+    with table.transaction() as txn:
+        txn.set_properties({"write.parquet.compression-codec": "gzip"})
+    table = catalog.load_table("w.t")
+    changed = file_layouts.layout_for(table, rows.schema, downcast=False)
+    assert changed is not first and changed.writer_options["compression"] == "gzip"
+
+
 def test_many_chunks_into_a_partitioned_table_roll_files_by_size_with_correct_bounds(catalog: Any) -> None:
     catalog.create_namespace("w")
     table = catalog.create_table("w.parts", schema=SCHEMA, partition_spec=SPEC)
