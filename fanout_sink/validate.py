@@ -27,6 +27,8 @@ Nothing is created (no topic, catalog file or table, no folder) and no Spark sta
 ``--offline`` checks what needs no server: the config and each declared table against its route as if
 no table existed yet (auto-create's schema file, partition and key columns, the dynamic name). It is
 what a build can run where the broker and the catalog are not reachable, e.g. the docker image's build.
+Its lines say what it cannot know: a table is "not looked up offline" (never "does not exist"),
+and the verdict names what was not checked.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Report:
     """Every finding, in the order the checks ran."""
 
     findings: list[Finding]
+    offline: bool = False
+    """Nothing was contacted: the verdict covers the config and the routes only."""
 
     @property
     def ok(self) -> bool:
@@ -79,7 +83,13 @@ class Report:
             err += [f"fanout-sink: {label}{finding.text}", f"  fix: {finding.fix}"]
         if self.ok:
             warnings = sum(f.level == "warning" for f in self.findings)
-            out.append(f"valid: nothing stops this sink from starting ({warnings} warning(s))")
+            out.append(
+                "valid offline: nothing in the config or the routes stops this sink; the broker, the "
+                "catalog and its tables were not checked (validate without --offline where they are "
+                "reachable)"
+                if self.offline
+                else f"valid: nothing stops this sink from starting ({warnings} warning(s))"
+            )
         return out, err
 
     def as_json(self) -> dict[str, Any]:
@@ -100,7 +110,7 @@ def validate(path: Path, broker_timeout_s: float = BROKER_TIMEOUT_S, offline: bo
     if offline:
         contacted = "offline: the broker, topics, warehouse and catalog were not contacted"
         findings.append(Finding("ok", contacted))
-        return Report(findings + check_tables(config, None, offline=True))
+        return Report(findings + check_tables(config, None, offline=True), offline=True)
     pre = Preflight(config, broker_timeout_s, dry_run=True)
     for _, check in CHECKS:
         try:
@@ -202,6 +212,9 @@ def _check_table(
                 )
             ]
     findings: list[Finding] = []
+    # Offline, a missing table is not known to be missing: the checks below assume it is, to check
+    # what run would create, and the lines say so without claiming it.
+    unknown = "not looked up offline; if it does not exist, run creates it from"
     if table is None:
         if not settings.auto_create and offline:
             return [Finding("ok", f"table {name}: not looked up offline; run needs it to exist")]
@@ -219,16 +232,16 @@ def _check_table(
             if route is not None and route[1]:
                 findings += _check_partition_columns(key, "the route", route[0].column_names, settings)
                 findings += _check_key_columns(key, "the route", route[0].column_names, settings)
-            return findings or [
-                Finding("ok", f"table {name}: does not exist yet; created from its first rows")
-            ]
+            created = (
+                f"{unknown} its first rows" if offline else "does not exist yet; created from its first rows"
+            )
+            return findings or [Finding("ok", f"table {name}: {created}")]
         target = avro_to_arrow_schema(load_avro_schema(config.resolve(settings.schema_file)))
         what = f"{key}.schema"
         findings += _check_partition_columns(key, what, target.names, settings)
         findings += _check_key(config, name, target, None, settings)
-        findings.append(
-            Finding("ok", f"table {name}: does not exist yet; created from {settings.schema_file}")
-        )
+        created = unknown if offline else "does not exist yet; created from"
+        findings.append(Finding("ok", f"table {name}: {created} {settings.schema_file}"))
     else:
         target = table.schema().as_arrow()
         what = f"table {name}"

@@ -78,7 +78,7 @@ def test_the_build_runs_the_cli_and_validates_the_example(built: image_build.Bui
     # `fanout-sink --version`'s first line, then validate's verdict on docker/sink.yaml.
     assert f"fanout-sink {metadata.version('fanout-sink')}\n" in output
     assert "ok  offline: the broker, topics, warehouse and catalog were not contacted" in output
-    assert "valid: nothing stops this sink from starting" in output
+    assert "valid offline: nothing in the config or the routes stops this sink" in output
 
 
 def test_the_image_runs_the_compose_sink_by_default(built: image_build.Build) -> None:
