@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fanout_sink.errors import CatalogNotFoundError
 from fanout_sink.user_info import split_user_info
 
 _SQLITE_PREFIX = "sqlite:///"
@@ -114,14 +115,35 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len(_SQLITE_PREFIX) :]).resolve()
 
 
+def sqlite_uri_under(uri: str, base: Path) -> str:
+    """A SQLite URI whose relative path (``sqlite:///warehouse/catalog.db``) is taken under ``base``
+    (the YAML's folder, as ``schema:`` paths are); any other URI as it is."""
+    if not uri.startswith(_SQLITE_PREFIX):
+        return uri
+    rest = uri[len(_SQLITE_PREFIX) :]
+    if not rest or rest.startswith("/") or rest.startswith(":memory:"):
+        return uri
+    return f"{_SQLITE_PREFIX}{base.resolve() / rest}"
+
+
 def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
     """A PyIceberg catalog; the SQLite file's folder is created so a first run needs no set-up.
 
-    ``create=False`` (``fanout-sink validate``) creates nothing: no folder, and a SQL catalog does not
-    create its own tables when they are missing.
+    ``create=False`` (``validate`` and every read-only command: ``status``, ``sql``, ``maintain``)
+    creates nothing: no folder, no catalog tables, and a SQLite catalog file that does not exist
+    raises :class:`CatalogNotFoundError` naming the path (opening it would make an empty catalog,
+    which a typo in the path then reads as a sink without tables).
     """
     from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
 
+    if not create and settings.type == "sql" and settings.uri:
+        path = sqlite_path(settings.uri)
+        if path is not None and not path.is_file():
+            raise CatalogNotFoundError(
+                f"catalog {settings.name!r}: {path} does not exist; correct catalog.uri (a relative "
+                "path is relative to the sink's YAML file), or start the sink once with `fanout-sink "
+                "run`, the only command that creates a catalog"
+            )
     if create and settings.type == "sql" and settings.uri and (path := sqlite_path(settings.uri)) is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     if create and settings.warehouse and settings.warehouse.startswith("file://"):

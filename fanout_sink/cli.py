@@ -211,7 +211,7 @@ def _maintain(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     _log_to_stderr(config.logging.format, config.logging.level)
     # A --table that is not the sink's fails here, before a Spark session starts.
-    tables = select_tables(load_catalog(config.catalog), config.name, args.table or None)
+    tables = select_tables(load_catalog(config.catalog, create=False), config.name, args.table or None)
     spark = build_spark_session(
         config.catalog,
         master=args.master or config.spark.master,

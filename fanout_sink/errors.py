@@ -92,6 +92,14 @@ class ProducerFencedError(FanoutSinkError):
     """A newer process took over this transactional id; this one must stop (it is a zombie)."""
 
 
+class CatalogNotFoundError(FanoutSinkError):
+    """A read-only command was pointed at a SQLite catalog file that does not exist.
+
+    Opening it would create an empty catalog and answer as if the sink had no table; only ``run``
+    creates a catalog, so the others stop and name the path they looked at.
+    """
+
+
 class ConfigError(FanoutSinkError):
     """The sink's YAML configuration is invalid; raised before anything starts.
 

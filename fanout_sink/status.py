@@ -211,7 +211,7 @@ def collect_status(
     source_topics: list[str],
     source_pattern: str | None = None,
 ) -> SinkStatus:
-    catalog = load_catalog(catalog_settings)
+    catalog = load_catalog(catalog_settings, create=False)
     now_ms = int(time.time() * 1000)
     topics = subscribed_topics(channel.clients, source_topics, source_pattern)
     return SinkStatus(

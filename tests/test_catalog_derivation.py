@@ -14,12 +14,14 @@ from fanout_sink.catalog import (
     CatalogSettings,
     java_catalog_properties,
     jdbc_catalog_properties,
+    load_catalog,
     spark_catalog_conf,
     spark_storage_conf,
 )
-from fanout_sink.config.loading import parse_config
+from fanout_sink.cli import main
+from fanout_sink.config.loading import load_config, parse_config, write_standalone_copy
 from fanout_sink.config.secrets import SECRET_KEY_PATTERN
-from fanout_sink.errors import ConfigError
+from fanout_sink.errors import CatalogNotFoundError, ConfigError
 
 S3 = {
     "s3.endpoint": "http://127.0.0.1:9000",
@@ -390,3 +392,49 @@ def test_sink_checkpoint_location_keeps_uri_schemes() -> None:
     assert location("file:///var/ck") == "file:///var/ck/s"
     assert location("/var/ck") == "/var/ck/s"
     assert location(None) == str(Path(".") / ".fanout-sink" / "checkpoints" / "s")
+
+
+def _sink_yaml(folder: Path, uri: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sink.yaml"
+    path.write_text(
+        "name: rel\nsource: {topics: [t]}\ntables: {a.b: {}}\n"
+        f'catalog: {{name: lake, type: sql, uri: "{uri}", warehouse: "file://{folder}/wh"}}\n'
+    )
+    return path
+
+
+def test_a_relative_sqlite_path_is_relative_to_the_yaml_not_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``schema:`` was relative to the YAML and ``catalog.uri`` to the working folder: the shipped
+    examples, run from another folder, found (and made) another catalog (issue 49)."""
+    config_file = _sink_yaml(tmp_path / "configs", "sqlite:///warehouse/catalog.db")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config(config_file)
+    expected = tmp_path / "configs" / "warehouse" / "catalog.db"
+    assert config.catalog.uri == f"sqlite:///{expected}"
+    assert jdbc_catalog_properties(config.catalog.uri) == {"uri": f"jdbc:sqlite:{expected}"}
+    # The demo's copy of a config lives in another folder: it names the same file.
+    copy = write_standalone_copy(config_file, tmp_path / "copy.yaml", [])
+    assert load_config(copy).catalog.uri == f"sqlite:///{expected}"
+    absolute = _sink_yaml(tmp_path / "abs", f"sqlite:///{tmp_path}/cat.db")
+    assert load_config(absolute).catalog.uri == f"sqlite:///{tmp_path}/cat.db"  # an absolute one stays
+
+
+def test_only_run_creates_a_catalog_read_only_commands_name_the_path_they_looked_at(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in a SQLite catalog's path made ``maintain`` (and ``status``, ``sql``) create an empty
+    catalog and answer as if the sink had no table (issue 49): read-only loading refuses it."""
+    config_file = _sink_yaml(tmp_path, "sqlite:///warehuose/catalog.db")
+    missing = tmp_path / "warehuose" / "catalog.db"
+    with pytest.raises(CatalogNotFoundError, match=re.escape(str(missing))):
+        load_catalog(load_config(config_file).catalog, create=False)
+    assert main(["maintain", "--config", str(config_file), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fanout-sink: catalog 'lake': {missing} does not exist;"), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not missing.parent.exists(), "a read-only command created the catalog's folder"

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from fanout_sink.catalog import sqlite_uri_under
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.config.tables import TableSettings
 from fanout_sink.errors import ConfigError, FanoutSinkError
@@ -205,7 +206,8 @@ def load_config(path: str | Path) -> SinkConfig:
 def write_standalone_copy(path: str | Path, target: Path, variables: Collection[str]) -> Path:
     """A copy of the YAML file at ``target`` that works from any folder and without ``variables``
     set: their ``${VAR}`` references take this process's values (others stay references, so no
-    secret from the environment lands in the file) and relative schema paths become absolute.
+    secret from the environment lands in the file) and relative schema and SQLite catalog paths
+    become absolute.
 
     The demo leaves one beside its tables, so the ``status`` and ``sql`` commands it prints find them.
     Comments are not kept (the file is written from the parsed YAML).
@@ -222,6 +224,9 @@ def write_standalone_copy(path: str | Path, target: Path, variables: Collection[
     for section in sections:
         if isinstance(section, dict) and isinstance(section.get("schema"), str):
             section["schema"] = str((base / section["schema"]).resolve())  # an absolute one stays
+    catalog = data.get("catalog")
+    if isinstance(catalog, dict) and isinstance(catalog.get("uri"), str) and "${" not in catalog["uri"]:
+        catalog["uri"] = sqlite_uri_under(catalog["uri"], base)  # a relative SQLite path, as schema paths
     target.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return target
 

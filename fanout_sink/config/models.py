@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from fanout_sink.catalog import CatalogSettings
+from fanout_sink.catalog import CatalogSettings, sqlite_uri_under
 from fanout_sink.config.fields import Section, check_table_identifier, string_map
 from fanout_sink.config.maintenance import MaintenanceSettings
 from fanout_sink.config.runtime import LoggingSettings, MetricsSettings, SparkSettings
@@ -51,6 +51,20 @@ class SinkConfig(Section):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     base_dir: Path = Field(default=Path("."), exclude=True)
     """Folder of the YAML file; relative schema paths resolve against it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _relative_to_the_yaml(cls, data: Any) -> Any:
+        """A relative SQLite path in ``catalog.uri`` is relative to the YAML's folder, as ``schema:``
+        paths are: the same file whichever folder a command runs from. (A catalog taken from
+        ``.pyiceberg.yaml`` keeps PyIceberg's own meaning: only the YAML's ``uri`` is resolved.)"""
+        if not isinstance(data, dict) or "base_dir" not in data:
+            return data
+        catalog = data.get("catalog")
+        if isinstance(catalog, dict) and isinstance(catalog.get("uri"), str):
+            uri = sqlite_uri_under(catalog["uri"], Path(data["base_dir"]))
+            data = {**data, "catalog": {**catalog, "uri": uri}}
+        return data
 
     @field_validator("kafka", mode="before")
     @classmethod

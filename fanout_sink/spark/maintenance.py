@@ -364,7 +364,7 @@ def maintain(
     ``status`` shows the last complete maintenance). ``dry_run`` decides and reports without changing
     anything (the orphans listed are those that would be removed). Once ``stop`` is set (the app
     is stopping), the remaining steps are skipped."""
-    catalog = load_catalog(config.catalog)
+    catalog = load_catalog(config.catalog, create=False)
     runs = []
     for identifier in select_tables(catalog, config.name, tables):
         run = _TableRun(spark, catalog, config, identifier, stop)

@@ -355,7 +355,7 @@ def catalog_lookup(config: SinkConfig) -> Callable[[tuple[str, ...]], bool]:
     requests alone."""
     from fanout_sink.catalog import load_catalog
 
-    loaded = [load_catalog(config.catalog)] if config.catalog.type == "sql" else []
+    loaded = [load_catalog(config.catalog, create=False)] if config.catalog.type == "sql" else []
 
     def exists(name: tuple[str, ...]) -> bool:
         parts = name[1:] if len(name) == 3 and name[0] == config.catalog.name else name
@@ -363,7 +363,7 @@ def catalog_lookup(config: SinkConfig) -> Callable[[tuple[str, ...]], bool]:
             parts = ("default", *parts)
         try:
             if not loaded:
-                loaded.append(load_catalog(config.catalog))
+                loaded.append(load_catalog(config.catalog, create=False))
             return bool(loaded[0].table_exists(parts))
         except Exception:  # a name the catalog cannot even look up is not one it has
             return False
