@@ -134,7 +134,7 @@ def _import_connect(args: argparse.Namespace) -> int:
     taken = takeover.take_over(imported, load_config(args.out))
     for (topic, part), offset in sorted(taken.positions.items()):
         print(
-            f"took over {topic}[{part}] at offset {offset} (group {imported.connect_group!r})",
+            f"took over {topic}[{part}] at offset {offset} (group {imported.commit_group!r})",
             file=sys.stderr,
         )
     for topic, part in taken.unstarted:

@@ -3,6 +3,9 @@ Tabular's alike) and the control offsets its coordinator records in each snapsho
 
 Each event carries the Avro schema it was written with, so both sink families and later event
 versions decode alike; only ``DataWritten`` (the files a worker announces for a table) matters here.
+Tabular's own events (``io.tabular.iceberg.connect.events``, up to 0.6.x) spell their fields in
+camelCase (``groupId``, ``tableName``, ``dataFiles``) where Apache's, which Tabular took later, use
+snake_case; both are read.
 """
 
 from __future__ import annotations
@@ -10,15 +13,19 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Iterable
 from typing import Any
 
 import fastavro
+from fastavro.schema import SchemaParseException
 
 _EVENT_MAGIC = b"\xc2\x01"
 _DATA_WRITTEN = 1
 _SUMMARY_PREFIX = "kafka.connect.offsets."
 _AVRO_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+
+class UndecodableEvent(ValueError):
+    """A control record framed as an Iceberg Kafka Connect event that does not decode as one."""
 
 
 def avro_short_names(schema: Any) -> Any:
@@ -48,47 +55,58 @@ def avro_short_names(schema: Any) -> Any:
 def decode_event(value: bytes) -> dict[str, Any]:
     """One Java sink control event: two magic bytes, the writer's Avro schema (Java's ``writeUTF``:
     a two-byte length), then the datum. Decoded with the schema it carries, so both sink families and
-    later event versions read alike."""
+    later event versions read alike; raises :class:`UndecodableEvent` saying what did not decode."""
     if value[:2] != _EVENT_MAGIC:
-        raise ValueError("not an Iceberg Kafka Connect event (no magic bytes)")
-    (length,) = struct.unpack(">H", value[2:4])
-    schema = fastavro.parse_schema(avro_short_names(json.loads(value[4 : 4 + length].decode("utf-8"))))
-    record = fastavro.schemaless_reader(io.BytesIO(value[4 + length :]), schema, None)
+        raise UndecodableEvent("not an Iceberg Kafka Connect event (no magic bytes)")
+    try:
+        (length,) = struct.unpack(">H", value[2:4])
+        text = json.loads(value[4 : 4 + length].decode("utf-8"))
+        schema = fastavro.parse_schema(avro_short_names(text))
+        record = fastavro.schemaless_reader(io.BytesIO(value[4 + length :]), schema, None)
+    except (ValueError, KeyError, TypeError, EOFError, struct.error, SchemaParseException) as exc:
+        raise UndecodableEvent(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
     if not isinstance(record, dict):
-        raise ValueError("an Iceberg Kafka Connect event is an Avro record")
+        raise UndecodableEvent("an Iceberg Kafka Connect event is an Avro record")
     return record
 
 
-def announced_table(value: bytes | None, connect_group: str) -> str | None:
+def _field(record: Any, *names: str) -> Any:
+    """The first of ``names`` the record holds (Apache's snake_case, Tabular's camelCase)."""
+    if not isinstance(record, dict):
+        return None
+    return next((record[name] for name in names if record.get(name) is not None), None)
+
+
+def announced_table(value: bytes | None, group: str) -> str | None:
     """The table a control record announces files for, when it is a ``DataWritten`` event of this
-    connector (its Connect group) naming data or delete files; None for any other record: another
-    connector's (they share the default control topic), another event type, or not the Java sink's."""
+    connector (its events carry ``group``: Apache's Connect group, Tabular's control group) naming
+    data or delete files; None for any other record: another connector's (they share the default
+    control topic), another event type, or not the Java sink's (no magic bytes). Raises
+    :class:`UndecodableEvent` for a record framed as an event that does not decode."""
     if not value or value[:2] != _EVENT_MAGIC:
         return None
     event = decode_event(value)
-    if event.get("group_id") != connect_group or event.get("type") != _DATA_WRITTEN:
+    if _field(event, "group_id", "groupId") != group or event.get("type") != _DATA_WRITTEN:
         return None
-    payload = event.get("payload") or {}
-    if not (payload.get("data_files") or payload.get("delete_files")):
+    payload = _field(event, "payload") or {}
+    if not (_field(payload, "data_files", "dataFiles") or _field(payload, "delete_files", "deleteFiles")):
         return None
-    ref = payload.get("table_reference") or payload.get("table_name") or {}
-    return ".".join([*ref.get("namespace", []), ref.get("name", "")])
+    ref = _field(payload, "table_reference", "table_name", "tableName") or {}
+    return ".".join([*(_field(ref, "namespace") or []), _field(ref, "name") or ""])
 
 
-def recorded_control_offset(
-    table: Any, control_topic: str, groups: Iterable[str], partition: int
-) -> int | None:
+def recorded_control_offset(table: Any, control_topic: str, group: str, partition: int) -> int | None:
     """The control offset this connector's coordinator recorded in the newest snapshot it made.
 
-    The key names the control topic and a group: the coordinator's control group (Apache:
-    ``cg-control-<name>`` or ``iceberg.control.group-id-prefix`` + name; Tabular:
-    ``iceberg.control.group-id``), or Connect's group. Connectors share the default control topic
-    (``control-iceberg``), so another connector's commits to the same table must not count."""
-    keys = {f"{_SUMMARY_PREFIX}{control_topic}.{group}" for group in groups}
+    The key names the control topic and the group its events carry: Apache's coordinator names
+    Connect's group (``connect-<name>``), Tabular's its control group (``iceberg.control.group-id``,
+    default ``cg-control-<name>``). Connectors share the default control topic (``control-iceberg``),
+    so another connector's commits to the same table must not count."""
+    key = f"{_SUMMARY_PREFIX}{control_topic}.{group}"
     snapshot = table.current_snapshot()
     while snapshot is not None:
         summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        for key in keys & set(summary):
+        if key in summary:
             offsets = json.loads(summary[key])
             return int(offsets[str(partition)]) if str(partition) in offsets else None
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None

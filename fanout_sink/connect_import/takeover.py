@@ -3,15 +3,20 @@ source partition exactly where the connector's tables end.
 
 The takeover (:func:`take_over`) is exact because of how the Java sink commits. Its worker sends the
 ``DataWritten`` and ``DataComplete`` events to the connector's control topic and the SOURCE offsets
-to Connect's consumer group (``connect-<name>``) in one Kafka transaction; its coordinator appends
-the files to the tables later and records the CONTROL-topic offsets it had read in each snapshot's
-summary (``kafka.connect.offsets.<control-topic>.<group>``). So the Connect group's offsets are
-where the tables end exactly when every data file announced on the control topic reached its table:
-a ``DataWritten`` of table T at control offset X is in T when T's newest such summary holds an offset
-above X. The takeover refuses while the connector runs (members in its groups), when the group has
-no offsets, and when an announced file has not reached its table (a commit in flight, or one the
-connector never finished); otherwise it writes those offsets into the sink-managed group the way a
-worker does, and the sink's first start reads from there (``protocol/recovery.py``).
+to one consumer group in one Kafka transaction: Connect's group (``connect-<name>``) for Apache's
+sink; Tabular's commits them to its control group (``cg-control-<name>``) in that transaction and to
+Connect's group in a second one, so after a crash between the two Connect's group lags by a commit,
+and its control group is what Tabular itself restarts from (``Imported.commit_group``). Its
+coordinator appends the files to the tables later and records the CONTROL-topic offsets it had read
+in each snapshot's summary (``kafka.connect.offsets.<control-topic>.<that group>``). So that group's
+offsets are where the tables end exactly when every data file announced on the control topic reached
+its table: a ``DataWritten`` of table T at offset X of control partition P is in T when T's newest
+such summary holds an offset above X for P. The takeover refuses while the connector runs (members
+in its groups), when the group has no offsets, when an announced file has not reached its table (a
+commit in flight, or one the connector never finished), when an announced table is not in the
+catalog, and when a control record framed as an event does not decode; otherwise it writes those
+offsets into the sink-managed group the way a worker does, and the sink's first start reads from
+there (``protocol/recovery.py``).
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import TopicPartition
+from pyiceberg.exceptions import NoSuchTableError
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.connect_import.events import announced_table, recorded_control_offset
+from fanout_sink.connect_import.events import UndecodableEvent, announced_table, recorded_control_offset
 from fanout_sink.connect_import.translator import Imported, ImportError_
 from fanout_sink.kafka.clients import retry_transient
 from fanout_sink.kafka.offsets import GroupOffsets
@@ -54,32 +60,34 @@ def _groups_with_members(admin: Any, groups: list[str], timeout_s: float) -> dic
     return {group: count for group, count in found.items() if count}
 
 
-def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> list[str]:
-    """Each table whose data files the connector announced but did not commit, with the control
-    offset of the newest such announcement (empty: every announced file is in its table)."""
+def _announcements(imported: Imported, clients: Any) -> dict[tuple[str, int], int]:
+    """Each (table, control partition) the connector announced data files for, with the offset of
+    its newest such ``DataWritten`` on that partition: every partition is read, each is checked on
+    its own (a table's summary records an offset per control partition)."""
+    control = imported.control_topic
     consumer = clients.consumer(
         {
-            "group.id": f"{config.name}-takeover-check",
+            "group.id": f"{imported.sink['name']}-takeover-check",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
         }
     )
-    announced: dict[str, tuple[int, int]] = {}  # table -> (partition, offset) of its newest DataWritten
+    announced: dict[tuple[str, int], int] = {}
     try:
-        metadata = consumer.list_topics(imported.control_topic, timeout=clients.timeout_s)
-        topic = metadata.topics.get(imported.control_topic)
+        metadata = consumer.list_topics(control, timeout=clients.timeout_s)
+        topic = metadata.topics.get(control)
         if topic is None or topic.error is not None:
             raise ImportError_(
-                f"iceberg.control.topic: {imported.control_topic!r} does not exist on the broker; the "
+                f"iceberg.control.topic: {control!r} does not exist on the broker; the "
                 "connector never ran, or this is not its config"
             )
-        for partition in topic.partitions:
+        for partition in sorted(topic.partitions):
             low, high = consumer.get_watermark_offsets(
-                TopicPartition(imported.control_topic, partition), timeout=clients.timeout_s
+                TopicPartition(control, partition), timeout=clients.timeout_s
             )
             if high <= low:
                 continue
-            consumer.assign([TopicPartition(imported.control_topic, partition, low)])
+            consumer.assign([TopicPartition(control, partition, low)])
             position = low
             while position < high:
                 message = consumer.poll(clients.timeout_s)
@@ -87,28 +95,51 @@ def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> 
                     break  # read_committed: the last stable offset can stay below high (markers)
                 if message.error() is not None:
                     raise ImportError_(
-                        f"iceberg.control.topic: reading {imported.control_topic!r} failed: {message.error()}"
+                        f"iceberg.control.topic: reading {control!r} failed: {message.error()}"
                     )
                 position = message.offset() + 1
-                table = announced_table(message.value(), imported.connect_group)
-                if table is None:
-                    continue
-                announced[table] = max(announced.get(table, (partition, -1)), (partition, message.offset()))
+                try:
+                    table = announced_table(message.value(), imported.commit_group)
+                except UndecodableEvent as exc:
+                    raise ImportError_(
+                        f"iceberg.control.topic: the record at {control}[{partition}]@{message.offset()} "
+                        f"is framed as an Iceberg Kafka Connect event but does not decode ({exc}): check "
+                        "that iceberg.control.topic is the connector's control topic and nothing else "
+                        "writes to it; nothing written"
+                    ) from None
+                if table is not None:
+                    announced[(table, partition)] = message.offset()
     finally:
         consumer.close()
+    return announced
+
+
+def _uncommitted_files(imported: Imported, config: SinkConfig, clients: Any) -> list[str]:
+    """Each table whose data files the connector announced but did not commit, with the control
+    offset of the newest such announcement per control partition (empty: every announced file is
+    in its table)."""
+    announced = _announcements(imported, clients)
     catalog = load_catalog(config.catalog, create=False)
+    tables: dict[str, Any] = {}
     problems = []
-    for table, (partition, offset) in sorted(announced.items()):
+    for (name, partition), offset in sorted(announced.items()):
+        where = f"{imported.control_topic}[{partition}]@{offset}"
+        if name not in tables:
+            try:
+                tables[name] = catalog.load_table(name)
+            except NoSuchTableError:
+                raise ImportError_(
+                    f"iceberg.tables: {name}, announced at {where}, is not in the catalog "
+                    f"{config.catalog.name!r}: check that catalog: is the connector's (iceberg.catalog.*); "
+                    "a table dropped since cannot show where the connector ended, so seed the sink group "
+                    "by hand or run without --take-over"
+                ) from None
         committed = recorded_control_offset(
-            catalog.load_table(table),
-            imported.control_topic,
-            (imported.connect_group, imported.control_group),
-            partition,
+            tables[name], imported.control_topic, imported.commit_group, partition
         )
         if committed is None or committed <= offset:
             problems.append(
-                f"{table}: data files announced at {imported.control_topic}[{partition}]@{offset}, the "
-                f"table's commits recorded up to {committed}"
+                f"{name}: data files announced at {where}, the table's commits recorded up to {committed}"
             )
     return problems
 
@@ -129,14 +160,14 @@ def take_over(imported: Imported, config: SinkConfig) -> Takeover:
         )
     partitions = source_partitions(config, channel)
     wanted = [(topic, part) for topic, count in partitions.items() for part in range(count)]
-    reader = GroupOffsets(clients, imported.connect_group, stable=True)  # waits for pending transactions
+    reader = GroupOffsets(clients, imported.commit_group, stable=True)  # waits for pending transactions
     try:
         found = {key: value for key, value in reader.committed(wanted).items() if value is not None}
     finally:
         reader.close()
     if not found:
         raise ImportError_(
-            f"name: the connector's group {imported.connect_group!r} has no offsets for "
+            f"name: the connector's group {imported.commit_group!r} has no offsets for "
             f"{sorted(partitions)}: "
             "nothing to take over from; run the sink without --take-over (source.starting-offsets decides)"
         )

@@ -73,6 +73,11 @@ class Imported:
     connect_group: str
     control_topic: str
     control_group: str
+    commit_group: str
+    """The group the connector's worker commits the source offsets to in the transaction that
+    announces its files, which its events and its snapshot summaries name: Connect's group for
+    Apache's sink; for Tabular's its control group (it commits there first, to Connect's group after,
+    and reads it back on start: its source of truth)."""
 
     def yaml(self) -> str:
         header = (
@@ -475,7 +480,10 @@ def translate(
     if control_topic == f"{sink['name']}-control":  # the sink's default would share the connector's topic
         sink.setdefault("control", {})["topic"] = f"{sink['name']}-fanout-sink-control"
     _report_rest(reader, control_topic)
-    imported = Imported(sink, reader.uncarried, name, connect_group, control_topic, control_group)
+    commit_group = control_group if connector_class == TABULAR_CLASS else connect_group
+    imported = Imported(
+        sink, reader.uncarried, name, connect_group, control_topic, control_group, commit_group
+    )
     check(imported)
     return imported
 
