@@ -93,76 +93,6 @@ def test_a_control_event_decodes_with_the_schema_it_carries() -> None:
         events.decode_event(b"\x00\x01")
 
 
-def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_then_seeds_the_sink_group(
-    bootstrap_servers: str, tmp_path: Path
-) -> None:
-    """On the real broker, with the connector's group, control topic and table summaries made by hand
-    as the Java sink leaves them: no offsets, then files announced past the table's last commit, are
-    refused naming what to do; once the table's summary covers them the sink group gets the offsets."""
-    import pyarrow as pa
-    from confluent_kafka import Consumer, Producer, TopicPartition
-    from support.common import create_named_topic, produce_json
-
-    from fanout_sink.catalog import CatalogSettings, load_catalog
-    from fanout_sink.kafka.offsets import GroupOffsets
-    from fanout_sink.protocol import group_layout
-
-    name = f"kc-checks-{tmp_path.name[-12:].replace('_', '-')}"
-    topic = create_named_topic(bootstrap_servers, f"{name}-src", partitions=2)
-    control = create_named_topic(bootstrap_servers, f"{name}-ctl")
-    produce_json(bootstrap_servers, topic, 0, [{"id": i} for i in range(5)])
-    settings = CatalogSettings(
-        name="lake", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh"
-    )
-    catalog = load_catalog(settings)
-    catalog.create_namespace_if_not_exists("shop")
-    table = catalog.create_table("shop.orders", schema=pa.schema([("id", pa.int64())]))
-    props = {
-        "name": name, "connector.class": translator.APACHE_CLASS, "topics": topic,
-        "iceberg.tables": "shop.orders", "iceberg.control.topic": control, "iceberg.catalog": "lake",
-        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-        "iceberg.catalog.uri": f"jdbc:sqlite:{tmp_path}/c.db", "iceberg.catalog.warehouse": f"file://{tmp_path}/wh",
-        "iceberg.kafka.bootstrap.servers": bootstrap_servers,
-    }  # fmt: skip
-    imported = translator.translate(props)
-    (tmp_path / "sink.yaml").write_text(imported.yaml())
-    config = load_config(tmp_path / "sink.yaml")
-
-    with pytest.raises(translator.ImportError_, match=f"group 'connect-{name}' has no offsets"):
-        takeover.take_over(imported, config)
-
-    group = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"connect-{name}"})
-    group.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
-    group.close()
-    producer = Producer({"bootstrap.servers": bootstrap_servers})
-    producer.produce(control, b"not an Iceberg event")
-    for _ in range(3):
-        producer.produce(control, java_event(f"connect-{name}", "shop.orders", ["f.parquet"]))
-    producer.produce(control, java_event("connect-other", "shop.orders", ["g.parquet"]))
-    producer.flush(30)
-    summary_key = f"kafka.connect.offsets.{control}.connect-{name}"  # as Apache's coordinator names it
-    table.append(pa.table({"id": [0]}), snapshot_properties={summary_key: json.dumps({"0": 2})})
-    with pytest.raises(
-        translator.ImportError_, match=r"shop\.orders: data files announced at .*\[0\]@3"
-    ) as err:
-        takeover.take_over(imported, config)
-    assert str(err.value).startswith("iceberg.control.topic: the connector's last commit did not complete")
-
-    other_key = f"kafka.connect.offsets.{control}.connect-other"  # another connector on the same topic
-    table.append(pa.table({"id": [2]}), snapshot_properties={other_key: json.dumps({"0": 5})})
-    with pytest.raises(translator.ImportError_, match=r"recorded up to 2"):
-        takeover.take_over(imported, config)
-    table.append(pa.table({"id": [1]}), snapshot_properties={summary_key: json.dumps({"0": 4})})
-    taken = takeover.take_over(imported, config)
-    assert taken.positions == {(topic, 0): 3} and taken.unstarted == [(topic, 1)]
-    channel = group_layout.channel_in_use(config)
-    reader = GroupOffsets(channel.clients, channel.sink_group)
-    try:
-        assert reader.committed([(topic, 0), (topic, 1)]) == {(topic, 0): 3, (topic, 1): None}
-    finally:
-        reader.close()
-
-
 @dataclass
 class _Connector:
     """A stopped connector's traces made by hand, as the Java sink leaves them: its source topic, its
@@ -198,7 +128,11 @@ class _Connector:
 
 
 def _connector(
-    bootstrap: str, tmp_path: Path, connector_class: str, control_partitions: int = 1
+    bootstrap: str,
+    tmp_path: Path,
+    connector_class: str,
+    control_partitions: int = 1,
+    source_partitions: int = 1,
 ) -> _Connector:
     import pyarrow as pa
     from support.common import create_named_topic
@@ -206,7 +140,7 @@ def _connector(
     from fanout_sink.catalog import CatalogSettings, load_catalog
 
     name = f"kc-{tmp_path.name[-14:].replace('_', '-')}"
-    topic = create_named_topic(bootstrap, f"{name}-src")
+    topic = create_named_topic(bootstrap, f"{name}-src", partitions=source_partitions)
     control = create_named_topic(bootstrap, f"{name}-ctl", partitions=control_partitions)
     settings = CatalogSettings(
         name="lake", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh"
@@ -224,6 +158,45 @@ def _connector(
     imported = translator.translate(props)
     (tmp_path / "sink.yaml").write_text(imported.yaml())
     return _Connector(name, topic, control, table, imported, load_config(tmp_path / "sink.yaml"))
+
+
+def test_the_takeover_refuses_without_offsets_and_while_a_commit_is_in_flight_then_seeds_the_sink_group(
+    bootstrap_servers: str, tmp_path: Path
+) -> None:
+    """On the real broker, with the connector's group, control topic and table summaries made by hand
+    as the Java sink leaves them: no offsets, then files announced past the table's last commit, are
+    refused naming what to do; once the table's summary covers them the sink group gets the offsets."""
+    from fanout_sink.kafka.offsets import GroupOffsets
+    from fanout_sink.protocol import group_layout
+
+    kc = _connector(bootstrap_servers, tmp_path, translator.APACHE_CLASS, source_partitions=2)
+    topic, group = kc.topic, f"connect-{kc.name}"
+    with pytest.raises(translator.ImportError_, match=f"group '{group}' has no offsets"):
+        takeover.take_over(kc.imported, kc.config)
+
+    kc.commit(group, 3)
+    event = java_event(group, "shop.orders", ["f.parquet"])
+    kc.announce((0, b"not an Iceberg event"), (0, event), (0, event), (0, event))
+    kc.announce((0, java_event("connect-other", "shop.orders", ["g.parquet"])))
+    kc.table_commit(group, {"0": 2})  # as Apache's coordinator names it: its Connect group
+    with pytest.raises(
+        translator.ImportError_, match=r"shop\.orders: data files announced at .*\[0\]@3"
+    ) as err:
+        takeover.take_over(kc.imported, kc.config)
+    assert str(err.value).startswith("iceberg.control.topic: the connector's last commit did not complete")
+
+    kc.table_commit("connect-other", {"0": 5})  # another connector on the same control topic
+    with pytest.raises(translator.ImportError_, match=r"recorded up to 2"):
+        takeover.take_over(kc.imported, kc.config)
+    kc.table_commit(group, {"0": 4})
+    taken = takeover.take_over(kc.imported, kc.config)
+    assert taken.positions == {(topic, 0): 3} and taken.unstarted == [(topic, 1)]
+    channel = group_layout.channel_in_use(kc.config)
+    reader = GroupOffsets(channel.clients, channel.sink_group)
+    try:
+        assert reader.committed([(topic, 0), (topic, 1)]) == {(topic, 0): 3, (topic, 1): None}
+    finally:
+        reader.close()
 
 
 def test_a_tabular_connector_is_checked_and_taken_over_under_its_control_group(
