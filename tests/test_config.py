@@ -391,3 +391,51 @@ def test_a_standalone_copy_resolves_only_the_named_variables_and_schema_paths(
     assert config.catalog.uri == f"sqlite:///{tmp_path}/work/catalog.db"
     assert config.kafka["bootstrap.servers"] == "10.0.0.1:9093"
     assert config.tables["shop.orders"].schema_file == str(tmp_path / "schemas" / "orders.avsc")
+
+
+@pytest.mark.parametrize(
+    ("tables", "path", "fragment"),
+    [
+        ({"a.t": {"when": "nope(type)"}}, 'tables."a.t".when', "calls nope(), which jmespath does not have"),
+        (
+            {"a.t": {"when": "type == 'order' && starts_with(type)"}},
+            'tables."a.t".when',
+            "starts_with() takes 2 arguments, not 1",
+        ),
+        ({"a.t": {"when": "regex(sku, '[')"}}, 'tables."a.t".when', "regex() pattern '[' is not a regular"),
+        ({"a.t": {"select": "{id: tostring(id)}"}}, 'tables."a.t".select', "calls tostring()"),
+        ({"a.t": {"select": "merge()"}}, 'tables."a.t".select', "merge() takes at least 1 argument, not 0"),
+        (
+            {"a.t": {"changes": {"format": "upsert", "key": ["id"], "delete-when": "ends_with(status)"}}},
+            'tables."a.t".changes.delete-when',
+            "ends_with() takes 2 arguments, not 1",
+        ),
+    ],
+)
+def test_an_expression_calling_an_unknown_function_or_with_the_wrong_argument_count_is_refused(
+    tables: dict[str, Any], path: str, fragment: str
+) -> None:
+    """Issue 47 item 5: such a ``when`` compiled, so it passed ``validate`` and at run time raised on
+    every record, which read as "no match": every record filtered, exit 0. Refused on load now (so by
+    ``validate`` and by the start), with the expression's YAML path, as a syntax error is."""
+    message = _error(_base(tables=tables))
+    assert f"sink.yaml: {path}: " in message and fragment in message, message
+
+
+def test_a_dynamic_name_with_the_wrong_argument_count_is_refused() -> None:
+    message = _error(_base(dynamic={"table": "join('.')"}))
+    assert "sink.yaml: dynamic.table: " in message and "join() takes 2 arguments, not 1" in message
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "merge(user, {tags: user.tags[?starts_with(@, 'vip')]})",
+        "not_null(a, b, c) && regex(sku, '^[A-Z]{3}-')",
+        "sort_by(items, &price)[0].id == `1`",
+        "length(type) > `5` || contains(['a'], type)",
+    ],
+)
+def test_expressions_calling_known_functions_rightly_load(expression: str) -> None:
+    config = parse_config(_base(tables={"a.t": {"when": expression}}), "sink.yaml")
+    assert config.tables["a.t"].when == expression

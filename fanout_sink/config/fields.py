@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 import jmespath
 from pydantic import AliasGenerator, BaseModel, BeforeValidator, ConfigDict
 
+from fanout_sink.config.jmespath_functions import call_problem
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -44,14 +46,20 @@ def string_map(value: Any) -> Any:
 
 
 def check_jmespath(value: str | None, example: str) -> str | None:
-    """``value`` when it compiles as jmespath; otherwise an error with ``example``."""
+    """``value`` when it compiles as jmespath and calls only functions the sink has, each with its
+    number of arguments (:func:`~fanout_sink.config.jmespath_functions.call_problem`); otherwise an
+    error with ``example``."""
     if value is None:
         return None
     try:
-        jmespath.compile(value)
+        parsed = jmespath.compile(value).parsed
     except jmespath.exceptions.JMESPathError as exc:
         detail = str(exc).splitlines()[0]
         raise ValueError(f"not a valid jmespath expression {value!r} ({detail}); e.g. {example}") from None
+    problem = call_problem(dict(parsed))
+    if problem is not None:
+        fix = "" if "use one of" in problem else f"; e.g. {example}"
+        raise ValueError(f"{value!r}: {problem}{fix}")
     return value
 
 

@@ -52,10 +52,21 @@ def read_changes(
         images, positions = debezium.row_images(view.records, view.decoded.python, ops.upserts, ops.deletes)
         deletes = np.isin(positions, ops.deletes)
         return Changes(view.with_records(positions, images), positions, deletes, ops.truncates, ops.bad)
-    deletes = (
-        delete_when.mask(view, vectorised) if delete_when is not None else np.zeros(len(view), dtype=bool)
-    )
-    return Changes(view, np.arange(len(view)), deletes, np.zeros(0, dtype=np.int64), [])
+    none = np.zeros(0, dtype=np.int64)
+    if delete_when is None:
+        return Changes(view, np.arange(len(view)), np.zeros(len(view), dtype=bool), none, [])
+    matches = delete_when.evaluate(view, vectorised)
+    if not matches.failed:
+        return Changes(view, np.arange(len(view)), matches.mask, none, [])
+    # A record delete-when raised on is neither an upsert nor a delete: a bad record.
+    bad = [
+        (pos, f"delete-when {delete_when.expression!r} failed: {problem}") for pos, problem in matches.failed
+    ]
+    keep = np.ones(len(view), dtype=bool)
+    keep[[pos for pos, _ in bad]] = False
+    images = view.subset(np.flatnonzero(keep))
+    positions = images.decoded.rows
+    return Changes(images, positions, matches.mask[positions], none, bad)
 
 
 def message_key_columns(

@@ -3,8 +3,11 @@
 Expressions are jmespath, evaluated over a *record view* (:mod:`fanout_sink.transform.record_view`:
 the record's own fields at top level, plus its Kafka metadata, always reachable under ``_kafka``).
 Besides jmespath's built-in functions there is ``regex(subject, 'pattern')``: true when ``pattern``
-matches anywhere in the string ``subject``. A predicate that raises (e.g. ``starts_with`` on a
-number) is false.
+matches anywhere in the string ``subject`` (:mod:`fanout_sink.config.jmespath_functions`, which the
+config checks every call against on load). A predicate that raises on a record (``starts_with`` of a
+number or of a missing field) neither matches nor misses it: :meth:`Predicate.evaluate` names the
+record and jmespath's reason, and routing makes it a bad record (issue 47 item 5: read as false, a
+``when`` that raised filtered its records without a word).
 
 Simple predicates -- a field compared with a literal (``==``, ``!=``, ``<``, ``<=``, ``>``,
 ``>=``), membership ``contains(['a', 'b'], field)``, ``contains``/``starts_with``/``ends_with``/
@@ -19,25 +22,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jmespath
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from jmespath import functions as jp_functions
 
+from fanout_sink.config.jmespath_functions import JMESPATH_OPTIONS
 from fanout_sink.transform.formats.decoded import arrow_from_python
 from fanout_sink.transform.record_view import META_ROOT, Fallback, RecordView
 
-
-class _Functions(jp_functions.Functions):
-    @jp_functions.signature({"types": []}, {"types": ["string"]})
-    def _func_regex(self, subject: Any, pattern: str) -> bool:
-        return isinstance(subject, str) and re.search(pattern, subject) is not None
-
-
-JMESPATH_OPTIONS = jmespath.Options(custom_functions=_Functions())
+EVALUATION_ERRORS = (jmespath.exceptions.JMESPathError, TypeError, ValueError, re.error)
+"""What evaluating an expression on one record raises when the record does not suit it."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,18 +254,9 @@ def _truthy_column(view: RecordView, column: pa.Array) -> pa.Array:
     raise Fallback("truthiness of this type")
 
 
-def truth(view: RecordView, node: dict[str, Any]) -> pa.Array:
-    """A non-null boolean column: jmespath truthiness of ``node`` for each record.
-
-    A record for which jmespath would raise (``starts_with`` of a null, say) is false, as the
-    per-record path makes it; ``&&`` and ``||`` short-circuit like jmespath.
-    """
-    mask, error = _truth(view, node)
-    return pc.and_(mask, pc.invert(error)) if error is not None else mask
-
-
 def _truth(view: RecordView, node: dict[str, Any]) -> tuple[pa.Array, pa.Array | None]:
-    """(truthiness, rows on which jmespath raises or None when it cannot)."""
+    """(jmespath truthiness of ``node`` per record, the records on which jmespath raises, e.g.
+    ``starts_with`` of a null, or None when it cannot); ``&&`` and ``||`` short-circuit like jmespath."""
     kind = node["type"]
     if kind == "comparator":
         return _comparator(view, node), None
@@ -326,21 +315,51 @@ class _Expression:
         self.last_vectorised = False
 
 
-class Predicate(_Expression):
-    """A ``when`` expression; :meth:`mask` says for each record whether it matches."""
+@dataclass(frozen=True)
+class Matches:
+    """What a predicate says of a view's records: ``mask`` holds for the records it matches,
+    ``failed`` the (position, jmespath's reason) of each record it raised on, which is no match and
+    no miss but a bad record."""
 
-    def mask(self, view: RecordView, vectorised: bool = True) -> np.ndarray:
+    mask: np.ndarray
+    failed: list[tuple[int, str]]
+
+
+class Predicate(_Expression):
+    """A ``when`` (or ``delete-when``) expression: :meth:`evaluate` says for each record whether it
+    matches, or why the expression failed on it."""
+
+    def evaluate(self, view: RecordView, vectorised: bool = True) -> Matches:
         if len(view) == 0:
-            return np.zeros(0, dtype=bool)
+            return Matches(np.zeros(0, dtype=bool), [])
         if vectorised:
             try:
-                result = truth(view, self._ast)
-                self.last_vectorised = True
-                return np.asarray(result.to_numpy(zero_copy_only=False), dtype=bool)
+                truthy, error = _truth(view, self._ast)
             except NOT_VECTORISABLE:
                 pass
+            else:
+                self.last_vectorised = True
+                mask = np.asarray(truthy.to_numpy(zero_copy_only=False), dtype=bool)
+                if error is None or not pc.any(error).as_py():
+                    return Matches(mask, [])
+                # The records it raised on (bad records, few as a rule) through jmespath, for its reason.
+                raised = np.flatnonzero(np.asarray(error.to_numpy(zero_copy_only=False), dtype=bool))
+                objects = view.python()
+                again = self._per_record([objects[p] for p in raised.tolist()])
+                mask[raised] = again.mask
+                return Matches(mask, [(int(raised[i]), reason) for i, reason in again.failed])
         self.last_vectorised = False
-        return np.fromiter((self.match(obj) for obj in view.python()), dtype=bool, count=len(view))
+        return self._per_record(view.python())
+
+    def _per_record(self, objects: list[dict[str, Any]]) -> Matches:
+        mask = np.zeros(len(objects), dtype=bool)
+        failed: list[tuple[int, str]] = []
+        for pos, obj in enumerate(objects):
+            try:
+                mask[pos] = _truthy(self.compiled.search(obj, options=JMESPATH_OPTIONS))
+            except EVALUATION_ERRORS as exc:
+                failed.append((pos, str(exc)))
+        return Matches(mask, failed)
 
     def string_equality(self) -> tuple[tuple[str, ...], str] | None:
         """``(path, literal)`` when the expression is ``path == 'literal'`` (either way round) on a
@@ -356,12 +375,6 @@ class Predicate(_Expression):
             return None
         literal = right["value"]
         return (tuple(names), literal) if isinstance(literal, str) else None
-
-    def match(self, obj: Any) -> bool:
-        try:
-            return _truthy(self.compiled.search(obj, options=JMESPATH_OPTIONS))
-        except (jmespath.exceptions.JMESPathError, TypeError, ValueError, re.error):
-            return False
 
 
 class Projection(_Expression):
@@ -386,7 +399,7 @@ class Projection(_Expression):
         for pos in positions.tolist():
             try:
                 result = self.compiled.search(objects[pos], options=JMESPATH_OPTIONS)
-            except (jmespath.exceptions.JMESPathError, TypeError, ValueError) as exc:
+            except EVALUATION_ERRORS as exc:
                 failures.append((pos, f"select {self.expression!r} failed: {exc}"))
                 continue
             if not isinstance(result, dict):
@@ -433,7 +446,7 @@ class NameExpression(_Expression):
         for pos in positions.tolist():
             try:
                 result.append(self.compiled.search(objects[pos], options=JMESPATH_OPTIONS))
-            except (jmespath.exceptions.JMESPathError, TypeError, ValueError):
+            except EVALUATION_ERRORS:
                 result.append(None)
         return result
 

@@ -156,6 +156,9 @@ class RoutingProcessor:
             policy = reason == UNMATCHED_REASON
             failures.append(_Failure(int(decoded.rows[pos]), "route", reason, policy=policy))
             route_counts[pos] += 1
+        for pos, table, reason in routes.failed:
+            failures.append(_Failure(int(decoded.rows[pos]), "route", reason, table=table))
+            route_counts[pos] += 1
         for name, positions in routes.tables.items():
             route_counts[positions] += 1
             self._to_table(name, positions, view, decoded, out, failures, stats)

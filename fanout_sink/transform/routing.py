@@ -85,6 +85,9 @@ class Routes:
 
     tables: dict[str, np.ndarray] = field(default_factory=dict)
     dead: list[tuple[int, str]] = field(default_factory=list)
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
+    """(position, table, reason) of each record a table's ``when`` raised on: a bad record for that
+    table, which is its outcome there (never "unmatched", never read as "no match")."""
     dropped: int = 0
 
 
@@ -207,8 +210,14 @@ class Router:
                 if name not in indexed:
                     continue  # no record has its value
                 mask = indexed[name]
+            elif predicate is None:
+                mask = np.ones(n, dtype=bool)
             else:
-                mask = np.ones(n, dtype=bool) if predicate is None else predicate.mask(view, self.vectorised)
+                matches = predicate.evaluate(view, self.vectorised)
+                mask = matches.mask
+                for pos, problem in matches.failed:
+                    routes.failed.append((pos, name, f"when {predicate.expression!r} failed: {problem}"))
+                    matched[pos] = True
             if mask.any():
                 routes.tables[name] = np.flatnonzero(mask)
                 matched |= mask

@@ -123,6 +123,34 @@ def test_upsert_records_and_delete_when(
     assert (process.last_stats.superseded, process.last_stats.deletes) == (2, 2)
 
 
+@pytest.mark.parametrize("vectorised", [True, False], ids=["arrow", "per-record"])
+def test_a_delete_when_that_raises_on_a_record_makes_it_a_bad_record_not_an_upsert(
+    catalog_settings: CatalogSettings, catalog: Any, vectorised: bool
+) -> None:
+    """Issue 47 item 5, for ``delete-when``: raising on a record read as "no delete", so a record
+    meant to delete its key upserted it. It is a bad record now; the other records are changes."""
+    accounts = {
+        "when": "kind == 'account'",
+        "changes": {"format": "upsert", "key": ["id"], "delete-when": "ends_with(status, 'closed')"},
+    }
+    process = build_processor(_config(catalog_settings, **{"crm.accounts": accounts}), catalog, vectorised)
+    account = {"kind": "account", "owner": "o"}
+    out = _run(
+        process,
+        [
+            {**account, "id": 1, "status": "open"},
+            {**account, "id": 2},
+            {**account, "id": 3, "status": "closed"},
+        ],
+    )
+    table = out.tables["crm.accounts"]
+    assert [r["id"] for r in table.rows.to_pylist()] == [1]
+    assert table.deleted_keys is not None and table.deleted_keys.column("id").to_pylist() == [3]
+    assert _offsets(out) == [START + 1]
+    reason = deadletter.header(out.dead_letters[0], deadletter.REASON) or ""
+    assert reason.startswith("delete-when \"ends_with(status, 'closed')\" failed: "), reason
+
+
 def test_tombstones_are_filtered_and_truncates_are_dead_lettered_with_a_warning(
     catalog_settings: CatalogSettings, catalog: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

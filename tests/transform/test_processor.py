@@ -222,6 +222,39 @@ def test_convert_failure_in_one_table_keeps_the_other_route(
     assert process.last_stats.reconciles() and process.last_stats.extra_routes == 1
 
 
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_a_when_that_raises_on_a_record_dead_letters_it_instead_of_reading_as_no_match(
+    catalog_settings: CatalogSettings, catalog: Any, vectorised: bool
+) -> None:
+    """Issue 47 item 5: a ``when`` that raised on a record (``starts_with`` of a missing field) read as
+    "false": the record silently left the table. It is a bad record now, dead-lettered for that table
+    with the expression and jmespath's reason, while its other routes still take it; under tolerance
+    ``none`` it stops the slice naming topic[partition]@offset."""
+    tables = {"analytics.codes": {"when": "starts_with(code, 'A')"}, "analytics.every": {}}
+    config = _config(catalog_settings, tables=tables, dynamic=None)
+    records = [{"code": "A1"}, {"other": 1}, {"code": "B2"}]
+    slice_ = make_raw_slice([_encode(r) for r in records], topic="events", partition=2, start_offset=10)
+    process = build_processor(config, catalog, vectorised=vectorised)
+    out = process(slice_)
+    assert process.router.rules["analytics.codes"].last_vectorised == vectorised  # type: ignore[union-attr]
+    assert out.tables["analytics.codes"].rows.column("code").to_pylist() == ["A1"]
+    assert out.tables["analytics.every"].rows.num_rows == 3
+    (letter,) = out.dead_letters
+    assert deadletter.header(letter, deadletter.STAGE) == "route"
+    assert deadletter.header(letter, deadletter.TABLE) == "analytics.codes"
+    assert deadletter.header(letter, deadletter.SOURCE_OFFSET) == "11"
+    reason = deadletter.header(letter, deadletter.REASON) or ""
+    assert reason.startswith("when \"starts_with(code, 'A')\" failed: ") and "invalid type" in reason, reason
+    assert out.filtered == 0 and process.last_stats.reconciles() and process.last_stats.extra_routes == 2
+    strict = build_processor(
+        _config(catalog_settings, tables=tables, dynamic=None, errors={"tolerance": "none"}), catalog
+    )
+    with pytest.raises(
+        RecordError, match=r"events\[2\]@11 failed at route: when .*\(table analytics.codes\)"
+    ):
+        strict(slice_)
+
+
 def test_empty_slice(catalog_settings: CatalogSettings, catalog: Any) -> None:
     process = build_processor(_config(catalog_settings), catalog)
     out = process(make_raw_slice([]))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from support.raw_slices import make_raw_slice
 
 from fanout_sink.config.loading import parse_config
-from fanout_sink.transform.expressions import NameExpression, Predicate, Projection
+from fanout_sink.transform.expressions import Matches, NameExpression, Predicate, Projection
 from fanout_sink.transform.formats.json import JsonDecoder
 from fanout_sink.transform.record_view import RecordView
 from fanout_sink.transform.routing import UNMATCHED_REASON, NameRules, Router, normalise_table_name
@@ -58,9 +58,12 @@ RECORDS = [
 def test_simple_predicates_are_vectorised(expression: str, expected: list[bool]) -> None:
     view = _view(RECORDS, topic="orders", partition=3, keys=[b"k0", b"k1", None, b"\xff"])
     predicate = Predicate(expression)
-    assert predicate.mask(view).tolist() == expected
+    fast = predicate.evaluate(view)
+    assert fast.mask.tolist() == expected
     assert predicate.last_vectorised, expression
-    assert predicate.mask(view, vectorised=False).tolist() == expected
+    slow = predicate.evaluate(view, vectorised=False)
+    assert slow.mask.tolist() == expected
+    assert fast.failed == slow.failed
 
 
 @pytest.mark.parametrize(
@@ -70,17 +73,27 @@ def test_simple_predicates_are_vectorised(expression: str, expected: list[bool])
 def test_other_predicates_fall_back_to_jmespath(expression: str) -> None:
     view = _view(RECORDS, headers=[[("source", b"web")], [], None, [("source", b"app")]])
     predicate = Predicate(expression)
-    mask = predicate.mask(view)
+    mask = predicate.evaluate(view).mask
     assert not predicate.last_vectorised
-    assert mask.tolist() == predicate.mask(view, vectorised=False).tolist()
+    assert mask.tolist() == predicate.evaluate(view, vectorised=False).mask.tolist()
 
 
 def test_headers_and_metadata_visible_per_record() -> None:
     view = _view(RECORDS, headers=[[("source", b"web")], [], None, [("source", b"app")]])
-    assert Predicate("headers.source == 'web'").mask(view).tolist() == [True, False, False, False]
+    assert Predicate("headers.source == 'web'").evaluate(view).mask.tolist() == [True, False, False, False]
     shadow = _view([{"topic": "mine"}, {"x": 1}], topic="orders")
-    assert Predicate("topic == 'mine'").mask(shadow).tolist() == [True, False]
-    assert Predicate("_kafka.topic == 'orders'").mask(shadow).tolist() == [True, True]
+    assert Predicate("topic == 'mine'").evaluate(shadow).mask.tolist() == [True, False]
+    assert Predicate("_kafka.topic == 'orders'").evaluate(shadow).mask.tolist() == [True, True]
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_a_predicate_that_raises_on_a_record_names_it_and_why(vectorised: bool) -> None:
+    """Issue 47 item 5: a record a ``when`` raised on was "no match"; it is named with jmespath's
+    reason now, on both paths alike, and the records it did not raise on are answered as before."""
+    matches = Predicate("starts_with(customer.id, 'c')").evaluate(_view(RECORDS), vectorised)
+    assert matches.mask.tolist() == [True, True, False, False]
+    assert [pos for pos, _ in matches.failed] == [2, 3]
+    assert all("starts_with()" in reason and "invalid type" in reason for _, reason in matches.failed)
 
 
 # --- property: the vectorised path and the jmespath path agree ---------------------------------
@@ -159,9 +172,10 @@ def test_vectorised_and_jmespath_agree(predicate: str, records: list[dict[str, A
     keys = [f"k{i % 3}".encode() for i in range(len(records))]
     view = _view(records, topic="orders", keys=keys)
     compiled = Predicate(predicate)
-    fast = compiled.mask(view)
-    slow = compiled.mask(view, vectorised=False)
-    assert fast.tolist() == slow.tolist(), predicate
+    fast = compiled.evaluate(view)
+    slow = compiled.evaluate(view, vectorised=False)
+    assert fast.mask.tolist() == slow.mask.tolist(), predicate
+    assert fast.failed == slow.failed, predicate
 
 
 # --- projections and names ---------------------------------------------------------------------
@@ -324,13 +338,13 @@ def test_many_tables_routed_by_one_field_cost_one_look_at_it_not_one_per_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     masks: list[str] = []
-    own_mask = Predicate.mask
+    own_evaluate = Predicate.evaluate
 
-    def counted(self: Predicate, view: RecordView, vectorised: bool = True) -> np.ndarray:
+    def counted(self: Predicate, view: RecordView, vectorised: bool = True) -> Matches:
         masks.append(self.expression)
-        return own_mask(self, view, vectorised)
+        return own_evaluate(self, view, vectorised)
 
-    monkeypatch.setattr(Predicate, "mask", counted)
+    monkeypatch.setattr(Predicate, "evaluate", counted)
     records = [{"t": f"t{n % 7:03d}", "c": {"x": "a" if n % 2 else "b"}} for n in range(40)] + [{"id": 1}]
     routes = Router(_wide_config(500)).route(_view(records))
     # Before: one mask per configured table (502), whichever tables the slice's records go to.
