@@ -201,6 +201,18 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if report.ok else 2
 
 
+def _route(args: argparse.Namespace) -> int:
+    from fanout_sink.config.loading import load_config
+    from fanout_sink.route.preview import preview_records
+    from fanout_sink.route.report import as_json, render_text
+
+    config = load_config(args.config)
+    _log_to_stderr("plain", "WARNING")
+    found = preview_records(config, Path(args.sample) if args.sample else None, args.topic, args.last)
+    print(json.dumps(as_json(found), indent=2) if args.format == "json" else render_text(found))
+    return 2 if found.stops else 0
+
+
 def _maintain(args: argparse.Namespace) -> int:
     from fanout_sink.catalog import load_catalog
     from fanout_sink.config.loading import load_config
@@ -358,6 +370,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="contact no broker, catalog or warehouse: the config and its tables' routes only (a build step)",
     )
     check.set_defaults(func=_validate)
+
+    route = commands.add_parser(
+        "route",
+        help="which table each record would land in, with its columns, or why it is filtered or "
+        "dead-lettered; writes nothing",
+    )
+    route.add_argument("--config", required=True, help="the sink's YAML file")
+    records = route.add_mutually_exclusive_group(required=True)
+    records.add_argument(
+        "--sample", metavar="FILE", help="records from a JSON-lines file (one value, or envelope, per line)"
+    )
+    records.add_argument("--topic", help="records from this topic on the broker (nothing is committed)")
+    route.add_argument(
+        "--last", type=int, default=10, metavar="N", help="with --topic: the last N offsets of each partition"
+    )
+    route.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
+    route.set_defaults(func=_route)
 
     imp = commands.add_parser(
         "import-connect",

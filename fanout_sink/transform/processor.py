@@ -48,6 +48,7 @@ from fanout_sink.transform.record_view import RecordView
 from fanout_sink.transform.records import RAW_RECORD_SCHEMA, RoutedSlice, TableRows
 from fanout_sink.transform.routing import UNMATCHED_REASON, Router
 from fanout_sink.transform.tables import TableKey, TableManager
+from fanout_sink.transform.trace import SliceTrace
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +94,18 @@ class RoutingProcessor:
     """Callable :data:`SliceProcessor`; one per process (it caches tables, schemas, names)."""
 
     def __init__(
-        self, config: SinkConfig, catalog: Catalog, vectorised: bool = True, decoder: Decoder | None = None
+        self,
+        config: SinkConfig,
+        catalog: Catalog,
+        vectorised: bool = True,
+        decoder: Decoder | None = None,
+        tables: TableManager | None = None,
     ) -> None:
         self.config = config
         self.vectorised = vectorised
         self.decoder = decoder if decoder is not None else build_decoder(config)
         self.router = Router(config, vectorised=vectorised)
-        self.tables = TableManager(catalog, config)
+        self.tables = tables if tables is not None else TableManager(catalog, config)
         self._projections: dict[str, Projection] = {}
         self._predicates: dict[str, Predicate] = {}
         declared = [t.changes for t in config.tables.values()]
@@ -107,6 +113,8 @@ class RoutingProcessor:
         self.unwraps = any(c is not None and c.format == "debezium" for c in declared + dynamic)
         """Whether records in Kafka Connect's ``{"schema", "payload"}`` JSON wrapper are unwrapped."""
         self.last_stats = SliceStats()
+        self.trace: SliceTrace | None = None
+        """Told each record's outcome when set (``fanout-sink route``); the workers leave it None."""
 
     def _projection(self, expression: str) -> Projection:
         found = self._projections.get(expression)
@@ -126,6 +134,10 @@ class RoutingProcessor:
         if tombstone.any():
             if self.config.source.tombstones == "skip":
                 out.filtered += int(tombstone.sum())
+                if self.trace is not None:
+                    self.trace.filtered(
+                        np.flatnonzero(tombstone), "tombstone (null value): source.tombstones is skip"
+                    )
             else:
                 failures.extend(
                     _Failure(
@@ -151,6 +163,8 @@ class RoutingProcessor:
         view = RecordView.build(decoded, raw)
         routes = self.router.route(view)
         out.filtered += routes.dropped
+        if self.trace is not None:
+            self.trace.routed(decoded.rows, routes, "no table matched the record (unmatched.action is drop)")
         route_counts = np.zeros(len(view), dtype=np.int64)
         for pos, reason in routes.dead:
             policy = reason == UNMATCHED_REASON
@@ -164,6 +178,9 @@ class RoutingProcessor:
             self._to_table(name, positions, view, decoded, out, failures, stats)
         self._warn_truncates(raw, stats.truncated)
         stats.extra_routes = int(np.maximum(route_counts - 1, 0).sum())
+        if self.trace is not None:
+            for f in failures:
+                self.trace.failed(f.index, f.stage, f.reason, f.table, f.column, f.policy)
         errors = [f for f in failures if not f.policy]
         if errors and self.config.errors.tolerance == "none":
             first = min(errors, key=lambda f: f.index)
@@ -276,6 +293,8 @@ class RoutingProcessor:
         )
         if converted.rows.num_rows:
             out.tables[name] = TableRows(table=table, rows=converted.rows)
+            if self.trace is not None:
+                self.trace.rows(name, origin[converted.positions])
 
     def _project(
         self,
@@ -372,6 +391,11 @@ class RoutingProcessor:
         upsert_order, delete_order = upsert_origin[converted.positions], delete_origin[keys.positions]
         won, deleted = last_change_wins(converted.rows.select(key), upsert_order, keys.rows, delete_order)
         stats.superseded += len(upsert_order) + len(delete_order) - len(won) - len(deleted)
+        if self.trace is not None:
+            kept = np.concatenate([upsert_order[won], delete_order[deleted]])
+            self.trace.rows(name, upsert_order[won])
+            self.trace.deletes(name, delete_order[deleted])
+            self.trace.superseded(name, np.setdiff1d(np.concatenate([upsert_order, delete_order]), kept))
         if len(won) or len(deleted):
             out.tables[name] = TableRows(
                 table=table,
@@ -387,10 +411,12 @@ class RoutingProcessor:
         if not len(origin):
             return
         stats.truncated.extend((int(i), name) for i in origin)
+        reason = "truncate event (op t) not applied: the sink never empties a table on its own"
         if self.config.dead_letter is None:
             out.filtered += len(origin)
+            if self.trace is not None:
+                self.trace.filtered(origin, reason, table=name)
             return
-        reason = "truncate event (op t) not applied: the sink never empties a table on its own"
         failures.extend(_Failure(int(i), "truncate", reason, table=name, policy=True) for i in origin)
 
 

@@ -35,6 +35,8 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
+from pyiceberg.table.update.schema import UpdateSchema
+from pyiceberg.table.update.spec import UpdateSpec
 from pyiceberg.types import DoubleType, LongType
 
 from fanout_sink.avro_schema import avro_to_arrow_schema, load_avro_schema
@@ -50,7 +52,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Changes:
+class SchemaChanges:
     adds: list[pa.Field] = field(default_factory=list)
     """Top-level fields to add, or existing structs carrying only their new children."""
     widen: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
@@ -87,8 +89,8 @@ def _diff(
     matching: Matching,
     inference: Inference,
     prefix: tuple[str, ...] = (),
-) -> _Changes:
-    changes = _Changes()
+) -> SchemaChanges:
+    changes = SchemaChanges()
     evolution = settings.evolution
     if isinstance(rows, pa.Table):
         names = rows.column_names
@@ -144,14 +146,21 @@ def _diff(
     return changes
 
 
-def _apply(table: Table, changes: _Changes) -> None:
-    with table.update_schema() as update:
-        if changes.adds:
-            update.union_by_name(pa.schema(changes.adds))
-        for path, kind in changes.widen:
-            update.update_column(path, LongType() if kind == "long" else DoubleType())
-        for path in changes.optional:
-            update.make_column_optional(path)
+def stage_schema_changes(update: UpdateSchema, changes: SchemaChanges) -> None:
+    """``changes`` as steps of a schema update (committed by the caller's ``with``)."""
+    if changes.adds:
+        update.union_by_name(pa.schema(changes.adds))
+    for path, kind in changes.widen:
+        update.update_column(path, LongType() if kind == "long" else DoubleType())
+    for path in changes.optional:
+        update.make_column_optional(path)
+
+
+def stage_partition_spec(update: UpdateSpec, settings: TableSettings) -> None:
+    """A new table's ``partition-by`` as steps of a spec update (committed by the caller's ``with``)."""
+    for part in settings.partition_by:
+        transform = part.transform if part.argument is None else f"{part.transform}[{part.argument}]"
+        update.add_field(part.column, transform)
 
 
 @dataclass(frozen=True)
@@ -358,7 +367,7 @@ class TableManager:
             schema = Inference.for_table(settings, carried).schema(sample)
         created = iceberg_schema(name, schema, key)
         try:
-            table = self._create(name, settings, created)
+            table = self.create(name, settings, created)
         except TableAlreadyExistsError:
             table = self.catalog.load_table(name)
         except Exception:
@@ -377,7 +386,8 @@ class TableManager:
         except FanoutSinkError as exc:
             raise TableError(f"table {name}: schema file {path}: {exc}") from None
 
-    def _create(self, name: str, settings: TableSettings, schema: Schema | pa.Schema) -> Table:
+    def create(self, name: str, settings: TableSettings, schema: Schema | pa.Schema) -> Table:
+        """Create the table (its namespace first) in the catalog with ``settings``' spec and properties."""
         namespace = tuple(name.split(".")[:-1])
         try:
             self.catalog.create_namespace_if_not_exists(namespace)
@@ -392,11 +402,7 @@ class TableManager:
         if settings.partition_by:
             txn = self.catalog.create_table_transaction(name, schema=schema, properties=properties)
             with txn.update_spec() as spec:
-                for part in settings.partition_by:
-                    transform = (
-                        part.transform if part.argument is None else f"{part.transform}[{part.argument}]"
-                    )
-                    spec.add_field(part.column, transform)
+                stage_partition_spec(spec, settings)
             txn.commit_transaction()
             log.info("created table %s", name)
             return self.catalog.load_table(name)
@@ -407,6 +413,13 @@ class TableManager:
         table = self.catalog.create_table(name, schema=schema, properties=properties)
         log.info("created table %s", name)
         return table
+
+    def change_schema(self, name: str, table: Table, changes: SchemaChanges) -> Table:
+        """Commit ``changes`` to ``table``'s schema; the table as the catalog holds it after."""
+        with table.update_schema() as update:
+            stage_schema_changes(update, changes)
+        log.info("evolved table %s: %s", name, changes.describe())
+        return self.catalog.load_table(name)
 
     def evolve(self, name: str, table: Table, rows: pa.Table, settings: TableSettings) -> Table:
         """The table after the schema changes ``rows`` need and ``settings.evolution`` allows."""
@@ -428,9 +441,7 @@ class TableManager:
             if not changes:
                 return table
             try:
-                _apply(table, changes)
-                log.info("evolved table %s: %s", name, changes.describe())
-                return self._remember(name, self.catalog.load_table(name))
+                return self._remember(name, self.change_schema(name, table, changes))
             except retryable as exc:
                 if not tries.again():
                     raise TableError(f"table {name}: schema change kept conflicting: {exc}") from exc
