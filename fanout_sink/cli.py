@@ -98,6 +98,13 @@ def _add_conf(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     """An argparse type: a comma-separated list of names out of ``allowed``."""
 
@@ -383,8 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     records.add_argument("--topic", help="records from this topic on the broker (nothing is committed)")
     route.add_argument(
-        "--last", type=int, default=10, metavar="N", help="with --topic: the last N offsets of each partition"
-    )
+        "--last", type=_positive, default=10, metavar="N",
+        help="with --topic: the last N offsets of each partition (default 10)",
+    )  # fmt: skip
     route.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
     route.set_defaults(func=_route)
 

@@ -140,3 +140,43 @@ def test_a_sample_line_that_is_not_a_record_is_one_line_naming_it(
     assert err.strip() == (
         f"fanout-sink: --sample {sample} line 2: offset -5 must be an integer above the partition's last"
     )
+
+
+def test_route_of_a_change_table_shows_each_keys_last_change_and_the_superseded(
+    tmp_path: Path, catalog_settings: CatalogSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "sink.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "crm",
+                "source": {"topics": ["accounts"]},
+                "catalog": catalog_settings.model_dump(exclude_none=True),
+                "tables": {
+                    "crm.accounts": {
+                        "changes": {"format": "upsert", "key": ["id"], "delete-when": "status == 'closed'"}
+                    }
+                },
+            }
+        )
+    )
+    sample = tmp_path / "changes.jsonl"
+    changes = [
+        {"id": 1, "status": "open"},
+        {"id": 2, "status": "open"},
+        {"id": 1, "status": "frozen"},
+        {"id": 2, "status": "closed"},
+    ]
+    sample.write_text("\n".join(json.dumps(c) for c in changes))
+    code = cli.main(["route", "--config", str(config), "--sample", str(sample)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert "table crm.accounts (would be created): 1 row(s), 1 deleted key(s)" in lines
+    assert "    id: long (required)" in lines  # a key column is required
+    reason = "superseded (a later change of the same key in the slice wins)"
+    assert [line for line in lines if line.startswith("accounts[0]@")] == [
+        f"accounts[0]@0 -> crm.accounts: {reason}",
+        f"accounts[0]@1 -> crm.accounts: {reason}",
+        'accounts[0]@2 -> crm.accounts {"id": 1, "status": "frozen"}',
+        "accounts[0]@3 -> crm.accounts: deletes its key",
+    ]
