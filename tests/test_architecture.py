@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("transform",),
     ("protocol",),
     ("maintenance",),
-    ("spark", "status", "preflight", "metrics", "validate", "connect_import", "route"),
+    ("spark", "status", "consistent_read", "preflight", "metrics", "validate", "connect_import", "route"),
     ("devtools",),
     # The composition root: the one command offers product and developer tooling alike, and
     # spark-submit's entry is that command's ``run``.

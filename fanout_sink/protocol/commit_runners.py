@@ -47,6 +47,11 @@ class RoundTables:
     against, wherever it runs."""
     failing: frozenset[str] = frozenset()
     """Tables that failed in the rounds before: their next failure's traceback is not logged again."""
+    tables: int | None = None
+    """How many tables the whole round commits (``due`` before any :meth:`split`), when the round's
+    end cuts no worker transaction (``CommitState.cuts_no_transaction``): each table's snapshot
+    records it, so that a reader counting the round's snapshots knows whether every table got its
+    part (``fanout_sink.consistent_read``). None: the round is not a consistent point."""
 
     def remaining_s(self) -> float:
         return max(0.0, self.deadline - time.time())
@@ -104,6 +109,7 @@ def commit_in_threads(committer: TableCommitter, tables: RoundTables, threads: i
                 tables.vtts,
                 tables.floors,
                 locations.get(identifier),
+                tables.tables,
             )
             for identifier, items in tables.due.items()
         }

@@ -133,6 +133,24 @@ class CommitState:
         due = {t: [p for p in items if p.offset < round_end] for t, items in self.pending.items()}
         return {t: items for t, items in sorted(due.items()) if items}
 
+    def cuts_no_transaction(self, round_end: int) -> bool:
+        """Whether every file read below ``round_end`` comes from a worker transaction whose reports
+        are below it too, so that the round's end is a point of the source stream for every table.
+
+        A transaction's events interleave with others' on the control topic, and the round reads up
+        to the last stable offset: a transaction committed while an older one was still open can
+        have its first ``DataWritten`` below the end and the rest above it (orders in this round,
+        payments of the same slices in the next). Its ``DataComplete`` reports follow all of its
+        ``DataWritten``, so a file whose slice has not reported below the end is such a cut.
+        """
+        self._fold_reports(round_end)
+        return all(
+            self.delivered.offsets.get((p.event.topic, p.event.partition), -1) >= p.event.next_offset
+            for items in self.pending.values()
+            for p in items
+            if p.offset < round_end
+        )
+
     def settle(self, identifier: str, round_end: int) -> None:
         """Forget a table's files below ``round_end``: appended, already in the table, or refused."""
         left = [p for p in self.pending.get(identifier, []) if p.offset >= round_end]

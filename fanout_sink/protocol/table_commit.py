@@ -15,7 +15,8 @@ started; after a conflict, loaded from the catalog again):
   do not fit, or whose table is gone, are copied to a quarantine folder no cleanup reaches.
 - Announced files that no longer exist are left out (an ERROR names them): the table stays readable.
 - Change tables: the round's changes are resolved into position deletes (last change wins).
-- One snapshot with the data and delete files, its summary recording the control offset, and the
+- One snapshot with the data and delete files, its summary recording the control offset (and, for
+  a round that is a consistent point, how many tables it commits), and the
   same state as table properties in the same metadata commit (so that snapshot expiry cannot erase
   it). It is committed exactly once (I3): PyIceberg's own commit retry would rebase the same append
   onto a new head without the floor check; a conflict instead reloads the table and re-checks the
@@ -118,6 +119,7 @@ class TableCommitter:
         vtts: int | None,
         floors: Mapping[str, int],
         location: str | None = None,
+        round_tables: int | None = None,
     ) -> TableCommit:
         """Append ``items`` (the table's due files of round ``commit_id``) not yet in the table, as
         one snapshot recording ``round_end`` as the table's control offset (I4).
@@ -129,7 +131,10 @@ class TableCommitter:
         ``location``: the table's metadata location as :meth:`locate` read it, loaded for the first
         attempt instead of asking the catalog; if the table moved on since, the commit conflicts and
         the next attempt (:data:`LOCATED_COMMIT_RETRY`: one more than :data:`COMMIT_RETRY`) loads it
-        from the catalog."""
+        from the catalog.
+
+        ``round_tables``: how many tables the whole round commits, when its end is a consistent
+        point (:attr:`~.commit_runners.RoundTables.tables`), recorded in the snapshot summary."""
         outcome = TableCommit(identifier, "failed")
         tries = (COMMIT_RETRY if location is None else LOCATED_COMMIT_RETRY).start()
         while True:
@@ -166,6 +171,8 @@ class TableCommitter:
                 changed, resolution = self._resolve(table, changes, rewritten)
                 added = appends + changed
             snapshot_properties = dict(properties)
+            if round_tables is not None:
+                snapshot_properties.update(table_state.round_properties(self.sink, round_tables))
             if resolution is not None:
                 snapshot_properties.update(
                     table_state.change_properties(

@@ -6,6 +6,10 @@ Each append of the coordinator records, in its snapshot summary:
   the control offset below which every event for this table has been appended (invariant I4);
 - ``fanout-sink.<sink>.commit-id``: the uuid of the commit round;
 - ``fanout-sink.<sink>.vtts``: valid-through timestamp, epoch milliseconds (absent when unknown);
+- ``fanout-sink.<sink>.round-tables``: how many tables the round commits, when its end cuts no
+  worker transaction (absent otherwise): a reader that finds that many snapshots of the commit id
+  knows every table holds the stream up to the round's end and nothing past it
+  (:mod:`fanout_sink.consistent_read`; snapshot summary only, like the next keys);
 - on a change table, ``fanout-sink.<sink>.inserted-rows``, ``updated-rows`` and ``deleted-rows``: what
   the commit did per key, beside Iceberg's own ``added-records`` and ``added-position-deletes``
   (snapshot summary only: they describe one commit, not the table's state).
@@ -32,7 +36,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
 
 from fanout_sink.retries import Retry
@@ -56,6 +60,8 @@ class TableState:
     control_offsets: dict[int, int] = field(default_factory=dict)
     vtts_ms: int | None = None
     timestamp_ms: int | None = None
+    round_tables: int | None = None
+    """How many tables the commit's round committed, when it was a consistent point (summaries only)."""
 
     def next_control_offset(self, partition: int = 0) -> int:
         """Events for this table at control offsets below this are in the table already."""
@@ -83,6 +89,11 @@ def change_properties(sink: str, inserted: int, updated: int, deleted: int) -> d
     }
 
 
+def round_properties(sink: str, tables: int) -> dict[str, str]:
+    """A consistent round's table count, for the snapshot summary of each table it commits."""
+    return {key(sink, "round-tables"): str(tables)}
+
+
 def stale_properties(table: Table, sink: str, vtts_ms: int | None) -> tuple[str, ...]:
     """Table properties of ``sink`` that a commit with ``vtts_ms`` must remove (an unknown VTTS)."""
     vtts_key = key(sink, "vtts")
@@ -96,22 +107,28 @@ def _state_from(
     if raw is None:
         return None
     vtts = values.get(key(sink, "vtts"))
+    tables = values.get(key(sink, "round-tables"))
     return TableState(
         commit_id=values.get(key(sink, "commit-id")),
         control_offsets={int(p): int(o) for p, o in json.loads(raw).items()},
         vtts_ms=int(vtts) if vtts is not None else None,
         snapshot_id=snapshot_id,
         timestamp_ms=timestamp_ms,
+        round_tables=int(tables) if tables is not None else None,
     )
+
+
+def snapshot_state(snapshot: Snapshot, sink: str) -> TableState | None:
+    """This sink's state as one snapshot's summary records it; None when the snapshot is not a
+    commit of this sink (another writer's, maintenance's)."""
+    if snapshot.summary is None:
+        return None
+    return _state_from(snapshot.summary, sink, snapshot.snapshot_id, snapshot.timestamp_ms)
 
 
 def _ancestry_state(table: Table, sink: str) -> TableState | None:
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        if snapshot.summary is None:
-            continue
-        found = _state_from(
-            snapshot.summary, sink, snapshot_id=snapshot.snapshot_id, timestamp_ms=snapshot.timestamp_ms
-        )
+        found = snapshot_state(snapshot, sink)
         if found is not None:
             return found
     return None

@@ -96,3 +96,18 @@ def test_a_restarted_state_takes_over_the_partition_times_of_the_last_commit_com
     assert after.vtts(behind, round_end=7) == 289
     after.add(_slice(8, 0, 280, 400))  # a step back of 20 below 300
     assert after.vtts(behind, round_end=9) == 400 - 20 - 1
+
+
+def test_a_round_end_between_a_transactions_files_and_its_report_cuts_a_transaction() -> None:
+    """A worker transaction's files are read below the end, its ``DataComplete`` above it (another
+    transaction was open when the round took the last stable offset): orders of the slice in this
+    round, its payments in the next, so the round's end is no point of the source stream."""
+    state = CommitState()
+    for item in (_written(3, "orders"), _complete(3, 0, 100)):
+        state.add(item)
+    assert state.cuts_no_transaction(5), "files whose slice reported below the end"
+    state.add(_written(6, "orders"))  # the next slice's files ...
+    assert not state.cuts_no_transaction(8), "... with its report still to come"
+    state.add(_complete(9, 0, 200))
+    assert not state.cuts_no_transaction(8), "the report at 9 belongs to the next round"
+    assert state.cuts_no_transaction(10)
