@@ -81,3 +81,18 @@ def test_configure_again_switches_the_format_on_the_same_handler(captured: io.St
     ours = [h for h in logger.handlers if h.get_name() == "fanout-sink"]
     assert len(ours) == 1 and isinstance(ours[0].formatter, logs.JsonFormatter)
     assert logger.level == logging.WARNING and not logger.propagate
+
+
+def test_the_final_round_is_one_line_in_words_not_the_results_repr() -> None:
+    from fanout_sink.protocol.coordinator import RoundResult
+    from fanout_sink.protocol.table_commit import TableCommit
+    from fanout_sink.spark.app import final_round_words
+
+    tables = {
+        f"shop.t{i}": TableCommit(f"shop.t{i}", "committed", table_uuid="u" * 36, snapshot_id=i, files=2)
+        for i in range(12)
+    }
+    tables["shop.gone"] = TableCommit("shop.gone", "failed", error="CommitFailedException: " + "x" * 300)
+    line = final_round_words(RoundResult("c-1", 10, 10, 1_700_000_000_000, tables, "stop"))
+    assert line == "final commit round c-1: 13 table(s), 12 committed, 1 failed, 24 file(s)"
+    assert final_round_words(RoundResult("c-2", 10, 10, None)) == "final commit round: nothing was pending"

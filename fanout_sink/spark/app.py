@@ -25,7 +25,7 @@ from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol import group_layout
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.commit_runners import ThreadedCommits
-from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
+from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings, RoundResult
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.table_commit import TableCommitter
 from fanout_sink.spark import (
@@ -43,6 +43,19 @@ from fanout_sink.spark.source import read_stream
 from fanout_sink.spark.spark_metrics import SparkMetricsMirror
 
 log = logging.getLogger("fanout_sink.app")
+
+
+def final_round_words(result: RoundResult) -> str:
+    """The app's last line about its final round, in words: how many tables it committed (each one is
+    named on the round's own ``commit ...`` line just above), never the result's repr (a kilobyte)."""
+    if not result.tables:
+        return "final commit round: nothing was pending"
+    counts: dict[str, int] = {}
+    for outcome in result.tables.values():
+        counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
+    files = sum(outcome.files for outcome in result.tables.values())
+    told = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+    return f"final commit round {result.commit_id}: {len(result.tables)} table(s), {told}, {files} file(s)"
 
 
 @dataclass(frozen=True)
@@ -263,7 +276,7 @@ class SinkApp:
         try:
             result = self._coordinator.stop(commit_now=True)
             if result is not None:
-                log.info("final commit round: %s", result)
+                log.info("%s", final_round_words(result), extra={"commit_id": result.commit_id})
         except Exception as exc:
             if self.batches.failure is None:
                 raise

@@ -50,7 +50,9 @@ class MaintenanceSchedule:
 
     A failing run is one ERROR line and is tried again at the next interval: maintenance must never
     stop the sink. ``stop()`` cancels a run in progress (its Spark jobs, through the thread's job
-    group) and waits for the thread, so that the app's final commit round runs alone.
+    group) and waits for the thread, so that the app's final commit round runs alone. An idle
+    schedule has no job to cancel: Spark answers a cancel of a group without jobs with a WARN line
+    ("Failed to cancel job group"), which every run's stop printed.
     """
 
     JOB_GROUP = "fanout-sink-maintenance"
@@ -61,6 +63,8 @@ class MaintenanceSchedule:
         self.interval = interval
         self.runs = 0
         self._stopping = threading.Event()
+        self._running = threading.Event()
+        """Set while a run maintains tables: only then has ``stop()`` jobs to cancel."""
         self._thread = threading.Thread(target=self._loop, name="fanout-sink-maintenance", daemon=True)
 
     def start(self) -> None:
@@ -74,7 +78,11 @@ class MaintenanceSchedule:
             try:
                 due = due_tables(catalog, self.config, int(time.time() * 1000))
                 if due:
-                    results = maintain(self.spark, self.config, due, stop=self._stopping)
+                    self._running.set()
+                    try:
+                        results = maintain(self.spark, self.config, due, stop=self._stopping)
+                    finally:
+                        self._running.clear()
                     self.runs += 1
                     failed = [f"{r.table} {s.name}" for r in results for s in r.steps if s.action == "failed"]
                     if failed:
@@ -99,5 +107,6 @@ class MaintenanceSchedule:
         self._stopping.set()
         if not self._thread.is_alive():
             return
-        self.spark.sparkContext.cancelJobGroup(self.JOB_GROUP)
+        if self._running.is_set():  # a run starting now sees the stop before its first job
+            self.spark.sparkContext.cancelJobGroup(self.JOB_GROUP)
         self._thread.join(timeout_s)
