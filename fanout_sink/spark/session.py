@@ -6,6 +6,7 @@ submit command, and only what is not already set there is filled in here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import Any
 from fanout_sink import jars
 from fanout_sink.catalog import CatalogSettings, is_s3_location, spark_catalog_conf, spark_storage_conf
 from fanout_sink.config.secrets import SECRET_KEY_PATTERN
-from fanout_sink.spark import shipping
+from fanout_sink.spark import jvm_stderr, shipping
 from fanout_sink.spark.jvm import DriverJvm, driver_java_options
 
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -125,8 +126,11 @@ def build_spark_session(
     user_options = " ".join(filter(None, (log4j_options(log_format), conf.get(_JAVA_OPTIONS))))
     if jvm is not None:
         builder = builder.config(_JAVA_OPTIONS, driver_java_options(jvm, light_jit, user_options))
+    # A JVM PySpark launches now writes its stderr through the filter (without its incubator notice).
+    starting = jvm_stderr.filtered() if launching else contextlib.nullcontext()
     try:
-        session = builder.getOrCreate()
+        with starting:
+            session = builder.getOrCreate()
     except PySparkRuntimeError:
         if jvm is None or jvm.archive is None or jvm.dumping:
             raise
@@ -135,7 +139,8 @@ def build_spark_session(
         builder = builder.config(
             _JAVA_OPTIONS, driver_java_options(DriverJvm(None, False), light_jit, user_options)
         )
-        session = builder.getOrCreate()
+        with jvm_stderr.filtered():
+            session = builder.getOrCreate()
     if jvm is not None:
         jvm.publish_at_exit(session)
     session.sparkContext.setLogLevel(os.environ.get("FANOUT_SINK_SPARK_LOG_LEVEL", "WARN"))
