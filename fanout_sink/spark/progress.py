@@ -13,6 +13,7 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from fanout_sink.logs import TRACEBACK
 from fanout_sink.spark.task_failure import task_failure
 
 log = logging.getLogger("fanout_sink.progress")
@@ -49,5 +50,11 @@ class ProgressLogger(StreamingQueryListener):  # type: ignore[misc]
 
     def onQueryTerminated(self, event: Any) -> None:
         if event.exception:
-            # One line: the batch that failed logged the error and its traceback already.
-            log.error("streaming query stopped with an error: %s", task_failure(event.exception).summary)
+            # DEBUG: the app stops with the one message that says why (the bad record, the batch that
+            # failed, whose traceback its batch logged), or with the error itself when it is neither.
+            failure = task_failure(event.exception)
+            log.debug(
+                "streaming query stopped with an error: %s",
+                failure.summary,
+                extra={TRACEBACK: failure.traceback},
+            )
