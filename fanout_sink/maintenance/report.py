@@ -46,24 +46,36 @@ class TableMaintenance:
         return {step.name: step.detail for step in self.steps if step.action == "skipped"}
 
 
+def table_line(r: TableMaintenance) -> str:
+    """One table's run in one line: its figures before and after, orphans, time; the scheduled
+    maintenance inside ``run`` logs it per table, ``maintain`` prints it above the table's steps."""
+    return (
+        f"{r.table}: data files {r.before.data_files} -> {r.after.data_files}, "
+        + (
+            f"delete files {r.before.delete_files} -> {r.after.delete_files} (position deletes "
+            f"{r.before.position_deletes} -> {r.after.position_deletes}), "
+            if r.before.delete_files or r.after.delete_files
+            else ""
+        )
+        + f"bytes {r.before.bytes} -> {r.after.bytes}, "
+        f"snapshots {r.before.snapshots} -> {r.after.snapshots}, "
+        f"manifests {r.before.manifests} -> {r.after.manifests}, orphans {len(r.orphans_removed)}, "
+        f"{r.duration_s:.1f}s" + ("" if r.ok else " (some steps failed)")
+    )
+
+
+def failed_steps(results: Sequence[TableMaintenance]) -> list[str]:
+    """``table step: cause`` of every failed step."""
+    return [f"{r.table} {s.name}: {s.detail}" for r in results for s in r.steps if s.action == "failed"]
+
+
 def render_text(results: Sequence[TableMaintenance]) -> str:
-    """The short per-table summary ``fanout-sink maintain`` prints."""
+    """The short per-table summary ``fanout-sink maintain`` prints: the only account of each step
+    (the log has them at DEBUG)."""
     if not results:
         return "no table holds a commit of this sink yet: nothing to maintain"
     lines = []
     for r in results:
-        lines.append(
-            f"{r.table}: data files {r.before.data_files} -> {r.after.data_files}, "
-            + (
-                f"delete files {r.before.delete_files} -> {r.after.delete_files} (position deletes "
-                f"{r.before.position_deletes} -> {r.after.position_deletes}), "
-                if r.before.delete_files or r.after.delete_files
-                else ""
-            )
-            + f"bytes {r.before.bytes} -> {r.after.bytes}, "
-            f"snapshots {r.before.snapshots} -> {r.after.snapshots}, "
-            f"manifests {r.before.manifests} -> {r.after.manifests}, orphans {len(r.orphans_removed)}, "
-            f"{r.duration_s:.1f}s"
-        )
+        lines.append(table_line(r))
         lines += [f"  {step.name}: {step.action} {step.detail}" for step in r.steps]
     return "\n".join(lines)

@@ -95,10 +95,9 @@ class _TableRun:
     def record(self, name: StepName, action: StepAction, detail: str, started: float) -> None:
         step = Step(name, action, detail, time.monotonic() - started)
         self.steps.append(step)
-        level = logging.WARNING if action == "failed" else logging.INFO
-        log.log(
-            level, "maintenance %s %s: %s %s (%.1fs)", self.identifier, name, action, detail, step.duration_s
-        )
+        # DEBUG: the run's report says each step once (``maintain`` prints it, ``run`` logs a line per
+        # table and an ERROR naming the failed steps with their causes).
+        log.debug("maintenance %s %s: %s %s (%.1fs)", self.identifier, name, action, detail, step.duration_s)
 
     def measure(self) -> Figures | None:
         """The table's figures now; None (and a failed step) when it cannot be loaded."""
@@ -251,7 +250,7 @@ class _TableRun:
             self.guarded("last-run", self.mark_done)
 
     def outcome(self, cleanup: _OrphanCleanup, dry_run: bool) -> TableMaintenance:
-        """What the run did to this table, with its figures after; logged."""
+        """What the run did to this table, with its figures after."""
         after = self.measure() or NO_FIGURES
         outcome = TableMaintenance(
             table=self.identifier,
@@ -261,25 +260,6 @@ class _TableRun:
             orphans_removed=cleanup.removed(self.identifier),
             duration_s=time.monotonic() - self.started,
             floor_written=self.floor_written,
-        )
-        log.info(
-            "maintenance %s done in %.1fs: data files %d -> %d, delete files %d -> %d, bytes %d -> %d, "
-            "snapshots %d -> %d, manifests %d -> %d, orphans %s %d%s",
-            self.identifier,
-            outcome.duration_s,
-            outcome.before.data_files,
-            after.data_files,
-            outcome.before.delete_files,
-            after.delete_files,
-            outcome.before.bytes,
-            after.bytes,
-            outcome.before.snapshots,
-            after.snapshots,
-            outcome.before.manifests,
-            after.manifests,
-            "to remove" if dry_run else "removed",
-            len(outcome.orphans_removed),
-            "" if outcome.ok else " (some steps failed)",
         )
         return outcome
 

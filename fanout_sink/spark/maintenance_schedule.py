@@ -13,6 +13,7 @@ from pyiceberg.catalog import Catalog
 
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import SinkConfig
+from fanout_sink.maintenance.report import failed_steps, table_line
 from fanout_sink.protocol import table_state
 from fanout_sink.spark.maintenance import maintain
 
@@ -84,12 +85,16 @@ class MaintenanceSchedule:
                     finally:
                         self._running.clear()
                     self.runs += 1
-                    failed = [f"{r.table} {s.name}" for r in results for s in r.steps if s.action == "failed"]
+                    for result in results:
+                        log.info(
+                            "scheduled maintenance %s", table_line(result), extra={"table": result.table}
+                        )
+                    failed = failed_steps(results)
                     if failed:
                         log.error(
-                            "scheduled maintenance: steps failed (%s), retried in %s; fix: see the WARNING "
-                            "lines above for each cause",
-                            ", ".join(failed),
+                            "scheduled maintenance: steps failed (%s), retried in %s; fix: the cause is "
+                            "named with each step; `fanout-sink maintain --dry-run` shows what each would do",
+                            "; ".join(failed),
                             self.interval,
                         )
             except Exception as exc:

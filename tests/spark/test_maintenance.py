@@ -74,7 +74,11 @@ def sink_config(
 
 
 def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
-    spark: Any, spark_catalog: str, catalog: Any, sink_config: ConfigFactory
+    spark: Any,
+    spark_catalog: str,
+    catalog: Any,
+    sink_config: ConfigFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     create_tables(catalog, ["events", "quiet", "other"])
     events = catalog.load_table("sink.events")
@@ -105,7 +109,12 @@ def test_maintain_compacts_expires_and_keeps_the_sinks_floor(
     assert dry["sink.events"].orphans_removed == (f"{orphan}",) and orphan.exists()
     assert dry["sink.events"].after == dry["sink.events"].before
 
-    results = {r.table: r for r in maintain(spark, config)}
+    with caplog.at_level(logging.DEBUG, logger="fanout_sink.maintenance"):
+        results = {r.table: r for r in maintain(spark, config)}
+    # Each step once: in the report (`maintain` prints it, `run` logs a line per table); DEBUG here.
+    told = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert [m for m in told if "before expiry" not in m] == [], told
+    assert any(" compact: ran " in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
     ran = results["sink.events"]
     assert {s.name: s.action for s in ran.steps} == {
         "compact": "ran",
