@@ -8,7 +8,9 @@ default catalog too, so ``shop.orders`` and ``lake.shop.orders`` name the same t
 Statements come from ``-e``, a file (``-f``, several statements separated by ``;``) or an
 interactive prompt; results print as an aligned table, as JSON lines (one object per row) or as CSV.
 A SQL error prints Spark's message, without the Java stack unless asked for, and the command exits
-non-zero: a script can rely on the exit code.
+non-zero: a script can rely on the exit code. A query reading a table the catalog does not have is
+answered by the catalog instead, with the tables of that namespace (:mod:`.missing_tables`): the
+first statement's before Spark starts.
 """
 
 from __future__ import annotations
@@ -264,9 +266,16 @@ class Shell:
     table_exists: Callable[[tuple[str, ...]], bool] | None = None
     """Whether the catalog has a table of a name as a statement writes it: names the missing table
     where the catalog's own error would not (see :data:`_NO_VIEW_SUPPORT`)."""
+    check: Callable[[str], str | None] | None = None
+    """Why a statement reads a table the catalog does not have, asked before it runs
+    (:func:`fanout_sink.spark.missing_tables.checker`); None: let Spark run it."""
 
     def run_one(self, statement: str) -> bool:
         """Run and print one statement; False when it failed (the error is printed)."""
+        missing = self.check(statement) if self.check is not None else None
+        if missing is not None:
+            print(f"fanout-sink sql: {missing}", file=self.err, flush=True)
+            return False
         try:
             result = execute(self.spark, statement, self.table_exists)
         except SqlError as exc:
@@ -408,6 +417,8 @@ def run(
     verbose: bool = False,
 ) -> int:
     """``fanout-sink sql``: run ``execute_text`` or the file ``script``, else prompt on stdin."""
+    from fanout_sink.catalog import load_catalog
+    from fanout_sink.spark import missing_tables
     from fanout_sink.spark.session import build_spark_session
 
     text = execute_text
@@ -419,6 +430,13 @@ def run(
                 f"fanout-sink sql: cannot read {script}: {exc.strerror}; pass -f <file.sql>", file=sys.stderr
             )
             return 2
+    check = missing_tables.checker(lambda: load_catalog(config.catalog), config.catalog.name)
+    statements = split_statements(text) if text is not None else []
+    # A mistyped name in the first statement is answered by the catalog, before Spark starts (seconds).
+    missing = check(statements[0]) if statements else None
+    if missing is not None:
+        print(f"fanout-sink sql: {missing}", file=sys.stderr)
+        return 1
     table_exists = catalog_lookup(config)
     spark = build_spark_session(
         config.catalog,
@@ -430,7 +448,7 @@ def run(
     if not verbose:
         quiet_statement_logs(spark)
     try:
-        shell = Shell(spark, output, verbose, table_exists=table_exists)
+        shell = Shell(spark, output, verbose, table_exists=table_exists, check=check)
         if text is not None:
             return shell.run_script(text)
         interactive = sys.stdin.isatty()

@@ -106,12 +106,39 @@ def test_sql_f_prints_the_rows_pyiceberg_reads_in_order_and_stops_at_spark_s_err
     assert everything[2]["amount"] == "10.50" and everything[2]["tags"] == ["a", "b"]
     assert rest == [{"id": 1, "customer": 'ada, "the first"'}, {"id": 3, "customer": "grace"}, {"n": 3}]
     error = [line for line in done.stderr.splitlines() if line.startswith("fanout-sink sql:")]
-    assert len(error) == 1 and "TABLE_OR_VIEW_NOT_FOUND" in error[0] and "no_such_table" in error[0]
+    # The catalog's answer (before Spark's analysis): the table, and what the namespace holds.
+    assert error == [
+        "fanout-sink sql: table shop.no_such_table does not exist; the tables of namespace shop: shop.orders"
+    ], done.stderr[-3000:]
     assert "\tat org.apache" not in done.stderr and "Traceback" not in done.stderr
     # Without --verbose the error is printed once, by the shell: not PySpark's JSON log of it (with
     # the whole Java stack), nor Spark's or the catalog's warnings (issue 35).
     assert "QueryContextLogger" not in done.stderr and "stackTrace" not in done.stderr, done.stderr[-3000:]
     assert not [line for line in done.stderr.splitlines() if " WARN " in line], done.stderr[-3000:]
+
+
+def test_a_mistyped_first_table_or_namespace_is_answered_by_the_catalog_without_spark(
+    tmp_path: Path,
+) -> None:
+    """``--master nowhere`` would fail Spark's start: the answers come before it."""
+    settings = embedded_catalog_settings(tmp_path)
+    _orders(settings)
+    load_catalog(settings).create_namespace("raw")
+    config = write_sql_config(tmp_path, settings)
+    for statement, answer in (
+        (
+            "SELECT o.id FROM shop.orders o JOIN shop.ordrs p ON o.id = p.id",
+            "table shop.ordrs does not exist; the tables of namespace shop: shop.orders",
+        ),
+        (
+            f"select * from {settings.name}.shpo.orders.snapshots",
+            f"namespace shpo does not exist (table {settings.name}.shpo.orders.snapshots); "
+            "the namespaces: raw, shop",
+        ),
+    ):
+        done = run_sql_cli("--config", str(config), "--master", "nowhere", "-e", statement)
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr[-3000:]
+        assert done.stderr == f"fanout-sink sql: {answer}\n"
 
 
 def test_sql_f_names_a_missing_file(tmp_path: Path) -> None:
