@@ -52,12 +52,17 @@ def _stack(args: argparse.Namespace) -> int:
                 )
                 settings = daemon.SERVICES[name].client_settings(extra)
                 print(f"{name}: " + "  ".join(f"{key}={value}" for key, value in settings.items()))
-            if extras:
+            if any(daemon.SERVICES[name].credentials for name, _, _ in extras):
                 print(f"credentials: `fanout-sink stack status --json --dir {work_dir}`", file=sys.stderr)
         return 0
     if args.action == "down":
-        stopped = daemon.down(work_dir)
-        print("Kafka broker stopped" if stopped else f"no broker state in {work_dir}", file=sys.stderr)
+        stopped = daemon.down(work_dir, args.with_ or None)
+        for name, was_running in stopped.items():
+            if was_running or args.with_:
+                verb = "stopped" if was_running else f"was not running (state folder {work_dir})"
+                print(f"{daemon.SERVICES[name].title} {verb}", file=sys.stderr)
+        if not any(stopped.values()) and not args.with_:
+            print(f"nothing of the stack in {work_dir} was running", file=sys.stderr)
         return 0
     report = daemon.status(work_dir)
     if args.json:
@@ -348,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--with", dest="with_", type=_names(EXTRAS), default=[],
                 help=f"also start these, comma-separated: {','.join(EXTRAS)}",
+            )  # fmt: skip
+        if action == "down":
+            sub.add_argument(
+                "--with", dest="with_", type=_names(tuple(SERVICES)), default=[],
+                help=f"stop only these, comma-separated: {','.join(SERVICES)} (default: every one)",
             )  # fmt: skip
     serve = stack_actions.add_parser("serve", help="run one server in the foreground (SIGTERM stops it)")
     serve.add_argument("name", choices=list(SERVICES))

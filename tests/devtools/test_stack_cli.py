@@ -156,3 +156,45 @@ def test_stack_serve_rest_without_a_store_says_how_to_give_it_one(tmp_path: Path
     result = _cli("stack", "serve", "rest", "--dir", str(tmp_path))
     assert result.returncode == 2
     assert "needs an S3 store" in result.stderr and "FANOUT_SINK_S3_ENDPOINT" in result.stderr
+
+
+def test_stack_down_with_stops_only_the_named_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``up --with hive-metastore`` has its way back: ``down --with hive-metastore`` (two stand-in
+    processes under the servers' state files; the one not named keeps running)."""
+    from fanout_sink import cli
+
+    stack_dir = tmp_path / "stack"
+    sleepers = {}
+    for name, fields in (
+        ("hive-metastore", {"port": 1, "warehouse_location": "w", "database": "d"}),
+        ("spark-master", {"port": 2, "webui_port": 3}),
+    ):
+        sleepers[name] = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        folder = stack_dir / name
+        folder.mkdir(parents=True)
+        state = {**fields, "pid": sleepers[name].pid, "log_file": str(folder / f"{name}.log")}
+        (folder / f"{name}.json").write_text(json.dumps(state))
+    try:
+        assert cli.main(["stack", "down", "--dir", str(stack_dir), "--with", "hive-metastore"]) == 0
+        assert sleepers["hive-metastore"].wait(30) is not None
+        assert sleepers["spark-master"].poll() is None, "not named: still running"
+        assert capsys.readouterr().err == "Hive Metastore stopped\n"
+        assert cli.main(["stack", "down", "--dir", str(stack_dir), "--with", "hive-metastore"]) == 0
+        assert capsys.readouterr().err == f"Hive Metastore was not running (state folder {stack_dir})\n"
+        assert cli.main(["stack", "down", "--dir", str(stack_dir)]) == 0
+        assert sleepers["spark-master"].wait(30) is not None
+        assert capsys.readouterr().err == "Spark standalone master stopped\n"
+    finally:
+        for sleeper in sleepers.values():
+            sleeper.kill()
+            sleeper.wait()
+
+
+def test_stack_up_names_the_credentials_only_for_servers_that_have_them() -> None:
+    assert [name for name, service in daemon.SERVICES.items() if service.credentials] == [
+        "s3",
+        "postgres",
+        "rest",
+    ]

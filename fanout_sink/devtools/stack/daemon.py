@@ -55,6 +55,8 @@ class Service:
     title: str
     build: Callable[[Path, int | None, str], Startable]
     client_settings: Callable[[Any], dict[str, str]]
+    credentials: bool = False
+    """Its state holds secrets a client needs (keys, a password): ``up`` then says where to read them."""
 
 
 def _s3_access(stack_dir: Path) -> S3Access:
@@ -103,11 +105,13 @@ SERVICES: Mapping[str, Service] = {
         "S3 object store (S3Proxy)",
         lambda d, port, host: ObjectStore(d / "s3", port, host),
         lambda s: {"s3.endpoint": s.endpoint, "s3.region": s.region},
+        credentials=True,
     ),
     "postgres": Service(
         "PostgreSQL",
         lambda d, port, host: PostgresServer(d / "postgres", port, host),
         lambda s: {"type": "sql", "uri": s.sqlalchemy_uri.replace(f":{s.password}@", ":***@")},
+        credentials=True,
     ),
     "rest": Service(
         "Iceberg REST catalog",
@@ -115,6 +119,7 @@ SERVICES: Mapping[str, Service] = {
             d / "rest", _s3_access(d), WAREHOUSE_BUCKET, port, host, _rest_catalog_database(d)
         ),
         lambda s: {"type": "rest", "uri": s.uri},
+        credentials=True,  # the store's keys, which a client of its tables needs
     ),
     "hive-metastore": Service(
         "Hive Metastore",
@@ -165,19 +170,26 @@ def up_extras(work_dir: Path, names: Iterable[str]) -> list[tuple[str, Any, bool
     return results
 
 
-def down(work_dir: Path) -> BrokerState | None:
-    """Stop every server of the stack that runs (extras first, the store last but one); the broker's
-    state, if any. Data stays for the next ``up``."""
+def down(work_dir: Path, names: Iterable[str] | None = None) -> dict[str, bool]:
+    """Stop the named servers of the stack (default: every one; extras first in reverse start order,
+    the broker last): for each, whether it was running. Data stays for the next ``up``."""
+    wanted = set(SERVICES if names is None else names)
+    stopped: dict[str, bool] = {}
     for name in reversed(EXTRAS):
+        if name not in wanted:
+            continue
         server = _local(work_dir, name)
         saved = server.load_state()
-        if saved is not None and pid_alive(saved.pid):
+        stopped[name] = saved is not None and pid_alive(saved.pid)
+        if stopped[name]:
             server.state = saved
             server.stop()
-    state = load_state(work_dir)
-    if state is not None:
-        stop_pid(state.pid)
-    return state
+    if "broker" in wanted:
+        state = load_state(work_dir)
+        stopped["broker"] = state is not None and pid_alive(state.pid)
+        if state is not None:
+            stop_pid(state.pid)
+    return stopped
 
 
 def _local(work_dir: Path, name: str) -> LocalServer[Any]:
