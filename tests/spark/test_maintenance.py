@@ -187,6 +187,18 @@ class _StubSpark:
         self.sparkContext = _StubContext()
 
 
+def _scheduled(
+    catalog_settings: CatalogSettings, monkeypatch: pytest.MonkeyPatch, maintain_stub: Callable[..., Any]
+) -> tuple[_StubSpark, maintenance_schedule.MaintenanceSchedule]:
+    """A schedule every 50 ms on a stub session whose one due table ``maintain_stub`` maintains."""
+    monkeypatch.setattr(maintenance_schedule, "maintain", maintain_stub)
+    monkeypatch.setattr(maintenance_schedule, "due_tables", lambda *_: ["sink.t"])
+    spark = _StubSpark()
+    return spark, maintenance_schedule.MaintenanceSchedule(
+        spark, _config(catalog_settings), timedelta(milliseconds=50)
+    )
+
+
 def test_a_failing_scheduled_run_is_logged_and_retried_and_stop_cancels(
     catalog_settings: CatalogSettings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -200,12 +212,7 @@ def test_a_failing_scheduled_run_is_logged_and_retried_and_stop_cancels(
         second.set()
         return []
 
-    monkeypatch.setattr(maintenance_schedule, "maintain", flaky)
-    monkeypatch.setattr(maintenance_schedule, "due_tables", lambda *_: ["sink.t"])
-    spark = _StubSpark()
-    schedule = maintenance_schedule.MaintenanceSchedule(
-        spark, _config(catalog_settings), timedelta(milliseconds=50)
-    )
+    spark, schedule = _scheduled(catalog_settings, monkeypatch, flaky)
     with caplog.at_level(logging.ERROR, logger="fanout_sink.maintenance"):
         schedule.start()
         assert second.wait(30)
@@ -229,12 +236,7 @@ def test_stop_cancels_the_maintenance_jobs_only_while_a_run_is_in_progress(
         stop.wait(30)
         return []
 
-    monkeypatch.setattr(maintenance_schedule, "maintain", slow)
-    monkeypatch.setattr(maintenance_schedule, "due_tables", lambda *_: ["sink.t"])
-    spark = _StubSpark()
-    schedule = maintenance_schedule.MaintenanceSchedule(
-        spark, _config(catalog_settings), timedelta(milliseconds=50)
-    )
+    spark, schedule = _scheduled(catalog_settings, monkeypatch, slow)
     schedule.start()
     assert running.wait(30)
     schedule.stop()
