@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fanout_sink.errors import CatalogNotFoundError
+from fanout_sink.errors import CatalogNotFoundError, FanoutSinkError
 from fanout_sink.user_info import split_user_info
 
 _SQLITE_PREFIX = "sqlite:///"
@@ -148,7 +148,14 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
     if create and settings.warehouse and settings.warehouse.startswith("file://"):
         Path(settings.warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+    if settings.type == "sql" and "@" in (split_user_info(settings.uri or "")[2] or ""):
+        raise FanoutSinkError(
+            f"catalog {settings.name!r}: the password in catalog.uri holds an unencoded '@': "
+            "percent-encode it (%40), or give it as jdbc.password beside the URI"
+        )
     properties = settings.properties()
+    if settings.type == "sql":
+        properties = _with_jdbc_credentials(properties)
     if not create and settings.type == "sql":
         properties["init_catalog_tables"] = "false"
     if local_warehouse_path(settings) is not None and PY_IO_IMPL not in properties:
@@ -159,6 +166,21 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
         del properties["type"]
         properties[PY_CATALOG_IMPL] = HIVE_CATALOG_IMPL
     return pyiceberg_load_catalog(settings.name, **properties)
+
+
+def _with_jdbc_credentials(properties: dict[str, str]) -> dict[str, str]:
+    """A SQL catalog's ``jdbc.user``/``jdbc.password`` (Iceberg's names, as Spark's JDBC catalog takes
+    them; what ``import-connect`` writes, so that a password of any character needs no encoding and
+    stays out of the URI) put into the URI PyIceberg's catalog takes, percent-encoded. User info the
+    URI holds itself wins, as on the Spark side (:func:`jdbc_catalog_properties`)."""
+    user, password = properties.pop("jdbc.user", None), properties.pop("jdbc.password", None)
+    if (user is None and password is None) or not properties.get("uri"):
+        return properties
+    from sqlalchemy.engine import make_url
+
+    url = make_url(properties["uri"])
+    url = url.set(username=url.username or user, password=url.password or password)
+    return {**properties, "uri": url.render_as_string(hide_password=False)}
 
 
 def local_warehouse_path(settings: CatalogSettings) -> Path | None:

@@ -139,6 +139,14 @@ def _import_connect(args: argparse.Namespace) -> int:
         print(f"keys not carried ({len(imported.uncarried)}):", file=sys.stderr)
         for item in imported.uncarried:
             print(f"  {item.key}: {item.reason}", file=sys.stderr)
+    if imported.variables:
+        print(
+            "secrets and Connect config-provider values are ${VAR} references in the YAML; "
+            "set them before `fanout-sink run`:",
+            file=sys.stderr,
+        )
+        for var, key in imported.variables.items():
+            print(f"  {var}: the value of {key}", file=sys.stderr)
     if not args.take_over:
         return 0
     if not args.out:

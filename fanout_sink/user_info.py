@@ -11,12 +11,11 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-URL_USER_INFO_PATTERN = r"://[^/@:\s]*(?::[^@\s]*)?@"
+URL_USER_INFO_PATTERN = r"://[^/@:\s]*(?::\S*)?@"
 """A URL's user info (user and password, or a token alone); a user name holds no ``/`` or ``:``,
-a password anything but ``@`` and spaces. Also valid as a Java regex (Spark's redaction)."""
-_USER_INFO = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*)(?::(?P<password>[^@\s]*))?@"
-)
+a password anything but spaces, up to the last ``@`` (one typed unencoded, ``p@ss``, is hidden
+whole, not up to its ``@``). Also valid as a Java regex (Spark's redaction)."""
+_USER_INFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*)(?::(?P<password>\S*))?@")
 REDACTED = "***"
 
 

@@ -103,7 +103,8 @@ def test_apache_keys_become_tables_routes_partitions_catalog_and_control() -> No
     )  # id columns without upsert: identifier fields only
     assert sink["control"] == {"commit-interval": "120000ms", "commit-timeout": "30000ms"}
     assert sink["catalog"] == {
-        "name": "lake", "type": "sql", "uri": "postgresql+psycopg2://sink:secret@pg:5432/iceberg",
+        "name": "lake", "type": "sql", "uri": "postgresql+psycopg2://pg:5432/iceberg",
+        "jdbc.user": "sink", "jdbc.password": "${ICEBERG_CATALOG_JDBC_PASSWORD}",
         "warehouse": "s3://bucket/wh", "s3.endpoint": "http://s3:9000", "s3.region": "eu-west-1",
     }  # fmt: skip
     assert sink["kafka"] == {"bootstrap.servers": "broker:9092", "security.protocol": "SASL_SSL"}
@@ -119,8 +120,8 @@ def test_every_key_left_out_is_listed_with_its_reason() -> None:
     for key in (
         "tasks.max", "iceberg.table.shop.payments.id-columns",
         "iceberg.tables.write-props.write.parquet.compression-codec",
-        "iceberg.control.commit.threads", "iceberg.catalog.catalog-impl", "iceberg.catalog.io-impl",
-        "iceberg.catalog.jdbc.password", "iceberg.kafka.sasl.jaas.config", "iceberg.hadoop.fs.s3a.endpoint",
+        "iceberg.control.commit.threads", "iceberg.catalog.io-impl",
+        "iceberg.kafka.sasl.jaas.config", "iceberg.hadoop.fs.s3a.endpoint",
         "transforms", "transforms.flatten.type", "iceberg.control.topic",
     ):  # fmt: skip
         assert reasons.get(key), key
@@ -219,3 +220,132 @@ def test_take_over_needs_out(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     connector.write_text(json.dumps(APACHE))
     assert main(["import-connect", str(connector), "--take-over"]) == 2
     assert "--take-over needs --out" in capsys.readouterr().err
+
+
+PASSWORD = "p@ss:w/rd%1?"
+"""A JDBC password with every character a URI's user info cannot hold as it is."""
+
+
+def _jdbc(uri: str, **more: str) -> dict[str, str]:
+    props = {k: v for k, v in APACHE.items() if not k.startswith("iceberg.catalog.jdbc.")}
+    return {**props, "iceberg.catalog.uri": uri, **more}
+
+
+def test_jdbc_credentials_stay_out_of_the_uri_and_the_yaml_and_load_with_any_character(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The password is a ${VAR} reference beside the URI (Iceberg's jdbc.password), never in the YAML,
+    and the catalog gets it whatever characters it holds."""
+    from fanout_sink.catalog import load_catalog
+    from fanout_sink.config.loading import parse_config
+
+    imported = translator.translate(
+        _jdbc(
+            "jdbc:postgresql://pg:5432/iceberg",
+            **{"iceberg.catalog.jdbc.user": "sink", "iceberg.catalog.jdbc.password": PASSWORD},
+        )
+    )
+    catalog = imported.sink["catalog"]
+    assert catalog["uri"] == "postgresql+psycopg2://pg:5432/iceberg"
+    assert (catalog["jdbc.user"], catalog["jdbc.password"]) == ("sink", "${ICEBERG_CATALOG_JDBC_PASSWORD}")
+    assert imported.variables == {"ICEBERG_CATALOG_JDBC_PASSWORD": "iceberg.catalog.jdbc.password"}
+    assert PASSWORD not in imported.yaml() and "ICEBERG_CATALOG_JDBC_PASSWORD" in imported.yaml()
+    carried = {"iceberg.catalog.jdbc.user", "iceberg.catalog.jdbc.password", "iceberg.catalog.catalog-impl"}
+    assert not carried & set(_reasons(imported))
+    monkeypatch.setenv("ICEBERG_CATALOG_JDBC_PASSWORD", PASSWORD)
+    config = parse_config(yaml.safe_load(imported.yaml()))
+    assert PASSWORD not in repr(config)
+    url = load_catalog(config.catalog, create=False).engine.url  # builds the engine, connects to nothing
+    assert (url.username, url.password, url.host, url.database) == ("sink", PASSWORD, "pg", "iceberg")
+
+
+def test_credentials_in_a_jdbc_query_string_are_carried_and_other_parameters_listed() -> None:
+    imported = translator.translate(
+        _jdbc(f"jdbc:postgresql://pg/iceberg?user=sink&password={PASSWORD}&sslmode=require&loginTimeout=5")
+    )
+    catalog = imported.sink["catalog"]
+    assert catalog["uri"] == "postgresql+psycopg2://pg/iceberg?sslmode=require"
+    assert (catalog["jdbc.user"], catalog["jdbc.password"]) == ("sink", "${ICEBERG_CATALOG_JDBC_PASSWORD}")
+    assert "loginTimeout" in _reasons(imported)["iceberg.catalog.uri"]
+    assert PASSWORD not in imported.yaml() and PASSWORD not in repr(imported.uncarried)
+
+
+def test_a_jdbc_uri_of_another_database_is_refused_without_repeating_it() -> None:
+    with pytest.raises(translator.ImportError_, match=r"^iceberg\.catalog\.uri: .*jdbc:mysql") as err:
+        translator.translate(_jdbc(f"jdbc:mysql://db:3306/iceberg?user=sink&password={PASSWORD}"))
+    assert PASSWORD not in str(err.value) and "db:3306" not in str(err.value)
+
+
+def test_connect_config_provider_references_become_variables_or_are_refused() -> None:
+    """``${file:...}`` and ``${env:...}`` are resolved by Connect's worker: a value the sink only
+    passes on becomes a ${VAR} reference to set, a value the import must read is refused."""
+    imported = translator.translate(
+        _jdbc(
+            "jdbc:postgresql://pg:5432/iceberg",
+            **{
+                "iceberg.catalog.jdbc.user": "sink",
+                "iceberg.catalog.jdbc.password": "${file:/etc/connect/secrets.properties:catalog-password}",
+                "iceberg.catalog.s3.endpoint": "${env:S3_ENDPOINT}",
+                "iceberg.kafka.sasl.username": "sink",
+                "iceberg.kafka.sasl.mechanism": "PLAIN",
+                "iceberg.kafka.sasl.password": "${env::KAFKA_PASSWORD}",
+            },
+        )
+    )
+    catalog = imported.sink["catalog"]
+    assert catalog["jdbc.password"] == "${ICEBERG_CATALOG_JDBC_PASSWORD}"
+    assert catalog["s3.endpoint"] == "${S3_ENDPOINT}"
+    assert imported.sink["kafka"]["sasl.password"] == "${KAFKA_PASSWORD}"
+    assert imported.variables == {
+        "ICEBERG_CATALOG_JDBC_PASSWORD": "iceberg.catalog.jdbc.password",
+        "S3_ENDPOINT": "iceberg.catalog.s3.endpoint",
+        "KAFKA_PASSWORD": "iceberg.kafka.sasl.password",
+    }
+    assert "${file:" not in imported.yaml()
+    for key in ("iceberg.catalog.uri", "topics", "iceberg.control.commit.interval-ms"):
+        with pytest.raises(translator.ImportError_, match=rf"^{key}: .*config provider"):
+            translator.translate({**APACHE, key: "${file:/etc/connect/c.properties:" + key + "}"})
+
+
+def test_no_secret_is_printed_or_written_and_each_variable_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secrets = {
+        "iceberg.catalog.jdbc.password": PASSWORD,
+        "iceberg.kafka.sasl.username": "sink",
+        "iceberg.kafka.sasl.mechanism": "PLAIN",
+        "iceberg.kafka.sasl.password": "kafka-Secret-1",
+        "iceberg.catalog.s3.secret-access-key": "s3-Secret-2",
+        "value.converter": "io.confluent.connect.avro.AvroConverter",
+        "value.converter.schema.registry.url": "http://registry:8081",
+        "value.converter.schema.registry.basic.auth.user.info": "user:registry-Secret-3",
+    }
+    connector = tmp_path / "connector.json"
+    connector.write_text(json.dumps({**APACHE, **secrets}))
+    assert main(["import-connect", str(connector)]) == 0
+    assert main(["import-connect", str(connector), "--out", str(tmp_path / "sink.yaml")]) == 0
+    out, err = capsys.readouterr()
+    written = (tmp_path / "sink.yaml").read_text()
+    for value in (PASSWORD, "kafka-Secret-1", "s3-Secret-2", "registry-Secret-3"):
+        assert value not in out + err + written, value
+    for name in ("ICEBERG_CATALOG_JDBC_PASSWORD", "ICEBERG_KAFKA_SASL_PASSWORD",
+                 "ICEBERG_CATALOG_S3_SECRET_ACCESS_KEY"):  # fmt: skip
+        assert f"${{{name}}}" in written and name in err
+    connector.write_text(json.dumps(_jdbc(f"jdbc:oracle:thin:sink/{PASSWORD}@db:1521/iceberg")))
+    assert main(["import-connect", str(connector)]) == 2
+    assert PASSWORD not in capsys.readouterr().err
+
+
+def test_a_password_typed_unencoded_in_a_catalog_uri_is_hidden_whole_and_refused_in_one_line() -> None:
+    """The URI an import once wrote (the password pasted into it as it was): its redaction hides the
+    whole password, not up to its first ``@``, and loading it says what to do in one line instead of
+    SQLAlchemy's ValueError quoting the password's tail as a port."""
+    from fanout_sink.catalog import CatalogSettings, load_catalog
+    from fanout_sink.errors import FanoutSinkError
+    from fanout_sink.user_info import redact_url
+
+    uri = f"postgresql+psycopg2://sink:{PASSWORD}@pg:5432/iceberg"
+    assert redact_url(uri) == "postgresql+psycopg2://sink:***@pg:5432/iceberg"
+    with pytest.raises(FanoutSinkError, match="unencoded '@'") as err:
+        load_catalog(CatalogSettings(name="lake", type="sql", uri=uri), create=False)
+    assert "w/rd" not in str(err.value) and "ss:" not in str(err.value)

@@ -21,7 +21,8 @@ import yaml
 
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.errors import FanoutSinkError
+from fanout_sink.connect_import import credentials
+from fanout_sink.connect_import.credentials import References, as_references, sqlalchemy_catalog
 
 APACHE_CLASS = "org.apache.iceberg.connect.IcebergSinkConnector"
 TABULAR_CLASS = "io.tabular.iceberg.connect.IcebergSinkConnector"
@@ -46,13 +47,11 @@ _CATALOG_JAVA_ONLY = {
         "PyIceberg picks its FileIO from the warehouse's scheme; Spark's is derived (fanout_sink/catalog.py)"
     ),
     "clients": "the size of Iceberg Java's JDBC connection pool; PyIceberg and Spark size their own",
-    "jdbc.user": "carried as the user of catalog.uri",
-    "jdbc.password": "carried as the password of catalog.uri",
 }
 
 
-class ImportError_(FanoutSinkError):
-    """A connector config the sink cannot take, naming the key."""
+ImportError_ = credentials.ImportError_
+"""A connector config the sink cannot take, naming the key (raised here and in ``credentials``)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,9 @@ class Imported:
     announces its files, which its events and its snapshot summaries name: Connect's group for
     Apache's sink; for Tabular's its control group (it commits there first, to Connect's group after,
     and reads it back on start: its source of truth)."""
+    variables: dict[str, str] = field(default_factory=dict)
+    """The ``${VAR}`` references the YAML holds for the connector's secrets and config-provider
+    values, each with the connector key it stands for (``connect_import/credentials.py``)."""
 
     def yaml(self) -> str:
         header = (
@@ -85,6 +87,9 @@ class Imported:
             f"{self.connector!r}.\n"
             f"# Keys not carried: {len(self.uncarried)} (listed by the command).\n"
         )
+        if self.variables:
+            names = ", ".join(self.variables)
+            header += f"# Set before `fanout-sink run` (secrets are not written here): {names}.\n"
         return header + yaml.safe_dump(self.sink, sort_keys=False, allow_unicode=True)
 
 
@@ -92,12 +97,18 @@ class Imported:
 class _Reader:
     """The connector's properties with every key read marked, so the rest can be reported."""
 
-    props: dict[str, str]
+    refs: References
     used: set[str] = field(default_factory=set)
     uncarried: list[Uncarried] = field(default_factory=list)
 
+    @property
+    def props(self) -> dict[str, str]:
+        return self.refs.props
+
     def get(self, key: str, default: str | None = None) -> str | None:
+        """A value the import reads (not one it only passes on): never a config-provider reference."""
         if key in self.props:
+            self.refs.parsed(key)
             self.used.add(key)
             return self.props[key]
         return default
@@ -183,10 +194,12 @@ def _catalog(reader: _Reader) -> dict[str, Any]:
     catalog's URI in SQLAlchemy's form (what PyIceberg's SQL catalog and our Spark derivation take)."""
     props = reader.prefixed("iceberg.catalog.")
     catalog: dict[str, Any] = {"name": reader.get("iceberg.catalog", "iceberg")}
+    for key in ("catalog-impl", "type"):
+        if key in props:
+            reader.refs.parsed(f"iceberg.catalog.{key}")
     impl = props.pop("catalog-impl", None)
     kind = props.pop("type", None)
     if impl:
-        reader.uncarried.append(Uncarried("iceberg.catalog.catalog-impl", _CATALOG_JAVA_ONLY["catalog-impl"]))
         short = impl.rsplit(".", 1)[-1]
         kind = {
             "JdbcCatalog": "sql",
@@ -207,12 +220,19 @@ def _catalog(reader: _Reader) -> dict[str, Any]:
         catalog["type"] = "sql" if kind == "jdbc" else kind
     uri = props.pop("uri", None)
     if uri and catalog.get("type") == "sql":
+        reader.refs.parsed("iceberg.catalog.uri")
         user, password = props.pop("jdbc.user", None), props.pop("jdbc.password", None)
-        for key in ("jdbc.user", "jdbc.password"):
-            if f"iceberg.catalog.{key}" in reader.props:
-                reader.uncarried.append(Uncarried(f"iceberg.catalog.{key}", _CATALOG_JAVA_ONLY[key]))
-        uri = _sqlalchemy_uri(uri, user, password)
-    if uri:
+        jdbc, dropped = sqlalchemy_catalog(uri, user, password, reader.refs)
+        catalog.update(jdbc)
+        if dropped:
+            reader.uncarried.append(
+                Uncarried(
+                    "iceberg.catalog.uri",
+                    f"its parameters {', '.join(dropped)}: pgjdbc settings libpq does not take "
+                    "(the sink carries sslmode, sslrootcert, sslcert and sslkey)",
+                )
+            )
+    elif uri:
         catalog["uri"] = uri
     for key in ("io-impl", "clients"):
         if props.pop(key, None) is not None:
@@ -220,21 +240,6 @@ def _catalog(reader: _Reader) -> dict[str, Any]:
     for key, value in props.items():
         catalog[_CATALOG_RENAMES.get(key, key)] = value
     return catalog
-
-
-def _sqlalchemy_uri(uri: str, user: str | None, password: str | None) -> str:
-    if uri.startswith("jdbc:sqlite:"):
-        path = uri.removeprefix("jdbc:sqlite:").removeprefix("file:")
-        return f"sqlite:///{path.lstrip('/')}" if not path.startswith("/") else f"sqlite:///{path}"
-    match = re.fullmatch(r"jdbc:postgresql://([^?]+)(\?.*)?", uri)
-    if match:
-        auth = ""
-        if user:
-            auth = user + (f":{password}" if password else "") + "@"
-        return f"postgresql+psycopg2://{auth}{match.group(1)}"
-    raise ImportError_(
-        f"iceberg.catalog.uri: {uri!r}: only SQLite and PostgreSQL JDBC URIs have a PyIceberg SQL catalog"
-    )
 
 
 def _source(reader: _Reader, bootstrap: str | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -355,7 +360,7 @@ def translate(
 ) -> Imported:
     """The sink YAML for a connector's properties; raises :class:`ImportError_` naming the key it
     cannot take. The YAML is loaded as `run` loads it before it is returned (:func:`check`)."""
-    reader = _Reader(dict(props))
+    reader = _Reader(as_references(dict(props)))
     connector_class = reader.get("connector.class")
     if connector_class not in CONNECTOR_CLASSES:
         raise ImportError_(
@@ -482,8 +487,9 @@ def translate(
     _report_rest(reader, control_topic)
     commit_group = control_group if connector_class == TABULAR_CLASS else connect_group
     imported = Imported(
-        sink, reader.uncarried, name, connect_group, control_topic, control_group, commit_group
-    )
+        sink, reader.uncarried, name, connect_group, control_topic, control_group, commit_group,
+        reader.refs.written(yaml.safe_dump(sink)),
+    )  # fmt: skip
     check(imported)
     return imported
 
@@ -537,4 +543,7 @@ def _report_rest(reader: _Reader, control_topic: str) -> None:
 
 def check(imported: Imported) -> SinkConfig:
     """The YAML the import writes, loaded as `run` loads it: a translation bug fails here, naming the key."""
-    return parse_config(yaml.safe_load(imported.yaml()), "<imported connector config>")
+    text = imported.yaml()
+    for var in imported.variables:  # set when `run` starts; any value loads here
+        text = text.replace(f"${{{var}}}", "imported-reference")
+    return parse_config(yaml.safe_load(text), "<imported connector config>")
