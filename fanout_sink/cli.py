@@ -426,7 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap-servers",
         help="the brokers, when the connector's config lacks iceberg.kafka.bootstrap.servers",
     )
-    imp.add_argument("--name", help="the sink's name (default: the connector's)")
+    imp.add_argument(
+        "--name",
+        help="the sink's name (default: the connector's); the connector's too when its config has none",
+    )
     imp.add_argument(
         "--take-over",
         action="store_true",

@@ -349,3 +349,42 @@ def test_a_password_typed_unencoded_in_a_catalog_uri_is_hidden_whole_and_refused
     with pytest.raises(FanoutSinkError, match="unencoded '@'") as err:
         load_catalog(CatalogSettings(name="lake", type="sql", uri=uri), create=False)
     assert "w/rd" not in str(err.value) and "ss:" not in str(err.value)
+
+
+def test_a_config_without_name_takes_the_connectors_name_from_dash_dash_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Connect's bare config object may lack ``name``: ``--name`` gives it (the sink's and the
+    connector's, whose groups it names); without either the import says so."""
+    props = {k: v for k, v in TABULAR.items() if k not in ("name", "iceberg.control.group-id")}
+    imported = translator.translate(props, sink_name="cdc-sink")
+    assert (imported.sink["name"], imported.connector) == ("cdc-sink", "cdc-sink")
+    assert (imported.connect_group, imported.commit_group) == ("connect-cdc-sink", "cg-control-cdc-sink")
+    with pytest.raises(translator.ImportError_, match=r"^name: .*--name"):
+        translator.translate(props)
+    connector = tmp_path / "connector.json"
+    connector.write_text(json.dumps(props))
+    assert main(["import-connect", str(connector), "--name", "cdc-sink"]) == 0
+    assert "name: cdc-sink" in capsys.readouterr().out
+
+
+def test_the_keys_not_carried_name_the_connectors_groups_and_no_key_it_carried() -> None:
+    """The connector's own groups are read for --take-over only, so they are listed; each key that
+    became part of the YAML is not."""
+    reasons = _reasons(translator.translate(TABULAR))
+    assert "--take-over" in reasons["iceberg.control.group-id"]
+    carried = {
+        "name", "connector.class", "topics.regex", "iceberg.tables.dynamic-enabled",
+        "iceberg.tables.route-field", "iceberg.tables.upsert-mode-enabled", "iceberg.tables.cdc-field",
+        "iceberg.tables.default-id-columns", "iceberg.tables.auto-create-enabled", "iceberg.catalog",
+        "iceberg.catalog.type", "iceberg.catalog.uri", "iceberg.kafka.bootstrap.servers",
+        "consumer.override.auto.offset.reset",
+    }  # fmt: skip
+    assert not carried & set(reasons)
+    groups = {
+        "iceberg.connect.group-id": "connect-events", "consumer.override.group.id": "connect-events",
+        "iceberg.control.group-id-prefix": "cg-",
+    }  # fmt: skip
+    reasons = _reasons(translator.translate({**APACHE, **groups}))
+    for key in groups:
+        assert "--take-over" in reasons[key], key

@@ -367,10 +367,11 @@ def translate(
             f"connector.class: {connector_class!r} is not the Iceberg sink; "
             f"expected one of {list(CONNECTOR_CLASSES)}"
         )
-    name = reader.get("name")
+    name = reader.get("name") or sink_name
     if not name:
         raise ImportError_(
-            "name: the connector's name is needed (it names its consumer group connect-<name>)"
+            "name: the connector's config has no name (it names its groups, connect-<name>): "
+            "give it with --name"
         )
     source, kafka = _source(reader, bootstrap)
     catalog = _catalog(reader)
@@ -484,6 +485,9 @@ def translate(
     )
     if control_topic == f"{sink['name']}-control":  # the sink's default would share the connector's topic
         sink.setdefault("control", {})["topic"] = f"{sink['name']}-fanout-sink-control"
+    for key in _GROUP_KEYS:
+        if key in reader.props:
+            reader.drop(key, _GROUP_REASON)
     _report_rest(reader, control_topic)
     commit_group = control_group if connector_class == TABULAR_CLASS else connect_group
     imported = Imported(
@@ -493,6 +497,16 @@ def translate(
     check(imported)
     return imported
 
+
+_GROUP_KEYS = (
+    "iceberg.connect.group-id",
+    "consumer.override.group.id",
+    "iceberg.control.group-id",
+    "iceberg.control.group-id-prefix",
+)
+_GROUP_REASON = (
+    "the connector's own group, read by --take-over only; the sink commits to its own group (<name>)"
+)
 
 _CONNECT_FRAMEWORK = {
     "tasks.max": "the sink runs a Spark task per partition group (spark.partition-groups), not Connect tasks",
@@ -525,8 +539,8 @@ def _report_rest(reader: _Reader, control_topic: str) -> None:
             reason = (
                 "the coordinator's scheduling (control.distributed-commit-min-tables spreads large rounds)"
             )
-        elif key.startswith(("iceberg.control.group-id", "iceberg.coordinator", "iceberg.connect.group-id")):
-            reason = "the connector's own group and transactional names, read by --take-over only"
+        elif key.startswith("iceberg.coordinator"):
+            reason = "the connector's own transactional names"
         elif key.startswith("errors."):
             reason = "Connect's retry and error logging; the sink retries batches and logs every dead letter"
         else:
