@@ -136,6 +136,11 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
     """
     from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
 
+    from fanout_sink.catalog_errors import check_settings
+
+    check_settings(
+        settings.name, settings.type, settings.uri
+    )  # a missing uri or a scheme typo: one line, not PyIceberg's or SQLAlchemy's
     if not create and settings.type == "sql" and settings.uri:
         path = sqlite_path(settings.uri)
         if path is not None and not path.is_file():

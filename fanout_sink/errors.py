@@ -293,3 +293,14 @@ class TopicRecreatedError(FanoutSinkError):
             f"{recorded_id}, the topic now has id {current_id}, and none of its records is delivered yet.\n"
             f"  fix: {fix}"
         )
+
+
+class CatalogSettingsError(FanoutSinkError):
+    """The ``catalog:`` section names no catalog that can be loaded: no ``uri`` (and no catalog of that
+    name in PyIceberg's configuration), or a ``uri`` scheme that catalog type does not speak.
+    ``cause`` is one line; ``fix`` says what to change."""
+
+    def __init__(self, cause: str, fix: str) -> None:
+        self.cause = cause
+        self.fix = fix
+        super().__init__(f"{cause}\n  fix: {fix}")

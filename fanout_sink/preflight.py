@@ -33,8 +33,9 @@ from confluent_kafka.admin._metadata import ClusterMetadata  # admin re-exports 
 from confluent_kafka.cimpl import NewTopic
 
 from fanout_sink.catalog import load_catalog, local_warehouse_path, sqlite_path
+from fanout_sink.catalog_errors import check_settings, unreachable
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.errors import PreflightError
+from fanout_sink.errors import CatalogSettingsError, PreflightError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.retries import Retry
 
@@ -268,23 +269,14 @@ def check_warehouse(pre: Preflight) -> Iterator[Finding]:
     yield Finding("ok", f"catalog.warehouse {path} is writable")
 
 
-_URI_EXAMPLES = {
-    "sql": "sqlite:////var/lib/fanout-sink/catalog.db for the embedded SQL catalog",
-    "rest": "http://iceberg-rest:8181 (the REST catalog's base URL)",
-    "hive": "thrift://metastore:9083",
-}
-
-
 def check_catalog(pre: Preflight) -> Iterator[Finding]:
     """The catalog answers: its namespaces can be listed. With ``dry_run``, a SQLite catalog file that
     does not exist yet is not created (``run`` creates it), nor are a SQL catalog's own tables."""
     settings = pre.config.catalog
-    if settings.uri is None and settings.type in {"sql", "rest", "hive"}:
-        yield Finding(
-            "problem",
-            f"catalog.uri is not set: the {settings.type} catalog {settings.name!r} needs one",
-            f"set catalog.uri, e.g. {_URI_EXAMPLES.get(settings.type, _URI_EXAMPLES['sql'])}",
-        )
+    try:
+        check_settings(settings.name, settings.type, settings.uri)
+    except CatalogSettingsError as exc:
+        yield Finding("problem", exc.cause, exc.fix)
         return
     sqlite = sqlite_path(settings.uri) if settings.type == "sql" and settings.uri else None
     if pre.dry_run and sqlite is not None and not sqlite.exists():
@@ -294,11 +286,11 @@ def check_catalog(pre: Preflight) -> Iterator[Finding]:
         catalog = load_catalog(settings, create=not pre.dry_run)
         catalog.list_namespaces()
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.debug("catalog %r did not answer", settings.name, exc_info=True)
         yield Finding(
             "problem",
             f"catalog {settings.name!r} (catalog.type={settings.type}, catalog.uri) is not reachable: "
-            f"{type(exc).__name__}: {first}",
+            f"{unreachable(exc)}",
             "check catalog.uri and the catalog's credentials in the catalog: section",
         )
         return

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "faults", "processes", "logs", "user_info", "retries"),
     # pyiceberg_internals: the one door to PyIceberg's internals, a package of one concern per module;
     # below transform and protocol, which use it; its FileIO builds on durable_io beside it.
-    ("kafka", "catalog", "durable_io", "pyiceberg_internals", "avro_schema", "jars"),
+    ("kafka", "catalog", "catalog_errors", "durable_io", "pyiceberg_internals", "avro_schema", "jars"),
     ("config",),
     ("transform",),
     ("protocol",),

@@ -9,6 +9,7 @@ first use, so that ``thrift`` is imported only by a Hive sink. What it reaches i
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from typing import Any
 
@@ -26,6 +27,10 @@ def __getattr__(name: str) -> Any:
 @functools.cache
 def _thread_safe_hive_catalog() -> type[Catalog]:
     from pyiceberg.catalog.hive import HiveCatalog
+
+    # thrift logs "Could not connect to any of [...]" at ERROR and then raises it: the raised one is
+    # reported (preflight, status), so each failed connection was printed twice.
+    logging.getLogger("thrift.transport.TSocket").setLevel(logging.CRITICAL)
 
     class ThreadSafeHiveCatalog(HiveCatalog):
         """PyIceberg's HiveCatalog keeps one thrift connection and opens and closes it around every
