@@ -138,9 +138,8 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
 
     from fanout_sink.catalog_errors import check_settings
 
-    check_settings(
-        settings.name, settings.type, settings.uri
-    )  # a missing uri or a scheme typo: one line, not PyIceberg's or SQLAlchemy's
+    # A missing uri or a scheme typo: one line, not PyIceberg's or SQLAlchemy's.
+    check_settings(settings.name, settings.type, settings.uri)
     if not create and settings.type == "sql" and settings.uri:
         path = sqlite_path(settings.uri)
         if path is not None and not path.is_file():

@@ -67,6 +67,8 @@ def check_settings(name: str, kind: str, uri: str | None) -> None:
 
         try:
             make_url(uri).get_dialect()
+        except ValueError:  # a malformed rest of the URI (a port, user info): the loader says what
+            return
         except (ArgumentError, NoSuchModuleError):
             named = f"scheme {scheme!r}" if scheme else "no scheme"
             raise CatalogSettingsError(
