@@ -133,25 +133,62 @@ class RecordError(FanoutSinkError):
 
     Raised on an executor, it reaches the driver only as text inside Spark's exception;
     :meth:`find` recovers it from there, so the app can stop with this message instead of a trace.
+    The worker adds where a restart reads the partition again (:meth:`restarting_at`): the sink
+    group's offset, or the slice's start when nothing of the partition is committed, never the
+    record itself (issue 47 item 6: "a restart resumes at this record" while the next run read the
+    partition from 0).
     """
 
     _PATTERN = re.compile(
         r"RecordError: record (?P<topic>[^\s\[]+)\[(?P<partition>\d+)\]@(?P<offset>\d+) "
         r"failed at (?P<stage>\w+): (?P<reason>[^\n]*)"
+        r"(?:\n  the sink stopped: (?:(?P<nothing>nothing of )|\S+ is committed up to ).*?"
+        r"a restart reads it again from offset (?P<restart>\d+))?"
     )
 
-    def __init__(self, topic: str, partition: int, offset: int, stage: str, reason: str) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        stage: str,
+        reason: str,
+        restart: int | None = None,
+        committed: bool = False,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.offset = offset
         self.stage = stage
         self.reason = reason
+        self.restart = restart
+        """The offset a restart reads the partition from (None: not known where it was raised)."""
+        self.committed = committed
+        """Whether the sink group holds an offset of the partition (``restart`` is it)."""
+        where = f"{topic}[{partition}]"
+        if restart is None:
+            stopped = "nothing of this record's slice was committed, and a restart stops at it again"
+        else:
+            held = (
+                f"{where} is committed up to offset {restart}"
+                if committed
+                else f"nothing of {where} is committed yet"
+            )
+            stopped = (
+                f"{held}, so a restart reads it again from offset {restart} and stops at this record again"
+            )
         super().__init__(
-            f"record {topic}[{partition}]@{offset} failed at {stage}: {reason}\n"
-            f"  the sink stopped: nothing at or after offset {offset} of {topic}[{partition}] was committed, "
-            "and a restart resumes at this record\n"
+            f"record {where}@{offset} failed at {stage}: {reason}\n"
+            f"  the sink stopped: {stopped}\n"
             "  fix: correct the producer or the sink's config, or set errors.tolerance: all with a "
             "dead-letter.topic to divert such records"
+        )
+
+    def restarting_at(self, restart: int, committed: bool) -> RecordError:
+        """This error, saying that a restart reads the partition from ``restart``: the sink group's
+        offset (``committed``), else the start of the slice that failed."""
+        return RecordError(
+            self.topic, self.partition, self.offset, self.stage, self.reason, restart, committed
         )
 
     @classmethod
@@ -160,8 +197,15 @@ class RecordError(FanoutSinkError):
         match = cls._PATTERN.search(text)
         if match is None:
             return None
+        restart = None if match["restart"] is None else int(match["restart"])
         return cls(
-            match["topic"], int(match["partition"]), int(match["offset"]), match["stage"], match["reason"]
+            match["topic"],
+            int(match["partition"]),
+            int(match["offset"]),
+            match["stage"],
+            match["reason"],
+            restart,
+            match["nothing"] is None,
         )
 
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError
+from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError, RecordError
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.topics import max_message_bytes, topic_ids
@@ -236,7 +236,10 @@ class SliceWorker:
             parts.append(SliceInput(planned, source, committed, result))
         if not parts:
             return results
-        written = self.writer.write(parts, process)
+        try:
+            written = self.writer.write(parts, process)
+        except RecordError as exc:
+            raise _restart_named(exc, parts) from None
         self._commit(txn_id, producer, parts, written)
         for part in parts:
             part.result.transaction_committed = True
@@ -292,3 +295,14 @@ class SliceWorker:
         if self._offsets is not None:
             self._offsets.close()
             self._offsets = None
+
+
+def _restart_named(error: RecordError, parts: list[SliceInput]) -> RecordError:
+    """``error`` saying where a restart reads its partition again: nothing of the partition group
+    was committed, so from the sink group's offset, or the slice's start when it holds none."""
+    for part in parts:
+        if (part.planned.topic, part.planned.partition) == (error.topic, error.partition):
+            if part.committed is None:
+                return error.restarting_at(part.planned.start, committed=False)
+            return error.restarting_at(part.committed, committed=True)
+    return error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from support.common import (
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
-from fanout_sink.errors import OffsetGapError, ProducerFencedError
+from fanout_sink.errors import OffsetGapError, ProducerFencedError, RecordError
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
@@ -118,6 +119,43 @@ def test_gap_fails_loudly_naming_the_offsets(
             Slice(source, 0, 12, 20), read_slice(bootstrap_servers, source, 0, 12, 20), process
         )
     assert sink.committed(source, 0) == 10
+    worker.close()
+
+
+def test_a_bad_record_stops_the_slice_naming_where_a_restart_reads_again(
+    bootstrap_servers: str, sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """Issue 47 item 6: the data stop said "a restart resumes at this record" (offset 16) while nothing
+    of the partition was committed and the next run read it from 0. The worker knows what the sink
+    group holds: it names the offset a restart reads from, and the driver finds it in Spark's text."""
+    sink, source, worker = _setup(sink_factory)
+    produce_json(bootstrap_servers, source, 0, [{"id": i, "table": "a"} for i in range(20)])
+    good = make_processor(catalog)
+
+    def strict(raw: pa.Table) -> Any:
+        for record in raw.to_pylist():
+            if json.loads(record["value"])["id"] == 16:
+                at = (record["topic"], record["partition"], record["offset"])
+                raise RecordError(*at, "convert", "column 'id': cannot convert")
+        return good(raw)
+
+    with pytest.raises(RecordError) as nothing:
+        worker.commit_slice(Slice(source, 0, 0, 20), read_slice(bootstrap_servers, source, 0, 0, 20), strict)
+    stopped = str(nothing.value).splitlines()[1]
+    assert stopped == (
+        f"  the sink stopped: nothing of {source}[0] is committed yet, so a restart reads it again from "
+        "offset 0 and stops at this record again"
+    )
+    assert sink.committed(source, 0) is None
+    worker.commit_slice(Slice(source, 0, 0, 10), read_slice(bootstrap_servers, source, 0, 0, 10), good)
+    with pytest.raises(RecordError) as after:
+        worker.commit_slice(Slice(source, 0, 5, 20), read_slice(bootstrap_servers, source, 0, 5, 20), strict)
+    assert f"{source}[0] is committed up to offset 10, so a restart reads it again from offset 10" in str(
+        after.value
+    )
+    for error in (nothing.value, after.value):
+        found = RecordError.find(f"Job aborted.\nfanout_sink.errors.RecordError: {error}\n\tat org.apache")
+        assert found is not None and str(found) == str(error)
     worker.close()
 
 
