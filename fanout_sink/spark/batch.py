@@ -33,6 +33,7 @@ from fanout_sink.spark import planning
 from fanout_sink.spark.executor_context import TaskSetup
 from fanout_sink.spark.task import SliceReport, run_task
 from fanout_sink.spark.task_failure import task_failure
+from fanout_sink.transform.formats.unknown_ids import UnknownSchemaIds
 
 log = logging.getLogger("fanout_sink.app")
 
@@ -99,10 +100,7 @@ class BatchRunner:
         self._metrics = metrics
         self._rounds = rounds
         """Told each batch's planned ranges and its end, so the coordinator commits once it is reported."""
-        self._unknown_since: dict[int, float] = {}
-        """Schema ids the tasks found unknown to the registry, with when first seen (wall clock):
-        handed to every batch's tasks, so an id's timeout runs from its first sighting in any
-        process."""
+        self._unknown_ids = UnknownSchemaIds(self.config.source.unknown_schema_id_timeout.total_seconds())
         self._registry_warned: int | None = None
 
     def __call__(self, frame: Any, batch_id: int) -> None:
@@ -134,7 +132,7 @@ class BatchRunner:
                     self.record_error = RecordError.find(str(exc))
                     if self.record_error is not None:
                         raise self.record_error from exc
-                    if self._registry_may_learn(UnknownSchemaIdError.find(str(exc))):
+                    if self._unknown_ids.seen(UnknownSchemaIdError.find(str(exc))):
                         # Not counted: the registry may still learn the ids, and the tasks
                         # dead-letter their records once the timeout has passed.
                         self._log_registry_wait(batch_id, exc)
@@ -158,14 +156,6 @@ class BatchRunner:
             log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:
                 self._metrics.batch_done(seconds, [report.result for report in reports])
-
-    def _registry_may_learn(self, since: dict[int, float]) -> bool:
-        """Records ``since`` (schema ids a task found unknown, with when first seen; the earliest
-        counts) and whether one of them is still inside ``source.unknown-schema-id-timeout``."""
-        for schema_id, seen in since.items():
-            self._unknown_since[schema_id] = min(seen, self._unknown_since.get(schema_id, seen))
-        timeout_s = self.config.source.unknown_schema_id_timeout.total_seconds()
-        return any(time.time() - self._unknown_since[i] < timeout_s for i in since)
 
     def _log_registry_wait(self, batch_id: int, error: Exception) -> None:
         """One WARNING per batch the registry holds up, then DEBUG while it repeats."""
@@ -219,8 +209,9 @@ class BatchRunner:
             Slice(topic, partition, start, end, ids.get(topic)) for (topic, partition), (start, end) in moved
         ]
         packed = self.setup.channel.partition_groups.pack(slices)
-        task = functools.partial(run_task, self.setup, batch_id, dict(self._unknown_since))
+        task = functools.partial(run_task, self.setup, batch_id, dict(self._unknown_ids.since))
         reports: list[SliceReport] = (
             context.parallelize(packed, numSlices=len(packed)).mapPartitions(task).collect()
         )
+        self._unknown_ids.served([i for report in reports for i in report.schema_ids_served])
         return reports

@@ -37,10 +37,13 @@ class SliceReport:
 
     result: SliceResult
     peak_rss_mb: int
+    schema_ids_served: tuple[int, ...] = ()
+    """Of the ids the driver handed the task as unknown, those the registry has served its process:
+    they leave the driver's record (:class:`~fanout_sink.transform.formats.unknown_ids.UnknownSchemaIds`)."""
 
     @classmethod
-    def here(cls, result: SliceResult) -> SliceReport:
-        return cls(result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+    def here(cls, result: SliceResult, schema_ids_served: tuple[int, ...] = ()) -> SliceReport:
+        return cls(result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, schema_ids_served)
 
 
 def run_task(
@@ -53,13 +56,16 @@ def run_task(
     topic's id the driver asked when it planned the batch; a report per slice, delivered with this
     Python worker process's :class:`~.executor_context.Delivery` (built by its first task).
     ``unknown_schema_ids``: ids earlier tasks found unknown to the Schema Registry, with when first
-    seen (the timeout of an id runs from then, whichever process saw it)."""
+    seen (the timeout of an id runs from then, whichever process saw it); the reports name those the
+    registry has served this process since."""
     state = executor_context(setup).delivery()
+    registry = None
     if unknown_schema_ids:
         from fanout_sink.transform.formats.registry import RegistryDecoder
 
         if isinstance(state.processor.decoder, RegistryDecoder):
-            state.processor.decoder.seen_since(unknown_schema_ids)
+            registry = state.processor.decoder
+            registry.seen_since(unknown_schema_ids)
     profile_dir = os.environ.get(PROFILE_ENV)
     for slices in partition_groups:
         # Chunks, not whole ranges: the task's memory holds one chunk's working set.
@@ -89,5 +95,6 @@ def run_task(
                 profiler.dump_stats(Path(profile_dir) / name)
             else:
                 results = deliver()
+        served = tuple(registry.served(list(unknown_schema_ids))) if registry is not None else ()
         for result in results:
-            yield SliceReport.here(result)
+            yield SliceReport.here(result, served)

@@ -24,6 +24,7 @@ from fanout_sink.errors import UnknownSchemaIdError
 from fanout_sink.transform.formats import registry as registry_format
 from fanout_sink.transform.formats.avro import AvroReader
 from fanout_sink.transform.formats.registry import RegistryDecoder
+from fanout_sink.transform.formats.unknown_ids import UnknownSchemaIds
 
 SCHEMA: dict[str, Any] = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}
 SCHEMA_ID = 42
@@ -150,3 +151,31 @@ def test_the_timeout_runs_from_the_first_sighting_in_any_process(registry: Regis
     assert [index for index, _ in dead.failures] == [0]
     assert clock.slept == 0
     assert UnknownSchemaIdError.find(str(UnknownSchemaIdError({5: 1.5, 6: 2.25}, 60.0))) == {5: 1.5, 6: 2.25}
+
+
+def test_an_id_the_registry_served_leaves_the_drivers_record_so_a_later_404_is_waited_for(
+    registry: Registry, clock: _Clock
+) -> None:
+    """Issue 47 item 3: the driver's record of unknown ids only grew and was handed to every task, so
+    once an id had been unknown (and then served), a new Python worker's next 404 for it (a lagging
+    follower) counted from the first sighting, long past the timeout: its good values were
+    dead-lettered at once. The task that read the id reports it served, and it leaves the record."""
+    record = UnknownSchemaIds(TIMEOUT_S)
+    worker = RegistryDecoder(AvroReader, {"url": registry.url}, TIMEOUT_S)  # one Python worker
+    with pytest.raises(UnknownSchemaIdError) as unknown:
+        worker(pa.array([_value(1)], pa.binary()))
+    assert record.seen(UnknownSchemaIdError.find(str(unknown.value)))  # the batch is retried
+    registry.publish(SCHEMA_ID, SCHEMA)  # learnt after a long while: the id was known once
+    clock.sleep(2 * TIMEOUT_S)
+    worker.seen_since(record.since)
+    assert worker(pa.array([_value(2)], pa.binary())).failures == []
+    record.served(worker.served(list(record.since)))  # what the task reports with its slices
+
+    restarted = RegistryDecoder(AvroReader, {"url": registry.url}, TIMEOUT_S)  # a new Python worker
+    restarted.seen_since(record.since)
+    registry.lag(SCHEMA_ID, misses=1_000)  # a follower that lost the schema for a while
+
+    with pytest.raises(UnknownSchemaIdError):  # retried, not dead-lettered
+        restarted(pa.array([_value(3)], pa.binary()))
+    registry.lag(SCHEMA_ID, misses=0)
+    assert restarted(pa.array([_value(3)], pa.binary())).records.column("id").to_pylist() == [3]

@@ -186,6 +186,13 @@ class _WriterSchemas:
             problems[schema_id] = problem
         return problems, pending
 
+    def served(self, schema_ids: list[int]) -> list[int]:
+        """Those of ``schema_ids`` the registry has served this process (a schema, usable or not)."""
+        with self._lock:
+            return [
+                i for i in schema_ids if (known := self._ready.get(i)) is not None and known.expires is None
+            ]
+
     def _look_up(self, schema_id: int, deadline: float | None) -> tuple[str | None, bool]:
         """The problem of ``schema_id`` (None: usable), and whether the registry lacked it (asked
         again until ``deadline``, by :data:`UNKNOWN_ID_WAIT`)."""
@@ -268,6 +275,12 @@ class RegistryDecoder:
     def seen_since(self, since: dict[int, float]) -> None:
         """Schema ids earlier attempts (in any process) found unknown, with when they first did."""
         self._schemas.seen_since(since)
+
+    def served(self, schema_ids: list[int]) -> list[int]:
+        """Those of ``schema_ids`` (ids found unknown before) the registry has served this process
+        since: a task reports them, and they leave the driver's
+        :class:`~fanout_sink.transform.formats.unknown_ids.UnknownSchemaIds`."""
+        return self._schemas.served(schema_ids)
 
     def __call__(self, values: pa.Array, fields: FieldPaths | None = None) -> Decoded:
         """``fields`` is not needed: every value is decoded with its writer schema. Raises

@@ -1,0 +1,90 @@
+"""The driver's record of schema ids the registry did not know (issue 47 item 3), as the batch
+runner keeps it: an id a task found unknown is handed to the next attempt's tasks with when it was
+first seen, and an id a task's registry has served since leaves the record, so a process started
+later counts a lagging follower's 404 for it from then, not from the id's first sighting long ago.
+
+No Spark: the micro-batch's context is a stand-in that records what each job's tasks were handed
+and answers with a task failure or the tasks' reports."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fanout_sink.config.loading import parse_config
+from fanout_sink.errors import UnknownSchemaIdError
+from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.partition_groups import PartitionGroups
+from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.spark import batch, planning
+from fanout_sink.spark.batch import BatchRunner
+from fanout_sink.spark.executor_context import TaskSetup
+from fanout_sink.spark.task import SliceReport
+
+SCHEMA_ID = 42
+PLANNED = Slice("orders", 0, 0, 10)
+
+
+class _Context:
+    """``parallelize(...).mapPartitions(task).collect()``: each job's outcome in turn."""
+
+    def __init__(self, outcomes: list[Exception | list[SliceReport]]) -> None:
+        self.outcomes = outcomes
+        self.handed: list[dict[int, float]] = []
+        """The unknown schema ids each job's tasks were handed."""
+
+    def parallelize(self, elements: Any, numSlices: int) -> _Context:
+        return self
+
+    def mapPartitions(self, task: Any) -> _Context:
+        self.handed.append(dict(task.args[2]))
+        return self
+
+    def collect(self) -> list[SliceReport]:
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+
+def _report(served: tuple[int, ...]) -> SliceReport:
+    return SliceReport(SliceResult(PLANNED, 0, records_in=10, transaction_committed=True), 100, served)
+
+
+def test_an_id_a_task_reports_served_is_no_longer_handed_to_later_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        planning, "planned_ranges", lambda *args: {("orders", 0): (PLANNED.start, PLANNED.end)}
+    )
+    monkeypatch.setattr(batch, "topic_ids", lambda *args: {})
+    config = parse_config({"name": "shop", "source": {"topics": ["orders"]}, "tables": {"a.orders": {}}})
+    runner = BatchRunner(
+        TaskSetup.of(config, SinkChannel.from_config(config, PartitionGroups(2))),
+        retries=3,
+        coordinator_error=lambda: None,
+    )
+    first_seen = time.time()
+    unknown = UnknownSchemaIdError(
+        {SCHEMA_ID: first_seen}, config.source.unknown_schema_id_timeout.total_seconds()
+    )
+    context = _Context(
+        [
+            Exception(
+                f"Job aborted.\nTraceback (most recent call last):\n  ...\nUnknownSchemaIdError: {unknown}\n"
+            ),
+            [_report(served=(SCHEMA_ID,))],  # the retry: the registry served the id
+            [_report(served=())],
+        ]
+    )
+    frame = SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=context))
+
+    runner(frame, 1)
+    runner(frame, 2)
+
+    assert context.handed[0] == {}
+    assert context.handed[1] == {SCHEMA_ID: pytest.approx(first_seen, abs=1e-3)}
+    assert context.handed[2] == {}, "an id the registry served is not handed on as unknown since long ago"
