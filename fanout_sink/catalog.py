@@ -143,11 +143,7 @@ def load_catalog(settings: CatalogSettings, create: bool = True) -> Any:
     if not create and settings.type == "sql" and settings.uri:
         path = sqlite_path(settings.uri)
         if path is not None and not path.is_file():
-            raise CatalogNotFoundError(
-                f"catalog {settings.name!r}: {path} does not exist; correct catalog.uri (a relative "
-                "path is relative to the sink's YAML file), or start the sink once with `fanout-sink "
-                "run`, the only command that creates a catalog"
-            )
+            raise CatalogNotFoundError(settings.name, str(path))
     if create and settings.type == "sql" and settings.uri and (path := sqlite_path(settings.uri)) is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     if create and settings.warehouse and settings.warehouse.startswith("file://"):

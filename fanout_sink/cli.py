@@ -202,8 +202,11 @@ def _run(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from fanout_sink.status import run as status_run
 
-    print(status_run(Path(args.config), args.json))
-    return 0
+    text, status = status_run(Path(args.config), args.json)
+    for fault in status.faults:
+        print(fault.line(), file=sys.stderr)
+    print(text)
+    return status.exit_code
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -239,11 +242,21 @@ def _maintain(args: argparse.Namespace) -> int:
     from fanout_sink.maintenance.report import render_text
     from fanout_sink.spark.maintenance import maintain, select_tables
     from fanout_sink.spark.session import build_spark_session
+    from fanout_sink.status import broker_fault
 
     config = load_config(args.config)
     _log_to_stderr(config.logging.format, config.logging.level)
     # A --table that is not the sink's fails here, before a Spark session starts.
     tables = select_tables(load_catalog(config.catalog, create=False), config.name, args.table or None)
+    # Orphan removal reads the control topic: a broker that is down is one line, before Spark starts.
+    kafka_fault = broker_fault(config)
+    if kafka_fault is not None:
+        print(
+            f"fanout-sink maintain: {kafka_fault.cause}; nothing was maintained (orphan removal reads the "
+            f"control topic); fix: {kafka_fault.fix}",
+            file=sys.stderr,
+        )
+        return 3
     spark = build_spark_session(
         config.catalog,
         master=args.master or config.spark.master,

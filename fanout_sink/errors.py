@@ -99,6 +99,14 @@ class CatalogNotFoundError(FanoutSinkError):
     creates a catalog, so the others stop and name the path they looked at.
     """
 
+    def __init__(self, name: str, path: str) -> None:
+        self.cause = f"catalog {name!r}: {path} does not exist"
+        self.fix = (
+            "correct catalog.uri (a relative path is relative to the sink's YAML file), or start the "
+            "sink once with `fanout-sink run`, the only command that creates a catalog"
+        )
+        super().__init__(f"{self.cause}; {self.fix}")
+
 
 class ConfigError(FanoutSinkError):
     """The sink's YAML configuration is invalid; raised before anything starts.

@@ -7,16 +7,23 @@ A table's size and health come from its metadata only (the current snapshot's to
 log, the maintenance property), so status stays cheap however many files a table has. With
 ``source.pattern``, the topics are the ones the pattern matches on the broker now, as Spark would
 subscribe. ``--json`` is a stable interface, documented field by field in ``docs/status.md``.
+
+Status is what an operator runs when something is wrong, so a broker or a catalog that is down is
+an answer, not a traceback: the catalog is read on a thread of its own while the broker is probed,
+each gets :data:`ANSWER_TIMEOUT_S` for its first answer, and each that fails is one :class:`Fault`
+(one line: what is unreachable, what to check) while the other half is still shown. The exit code
+says which half is missing (:data:`EXIT_CODES`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.compute as pc
 from confluent_kafka import KafkaException
@@ -25,12 +32,44 @@ from pyiceberg.table import Table
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import load_config
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.errors import CatalogNotFoundError, PreflightError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.kafka.topics import pattern_topics
+from fanout_sink.preflight import Preflight
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import group_layout, recovery, table_state
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
+from fanout_sink.protocol.partition_groups import PartitionGroups
+from fanout_sink.user_info import split_user_info
+
+ANSWER_TIMEOUT_S = 5.0
+"""How long status waits for the broker's first answer, and (meanwhile) for the catalog's."""
+
+Part = Literal["kafka", "catalog"]
+EXIT_CODES: dict[frozenset[Part], int] = {
+    frozenset(): 0,
+    frozenset({"kafka"}): 3,
+    frozenset({"catalog"}): 4,
+    frozenset({"kafka", "catalog"}): 5,
+}
+"""``status``'s exit code by the halves it could not read: 3 no lag (Kafka), 4 no tables (the
+catalog), 5 neither; 2 stays a config problem, as for every command (README, "Exit codes")."""
+
+_NOT_SHOWN: dict[Part, str] = {"kafka": "lag not shown", "catalog": "tables not shown"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One half of status that could not be read: what is unreachable, and what to check."""
+
+    part: Part
+    cause: str
+    fix: str
+
+    def line(self) -> str:
+        return f"fanout-sink status: {self.cause} ({_NOT_SHOWN[self.part]}); fix: {self.fix}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +114,15 @@ class SinkStatus:
     tables: list[TableStatus] = field(default_factory=list)
     partitions: list[PartitionPosition] = field(default_factory=list)
     pending: list[PendingTable] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    """The halves not read (their lists above are then empty)."""
+
+    def failed(self, part: Part) -> Fault | None:
+        return next((fault for fault in self.faults if fault.part == part), None)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[frozenset(fault.part for fault in self.faults)]
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -205,25 +253,114 @@ def subscribed_topics(clients: KafkaClientFactory, topics: list[str], pattern: s
     return pattern_topics(pattern, names)
 
 
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's type and first line: ``ConnectionRefusedError: [Errno 111] Connection
+    refused``, not the HTTP library's repr of every layer around it."""
+    seen = [exc]
+    while (inner := seen[-1].__cause__ or seen[-1].__context__) is not None and inner not in seen:
+        seen.append(inner)
+    root = seen[-1]
+    first = (str(root).strip().splitlines() or [""])[0]
+    return f"{type(root).__name__}: {first}" if first else type(root).__name__
+
+
+def catalog_fault(settings: CatalogSettings, exc: BaseException | None, timeout_s: float = 0) -> Fault:
+    """The catalog half's fault: not there (a SQLite file), no answer in time, or its error."""
+    if isinstance(exc, CatalogNotFoundError):
+        return Fault("catalog", exc.cause, exc.fix)
+    uri = split_user_info(settings.uri)[0] if settings.uri else "not set"
+    where = f"catalog {settings.name!r} (catalog.type={settings.type}, catalog.uri={uri})"
+    fix = "check catalog.uri, that the catalog's service runs and this host reaches it, and its credentials"
+    if exc is None:
+        return Fault("catalog", f"{where} did not answer within {timeout_s:.0f} s", fix)
+    return Fault("catalog", f"{where} is unreachable: {_root_cause(exc)}", fix)
+
+
+class CatalogRead:
+    """The catalog half of status, started at once on a thread of its own so that a catalog that does
+    not answer costs :data:`ANSWER_TIMEOUT_S` in parallel with the broker's probe, not its client's
+    own timeouts and retries. Only its first answer is timed: listing a large catalog may take long."""
+
+    def __init__(self, settings: CatalogSettings, sink: str, now_ms: int) -> None:
+        self.settings = settings
+        self._answered = threading.Event()
+        self._done = threading.Event()
+        self._catalog: Catalog | None = None
+        self._tables: list[TableStatus] = []
+        self._error: BaseException | None = None
+        args = (sink, now_ms)
+        threading.Thread(target=self._read, args=args, name="fanout-sink-status-catalog", daemon=True).start()
+
+    def _read(self, sink: str, now_ms: int) -> None:
+        try:
+            catalog = load_catalog(self.settings, create=False)
+            catalog.list_namespaces()
+            self._answered.set()
+            self._tables = table_states(catalog, sink, now_ms)
+            self._catalog = catalog
+        except Exception as exc:  # any catalog's own error is this half's fault, reported in one line
+            self._error = exc
+        finally:
+            self._answered.set()
+            self._done.set()
+
+    def result(self, timeout_s: float) -> tuple[Catalog | None, list[TableStatus], Fault | None]:
+        """The catalog and the sink's tables, or the fault (after ``timeout_s`` without an answer)."""
+        if not self._answered.wait(timeout_s):
+            return None, [], catalog_fault(self.settings, None, timeout_s)
+        self._done.wait()
+        if self._catalog is None:
+            return None, [], catalog_fault(self.settings, self._error)
+        return self._catalog, self._tables, None
+
+
+_KAFKA_FIX = "run `fanout-sink validate --config <sink.yaml>`: it names the broker's problem"
+
+
+def broker_fault(config: SinkConfig, timeout_s: float = ANSWER_TIMEOUT_S) -> Fault | None:
+    """The broker's answer to a metadata request, as ``run``'s pre-flight asks it (the same causes:
+    unreachable, credentials refused, TLS), within ``timeout_s``; None when it answers."""
+    try:
+        Preflight(config, timeout_s).metadata()
+    except PreflightError as exc:
+        return Fault("kafka", exc.cause, exc.fix)
+    return None
+
+
 def collect_status(
     channel: SinkChannel,
-    catalog_settings: CatalogSettings,
+    catalog_read: CatalogRead,
     source_topics: list[str],
     source_pattern: str | None = None,
+    kafka_fault: Fault | None = None,
+    now_ms: int | None = None,
+    timeout_s: float = ANSWER_TIMEOUT_S,
 ) -> SinkStatus:
-    catalog = load_catalog(catalog_settings, create=False)
-    now_ms = int(time.time() * 1000)
-    topics = subscribed_topics(channel.clients, source_topics, source_pattern)
-    return SinkStatus(
+    """Both halves: the source positions unless ``kafka_fault`` (the broker's probe failed), and
+    what ``catalog_read`` found; the pending tables need both."""
+    status = SinkStatus(
         sink=channel.sink,
         control_topic=channel.control_topic,
-        collected_at_ms=now_ms,
+        collected_at_ms=now_ms if now_ms is not None else int(time.time() * 1000),
         source_pattern=source_pattern,
-        source_topics=topics,
-        tables=table_states(catalog, channel.sink, now_ms),
-        partitions=source_positions(channel.clients, channel.sink_group, topics),
-        pending=pending_tables(catalog, channel),
+        source_topics=list(source_topics),
     )
+    if kafka_fault is None:
+        try:
+            status.source_topics = subscribed_topics(channel.clients, source_topics, source_pattern)
+            status.partitions = source_positions(channel.clients, channel.sink_group, status.source_topics)
+        except KafkaException as exc:  # it answered the probe, then failed: the same one line
+            kafka_fault = Fault(
+                "kafka", f"Kafka failed while status read it: {exc.args[0].str()}", _KAFKA_FIX
+            )
+    if kafka_fault is not None:
+        status.faults.append(kafka_fault)
+    catalog, status.tables, fault = catalog_read.result(timeout_s)
+    if fault is not None:
+        status.faults.append(fault)
+    if catalog is not None and kafka_fault is None:
+        status.pending = pending_tables(catalog, channel)
+    return status
 
 
 def _time(ms: int | None) -> str:
@@ -252,7 +389,9 @@ def _age(seconds: float | None) -> str:
 
 def render_text(status: SinkStatus) -> str:
     lines = [f"sink {status.sink} (control topic {status.control_topic})", "", "tables:"]
-    if not status.tables:
+    if status.failed("catalog"):
+        lines.append("  (not read: see the catalog line above)")
+    elif not status.tables:
         lines.append("  (no table holds a commit of this sink yet)")
     for t in status.tables:
         offsets = json.dumps({str(p): o for p, o in t.control_offsets.items()})
@@ -277,7 +416,9 @@ def render_text(status: SinkStatus) -> str:
         count = len(status.source_topics)
         topics = "1 topic" if count == 1 else f"{count} topics"
         lines.append(f"  pattern {status.source_pattern} matches {topics} now")
-    if not status.partitions:
+    if status.failed("kafka"):
+        lines.append("  (not read: see the Kafka line above)")
+    elif not status.partitions:
         lines.append("  (no source topic found)")
     for p in status.partitions:
         committed = "-" if p.committed is None else str(p.committed)
@@ -285,17 +426,29 @@ def render_text(status: SinkStatus) -> str:
     return "\n".join(lines)
 
 
-def run(config_path: Path, as_json: bool) -> str:
-    """What ``fanout-sink status`` prints.
+def run(config_path: Path, as_json: bool, timeout_s: float = ANSWER_TIMEOUT_S) -> tuple[str, SinkStatus]:
+    """What ``fanout-sink status`` prints on standard output, and the status (its faults, one line
+    each for standard error, and its exit code).
 
     The config is loaded as the app loads it (``${ENV_VAR}`` references resolved, e.g. a SASL password),
     so status reaches the same cluster and catalog the same way.
     """
     config = load_config(config_path)
+    now_ms = int(time.time() * 1000)
+    catalog_read = CatalogRead(config.catalog, config.name, now_ms)
+    kafka_fault = broker_fault(config, timeout_s)
+    channel = (
+        group_layout.channel_in_use(config)
+        if kafka_fault is None
+        else SinkChannel.from_config(config, PartitionGroups())  # its layout is on the broker
+    )
     status = collect_status(
-        group_layout.channel_in_use(config),
-        config.catalog,
+        channel,
+        catalog_read,
         config.source.topics,
         config.source.pattern,
+        kafka_fault,
+        now_ms,
+        timeout_s,
     )
-    return json.dumps(status.to_json(), indent=2) if as_json else render_text(status)
+    return (json.dumps(status.to_json(), indent=2) if as_json else render_text(status)), status

@@ -4,6 +4,7 @@ its ``--json`` keys are exactly the ones ``docs/status.md`` documents."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import re
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 from support.common import make_processor, produce_json, run_planned_batch
 from support.sink_factory import SinkFactory
@@ -181,3 +183,75 @@ def test_status_uses_the_partition_group_layout_the_apps_start_recorded(
     assert [channel.partition_groups for channel in seen] == [PartitionGroups(), PartitionGroups(3)]
     assert seen[1] == app == group_layout.channel_in_use(sink.config)
     assert seen[1].worker_transactional_id(sink.topic, 0) == app.worker_transactional_id(sink.topic, 0)
+
+
+def _changed(config_file: Path, folder: Path, **sections: Any) -> Path:
+    """A copy of a sink YAML with ``sections`` replaced: a broker or a catalog that is down."""
+    data = yaml.safe_load(config_file.read_text())
+    path = folder / "down.yaml"
+    path.write_text(yaml.safe_dump({**data, **sections}))
+    return path
+
+
+BROKER_DOWN = {"bootstrap.servers": "127.0.0.1:1"}
+"""A closed port: refused at once, as a broker that is down."""
+
+
+def test_status_with_the_broker_down_still_shows_the_tables_and_names_the_broker_in_one_line(
+    bootstrap_servers: str, sink_factory: SinkFactory, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``status`` is run when something is wrong: with the broker down it printed a traceback after
+    31 s and nothing of the tables (issue 49). Now one line says what is unreachable and what to
+    check, the tables are shown without lag, and exit 3 says which half is missing."""
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="sbd")
+    produce_json(bootstrap_servers, sink.topic, 0, [{"id": 1, "table": "a"}])
+    sink.batch()
+    coordinator = sink.coordinator()
+    result = coordinator.commit_round()
+    coordinator.close()
+    config = _changed(sink.config_file, tmp_path, kafka=BROKER_DOWN)
+    gc.collect()  # the set-up's own Kafka clients say their last words to stderr when collected
+    capfd.readouterr()
+
+    assert main(["status", "--config", str(config)]) == 3
+    out, err = capfd.readouterr()
+    assert f"sink.a: commit {result.commit_id}" in out
+    assert "source partitions:\n  (not read: see the Kafka line above)" in out
+    assert "Traceback" not in out + err
+    [line] = err.strip().splitlines()
+    assert line.startswith(
+        'fanout-sink status: Kafka at kafka."bootstrap.servers"=127.0.0.1:1 is unreachable'
+    ), line
+    assert "(lag not shown)" in line and "; fix: " in line
+
+    assert main(["status", "--config", str(config), "--json"]) == 3
+    out, err = capfd.readouterr()
+    status = json.loads(out)
+    assert [t["table"] for t in status["tables"]] == ["sink.a"] and status["partitions"] == []
+    assert [fault["part"] for fault in status["faults"]] == ["kafka"]
+    assert set(status["faults"][0]) == documented_keys()["faults"]
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_status_with_the_catalog_down_still_shows_the_lag_and_names_the_catalog_in_one_line(
+    bootstrap_servers: str, sink_factory: SinkFactory, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A REST catalog that is down printed 106 lines of traceback (issue 49): one line, the lag, exit 4."""
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="scd")
+    produce_json(bootstrap_servers, sink.topic, 0, [{"id": 1, "table": "a"}, {"id": 2, "table": "a"}])
+    catalog = {"name": "down", "type": "rest", "uri": "http://user:secret@127.0.0.1:1/catalog"}
+    config = _changed(sink.config_file, tmp_path, catalog=catalog)
+    gc.collect()  # as above
+    capfd.readouterr()
+
+    assert main(["status", "--config", str(config)]) == 4
+    out, err = capfd.readouterr()
+    assert f"{sink.topic}[0]: committed - end 2 lag 2" in out
+    assert "tables:\n  (not read: see the catalog line above)" in out
+    assert "Traceback" not in out + err and "secret" not in out + err
+    [line] = err.strip().splitlines()
+    assert line.startswith(
+        "fanout-sink status: catalog 'down' (catalog.type=rest, catalog.uri=http://127.0.0.1:1/catalog) "
+        "is unreachable: "
+    ), line
+    assert "(tables not shown)" in line and "; fix: " in line and len(line) < 400
