@@ -31,9 +31,10 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.catalog_errors import unreachable
 from fanout_sink.config.loading import load_config
 from fanout_sink.config.models import SinkConfig
-from fanout_sink.errors import CatalogNotFoundError, PreflightError
+from fanout_sink.errors import CatalogNotFoundError, CatalogSettingsError, PreflightError
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import PartitionPosition, source_positions
 from fanout_sink.kafka.topics import pattern_topics
@@ -253,27 +254,16 @@ def subscribed_topics(clients: KafkaClientFactory, topics: list[str], pattern: s
     return pattern_topics(pattern, names)
 
 
-def _root_cause(exc: BaseException) -> str:
-    """The innermost cause's type and first line: ``ConnectionRefusedError: [Errno 111] Connection
-    refused``, not the HTTP library's repr of every layer around it."""
-    seen = [exc]
-    while (inner := seen[-1].__cause__ or seen[-1].__context__) is not None and inner not in seen:
-        seen.append(inner)
-    root = seen[-1]
-    first = (str(root).strip().splitlines() or [""])[0]
-    return f"{type(root).__name__}: {first}" if first else type(root).__name__
-
-
 def catalog_fault(settings: CatalogSettings, exc: BaseException | None, timeout_s: float = 0) -> Fault:
     """The catalog half's fault: not there (a SQLite file), no answer in time, or its error."""
-    if isinstance(exc, CatalogNotFoundError):
+    if isinstance(exc, CatalogNotFoundError | CatalogSettingsError):
         return Fault("catalog", exc.cause, exc.fix)
     uri = split_user_info(settings.uri)[0] if settings.uri else "not set"
     where = f"catalog {settings.name!r} (catalog.type={settings.type}, catalog.uri={uri})"
     fix = "check catalog.uri, that the catalog's service runs and this host reaches it, and its credentials"
     if exc is None:
         return Fault("catalog", f"{where} did not answer within {timeout_s:.0f} s", fix)
-    return Fault("catalog", f"{where} is unreachable: {_root_cause(exc)}", fix)
+    return Fault("catalog", f"{where} is unreachable: {unreachable(exc)}", fix)
 
 
 class CatalogRead:
