@@ -32,7 +32,9 @@ from fanout_sink.protocol.slices import SliceResult
 log = logging.getLogger(__name__)
 
 BATCH_SECONDS_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-"""A micro-batch takes from under a second (a few records) to minutes (a capped backlog)."""
+"""A micro-batch takes from under a second (a few records) to minutes (a capped backlog); a commit
+round from a fraction of a second (a few tables) to its ``control.commit-timeout`` (many tables, or a
+slow catalog): the same buckets serve both."""
 
 _VTTS_KEEPING = ("committed", "already-committed")
 """Outcomes after which a table holds everything up to the round's VTTS."""
@@ -149,6 +151,14 @@ class SinkMetrics:
             buckets=BATCH_SECONDS_BUCKETS,
             registry=registry,
         )
+        self.round_seconds = Histogram(
+            "fanout_sink_commit_round_duration_seconds",
+            "Wall time of a completed commit round on the coordinator: control events, every due table's "
+            "commit, the round's transaction.",
+            sink_only,
+            buckets=BATCH_SECONDS_BUCKETS,
+            registry=registry,
+        )
         topic = ["sink", "topic"]
         self.records = Counter(
             "fanout_sink_records_read", "Source records read by the tasks.", topic, registry=registry
@@ -224,6 +234,7 @@ class SinkMetrics:
         for position in positions:
             self.lag.labels(self.sink, position.topic, str(position.partition)).set(position.lag)
         self.last_round.labels(self.sink).set(now)
+        self.round_seconds.labels(self.sink).observe(result.seconds)
         self.rounds.labels(self.sink, result.reason).inc()
         self._changed()
 

@@ -119,3 +119,12 @@ def test_a_mirror_that_fails_never_stops_an_update() -> None:
     metrics.on_change = broken
     metrics.round_failed(TimeoutError())
     assert value(metrics, "fanout_sink_commit_round_failures_total") == 1
+
+
+def test_a_commit_rounds_wall_time_is_a_histogram() -> None:
+    metrics = SinkMetrics("s", 30.0)
+    metrics.round_done(replace(round_of(None), seconds=1.5), [])
+    metrics.round_done(replace(round_of(None), seconds=40.0), [])
+    assert value(metrics, "fanout_sink_commit_round_duration_seconds_count") == 2
+    assert value(metrics, "fanout_sink_commit_round_duration_seconds_sum") == 41.5
+    assert value(metrics, "fanout_sink_commit_round_duration_seconds_bucket", le="2.5") == 1

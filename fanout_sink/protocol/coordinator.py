@@ -102,6 +102,7 @@ class RoundResult:
     tables: dict[str, TableCommit] = field(default_factory=dict)
     reason: str = trigger.CALL
     """Why the round ran: one of ``round_trigger.REASONS``."""
+    seconds: float = 0.0  # the round's wall time, lock wait included (set by commit_round)
 
 
 class RoundObserver(Protocol):
@@ -334,12 +335,14 @@ class Coordinator:
     def commit_round(self, reason: str = trigger.CALL) -> RoundResult:
         """One commit round, synchronously (tools and tests call it directly; the thread when
         :attr:`rounds` says one is due, ``reason`` telling why)."""
+        started = time.monotonic()
         try:
             result, positions = self._round(reason)
         except Exception as exc:
             if self.observer is not None:
                 self.observer.round_failed(exc)
             raise
+        result.seconds = time.monotonic() - started
         if self.observer is not None:
             self.observer.round_done(result, positions)
         return result
