@@ -10,7 +10,8 @@ the sink, so several sinks (or tests) in one process never share a series.
 
 Names follow Prometheus conventions: ``fanout_sink_`` prefix, ``_total`` counters, ``_seconds`` and
 ``_timestamp_seconds`` (Unix time) gauges, labels ``sink``, ``table``, ``topic``, ``partition``.
-``docs/monitoring.md`` describes each one and gives alert rules.
+``docs/monitoring.md`` describes each one; the Grafana dashboard and the alert rules over them are in
+``docs/monitoring/`` (``tests/test_monitoring_assets.py`` holds them to these names).
 """
 
 from __future__ import annotations
