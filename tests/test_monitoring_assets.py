@@ -110,3 +110,17 @@ def test_each_alert_rule_is_complete_and_described_in_the_guide() -> None:
         assert f"`{rule['alert']}`" in guide, f"docs/monitoring.md does not describe {rule['alert']}"
     names = [rule["alert"] for rule in rules]
     assert len(names) == len(set(names))
+
+
+LABEL_LIST = re.compile(r"\b(?:group_left|group_right|on|ignoring|by|without)\s*\(([^()]*)\)?")
+LABELS = re.compile(r"\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*(?:,\s*[A-Za-z_][A-Za-z0-9_]*\s*)*,?\s*)?")
+
+
+def test_a_parenthesis_after_a_grouping_keyword_holds_label_names_only() -> None:
+    """PromQL reads ``group_left (a + b)`` as a label list: such a rule never loads (Prometheus' parser:
+    "unexpected <op:+> in grouping opts"); write ``group_left () (a + b)``. A PromQL mistake the names
+    above cannot catch, checked without a PromQL parser (Prometheus v0.316.0's Go parser read every
+    query of both files by hand)."""
+    for query in _dashboard_queries() + [rule["expr"] for rule in _rules()]:
+        for labels in LABEL_LIST.findall(query):
+            assert LABELS.fullmatch(labels), f"not a label list in {query!r}: ({labels})"
