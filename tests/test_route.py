@@ -180,3 +180,19 @@ def test_route_of_a_change_table_shows_each_keys_last_change_and_the_superseded(
         'accounts[0]@2 -> crm.accounts {"id": 1, "status": "frozen"}',
         "accounts[0]@3 -> crm.accounts: deletes its key",
     ]
+
+
+def test_a_catalog_that_does_not_answer_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    down = CatalogSettings(name="lake", type="rest", uri="http://127.0.0.1:1")
+    config = _sink(tmp_path, down)
+    sample = tmp_path / "one.jsonl"
+    sample.write_text('{"kind": "order", "id": 1}\n')
+    code = cli.main(["route", "--config", str(config), "--sample", str(sample)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith(
+        "fanout-sink: catalog 'lake' is not reachable: cannot connect to http://127.0.0.1:1"
+    ), captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err

@@ -20,6 +20,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
 from fanout_sink.catalog import load_catalog, sqlite_path
+from fanout_sink.catalog_errors import unreachable
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.config.topics import ErrorSettings
 from fanout_sink.errors import FanoutSinkError
@@ -83,10 +84,12 @@ def open_catalog(config: SinkConfig) -> tuple[Catalog, list[str]]:
         return SqlCatalog(settings.name, uri="sqlite:///:memory:", warehouse="planned://"), [note]
     try:
         return load_catalog(settings, create=False), []
+    except FanoutSinkError:
+        raise
     except Exception as exc:  # the catalog's own errors (HTTP, SQL)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise FanoutSinkError(
-            f"catalog {settings.name!r} is not reachable: {type(exc).__name__}: {first}; check catalog.uri"
+            f"catalog {settings.name!r} is not reachable: {unreachable(exc)}; check catalog.uri and the "
+            "catalog's credentials in the catalog: section"
         ) from None
 
 
