@@ -284,6 +284,7 @@ def _sql(args: argparse.Namespace) -> int:
         master=args.master,
         extra_conf=dict(args.conf),
         verbose=args.verbose,
+        consistent=args.consistent,
     )
 
 
@@ -511,6 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_conf(sql)
     sql.add_argument("--verbose", action="store_true", help="print the Python and Java stacks of an error")
+    sql.add_argument(
+        "--consistent", action="store_true",
+        help="register each table of the sink as a view (orders, payments) at the newest round that "
+        "every table holds, so a join never sees one table ahead of another",
+    )  # fmt: skip
     sql.set_defaults(func=_sql)
 
     pack = commands.add_parser(

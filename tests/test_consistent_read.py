@@ -8,14 +8,17 @@ table commit is ``tests/protocol/test_consistent_rounds.py``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from support.common import ARROW_SCHEMA, NAMESPACE, create_tables
+from support.common import ARROW_SCHEMA, NAMESPACE, commit_as_round, create_tables
+from support.sql_cli import write_sql_config
 
-from fanout_sink import consistent_read
-from fanout_sink.protocol import table_state
+from fanout_sink import cli, consistent_read
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.spark import consistent_views
 
 SINK = "shop"
 
@@ -23,12 +26,7 @@ SINK = "shop"
 def _commit(
     catalog: Any, name: str, commit_id: str, end: int, round_tables: int | None, ids: list[int]
 ) -> None:
-    """Table ``name``'s snapshot of round ``commit_id`` (ending at control offset ``end``)."""
-    properties = table_state.summary_properties(SINK, {0: end}, commit_id, None)
-    if round_tables is not None:
-        properties.update(table_state.round_properties(SINK, round_tables))
-    rows = pa.Table.from_pylist([{"id": i, "topic": "t"} for i in ids], ARROW_SCHEMA)
-    catalog.load_table(f"{NAMESPACE}.{name}").append(rows, snapshot_properties=properties)
+    commit_as_round(catalog, SINK, name, commit_id, end, round_tables, ids)
 
 
 def _rows(catalog: Any, point: consistent_read.ConsistentPoint) -> dict[str, list[int]]:
@@ -121,3 +119,29 @@ def test_a_table_whose_snapshot_at_the_point_was_expired_is_named(catalog: Any) 
     with pytest.raises(consistent_read.NoConsistentPointError, match="expired") as raised:
         consistent_read.latest_point(catalog, SINK)
     assert f"table {NAMESPACE}.orders no longer keeps" in str(raised.value)
+
+
+def test_sql_consistent_without_a_point_says_so_in_one_line_before_spark_starts(
+    catalog: Any, catalog_settings: CatalogSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fast test: starting Spark here would fail it (tests/support/fixture_markers.py)."""
+    create_tables(catalog, ["orders"])
+    config = write_sql_config(tmp_path, catalog_settings)
+    assert cli.main(["sql", "--config", str(config), "--consistent", "-e", "SELECT 1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fanout-sink: no table of the catalog holds a commit of sink 'sql-cli-test'")
+    assert err.count("\n") == 1
+
+
+def test_each_table_becomes_a_view_of_its_own_name_at_its_snapshot() -> None:
+    point = consistent_read.ConsistentPoint(
+        "shop", "r3", 30, {"shop.orders": 11, "audit.orders": None, "shop.pay`ments": 12}
+    )
+    assert consistent_views.statements(point, "lake") == {
+        "audit_orders": "CREATE OR REPLACE TEMPORARY VIEW `audit_orders` AS SELECT * FROM "
+        "`lake`.`audit`.`orders` WHERE false",
+        "pay`ments": "CREATE OR REPLACE TEMPORARY VIEW `pay``ments` AS SELECT * FROM "
+        "`lake`.`shop`.`pay``ments` VERSION AS OF 12",
+        "shop_orders": "CREATE OR REPLACE TEMPORARY VIEW `shop_orders` AS SELECT * FROM "
+        "`lake`.`shop`.`orders` VERSION AS OF 11",
+    }

@@ -31,7 +31,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from fanout_sink import consistent_read
 from fanout_sink.config.models import SinkConfig
+from fanout_sink.spark import consistent_views
 
 OutputFormat = Literal["table", "json", "csv"]
 FORMATS: tuple[OutputFormat, ...] = ("table", "json", "csv")
@@ -415,8 +417,11 @@ def run(
     master: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
     verbose: bool = False,
+    consistent: bool = False,
 ) -> int:
-    """``fanout-sink sql``: run ``execute_text`` or the file ``script``, else prompt on stdin."""
+    """``fanout-sink sql``: run ``execute_text`` or the file ``script``, else prompt on stdin;
+    ``consistent``: every table of the sink first registered as a view at the newest round all of
+    them hold (:mod:`fanout_sink.spark.consistent_views`; found before Spark starts)."""
     from fanout_sink.catalog import load_catalog
     from fanout_sink.spark import missing_tables
     from fanout_sink.spark.session import build_spark_session
@@ -438,6 +443,9 @@ def run(
         print(f"fanout-sink sql: {missing}", file=sys.stderr)
         return 1
     table_exists = catalog_lookup(config)
+    point = None
+    if consistent:  # before Spark starts: without a point there is nothing to query
+        point = consistent_read.latest_point(load_catalog(config.catalog, create=False), config.name)
     spark = build_spark_session(
         config.catalog,
         master=master or "local[*]",
@@ -448,6 +456,11 @@ def run(
     if not verbose:
         quiet_statement_logs(spark)
     try:
+        if point is not None:
+            print(
+                f"fanout-sink sql: {consistent_views.register(spark, point, config.catalog.name)}",
+                file=sys.stderr,
+            )
         shell = Shell(spark, output, verbose, table_exists=table_exists, check=check)
         if text is not None:
             return shell.run_script(text)

@@ -27,6 +27,7 @@ from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets
+from fanout_sink.protocol import table_state
 from fanout_sink.protocol.channel import SinkChannel, sink_group
 from fanout_sink.protocol.partition_groups import PartitionGroups
 from fanout_sink.protocol.slices import Slice, SliceResult
@@ -309,3 +310,15 @@ def commit_checkpoint_batch(root: Path, batch_id: int) -> None:
     """Spark's mark that batch ``batch_id`` is done (``foreachBatch`` returned): ``commits/<id>``."""
     (root / "commits").mkdir(parents=True, exist_ok=True)
     (root / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+
+def commit_as_round(
+    catalog: Any, sink: str, name: str, commit_id: str, end: int, round_tables: int | None, ids: list[int]
+) -> None:
+    """Table ``sink.<name>``'s snapshot of round ``commit_id`` (ending at control offset ``end``), with
+    the summary the coordinator writes (``round_tables`` None: a round that is no consistent point)."""
+    properties = table_state.summary_properties(sink, {0: end}, commit_id, None)
+    if round_tables is not None:
+        properties.update(table_state.round_properties(sink, round_tables))
+    rows = pa.Table.from_pylist([{"id": i, "topic": "t"} for i in ids], ARROW_SCHEMA)
+    catalog.load_table(f"{NAMESPACE}.{name}").append(rows, snapshot_properties=properties)
