@@ -92,6 +92,11 @@ class ProducerFencedError(FanoutSinkError):
     """A newer process took over this transactional id; this one must stop (it is a zombie)."""
 
 
+class StartSupersededError(ProducerFencedError):
+    """A later start of the sink recorded its layout: this app's attempts may not commit any more
+    (they could deliver what the newer start's workers deliver), so it stops."""
+
+
 class CatalogNotFoundError(FanoutSinkError):
     """A read-only command was pointed at a SQLite catalog file that does not exist.
 

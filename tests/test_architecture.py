@@ -360,12 +360,14 @@ def test_no_module_outgrows_its_size() -> None:
 RECOVERY = "fanout_sink.protocol.recovery"
 COORDINATOR = "fanout_sink.protocol.coordinator"
 GROUP_LAYOUT = "fanout_sink.protocol.group_layout"
-"""Commits one offset of its own layout group (never the sink group's): the partition-group layout."""
+"""Commits one offset of its own layout group (never the sink group's): the partition-group layout
+and the start that recorded it, in a transaction of the layout transactional id."""
 OFFSET_SENDERS = {
     # The transactional envelope implements send_offsets with it; nothing else calls librdkafka's.
     "send_offsets_to_transaction": {"fanout_sink.kafka.transaction"},
-    # The sink group through recovery; the coordinator's own group (its low watermark) in its round.
-    "send_offsets": {RECOVERY, COORDINATOR},
+    # The sink group through recovery; the coordinator's own group (its low watermark) in its round;
+    # the layout group's record (its group metadata only, checked below).
+    "send_offsets": {RECOVERY, COORDINATOR, GROUP_LAYOUT},
     # Group metadata is made by the client factory only (``group_metadata``), checked below.
     "consumer_group_metadata": {CLIENT_FACTORY},
     # Nobody commits or alters offsets any other way.
@@ -392,9 +394,10 @@ def _calls(name: str) -> Iterator[tuple[str, ast.Call]]:
 def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
     """The sink group is the truth about what was delivered (I1): one module writes it, so a change
     to exactly-once behaviour has one place to look. An offset commit needs group metadata and a
-    send; the metadata of any group but the coordinator's is made only in recovery, offsets are sent
-    only by recovery and by the coordinator (which holds its own group's metadata only), and no
-    consumer commits or stores offsets, except the layout record's one commit to its own group."""
+    send; the metadata of any group but the coordinator's and the layout group's is made only in
+    recovery, offsets are sent only by recovery, by the coordinator (which holds its own group's
+    metadata only) and by the layout record's commit to its own group, and no consumer commits or
+    stores offsets."""
     found = []
     for name in MODULES:
         for called, call in _calls(name):
@@ -402,10 +405,10 @@ def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
             if called in OFFSET_SENDERS and name not in OFFSET_SENDERS[called]:
                 found.append(where)
             elif called == "commit" and any(k.arg in ("offsets", "message") for k in call.keywords):
-                if name != GROUP_LAYOUT:
-                    found.append(where + "offsets=...)")
+                found.append(where + "offsets=...)")
             elif called == "group_metadata" and name not in (RECOVERY, CLIENT_FACTORY):
-                if "coordinator_group" not in ast.unparse(call):
+                own = "layout_group" if name == GROUP_LAYOUT else "coordinator_group"
+                if own not in ast.unparse(call):
                     found.append(
                         where + f"{ast.unparse(call.args)}) for a group other than the coordinator's"
                     )
@@ -413,7 +416,7 @@ def test_only_the_recovery_module_writes_the_sink_groups_offsets() -> None:
                 found.append(where + "): the coordinator sends its own group's offsets only")
     assert not found, "only protocol/recovery.py writes the sink group's offsets:\n" + "\n".join(found)
     record = MODULES[GROUP_LAYOUT].read_text().split("def _write_record")[1].split("\ndef ")[0]
-    assert '"group.id": channel.layout_group' in record, "the layout record commits to its own group only"
+    assert "group_metadata(channel.layout_group)" in record, "the layout record commits to its own group only"
     senders = {called for called, _ in _calls(RECOVERY)}
     assert {"send_offsets", "group_metadata"} <= senders, "the check no longer sees recovery's own writes"
 

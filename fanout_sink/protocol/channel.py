@@ -13,7 +13,8 @@ joined with ':', which neither a sink name (``^[A-Za-z0-9][A-Za-z0-9._-]*$``) no
   joins it; offsets arrive only through ``send_offsets_to_transaction`` with generation -1.
 - ``fanout-sink:<sink>:coordinator``: the coordinator's group, holding its control-topic low watermark.
 - ``fanout-sink:<sink>:layout``: the layout group, whose one offset records the partition-group count
-  in use (:mod:`.group_layout`).
+  in use and the start that recorded it (:mod:`.group_layout`); also the transactional id of the
+  starts that write that record, so two starts at once cannot both record theirs unseen.
 - ``fanout-sink:<sink>:groups:<count>:<index>``: a worker's transactional id, one per partition group
   of a layout of ``count`` (stable while the count stays; a new count never reuses one).
 - ``fanout-sink:<sink>:<topic>:<partition>``: a partition's own transactional id, for deliveries
@@ -85,8 +86,21 @@ def partition_group_transactional_id(sink: str, count: int, index: int) -> str:
     return _name(sink, "groups", count, index)
 
 
+def partition_groups_of(sink: str, transactional_id: str) -> PartitionGroups:
+    """The layout a worker transactional id of ``sink`` belongs to: a partition group's names its
+    count; any other is a partition's own (one group per partition)."""
+    head, _, index = transactional_id.rpartition(SEPARATOR)
+    prefix = _name(sink, "groups") + SEPARATOR
+    count = head[len(prefix) :] if head.startswith(prefix) else ""
+    # ``<sink>:groups:<partition>`` is the own id of a topic named "groups": one part after the prefix.
+    if count.isdigit() and index.isdigit():
+        return PartitionGroups(int(count))
+    return PartitionGroups()
+
+
 def layout_group(sink: str) -> str:
-    """The group whose one committed offset's metadata records the partition-group layout in use."""
+    """The group whose one committed offset's metadata records the partition-group layout in use
+    (and the transactional id of the starts that commit it)."""
     return _name(sink, "layout")
 
 
@@ -115,9 +129,16 @@ class SinkChannel:
     """How source partitions share transactional ids (not a Kafka group: those are the ``*_group``
     names): the layout the app decided at start and recorded (:mod:`.group_layout`), which every
     process of the sink uses."""
+    start_id: str | None = None
+    """The app start this channel delivers for (:func:`.group_layout.new_start_id`), recorded with
+    its layout: a worker's new producer, or a position writer's, checks that no later start recorded
+    another (:func:`.group_layout.check_still_recorded`), so an attempt of a superseded start cannot
+    commit. None: a channel no start made (tests and tools delivering alone), never checked."""
 
     @classmethod
-    def from_config(cls, config: SinkConfig, partition_groups: PartitionGroups) -> SinkChannel:
+    def from_config(
+        cls, config: SinkConfig, partition_groups: PartitionGroups, start_id: str | None = None
+    ) -> SinkChannel:
         """The sink's channel under the layout ``partition_groups``: the app's decision
         (``spark/partition_group_count.py``), or the one it recorded (:func:`.group_layout.channel_in_use`).
         The config does not say it, so every caller names where its layout comes from."""
@@ -126,6 +147,7 @@ class SinkChannel:
             kafka=dict(config.kafka),
             control_topic=config.control_topic,
             partition_groups=partition_groups,
+            start_id=start_id,
         )
 
     @property
@@ -147,6 +169,11 @@ class SinkChannel:
 
     @property
     def layout_group(self) -> str:
+        return layout_group(self.sink)
+
+    @property
+    def layout_transactional_id(self) -> str:
+        """The id under which starts record their layout: one start at a time, each fencing the last."""
         return layout_group(self.sink)
 
     def worker_transactional_id(self, topic: str, partition: int) -> str:

@@ -8,7 +8,8 @@ each encoded string):
 - the sink group: :class:`DeliveredBy`, the transactional id whose transaction committed the offset
   (written by ``recovery.send_delivered``; read when the partition-group layout changes,
   :mod:`.group_layout`);
-- the layout group: :class:`LayoutRecord`, the partition-group layout in use (:mod:`.group_layout`);
+- the layout group: :class:`LayoutRecord`, the partition-group layout in use and the start that
+  recorded it (:mod:`.group_layout`);
 - the coordinator group: :class:`RoundMark`, what the round that committed the low watermark leaves
   for a restart that finds the events before it deleted (:mod:`.control_tail`, ``recovery``).
 
@@ -43,21 +44,33 @@ class DeliveredBy:
 
 @dataclass(frozen=True)
 class LayoutRecord:
-    """The layout group's offset metadata: the partition-group layout the last start recorded."""
+    """The layout group's offset metadata: the partition-group layout the last start recorded, the
+    start that recorded it, and the earlier layouts whose transactional ids that start has yet to
+    fence (a start that stops between recording and fencing leaves them to the next one)."""
 
     KEY = "partition-groups"
 
     layout: PartitionGroups
+    start: str | None = None
+    """The recording start's id (``SinkChannel.start_id``); None from a start before issue 47."""
+    unfenced: tuple[PartitionGroups, ...] = ()
 
     def encode(self) -> str:
-        return json.dumps({self.KEY: self.layout.count})
+        record: dict[str, object] = {self.KEY: self.layout.count}
+        if self.start is not None:
+            record["start"] = self.start
+        if self.unfenced:
+            record["unfenced"] = [layout.count for layout in self.unfenced]
+        return json.dumps(record)
 
     @classmethod
     def decode(cls, offset_metadata: str | None) -> LayoutRecord | None:
         """None for an offset committed without a record."""
         if not offset_metadata:
             return None
-        return cls(PartitionGroups(json.loads(offset_metadata)[cls.KEY]))
+        record = json.loads(offset_metadata)
+        unfenced = tuple(PartitionGroups(count) for count in record.get("unfenced", []))
+        return cls(PartitionGroups(record[cls.KEY]), record.get("start"), unfenced)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from fanout_sink.kafka.offsets import GroupOffsets, log_start_offset
 from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol import group_layout
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
 from fanout_sink.protocol.control_tail import read_tail
 from fanout_sink.protocol.legacy_names import legacy_low_watermark, legacy_sink_group, legacy_sink_positions
@@ -125,7 +126,9 @@ class PositionWriter:
     """Commits a partition's delivered position the way a worker does, without records.
 
     Keeps I1 and I3: the producer of the partition's worker transactional id fences any older
-    attempt first; the stable read after it shows what that attempt finally did. Only if the group
+    attempt first, and a writer of a start a later one superseded stops
+    (``group_layout.check_still_recorded``: its offset could move back one the later start's worker
+    committed); the stable read after it shows what that attempt finally did. Only if the group
     still holds what the caller expects is the offset sent, so a worker's newer commit is never
     overwritten.
     """
@@ -147,6 +150,7 @@ class PositionWriter:
             ),
         )
         try:
+            group_layout.check_still_recorded(self.channel)  # a superseded start's refresher stops here
             current = self._offsets.committed([(topic, partition)])[(topic, partition)]
             if current != expected:
                 return current

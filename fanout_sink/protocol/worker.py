@@ -9,7 +9,9 @@ alone). The order of steps is the protocol:
    (``fanout-sink:<sink>:groups:<count>:<index>``, or ``fanout-sink:<sink>:<topic>:<partition>``
    for one partition). Creating it runs
    ``init_transactions``, which fences every older attempt holding that id, so no attempt started
-   before can commit after this point.
+   before can commit after this point. Then the layout record must still name this app's start
+   (``group_layout.check_still_recorded``): an attempt of a start that a later one superseded (whose
+   ids the later one fenced, not these) stops here (the rest of I3, across layouts).
 2. Only then read the sink-managed group's committed offsets (``require_stable``: pending
    transactional commits are waited for). They are the truth about what was delivered, per slice:
    at or past the slice's end, nothing is left to do (nothing is read); inside the slice, only
@@ -36,12 +38,18 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from fanout_sink.errors import FanoutSinkError, OffsetGapError, ProducerFencedError, RecordError
+from fanout_sink.errors import (
+    FanoutSinkError,
+    OffsetGapError,
+    ProducerFencedError,
+    RecordError,
+    StartSupersededError,
+)
 from fanout_sink.faults import fault_point
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.kafka.topics import max_message_bytes, topic_ids
 from fanout_sink.kafka.transaction import TransactionalProducer
-from fanout_sink.protocol import channel, recovery
+from fanout_sink.protocol import channel, group_layout, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.channel import SinkChannel
 from fanout_sink.protocol.slice_writer import (
@@ -134,6 +142,11 @@ class SliceWorker:
                     "delivers the records."
                 ),
             )
+            try:
+                group_layout.check_still_recorded(self.channel)
+            except StartSupersededError:
+                producer.flush()
+                raise
             self._producers[txn_id] = producer
         return producer
 

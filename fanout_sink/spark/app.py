@@ -78,9 +78,12 @@ class SinkApp:
         master = options.master or config.spark.master
         self.config = config
         conf = {**config.spark.conf, **dict(options.spark_conf)}
-        self.channel = SinkChannel.from_config(config, partition_group_count.decide(config, master, conf))
+        self.channel = SinkChannel.from_config(
+            config, partition_group_count.decide(config, master, conf), group_layout.new_start_id()
+        )
         """The run's one channel: planning, the batches' tasks and the coordinator pack alike, and
-        the layout is recorded at start for every other process (``protocol/group_layout.py``)."""
+        the layout is recorded with this start at start for every other process
+        (``protocol/group_layout.py``); a later start's record stops this app's attempts."""
         self.metrics = (
             SinkMetrics(config.name, config.control.commit_interval.total_seconds())
             if config.metrics is not None

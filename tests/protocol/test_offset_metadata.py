@@ -34,6 +34,16 @@ def test_the_layout_record_is_the_partition_group_count_under_its_key() -> None:
     assert LayoutRecord.decode(None) is None
 
 
+def test_the_layout_record_names_its_start_and_the_layouts_it_has_yet_to_fence() -> None:
+    """Issue 47 item 1: workers compare the start; the next start fences what this one could not."""
+    record = LayoutRecord(
+        PartitionGroups(3), "20261207T120000Z-ab12", (PartitionGroups(2), PartitionGroups())
+    )
+    encoded = '{"partition-groups": 3, "start": "20261207T120000Z-ab12", "unfenced": [2, null]}'
+    assert record.encode() == encoded
+    assert LayoutRecord.decode(encoded) == record
+
+
 def test_the_round_mark_is_compact_json_of_the_round_end_and_the_log_end() -> None:
     mark = RoundMark.of_round(100, 3)
     assert mark.encode() == '{"round_end":100,"log_end":104}'
