@@ -12,10 +12,10 @@ unless the environment variable ``FANOUT_SINK_FAULTS`` names the point, as a com
 - ``raise``: raise :class:`InjectedFault`;
 - ``sleep:SECONDS``: pause, for example to hold a Kafka transaction open;
 - ``wait:PATH``: block until the file ``PATH`` exists (a test releases the process when it wants);
-- ``when:PATH:ACTION``: do ``ACTION`` (``kill``, ``raise`` or ``sleep:SECONDS``) once each time the
-  file ``PATH`` is found at the point, removing it first; the chaos runner arms a point this way at
-  a moment of its choosing, in a process that was started long before (``sleep`` is its stalled
-  catalog call).
+- ``when:PATH:ACTION``: do ``ACTION`` (``kill``, ``raise``, ``sleep:SECONDS`` or ``wait:PATH``) once
+  each time the file ``PATH`` is found at the point, removing it first; the chaos runner arms a point
+  this way at a moment of its choosing, in a process that was started long before (``sleep`` is its
+  stalled catalog call, ``wait`` a worker held in its transaction until a second app has started).
 
 A point may be named more than once; its actions run in the order given. That is how one point
 carries two ``when:`` actions with different files (the chaos runner's injected commit failure and
@@ -40,7 +40,7 @@ from fanout_sink.errors import FanoutSinkError
 ENV_VAR = "FANOUT_SINK_FAULTS"
 
 _callbacks: dict[str, Callable[..., None]] = {}
-_WHEN = re.compile(r"when:(?P<path>.+):(?P<action>kill|raise|sleep:[0-9.]+)")
+_WHEN = re.compile(r"when:(?P<path>.+?):(?P<action>kill|raise|sleep:[0-9.]+|wait:.+)")
 
 
 class InjectedFault(FanoutSinkError):
@@ -69,7 +69,8 @@ def _act(name: str, action: str) -> None:
         when = _WHEN.fullmatch(action)
         if when is None:
             raise ValueError(
-                f"{ENV_VAR}: {name} must be when:PATH:kill, when:PATH:raise or when:PATH:sleep:SECONDS"
+                f"{ENV_VAR}: {name} must be when:PATH:kill, when:PATH:raise, when:PATH:sleep:SECONDS "
+                "or when:PATH:wait:PATH"
             )
         armed, action = when["path"], when["action"]
         try:

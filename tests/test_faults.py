@@ -37,9 +37,31 @@ def test_when_fires_once_per_arming(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         faults.fault_point("coordinator.before-table-commit")
     assert not armed.exists(), "firing disarms the point"
     faults.fault_point("coordinator.before-table-commit")
-    monkeypatch.setenv(faults.ENV_VAR, f"p=when:{armed}:wait:{tmp_path}")
+    monkeypatch.setenv(faults.ENV_VAR, f"p=when:{armed}:stop")
     with pytest.raises(ValueError, match="when:PATH:kill"):
         faults.fault_point("p")
+
+
+def test_an_armed_wait_holds_the_point_until_released(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The chaos runner's layout-change: a worker waits in its transaction until a second app started."""
+    armed, release = tmp_path / "a:b" / "layout-change", tmp_path / "release"
+    armed.parent.mkdir()
+    polls: list[float] = []
+
+    def poll(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 3:
+            release.touch()
+
+    monkeypatch.setattr(faults.time, "sleep", poll)
+    monkeypatch.setenv(faults.ENV_VAR, f"worker.before-commit=when:{armed}:wait:{release}")
+    faults.fault_point("worker.before-commit")  # not armed: no wait
+    assert polls == []
+    armed.touch()
+    faults.fault_point("worker.before-commit")
+    assert len(polls) == 3 and not armed.exists()
 
 
 def test_an_armed_sleep_stalls_the_point_once_per_arming(

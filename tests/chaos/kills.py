@@ -73,6 +73,12 @@ A month of production, compressed (``maintenance`` does what the other parties d
   schema's text only (a new id, the same fields). The verdict counts those records exactly in
   ``registry_lag.TABLE`` and expects no dead letter of them.
 
+A deploy:
+
+- ``layout-change``: a second app of the sink starts with another partition-group count while a
+  worker of the first holds its transaction open; the first must stop, superseded, and no range may
+  land twice (``layout_change``).
+
 The fault-point kinds are armed through ``FANOUT_SINK_FAULTS=<point>=when:<file>:<action>``: the app
 is started with the points configured, and the runner creates the file when the cycle's moment comes.
 """
@@ -84,6 +90,7 @@ import signal
 import time
 from pathlib import Path
 
+from chaos import layout_change
 from fanout_sink.devtools.stack.spark_cluster import children, cmdline, descendants
 
 CRASHES = ("driver", "python-worker", "broker", "catalog-commit", "coordinator", "catalog-stall")
@@ -98,7 +105,8 @@ MONTH = (
     "maintain",
     "registry-lag",
 )
-KINDS = CRASHES + MONTH
+DEPLOYS = ("layout-change",)
+KINDS = CRASHES + MONTH + DEPLOYS
 BROKER_PROPERTIES = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "5000"}
 """Server properties of a run with ``offset-expiry``: offsets expire a minute after their last commit."""
 FLOOD_QUEUE = 1000
@@ -125,12 +133,14 @@ margin (a tenth of it) and the cleanup itself."""
 
 def fault_spec(arm_dir: Path) -> str:
     """The ``FANOUT_SINK_FAULTS`` value every app start gets: inert until a file is armed. The commit
-    failure and a coordinator kill share the point before a table commit, each with its own file."""
+    failure and a coordinator kill share the point before a table commit, each with its own file;
+    ``layout-change`` holds a worker before its commit until the runner releases it."""
     return ",".join(
         [
             f"coordinator.before-table-commit=when:{arm_dir / 'catalog-commit'}:raise",
             *(f"{point}=when:{arm_dir / point}:kill" for point in COORDINATOR_POINTS),
             f"worker.table-check=when:{arm_dir / 'catalog-stall'}:sleep:{CATALOG_STALL_S:g}",
+            f"worker.before-commit=when:{arm_dir / 'layout-change'}:wait:{arm_dir / layout_change.RELEASE}",
         ]
     )
 

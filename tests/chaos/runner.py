@@ -21,7 +21,7 @@ from confluent_kafka.cimpl import NewTopic
 from pyiceberg.catalog import Catalog
 from support.registry import Registry
 
-from chaos import changes, kills, maintenance, registry_lag, scenario
+from chaos import changes, kills, layout_change, maintenance, registry_lag, scenario
 from chaos.app_process import AppProcess, child_env
 from chaos.changes import ChangeTraffic, change_traffic, create_change_table
 from chaos.traffic import Traffic, flood
@@ -163,6 +163,7 @@ class ChaosRun:
             "dead-letter-flood": self._flood_dead_letters,
             "maintain": self._maintain,
             "registry-lag": self._lag_registry,
+            "layout-change": self._change_layout,
         }
 
     def run(self) -> ChaosResult:
@@ -606,6 +607,42 @@ class ChaosRun:
             schema_id, lag, registry_lag.RECORDS, asked, code,
         )  # fmt: skip
         return asked and code == 0
+
+    def _change_layout(self, app: AppProcess) -> bool:
+        """A second app with another partition-group count starts while a worker of the first holds
+        its transaction open (``layout_change``). Landed when the second recorded its start, the
+        first then stopped by itself and the second delivered a batch. The second is stopped after
+        (its output is in ``layout-change.log``); the caller's restart brings the first count back."""
+        release = self.arm_dir / layout_change.RELEASE
+        release.unlink(missing_ok=True)
+        before = layout_change.recorded_start(self.config_file)
+        if not self._fire(app, "layout-change"):
+            release.touch()
+            return False
+        command = layout_change.second_app(app.command)
+        second = AppProcess(command, self.work_dir / "layout-change.log", child_env())
+        second.start()
+        recorded = exited = delivered = False
+        try:
+            timeout_s = self.options.start_timeout_s
+            recorded = layout_change.wait_recorded(self.config_file, before, timeout_s, second.running)
+            release.touch()  # the held worker's commit now meets the second start's fence
+            exited = recorded and app.wait_exit(layout_change.SUPERSEDED_TIMEOUT_S) is not None
+            delivered = exited and second.wait_working(
+                timeout_s, batch=not (self._traffic and self._traffic.done)
+            )
+        finally:
+            release.touch()
+            code = second.stop(STOP_TIMEOUT_S) if second.running() else second.wait_exit(10)
+        if app.running():  # not superseded in time: the cycle did not land
+            app.stop(STOP_TIMEOUT_S)
+        log.info(
+            "layout-change: second app with %d partition groups recorded its start: %s; the first app "
+            "stopped by itself: %s (said superseded: %s); the second delivered a batch: %s, stopped with %s",
+            layout_change.OTHER_GROUPS, recorded, exited, layout_change.said_superseded(app.log_file),
+            delivered, code,
+        )  # fmt: skip
+        return recorded and exited and delivered
 
     def _sink_tables(self) -> list[str]:
         """The tables the sink writes now (never the ones a swap renamed aside)."""
