@@ -40,7 +40,11 @@ class RoundTables:
     commit_id: str
     vtts: int | None
     deadline: float
-    """Wall-clock time (``time.time()``) by which the round stops waiting for a table."""
+    """When the round stops waiting for a table, on this process's monotonic clock
+    (``time.monotonic()``). Pickled as the time left and counted down on the receiving process's own
+    clock: a wall-clock deadline compared on an executor was off by the hosts' clock skew, and one
+    ahead by more than the commit timeout reported every table ``failed`` while its commit went on
+    (issue 47 item 7 (ii))."""
     floors: dict[str, int] = field(default_factory=dict)
     """Per table uuid of the due files, the floor its last ``CommitToTable`` announced
     (``CommitState.committed_through``): what every committer checks files of a table swapped away
@@ -54,7 +58,15 @@ class RoundTables:
     part (``fanout_sink.consistent_read``). None: the round is not a consistent point."""
 
     def remaining_s(self) -> float:
-        return max(0.0, self.deadline - time.time())
+        return max(0.0, self.deadline - time.monotonic())
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "deadline": self.remaining_s()}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        left = state["deadline"]
+        assert isinstance(left, float)
+        self.__dict__.update({**state, "deadline": time.monotonic() + left})
 
     def only(self, tables: Iterable[str]) -> RoundTables:
         """The same round narrowed to ``tables``."""

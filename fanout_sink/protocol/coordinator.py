@@ -430,7 +430,7 @@ class Coordinator:
             round_end,
             commit_id,
             vtts,
-            deadline=time.time() + self.settings.commit_timeout_s,
+            deadline=time.monotonic() + self.settings.commit_timeout_s,
             floors={u: f for u, f in self.state.committed_through.items() if u in uuids},
             failing=frozenset(self.failing),
             tables=len(due) if self.state.cuts_no_transaction(round_end) else None,

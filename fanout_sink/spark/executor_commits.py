@@ -147,7 +147,7 @@ class SparkTableCommits:
         runs past the round's deadline."""
         start_by: float | None = time.monotonic() + START_WAIT_S
         while not done.wait(0.25):
-            if time.time() > deadline + CANCEL_GRACE_S:
+            if time.monotonic() > deadline + CANCEL_GRACE_S:
                 reason = "past the commit timeout"
             elif start_by is not None and time.monotonic() > start_by:
                 if self._all_started(job_group):

@@ -4,6 +4,9 @@ runner, and whatever the runner loses stays pending until a later commit finds e
 from __future__ import annotations
 
 import pickle
+import time
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -12,6 +15,7 @@ from support.common import ARROW_SCHEMA, produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.catalog import load_catalog
+from fanout_sink.protocol import commit_runners
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.commit_runners import RoundTables, commit_in_threads
 from fanout_sink.protocol.commit_state import PendingFiles
@@ -38,7 +42,8 @@ def test_a_round_split_into_shares_keeps_every_table_once_and_balances_files() -
     assert files == [20, 20]
     assert all((p.round_end, p.commit_id, p.floors) == (100, "c", {"u": 3}) for p in parts)
     assert len(tables.split(50)) == 22  # never an empty share
-    assert pickle.loads(pickle.dumps(tables)) == tables  # shipped to executors as it is
+    shipped = pickle.loads(pickle.dumps(tables))  # to executors: as it is, with the time it has left
+    assert replace(shipped, deadline=tables.deadline) == tables and shipped.remaining_s() == 0
 
 
 def _sink(sink_factory: SinkFactory) -> tuple[SinkUnderTest, dict[str, list[int]]]:
@@ -87,6 +92,46 @@ def test_tables_a_lost_runner_gave_no_outcome_stay_pending_and_the_next_round_co
     assert second.low_watermark == second.round_end
     for table in "abc":
         assert table_ids(catalog, table) == expected[table]  # sorted, duplicates kept: none
+    coordinator.close()
+
+
+class _ExecutorWithOtherClocks:
+    """A runner on another host (the round pickled to it, its own catalog) whose clocks are not the
+    driver's: its wall clock runs ``skew_s`` ahead, and its monotonic clock counts from its own boot."""
+
+    def __init__(self, sink: SinkUnderTest, monkeypatch: pytest.MonkeyPatch, skew_s: float) -> None:
+        self.sink = sink
+        self.monkeypatch = monkeypatch
+        self.clocks = SimpleNamespace(
+            time=lambda: time.time() + skew_s, monotonic=lambda: time.monotonic() + 1e6, sleep=time.sleep
+        )
+
+    def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
+        shipped = pickle.dumps(tables)
+        with self.monkeypatch.context() as executor:
+            executor.setattr(commit_runners, "time", self.clocks)
+            committer = TableCommitter(self.sink.name, load_catalog(self.sink.settings))
+            return commit_in_threads(committer, pickle.loads(shipped), 2)
+
+
+def test_an_executor_whose_clock_is_ahead_of_the_drivers_still_reports_its_commits(
+    sink_factory: SinkFactory, catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47 item 7 (ii), shown: the round's deadline was the driver's wall-clock time, compared
+    on each executor with its own clock. An executor clock ahead by more than the commit timeout gave
+    every table no time at all: each was reported ``failed`` (commit timeout) while its commit went on
+    and landed, round after round. The round travels with the time it has left now, counted down on
+    each process's own monotonic clock."""
+    sink, expected = _sink(sink_factory)
+    coordinator = sink.coordinator()
+    coordinator.table_commits = _ExecutorWithOtherClocks(sink, monkeypatch, skew_s=600.0)
+    first = coordinator.commit_round()
+    assert {t: (c.outcome, c.error) for t, c in first.tables.items()} == dict.fromkeys(
+        ["sink.a", "sink.b", "sink.c"], ("committed", None)
+    )
+    assert first.low_watermark == first.round_end
+    for table in "abc":
+        assert table_ids(catalog, table) == expected[table]
     coordinator.close()
 
 
