@@ -381,10 +381,10 @@ class Coordinator:
                     table=due[t][0].event.table.model_copy(update={"uuid": outcome.table_uuid}),
                     snapshot_id=outcome.snapshot_id,
                     vtts_ms=vtts,
-                    control_offset=round_end,
+                    control_offset=floor,
                 )
                 for t, outcome in result.tables.items()
-                if outcome.outcome == "committed"
+                if (floor := outcome.floor_after(round_end)) is not None
             ]
             times, reports_below = self.state.checkpoint(round_end)
             complete = ev.CommitComplete(

@@ -84,6 +84,16 @@ class TableCommit:
     refused_files: int = 0  # for a table that is gone or whose columns they do not fit: quarantined
     attempts: int = 0
     error: str | None = None
+    floor: int | None = None
+    """``already-committed``: the floor the table held (its files were in it already)."""
+
+    def floor_after(self, round_end: int) -> int | None:
+        """The floor a ``CommitToTable`` announces for :attr:`table_uuid` after the round: its end for a
+        commit; for files the table held already, the floor found (a commit whose outcome was lost,
+        such as an executor task's, is then announced too: issue 47 item 7 (i)); None: nothing."""
+        if self.outcome == "committed":
+            return round_end
+        return self.floor if self.outcome == "already-committed" and self.table_uuid is not None else None
 
 
 def owed(items: list[PendingFiles], floors: Mapping[str, int]) -> list[PendingFiles]:
@@ -162,6 +172,7 @@ class TableCommitter:
             ]
             if not appends and not changes:
                 outcome.outcome = "refused" if outcome.refused_files else "already-committed"
+                outcome.floor = floor or None
                 return outcome
             properties = table_state.summary_properties(
                 self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts
