@@ -71,7 +71,7 @@ def read_tail(channel: SinkChannel) -> ControlTail:
 
 
 def _read(reader: ControlReader, start: int, end: int, log_start: int) -> ControlTail:
-    found = ev.DeliveredPositions()
+    positions: list[tuple[tuple[int, int, int], ev.DataComplete | ev.CommitComplete]] = []
     parts_seen: dict[str, set[int]] = {}
     complete = start == 0
     low_watermark: int | None = None
@@ -82,13 +82,30 @@ def _read(reader: ControlReader, start: int, end: int, log_start: int) -> Contro
             events += 1
             payload = item.event.payload
             if isinstance(payload, ev.DataComplete):
-                found.take_report(payload)
+                positions.append(((item.offset, 1, item.offset), payload))
             elif isinstance(payload, ev.CommitComplete) and payload.reports_below is not None:
-                found.take_round(payload)
+                positions.append(((payload.reports_below, 0, item.offset), payload))
                 low_watermark = payload.low_watermark if payload.low_watermark is not None else low_watermark
                 # A round in parts accounts for the history only once every part was read.
                 seen = parts_seen.setdefault(payload.commit_id, set())
                 seen.add(payload.part)
                 whole = len(seen) == payload.parts
                 complete = complete or (whole and payload.reports_below >= max(start, log_start))
-    return ControlTail(found, complete, low_watermark, start, events)
+    return ControlTail(_positions(positions), complete, low_watermark, start, events)
+
+
+def _positions(
+    read: list[tuple[tuple[int, int, int], ev.DataComplete | ev.CommitComplete]],
+) -> ev.DeliveredPositions:
+    """The positions of the reports and rounds ``read``, each round as of its ``reports_below``: it
+    holds the reports below that offset and none above, yet is written after the round's commits, so
+    reports written meanwhile come before it in the log. Taken in offset order, a recreated topic's
+    first report there was undone by the round's older generation (issue 47 item 7 (iii)); so a
+    round goes where its ``reports_below`` is, before the reports at that offset and after."""
+    found = ev.DeliveredPositions()
+    for _, payload in sorted(read, key=lambda entry: entry[0]):
+        if isinstance(payload, ev.DataComplete):
+            found.take_report(payload)
+        else:
+            found.take_round(payload)
+    return found

@@ -21,7 +21,9 @@ from confluent_kafka.admin import AdminClient
 from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
+from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, control_tail, recovery
+from fanout_sink.protocol import events as ev
 
 
 def _delete_groups(sink: SinkUnderTest, *groups: str) -> None:
@@ -206,3 +208,41 @@ def test_events_pending_when_the_sink_went_down_and_then_deleted_stop_it_instead
     _out, err = child.communicate(timeout=180)
     assert child.returncode == 1 and "ControlTopicError" in err and "lost events the sink still needs" in err
     assert table_ids(catalog, "a") == first["a"] and table_ids(catalog, "b") == first["b"]
+
+
+def test_a_rounds_complete_read_after_a_recreated_topics_first_report_does_not_bring_back_the_old_generation(
+    sink_factory: SinkFactory,
+) -> None:
+    """Issue 47 item 7 (iii), shown: a round's ``CommitComplete`` carries the positions of the
+    reports below its round end (``reports_below``), but is written after the round's commits, so a
+    worker's report written meanwhile sits between the two. When that report is the first of a
+    recreated topic (another topic id, offsets from 0 again), the tail read in offset order took the
+    report, then the round's older generation, and gave back the old topic's position (100) for the
+    new topic: its records below 100 would never be delivered. A round's positions are taken as of
+    its ``reports_below``: the reports at or above it come after them, as the coordinator's own state
+    takes them."""
+    sink = sink_factory(partitions={"src": 1}, tables="a", prefix="gen")
+    channel.ensure_control_topic(sink.channel)
+    old, new = "old-topic-id", "new-topic-id"
+    producer = TransactionalProducer(
+        sink.channel.clients, f"{sink.name}-test-events", fenced_message="fenced"
+    )
+    with producer.transaction():
+        for payload in (
+            ev.DataComplete(topic=sink.topic, partition=0, next_offset=100, topic_id=old),  # offset 0
+            ev.DataComplete(topic=sink.topic, partition=0, next_offset=5, topic_id=new),  # offset 1
+            ev.CommitComplete(
+                commit_id="round-1",
+                reports_below=1,  # the round's end: the new topic's report came after it
+                delivered=ev.delivered_map({(sink.topic, 0): 100}),
+                topic_ids={sink.topic: old},
+                low_watermark=1,
+            ),
+        ):
+            channel.produce_event(producer, sink.control_topic, sink.name, payload)
+
+    tail = control_tail.read_tail(sink.channel)
+
+    assert tail.complete
+    assert tail.positions.of_topic(sink.topic) == {(sink.topic, 0): 5}
+    assert tail.positions.recorded_id(sink.topic) == new
