@@ -96,3 +96,50 @@ def test_the_final_round_is_one_line_in_words_not_the_results_repr() -> None:
     line = final_round_words(RoundResult("c-1", 10, 10, 1_700_000_000_000, tables, "stop"))
     assert line == "final commit round c-1: 13 table(s), 12 committed, 1 failed, 24 file(s)"
     assert final_round_words(RoundResult("c-2", 10, 10, None)) == "final commit round: nothing was pending"
+
+
+def test_a_batch_is_one_line_in_words_naming_at_most_ten_tables() -> None:
+    from fanout_sink.protocol.slices import Slice, SliceResult
+    from fanout_sink.spark.batch import TABLES_NAMED, BatchSummary
+    from fanout_sink.spark.task import SliceReport
+
+    def report(partition: int, rows: dict[str, int], deleted: dict[str, int] | None = None) -> SliceReport:
+        result = SliceResult(
+            Slice("orders", partition, 0, 10),
+            None,
+            records_in=sum(rows.values()) + 1,
+            rows=rows,
+            files=dict.fromkeys(rows, 1),
+            deleted_keys=deleted or {},
+            filtered=1,
+        )
+        return SliceReport(result, 120 + partition)
+
+    two = BatchSummary(
+        [report(0, {"shop.orders": 3}), report(1, {"shop.orders": 2, "crm.c": 4}, {"crm.c": 1})]
+    )
+    assert two.describe(7, 2.0) == (
+        "batch 7: 11 records in, 0 already delivered, 0 dead-lettered, 2 filtered; 9 rows in 3 files to "
+        "2 table(s) (shop.orders: 5 rows, 2 files; crm.c: 4 rows, 1 files, 1 keys deleted) "
+        "(2.0s, 2 slices, peak worker RSS 121 MB), 6 records/s"
+    )
+    wide = BatchSummary([report(0, {f"t.table_{i:03d}": 1000 + i for i in range(500)})])
+    line = wide.describe(8, 1.0)
+    assert "{" not in line and len(line) < 600, line
+    assert f"t.table_{499:03d}: 1499 rows" in line and f"; {500 - TABLES_NAMED} more tables)" in line
+    assert BatchSummary([]).describe(9, 0.1).startswith("batch 9: 0 records in, 0 already delivered, 0 dead")
+
+
+def test_a_round_is_one_line_in_words_with_the_tables_not_committed_first() -> None:
+    from fanout_sink.protocol.round_words import TABLES_NAMED, round_line
+    from fanout_sink.protocol.table_commit import TableCommit
+
+    tables = {"shop.orders": TableCommit("shop.orders", "committed", files=2)}
+    tables["shop.gone"] = TableCommit("shop.gone", "failed", error="CommitFailedException: " + "x" * 500)
+    assert round_line("c-1", "interval", tables, 1_796_647_212_871) == (
+        "commit c-1 (interval): 2 table(s) 1 committed, 1 failed, 2 files "
+        "(shop.gone failed (0 files), shop.orders committed (2 files)); vtts 2026-12-07T12:40:12.871Z"
+    )
+    wide = {f"t.{i:03d}": TableCommit(f"t.{i:03d}", "committed", files=1) for i in range(300)}
+    line = round_line("c-2", "stop", wide, None)
+    assert len(line) < 500 and line.endswith(f", {300 - TABLES_NAMED} more); no vtts"), line

@@ -55,6 +55,7 @@ from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, 
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 from fanout_sink.protocol.failing_tables import FailingTables
 from fanout_sink.protocol.offset_metadata import RoundMark
+from fanout_sink.protocol.round_words import round_line
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 
 log = logging.getLogger(__name__)
@@ -409,14 +410,8 @@ class Coordinator:
             self.last_round = result
             self._refresher.after_round(positions)
             if result.tables:
-                log.info(
-                    "commit %s (%s): %s (vtts %s)",
-                    commit_id,
-                    reason,
-                    ", ".join(f"{t} {c.outcome} ({c.files} files)" for t, c in sorted(result.tables.items())),
-                    vtts,
-                    extra={"commit_id": commit_id},
-                )
+                line = round_line(commit_id, reason, result.tables, vtts)
+                log.info("%s", line, extra={"commit_id": commit_id})
             return result, positions
 
     def _commit_tables(

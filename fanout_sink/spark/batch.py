@@ -13,7 +13,6 @@ sink group too. It retries a failed batch and turns a bad record's task failure 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -37,6 +36,10 @@ from fanout_sink.transform.formats.unknown_ids import UnknownSchemaIds
 
 log = logging.getLogger("fanout_sink.app")
 
+TABLES_NAMED = 10
+"""A batch line names at most this many tables (those with most rows), so it stays one short line
+for a sink that writes hundreds."""
+
 
 @dataclass(frozen=True)
 class BatchSummary:
@@ -54,15 +57,33 @@ class BatchSummary:
         return dict(sorted(total.items()))
 
     def describe(self, batch_id: int, seconds: float) -> str:
-        deleted = self._per_table("deleted_keys")  # change tables only
+        """One line in words, however many tables: the counts, then rows and files per table for the
+        :data:`TABLES_NAMED` tables with most rows (the metrics have every table)."""
         return (
             f"batch {batch_id}: {self._total('records_in')} records in, "
             f"{self._total('skipped_delivered')} already delivered, {self._total('dead_lettered')} "
-            f"dead-lettered, {self._total('filtered')} filtered, rows {json.dumps(self._per_table('rows'))}, "
-            + (f"deleted keys {json.dumps(deleted)}, " if deleted else "")
-            + f"files {json.dumps(self._per_table('files'))} ({seconds:.1f}s, {len(self.reports)} slices, "
-            f"peak worker RSS {max((r.peak_rss_mb for r in self.reports), default=0)} MB), "
+            f"dead-lettered, {self._total('filtered')} filtered; {self._tables()} ({seconds:.1f}s, "
+            f"{len(self.reports)} slices, peak worker RSS "
+            f"{max((r.peak_rss_mb for r in self.reports), default=0)} MB), "
             f"{self._total('records_in') / max(seconds, 1e-3):.0f} records/s"
+        )
+
+    def _tables(self) -> str:
+        rows, files = self._per_table("rows"), self._per_table("files")
+        deleted = self._per_table("deleted_keys")  # change tables only
+        tables = sorted(set(rows) | set(deleted), key=lambda table: (-rows.get(table, 0), table))
+        if not tables:
+            return "no rows"
+        named = [
+            f"{table}: {rows.get(table, 0)} rows, {files.get(table, 0)} files"
+            + (f", {deleted[table]} keys deleted" if table in deleted else "")
+            for table in tables[:TABLES_NAMED]
+        ]
+        if len(tables) > TABLES_NAMED:
+            named.append(f"{len(tables) - TABLES_NAMED} more tables")
+        return (
+            f"{sum(rows.values())} rows in {sum(files.values())} files to {len(tables)} table(s) "
+            f"({'; '.join(named)})"
         )
 
 

@@ -1,0 +1,42 @@
+"""A commit round as one line in words, however many tables it touched: what the coordinator logs per
+round (and the app for its final one).
+
+The line names the round (commit id and why it ran), counts the tables per outcome and their files,
+names at most :data:`TABLES_NAMED` tables (the ones not committed first: those are the news), and
+gives the VTTS as a UTC time instead of epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from fanout_sink.protocol.table_commit import TableCommit
+
+TABLES_NAMED = 10
+"""A round line names at most this many tables; the metrics and ``status`` have every one."""
+
+
+def vtts_words(vtts_ms: int | None) -> str:
+    """The VTTS as ISO 8601 UTC to the millisecond, or that the round has none."""
+    if vtts_ms is None:
+        return "no vtts"
+    stamp = datetime.fromtimestamp(vtts_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return "vtts " + stamp.replace("+00:00", "Z")
+
+
+def round_line(commit_id: str, reason: str, tables: Mapping[str, TableCommit], vtts_ms: int | None) -> str:
+    """``commit <id> (<reason>): <n> tables <outcome>, ..., <files> files (<table> <outcome> (<files>
+    files), ...); vtts <time>``."""
+    counts = Counter(outcome.outcome for outcome in tables.values())
+    told = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+    files = sum(outcome.files for outcome in tables.values())
+    shown = sorted(tables.values(), key=lambda c: (c.outcome == "committed", c.identifier))
+    named = [f"{c.identifier} {c.outcome} ({c.files} files)" for c in shown[:TABLES_NAMED]]
+    if len(shown) > TABLES_NAMED:
+        named.append(f"{len(shown) - TABLES_NAMED} more")
+    return (
+        f"commit {commit_id} ({reason}): {len(tables)} table(s) {told}, {files} files "
+        f"({', '.join(named)}); {vtts_words(vtts_ms)}"
+    )
