@@ -8,15 +8,20 @@ every executor's Python workers, so each one calls :func:`configure` with the sa
 JSON lines carry ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, any of
 :data:`FIELDS` a log call passed in ``extra``, and ``traceback`` when the line reports a failure.
 A traceback is a multi-line text that a log shipper would split, so a line that has one keeps it in
-that one field (plain format: indented under the line).
+that one field (plain format: indented under the line). Lines above DEBUG carry none: a failure the
+sink recovers from or reports is one line naming a file that holds its traceback
+(:func:`keep_traceback`), and the traceback itself is logged at DEBUG.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 LogFormat = Literal["plain", "json"]
@@ -32,6 +37,10 @@ TRACEBACK = "traceback"
 """The ``extra=`` key for a failure's text that is not this process's exception (a Spark task's
 Python traceback, which reaches the driver inside a Java exception's message)."""
 
+TRACEBACKS_ENV = "FANOUT_SINK_TRACEBACKS"
+"""The folder :func:`keep_traceback` writes to (default: ``fanout-sink-tracebacks`` in the system's
+temporary folder)."""
+
 _HANDLER = "fanout-sink"
 _PLAIN = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -42,6 +51,23 @@ def _traceback(formatter: logging.Formatter, record: logging.LogRecord) -> str |
         return formatter.formatException(record.exc_info)
     text = getattr(record, TRACEBACK, None)
     return str(text).rstrip() if text else None
+
+
+def keep_traceback(name: str, text: str | None) -> str:
+    """``text`` (a failure's traceback) written to a file of its own, and the words that name it for
+    a log line (``; traceback in <path>``): the log says what failed in one line, the file says where.
+    Empty when there is no text, or when it cannot be written (the DEBUG line still has it)."""
+    if not text:
+        return ""
+    folder = Path(os.environ.get(TRACEBACKS_ENV) or Path(tempfile.gettempdir()) / "fanout-sink-tracebacks")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    path = folder / f"{stamp}-{name}-{os.getpid()}.txt"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.rstrip() + "\n", encoding="utf-8")
+    except OSError:
+        return ""
+    return f"; traceback in {path}"
 
 
 class PlainFormatter(logging.Formatter):

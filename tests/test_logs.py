@@ -6,6 +6,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,17 @@ def test_a_round_is_one_line_in_words_with_the_tables_not_committed_first() -> N
     wide = {f"t.{i:03d}": TableCommit(f"t.{i:03d}", "committed", files=1) for i in range(300)}
     line = round_line("c-2", "stop", wide, None)
     assert len(line) < 500 and line.endswith(f", {300 - TABLES_NAMED} more); no vtts"), line
+
+
+def test_a_kept_traceback_is_a_file_the_line_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(logs.TRACEBACKS_ENV, str(tmp_path / "tracebacks"))
+    words = logs.keep_traceback("s-batch-3-attempt-1", "Traceback (most recent call last):\nBoom: x\n")
+    assert words.startswith(f"; traceback in {tmp_path / 'tracebacks'}/") and words.endswith(".txt")
+    assert (
+        Path(words.removeprefix("; traceback in ")).read_text()
+        == "Traceback (most recent call last):\nBoom: x\n"
+    )
+    assert logs.keep_traceback("s-batch-4-attempt-1", None) == ""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(logs.TRACEBACKS_ENV, str(tmp_path / "file" / "sub"))  # cannot be made
+    assert logs.keep_traceback("s-batch-5-attempt-1", "Traceback") == ""

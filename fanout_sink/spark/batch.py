@@ -23,7 +23,7 @@ from typing import Any
 
 from fanout_sink.errors import BatchError, FanoutSinkError, RecordError, UnknownSchemaIdError
 from fanout_sink.kafka.topics import topic_ids
-from fanout_sink.logs import TRACEBACK
+from fanout_sink.logs import TRACEBACK, keep_traceback
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.slices import Slice
@@ -192,26 +192,36 @@ class BatchRunner:
         )
 
     def _log_failure(self, batch_id: int, tries: Tries, error: Exception) -> None:
-        """The one place a failed task's traceback is logged (Spark's repeats of it are filtered
-        out, see ``spark/log4j2``); Spark's Java stack traces only at DEBUG."""
+        """One line per failed attempt naming the file that holds the failed task's traceback (also
+        logged here at DEBUG; Spark's repeats of it are filtered out, see ``spark/log4j2``); Spark's
+        Java stack traces only at DEBUG."""
         failure = task_failure(error)
         attempt = tries.number
         last = tries.last or isinstance(error, FanoutSinkError)
+        kept = keep_traceback(f"{self.config.name}-batch-{batch_id}-attempt-{attempt}", failure.traceback)
         log.log(
             logging.ERROR if last else logging.WARNING,
-            "batch %d attempt %d of %d failed: %s; %s",
+            "batch %d attempt %d of %d failed: %s; %s%s",
             batch_id,
             attempt,
             self.retry.attempts,
             failure.summary,
             "giving up" if last else "retrying the batch",
+            kept,
+            extra={"batch": batch_id, "attempt": attempt},
+        )
+        log.debug(
+            "batch %d attempt %d: the failed task's traceback",
+            batch_id,
+            attempt,
             extra={"batch": batch_id, "attempt": attempt, TRACEBACK: failure.traceback},
         )
         log.debug("batch %d attempt %d: the job's error", batch_id, attempt, exc_info=error)
         if last:
+            where = kept.removeprefix("; traceback in ") or "in the DEBUG log"
             self.failure = BatchError(
                 f"batch {batch_id} failed {attempt} time(s): {failure.summary}\n"
-                "  fix: the failed task's traceback is logged above; once its cause is fixed, restart "
+                f"  fix: the failed task's traceback is {where}; once its cause is fixed, restart "
                 "the app: it resumes after what the sink delivered"
             )
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from fanout_sink.logs import TRACEBACK
+from fanout_sink.logs import TRACEBACK, keep_traceback
 from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, commit_in_threads
 from fanout_sink.protocol.table_commit import TableCommit
 from fanout_sink.spark.executor_context import TaskSetup, executor_context
@@ -121,10 +121,15 @@ class SparkTableCommits:
         except Exception as exc:  # lost tasks past their retries, a cancelled job, a stopped context
             failure = task_failure(exc)
             log.warning(
-                "commit %s: the Spark job over %d table(s) gave no outcome: %s",
+                "commit %s: the Spark job over %d table(s) gave no outcome: %s%s",
                 tables.commit_id,
                 len(tables.due),
                 failure.summary,
+                keep_traceback(f"commit-{tables.commit_id}", failure.traceback),
+            )
+            log.debug(
+                "commit %s: the failed task's traceback",
+                tables.commit_id,
                 extra={TRACEBACK: failure.traceback},
             )
             log.debug("commit %s: the job's error", tables.commit_id, exc_info=True)
