@@ -8,9 +8,9 @@ every executor's Python workers, so each one calls :func:`configure` with the sa
 JSON lines carry ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, any of
 :data:`FIELDS` a log call passed in ``extra``, and ``traceback`` when the line reports a failure.
 A traceback is a multi-line text that a log shipper would split, so a line that has one keeps it in
-that one field (plain format: indented under the line). Lines above DEBUG carry none: a failure the
-sink recovers from or reports is one line naming a file that holds its traceback
-(:func:`keep_traceback`), and the traceback itself is logged at DEBUG.
+that one field (plain format: indented under the line): at DEBUG only. Above DEBUG a line carries no
+traceback: it names the file that holds it instead (:func:`keep_traceback`), so an operator's log is
+one line per event, whoever logged it with ``exc_info``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ TRACEBACKS_ENV = "FANOUT_SINK_TRACEBACKS"
 """The folder :func:`keep_traceback` writes to (default: ``fanout-sink-tracebacks`` in the system's
 temporary folder)."""
 
+TRACEBACKS_KEPT = 200
+"""The newest this many traceback files are kept: a failure repeated every round for hours (a catalog
+away) must not fill the folder."""
+
 _HANDLER = "fanout-sink"
 _PLAIN = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -60,23 +64,46 @@ def keep_traceback(name: str, text: str | None) -> str:
     if not text:
         return ""
     folder = Path(os.environ.get(TRACEBACKS_ENV) or Path(tempfile.gettempdir()) / "fanout-sink-tracebacks")
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
     path = folder / f"{stamp}-{name}-{os.getpid()}.txt"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(text.rstrip() + "\n", encoding="utf-8")
+        for old in sorted(folder.glob("*.txt"))[:-TRACEBACKS_KEPT]:  # names sort by time
+            old.unlink(missing_ok=True)
     except OSError:
         return ""
     return f"; traceback in {path}"
 
 
+def _kept_elsewhere(formatter: logging.Formatter, record: logging.LogRecord) -> logging.LogRecord:
+    """A record above DEBUG with a traceback, as the same record whose message names the file that now
+    holds the traceback (:func:`keep_traceback`) and that carries none; any other record as it is (a
+    traceback that cannot be written stays in the record)."""
+    if record.levelno <= logging.DEBUG:
+        return record
+    details = _traceback(formatter, record)
+    kept = keep_traceback(record.name.rsplit(".", 1)[-1], details) if details else ""
+    if not kept:
+        return record
+    message = record.getMessage()
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None:  # the exception's own line, unless the message says it already
+        first = (str(error).strip().splitlines() or [""])[0]
+        if not first or first not in message:
+            message += f": {type(error).__name__}" + (f": {first}" if first else "")
+    fields = {**record.__dict__, "msg": message + kept, "args": None}
+    return logging.makeLogRecord({**fields, "exc_info": None, "exc_text": None, TRACEBACK: None})
+
+
 class PlainFormatter(logging.Formatter):
-    """``time LEVEL logger: message``, a failure's traceback on the lines below."""
+    """``time LEVEL logger: message``; at DEBUG, a failure's traceback on the lines below."""
 
     def __init__(self) -> None:
         super().__init__(_PLAIN)
 
     def format(self, record: logging.LogRecord) -> str:
+        record = _kept_elsewhere(self, record)
         text = super().format(record)  # with the exception's traceback, if any
         details = None if record.exc_info else _traceback(self, record)
         return f"{text}\n{details}" if details else text
@@ -86,6 +113,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, structured fields, traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
+        record = _kept_elsewhere(self, record)
         entry: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
             "level": record.levelname,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,20 +35,23 @@ def _point_at(buffer: io.StringIO) -> None:
     handler.setStream(buffer)
 
 
-def test_json_format_writes_one_object_per_line_with_the_structured_fields(captured: io.StringIO) -> None:
-    logs.configure("json", "INFO")
+def test_json_format_writes_one_object_per_line_with_the_structured_fields(
+    captured: io.StringIO, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(logs.TRACEBACKS_ENV, str(tmp_path))
+    logs.configure("json", "DEBUG")
     _point_at(captured)
     log = logging.getLogger("fanout_sink.app")
     log.info("batch %d: %d records in", 7, 300, extra={"batch": 7, "topic": "orders", "partition": 2})
-    log.debug("not at INFO")
+    log.debug("detail", extra={"batch": 7, logs.TRACEBACK: "Traceback ...\nBoom: x"})
     log.warning("attempt failed", extra={"batch": 7, "attempt": 1, logs.TRACEBACK: "Traceback ...\nBoom: x"})
     try:
         raise ValueError("bad\nvalue")
     except ValueError:
         log.exception("commit of %s failed", "shop.orders", extra={"table": "shop.orders", "offset": 41})
     lines = captured.getvalue().splitlines()
-    assert len(lines) == 3, "one line per record, multi-line text included"
-    first, second, third = (json.loads(line) for line in lines)
+    assert len(lines) == 4, "one line per record, multi-line text included"
+    first, debug, second, third = (json.loads(line) for line in lines)
     assert first["message"] == "batch 7: 300 records in"
     assert {key: first[key] for key in ("level", "logger", "batch", "topic", "partition")} == {
         "level": "INFO",
@@ -58,21 +62,33 @@ def test_json_format_writes_one_object_per_line_with_the_structured_fields(captu
     }
     assert first["time"].endswith("Z") and "T" in first["time"]
     assert "traceback" not in first and "attempt" not in first
-    assert second["attempt"] == 1 and second["traceback"] == "Traceback ...\nBoom: x"
+    assert debug["traceback"] == "Traceback ...\nBoom: x", "at DEBUG the traceback stays in its field"
+    # Above DEBUG: one line naming the file that holds the traceback.
+    assert second["attempt"] == 1 and "traceback" not in second
+    message, named = second["message"].split("; traceback in ")
+    assert message == "attempt failed" and Path(named).read_text() == "Traceback ...\nBoom: x\n"
     assert third["level"] == "ERROR" and third["table"] == "shop.orders" and third["offset"] == 41
-    assert third["traceback"].startswith("Traceback")
-    assert third["traceback"].endswith("ValueError: bad\nvalue")
-
-
-def test_plain_format_puts_a_task_traceback_under_its_line(captured: io.StringIO) -> None:
-    logs.configure("plain", "INFO")
-    _point_at(captured)
-    logging.getLogger("fanout_sink.app").warning(
-        "batch 3 failed", extra={"batch": 3, logs.TRACEBACK: "Traceback (most recent call last):\nBoom: x\n"}
+    assert "traceback" not in third and third["message"].startswith(
+        "commit of shop.orders failed: ValueError: bad; traceback in "
     )
+    kept = Path(third["message"].split("; traceback in ")[1]).read_text()
+    assert kept.startswith("Traceback") and kept.endswith("ValueError: bad\nvalue\n")
+
+
+def test_plain_format_names_the_traceback_file_and_puts_a_debug_traceback_under_its_line(
+    captured: io.StringIO, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(logs.TRACEBACKS_ENV, str(tmp_path))
+    logs.configure("plain", "DEBUG")
+    _point_at(captured)
+    trace = "Traceback (most recent call last):\nBoom: x\n"
+    logging.getLogger("fanout_sink.app").warning("batch 3 failed", extra={"batch": 3, logs.TRACEBACK: trace})
+    logging.getLogger("fanout_sink.app").debug("batch 3 detail", extra={"batch": 3, logs.TRACEBACK: trace})
     lines = captured.getvalue().splitlines()
-    assert lines[0].endswith(" WARNING fanout_sink.app: batch 3 failed")
-    assert lines[1:] == ["Traceback (most recent call last):", "Boom: x"]
+    assert " WARNING fanout_sink.app: batch 3 failed; traceback in " in lines[0]
+    assert Path(lines[0].split("; traceback in ")[1]).read_text() == trace
+    assert lines[1].endswith(" DEBUG fanout_sink.app: batch 3 detail")
+    assert lines[2:] == ["Traceback (most recent call last):", "Boom: x"]
 
 
 def test_configure_again_switches_the_format_on_the_same_handler(captured: io.StringIO) -> None:
@@ -158,3 +174,10 @@ def test_a_kept_traceback_is_a_file_the_line_names(tmp_path: Path, monkeypatch: 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv(logs.TRACEBACKS_ENV, str(tmp_path / "file" / "sub"))  # cannot be made
     assert logs.keep_traceback("s-batch-5-attempt-1", "Traceback") == ""
+    monkeypatch.setenv(logs.TRACEBACKS_ENV, str(tmp_path / "few"))
+    monkeypatch.setattr(logs, "TRACEBACKS_KEPT", 2)
+    for attempt in range(3):
+        logs.keep_traceback(f"s-batch-6-attempt-{attempt}", "Traceback")
+    assert [p.name.split("-", 1)[1] for p in sorted((tmp_path / "few").iterdir())] == [
+        f"s-batch-6-attempt-{attempt}-{os.getpid()}.txt" for attempt in (1, 2)
+    ], "the newest kept"
