@@ -398,7 +398,7 @@ def _sink_yaml(folder: Path, uri: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "sink.yaml"
     path.write_text(
-        "name: rel\nsource: {topics: [t]}\ntables: {a.b: {}}\n"
+        "name: rel\nsource: {topics: [t]}\ntables: {a.b: {}}\nspark: {checkpoint-location: ck}\n"
         f'catalog: {{name: lake, type: sql, uri: "{uri}", warehouse: "file://{folder}/wh"}}\n'
     )
     return path
@@ -417,6 +417,7 @@ def test_a_relative_sqlite_path_is_relative_to_the_yaml_not_the_working_folder(
     expected = tmp_path / "configs" / "warehouse" / "catalog.db"
     assert config.catalog.uri == f"sqlite:///{expected}"
     assert jdbc_catalog_properties(config.catalog.uri) == {"uri": f"jdbc:sqlite:{expected}"}
+    assert config.checkpoint_location == str(tmp_path / "configs" / "ck" / "rel")  # the same rule
     # The demo's copy of a config lives in another folder: it names the same file.
     copy = write_standalone_copy(config_file, tmp_path / "copy.yaml", [])
     assert load_config(copy).catalog.uri == f"sqlite:///{expected}"

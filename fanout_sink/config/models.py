@@ -146,11 +146,11 @@ class SinkConfig(Section):
         """Spark's checkpoint of this sink: ``spark.checkpoint-location`` (or ``.fanout-sink/checkpoints``
         beside the YAML file), one folder per sink name. A URI (``s3a://bucket/path``,
         ``hdfs://nn/path``, ``file:///path``) keeps its scheme and authority: it is joined as text,
-        never as a local path."""
+        never as a local path; a relative path is relative to the YAML's folder, as every path in it."""
         base = self.spark.checkpoint_location or str(self.base_dir / ".fanout-sink" / "checkpoints")
         if "://" in base:
             return f"{base.rstrip('/')}/{self.name}"
-        return str(Path(base) / self.name)
+        return str(self.resolve(base) / self.name)
 
     def maintenance_for(self, table: str) -> MaintenanceSettings:
         """``maintenance:`` with ``tables.<table>.maintenance:`` over it (dynamic tables: the top level)."""
