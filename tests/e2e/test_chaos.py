@@ -333,7 +333,9 @@ def test_short_chaos_run_breaks_each_thing_once_and_loses_nothing(tmp_path: Path
     Real: every kind's breakage (see ``kills``); the app's producer queue is 1000 messages so that a
     flood of 3000 dead letters overflows it; ``catalog-stall`` makes the run's orphan age 40 s (every
     slice's files must be announced within 20 s of their write, or are written again);
-    ``registry-lag`` runs its registry topic's sink as a second process (a JVM) for its cycle. Not here, to
+    ``registry-lag`` runs its registry topic's sink as a second process (a JVM) for its cycle;
+    ``layout-change`` starts a second app of the sink with 3 partition groups (a JVM) while a worker
+    of the first waits in its transaction, and the first must stop superseded. Not here, to
     keep the suite short: ``offset-expiry`` (a
     minute of downtime; the broker setting it relies on is tested in tests/protocol/test_recovery.py),
     ``snapshot-expiry`` (the ``coordinator`` kind's kill plus the catalog steps tested above) and
