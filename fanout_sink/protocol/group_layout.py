@@ -7,8 +7,8 @@ partition-group count gives every partition group a new id
 (:func:`~.channel.partition_group_transactional_id`), so nothing in Kafka stops a worker of the
 previous layout (a lingering executor, a Spark task retry, an old app's batch whose cached producer
 was fenced and which opens a new one under the same old id) from reading the same sink-group offset
-as the new layout's worker of the same range: both would commit it (issue 47 item 1). Two things
-together close that, in this order:
+as the new layout's worker of the same range: both would commit it (issue 47 item 1). Three steps
+close that, in this order:
 
 1. **The start records itself** (:func:`fence_other_layouts`, on the driver before the first batch):
    the layout and a new start id (:func:`new_start_id`) become the metadata of one offset of the
@@ -21,10 +21,12 @@ together close that, in this order:
    producer, a position writer's): a stable read of the record must still name its start.
 
 Why no attempt of an earlier start can commit a range the new start's workers deliver: a producer
-opened (``init_transactions``) after step 2 reads the record after step 1 and refuses. A producer
-opened before step 2 is fenced by it, so it commits only before step 2 ends, and the new start's
-workers open theirs after step 2 and read the sink group stably: they see that commit and deliver
-only the rest (I1). The check needs no atomic compare with the commit: its producer's epoch is the
+opened (``init_transactions``) after step 2 fenced its id reads the record after step 1 and
+refuses. A producer opened before is fenced by step 2, so it commits only before step 2 ends, and
+the new start's workers open theirs after step 2 and read the sink group stably: they see that
+commit and deliver only the rest (I1). Under the same count step 2 fences none of the earlier
+start's ids: they are the new start's own, and its workers' ``init_transactions`` fence them as
+within one start. The check needs no atomic compare with the commit: its producer's epoch is the
 lease, and the fence ends it. The record is read stably because a transactional offset commit
 becomes visible only when its marker lands, just after ``commit_transaction`` returns.
 
