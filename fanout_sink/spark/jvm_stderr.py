@@ -42,7 +42,7 @@ def filtered(drop: tuple[str, ...] = JVM_NOTICES) -> Iterator[subprocess.Popen[b
     try:
         sys.stderr.flush()
         saved = os.dup(2)
-    except (OSError, ValueError):  # no descriptor 2 (a closed or replaced stderr): nothing to filter
+    except (OSError, ValueError, AttributeError):  # no stderr, or no descriptor 2: nothing to filter
         yield None
         return
     try:
@@ -58,7 +58,7 @@ def filtered(drop: tuple[str, ...] = JVM_NOTICES) -> Iterator[subprocess.Popen[b
     try:
         yield notice_filter
     finally:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
