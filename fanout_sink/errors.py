@@ -96,6 +96,15 @@ class StartSupersededError(ProducerFencedError):
     """A later start of the sink recorded its layout: this app's attempts may not commit any more
     (they could deliver what the newer start's workers deliver), so it stops."""
 
+    _PATTERN = re.compile(r"StartSupersededError: (?P<line>[^\n]+)")
+
+    @classmethod
+    def find(cls, text: str) -> StartSupersededError | None:
+        """The refusal named in ``text`` (a Spark task failure), or None: every retry of the batch
+        would meet the same newer start, so the driver stops at the first."""
+        match = cls._PATTERN.search(text)
+        return None if match is None else cls(match["line"])
+
 
 class CatalogNotFoundError(FanoutSinkError):
     """A read-only command was pointed at a SQLite catalog file that does not exist.

@@ -21,7 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fanout_sink.errors import BatchError, FanoutSinkError, RecordError, UnknownSchemaIdError
+from fanout_sink.errors import (
+    BatchError,
+    FanoutSinkError,
+    RecordError,
+    StartSupersededError,
+    UnknownSchemaIdError,
+)
 from fanout_sink.kafka.topics import topic_ids
 from fanout_sink.logs import TRACEBACK, keep_traceback
 from fanout_sink.metrics import SinkMetrics
@@ -153,6 +159,11 @@ class BatchRunner:
                     self.record_error = RecordError.find(str(exc))
                     if self.record_error is not None:
                         raise self.record_error from exc
+                    superseded = StartSupersededError.find(str(exc))
+                    if superseded is not None:  # a newer start refuses every retry alike
+                        log.error("batch %d: %s", batch_id, superseded, extra={"batch": batch_id})
+                        self.failure = BatchError(f"batch {batch_id} was not delivered: {superseded}")
+                        raise superseded from exc
                     if self._unknown_ids.seen(UnknownSchemaIdError.find(str(exc))):
                         # Not counted: the registry may still learn the ids, and the tasks
                         # dead-letter their records once the timeout has passed.
