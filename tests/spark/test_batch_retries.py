@@ -57,22 +57,27 @@ def _report(served: tuple[int, ...]) -> SliceReport:
     return SliceReport(SliceResult(PLANNED, 0, records_in=10, transaction_committed=True), 100, served)
 
 
-def test_an_id_a_task_reports_served_is_no_longer_handed_to_later_tasks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+CONFIG = parse_config({"name": "shop", "source": {"topics": ["orders"]}, "tables": {"a.orders": {}}})
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> BatchRunner:
+    """A runner of 3 attempts whose batches each plan ``PLANNED``."""
     monkeypatch.setattr(
         planning, "planned_ranges", lambda *args: {("orders", 0): (PLANNED.start, PLANNED.end)}
     )
     monkeypatch.setattr(batch, "topic_ids", lambda *args: {})
-    config = parse_config({"name": "shop", "source": {"topics": ["orders"]}, "tables": {"a.orders": {}}})
-    runner = BatchRunner(
-        TaskSetup.of(config, SinkChannel.from_config(config, PartitionGroups(2))),
+    return BatchRunner(
+        TaskSetup.of(CONFIG, SinkChannel.from_config(CONFIG, PartitionGroups(2))),
         retries=3,
         coordinator_error=lambda: None,
     )
+
+
+def test_an_id_a_task_reports_served_is_no_longer_handed_to_later_tasks(runner: BatchRunner) -> None:
     first_seen = time.time()
     unknown = UnknownSchemaIdError(
-        {SCHEMA_ID: first_seen}, config.source.unknown_schema_id_timeout.total_seconds()
+        {SCHEMA_ID: first_seen}, CONFIG.source.unknown_schema_id_timeout.total_seconds()
     )
     context = _Context(
         [
@@ -93,19 +98,9 @@ def test_an_id_a_task_reports_served_is_no_longer_handed_to_later_tasks(
     assert context.handed[2] == {}, "an id the registry served is not handed on as unknown since long ago"
 
 
-def test_a_batch_a_later_start_superseded_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_a_later_start_superseded_is_not_retried(runner: BatchRunner) -> None:
     """A newer start of the sink refuses this app's every attempt the same way: retrying the batch
     only repeats the refusal, so the first one stops the app with the newer start's line."""
-    monkeypatch.setattr(
-        planning, "planned_ranges", lambda *args: {("orders", 0): (PLANNED.start, PLANNED.end)}
-    )
-    monkeypatch.setattr(batch, "topic_ids", lambda *args: {})
-    config = parse_config({"name": "shop", "source": {"topics": ["orders"]}, "tables": {"a.orders": {}}})
-    runner = BatchRunner(
-        TaskSetup.of(config, SinkChannel.from_config(config, PartitionGroups(2))),
-        retries=3,
-        coordinator_error=lambda: None,
-    )
     line = (
         "sink 'shop' was started again (start 2-b, 3 partition groups) after this app's start 1-a: "
         "the newer start delivers its ranges, so this attempt does not."
