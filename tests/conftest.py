@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from confluent_kafka import Message
 from support.common import create_topic, embedded_catalog_settings, register_spark_catalog
 
+from fanout_sink import logs
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.devtools.stack.broker import KafkaBroker, SaslUser
 from fanout_sink.devtools.topics import read_to_end
@@ -25,6 +27,20 @@ pytest_plugins = [
     "support.lanes",
     "support.broker_watch",
 ]
+
+
+@pytest.fixture(autouse=True)
+def sink_log_as_found() -> Iterator[None]:
+    """The sink's logger as it was before each test. A test that runs a command in-process
+    (``cli.main``) configures it for the rest of the process: its own handler, no propagation to the
+    root logger, where ``caplog`` listens. Without this, a later test of the same pytest process that
+    reads ``caplog`` heard nothing, so which lane a test was dealt to decided whether it passed."""
+    logger = logging.getLogger(logs.ROOT)
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 @pytest.fixture(scope="session")

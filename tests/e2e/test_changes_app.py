@@ -13,6 +13,7 @@ import base64
 import datetime as dt
 import json
 import random
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -149,7 +150,8 @@ def test_a_debezium_stream_leaves_each_key_in_its_last_state_for_pyiceberg_and_s
     # Several micro-batches and commit rounds: later changes hit rows committed rounds before.
     log = sink.run("--available-now", "--max-offsets-per-trigger", "100")
     assert log.count(" committed (") >= 4, log[-3000:]
-    assert "deleted keys {" in log, "the batch line counts the keys each batch deletes"
+    deleting = r"crm\.\w+: \d+ rows, \d+ files, \d+ keys deleted"
+    assert re.search(deleting, log), "the batch line counts the keys each batch deletes"
     assert _tables(sink) == stream.model
 
     catalog = register_spark_catalog(spark, sink.settings)
