@@ -26,12 +26,18 @@ def vtts_words(vtts_ms: int | None) -> str:
     return "vtts " + stamp.replace("+00:00", "Z")
 
 
+def tally(tables: Mapping[str, TableCommit]) -> tuple[str, int]:
+    """The tables per outcome in words (``12 committed, 1 failed``) and their files in all: what the
+    round's line and the app's line about its final round both say."""
+    counts = Counter(outcome.outcome for outcome in tables.values())
+    told = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+    return told, sum(outcome.files for outcome in tables.values())
+
+
 def round_line(commit_id: str, reason: str, tables: Mapping[str, TableCommit], vtts_ms: int | None) -> str:
     """``commit <id> (<reason>): <n> tables <outcome>, ..., <files> files (<table> <outcome> (<files>
     files), ...); vtts <time>``."""
-    counts = Counter(outcome.outcome for outcome in tables.values())
-    told = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
-    files = sum(outcome.files for outcome in tables.values())
+    told, files = tally(tables)
     shown = sorted(tables.values(), key=lambda c: (c.outcome == "committed", c.identifier))
     named = [f"{c.identifier} {c.outcome} ({c.files} files)" for c in shown[:TABLES_NAMED]]
     if len(shown) > TABLES_NAMED:

@@ -27,6 +27,7 @@ from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.commit_runners import ThreadedCommits
 from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings, RoundResult
 from fanout_sink.protocol.round_trigger import RoundTrigger
+from fanout_sink.protocol.round_words import tally
 from fanout_sink.protocol.table_commit import TableCommitter
 from fanout_sink.spark import (
     executor_commits,
@@ -50,11 +51,7 @@ def final_round_words(result: RoundResult) -> str:
     named on the round's own ``commit ...`` line just above), never the result's repr (a kilobyte)."""
     if not result.tables:
         return "final commit round: nothing was pending"
-    counts: dict[str, int] = {}
-    for outcome in result.tables.values():
-        counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
-    files = sum(outcome.files for outcome in result.tables.values())
-    told = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+    told, files = tally(result.tables)
     return f"final commit round {result.commit_id}: {len(result.tables)} table(s), {told}, {files} file(s)"
 
 
