@@ -57,7 +57,8 @@ class RunContext:
     values_file: Path
     commit_interval_s: float
     cores: int
-    max_offsets_per_trigger: int
+    max_offsets_per_trigger: int | None
+    """``--max-offsets-per-trigger`` of the sink's run; None: unset (the sink's default)."""
     folder: Path
     taskset: str | None = None
     maintenance: dict[str, str] | None = None

@@ -69,6 +69,8 @@ class TableLanding:
     ids: pa.Array
     data_files: int
     snapshots: int
+    commit_times_ms: tuple[int, ...] = ()
+    """Every snapshot's timestamp, oldest first: how fresh the table stayed while a backlog drained."""
 
 
 def sorted_ids(ids: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -86,8 +88,24 @@ def landed(catalog: Any, tables: list[str]) -> dict[str, TableLanding]:
             ids=sorted_ids(table.scan(selected_fields=("id",)).to_arrow()["id"]),
             data_files=sum(1 for _ in table.scan().plan_files()),
             snapshots=len(table.snapshots()),
+            commit_times_ms=tuple(sorted(s.timestamp_ms for s in table.snapshots())),
         )
     return out
+
+
+def commit_gaps(tables: dict[str, TableLanding], started_ms: int) -> tuple[float | None, float | None]:
+    """(seconds from ``started_ms`` to the first table commit, the longest any table went between two
+    of its commits) over ``tables``; None where no table committed (twice)."""
+    firsts = [t.commit_times_ms[0] for t in tables.values() if t.commit_times_ms]
+    gaps = [
+        later - earlier
+        for t in tables.values()
+        for earlier, later in zip(t.commit_times_ms, t.commit_times_ms[1:], strict=False)
+    ]
+    return (
+        (min(firsts) - started_ms) / 1000 if firsts else None,
+        max(gaps) / 1000 if gaps else None,
+    )
 
 
 def check_same_rows(

@@ -35,6 +35,9 @@ from fanout_sink.protocol import datafiles
 from fanout_sink.transform.processor import build_processor
 
 SYSTEM = "in-process limit"
+DEFAULT_BATCH = 400_000
+"""Records the limit's two processes take per slice pair when the sink's batch size is unset: the
+limit reads a file, so this only sets how much each ``process`` call holds."""
 _WORK_LINE = "in-process work seconds: "
 
 
@@ -113,7 +116,7 @@ def run(ctx: RunContext) -> SystemRun:
     config.write_text(yaml.safe_dump(sink_config(ctx, ctx.unique_name("limit"))))
     command = [
         sys.executable, "-m", __name__, "--config", str(config), "--values", str(ctx.values_file),
-        "--slice-size", str(ctx.max_offsets_per_trigger // PARTITIONS),
+        "--slice-size", str((ctx.max_offsets_per_trigger or DEFAULT_BATCH) // PARTITIONS),
     ]  # fmt: skip
     log = ctx.folder / "limit.log"
     child = run_child(command, env=ctx.child_env(), log=log, timeout_s=ctx.timeout_s, cpus=ctx.taskset)

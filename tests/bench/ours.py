@@ -121,13 +121,18 @@ def first_batch_started(log: str) -> float | None:
 
 
 def app_command(
-    config: Path, master: str, max_offsets_per_trigger: int, extra: list[str], module: str = "fanout_sink.cli"
+    config: Path,
+    master: str,
+    max_offsets_per_trigger: int | None,
+    extra: list[str],
+    module: str = "fanout_sink.cli",
 ) -> list[str]:
     """``fanout-sink run`` on ``config`` as a child command line (this interpreter, this checkout);
-    ``module`` another entry point with the same ``run`` options (the planner prototype's)."""
+    ``module`` another entry point with the same ``run`` options (the planner prototype's); no
+    ``max_offsets_per_trigger``: the sink sizes its batches itself."""
+    limit = ["--max-offsets-per-trigger", str(max_offsets_per_trigger)] if max_offsets_per_trigger else []
     return [
-        sys.executable, "-m", module, "run", "--config", str(config), "--master", master,
-        "--max-offsets-per-trigger", str(max_offsets_per_trigger), *extra,
+        sys.executable, "-m", module, "run", "--config", str(config), "--master", master, *limit, *extra,
     ]  # fmt: skip
 
 

@@ -49,6 +49,10 @@ class Measurement:
     role_cpu_s: dict[str, float] = field(default_factory=dict)
     """Per process kind, its CPU seconds over the run (start-up included)."""
     taskset: str | None = None  # the CPUs the tree was pinned to (``taskset -c``), None: unpinned
+    first_commit_s: float | None = None
+    """Seconds from the system's start to its first table commit."""
+    max_commit_gap_s: float | None = None
+    """The longest any table went between two of its commits (None: no table committed twice)."""
 
 
 @dataclass(frozen=True)
@@ -455,6 +459,72 @@ def targets_at_scale(summaries: list[Summary], cores: int) -> list[str]:
     return lines
 
 
+FIFTY_MILLION = 50_000_000
+SUSTAINED_SIZES = (TEN_MILLION, FIFTY_MILLION)
+
+
+def _rounds(
+    measurements: list[Measurement], system: str, records: int, variant: str
+) -> dict[int, Measurement]:
+    return {
+        m.round: m
+        for m in measurements
+        if m.system == system and m.records == records and m.variant == variant and not m.taskset
+    }
+
+
+def targets_sustained(measurements: list[Measurement], commit_interval_s: float) -> list[str]:
+    """One line per target of issue 48 (a long backlog at the sink's defaults, two runs per size),
+    each run paired with the Connect run of the same round: met only when every pair meets it."""
+    lines = ["| target | measured, per run | verdict |", "|---|---|---|"]
+
+    def add(target: str, measured: list[str], met: list[bool]) -> None:
+        lines.append(_target_row(target, "; ".join(measured) or None, all(met) if met else None))
+
+    for records in SUSTAINED_SIZES:
+        ours = _rounds(measurements, OURS_BATCH, records, "uniform-3")
+        peer = _rounds(measurements, CONNECT, records, "uniform-3")
+        pairs = [(ours[r], peer[r]) for r in sorted(ours) if r in peer]
+        size = f"{records // 1_000_000}M uniform-3"
+        rates = [(o.records / o.wall_s) / (c.records / c.wall_s) for o, c in pairs]
+        add(
+            f"{size}: wall records/s >= 1.3x Connect's",
+            [f"{r:.2f}x" for r in rates],
+            [r >= 1.3 for r in rates],
+        )
+        cpu = [o.cpu_s / c.cpu_s for o, c in pairs]
+        add(f"{size}: CPU per 1M <= 0.6x Connect's", [f"{r:.2f}x" for r in cpu], [r <= 0.6 for r in cpu])
+        add(
+            f"{size}: peak RSS <= Connect's",
+            [f"{o.peak_rss_mb:,.0f} vs {c.peak_rss_mb:,.0f} MB" for o, c in pairs],
+            [o.peak_rss_mb <= c.peak_rss_mb for o, c in pairs],
+        )
+        gaps = [o.max_commit_gap_s for o in ours.values() if o.first_commit_s is not None]  # measured
+        add(
+            f"{size}: every table committed at least every 2 commit intervals ({2 * commit_interval_s:g} s)",
+            [f"longest gap {g:.1f} s" if g is not None else "one commit only" for g in gaps],
+            [g is not None and g <= 2 * commit_interval_s for g in gaps],
+        )
+    limit = _rounds(measurements, LIMIT, TEN_MILLION, "uniform-3")
+    ours10 = _rounds(measurements, OURS_BATCH, TEN_MILLION, "uniform-3")
+    best_limit = max((m.records / m.wall_s for m in limit.values()), default=None)
+    shares = [o.records / o.steady_s / best_limit for o in ours10.values() if o.steady_s and best_limit]
+    add(
+        "10M uniform-3: steady state >= 80% of the 2-process in-process limit",
+        [f"{s:.0%}" for s in shares],
+        [s >= 0.8 for s in shares],
+    )
+    wide = _rounds(measurements, OURS_BATCH, TEN_MILLION, "uniform-50")
+    mixed = _rounds(measurements, OURS_BATCH, TEN_MILLION, "mixed-50")
+    mixes = [wide[r].wall_s / mixed[r].wall_s for r in sorted(mixed) if r in wide]
+    add(
+        "10M, 50 tables: mixed-type wall rate >= 85% of uniform",
+        [f"{m:.0%}" for m in mixes],
+        [m >= 0.85 for m in mixes],
+    )
+    return lines
+
+
 def markdown(data: dict[str, Any]) -> str:
     measurements = [Measurement(**m) for m in data.get("measurements") or []]
     summaries = summarise(measurements)
@@ -490,6 +560,14 @@ def markdown(data: dict[str, Any]) -> str:
         "[throughput-at-scale.md](throughput-at-scale.md).",
         "",
         *targets_at_scale(summaries, cores),
+        "",
+        "## Targets of a long backlog (issue 48)",
+        "",
+        "The sink at its defaults (no `--max-offsets-per-trigger`), both systems at the commit interval "
+        "below, two runs per size; each of our runs is paired with Connect's run of the same round. "
+        "Analysis: [sustained-throughput.md](sustained-throughput.md).",
+        "",
+        *targets_sustained(measurements, float(data.get("commit_interval_s", 10.0))),
     ]
     if latency:
         lines += [

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -48,7 +49,7 @@ from bench import (
 )
 from bench.context import PARTITIONS, RunContext, SystemRun
 from bench.end_to_end import produce_chunks
-from bench.landed import TableLanding, check_same_rows, sorted_ids
+from bench.landed import TableLanding, check_same_rows, commit_gaps, sorted_ids
 from bench.workload import NAMESPACE, ROUTE_FIELD, Variant, parse_variant, value_chunks
 from fanout_sink.config.loading import key_value
 from fanout_sink.devtools.stack import daemon
@@ -107,10 +108,13 @@ def connect_facts() -> dict[str, str]:
 def _measure(
     ctx: RunContext, key: str, round_no: int, expected: dict[str, TableLanding], megabytes: float
 ) -> report.Measurement:
+    started_ms = int(time.time() * 1000)
     run = SYSTEMS[key](ctx)
+    first_commit_s, max_gap_s = commit_gaps(run.landing, started_ms)
     print(
         f"  round {round_no + 1} {run.system}: {ctx.records / run.wall_s:,.0f} records/s, "
-        f"{run.cpu_s:.1f} CPU s, peak RSS {run.peak_rss_mb:,.0f} MB",
+        f"{run.cpu_s:.1f} CPU s, peak RSS {run.peak_rss_mb:,.0f} MB, first commit after "
+        f"{first_commit_s or 0:.1f} s, longest gap between a table's commits {max_gap_s or 0:.1f} s",
         flush=True,
     )
     check_same_rows((GENERATED, expected), (run.system, run.landing))
@@ -127,6 +131,8 @@ def _measure(
         peak_rss_mb=run.peak_rss_mb,
         worker_rss_mb=run.worker_rss_mb,
         steady_s=run.steady_s,
+        first_commit_s=first_commit_s,
+        max_commit_gap_s=max_gap_s,
         files_per_table=[run.landing[t].data_files for t in tables],
         snapshots_per_table=[run.landing[t].snapshots for t in tables],
         pss_mb=run.pss_mb,
@@ -229,7 +235,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--commit-interval", type=float, default=10.0, help="seconds, for the sink and Connect"
     )
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=400_000)
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        help="records per micro-batch for the sink (and Spark's writer); default: unset, as a user runs it",
+    )
     parser.add_argument(
         "--partitions",
         type=int,
@@ -300,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             report.merge(results, "measurements", lambda old: report.merge_measurements(old, new))
             key = command_key(args)
             report.merge(results, "commands", lambda old: {**(old or {}), key: command})
+            report.merge(results, "commit_interval_s", lambda _: args.commit_interval)
         data = report.merge(results, "machine", lambda _: {**machine_facts(), **connect_facts()})
     finally:
         if args.work_dir is None and not args.keep:

@@ -61,15 +61,19 @@ def for_each_batch_available_now(
     spark: Any, args: argparse.Namespace, write: Callable[[Any, int], None]
 ) -> None:
     """A Spark peer's stream: the whole topic from the earliest offset (committed records only), in
-    micro-batches of at most ``args.max_offsets``, each handed to ``write``; returns when done."""
-    (
+    micro-batches of at most ``args.max_offsets`` (unset: one), each handed to ``write``; returns
+    when done."""
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
-        .option("maxOffsetsPerTrigger", str(args.max_offsets))
-        .load()
+    )
+    if args.max_offsets:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets))
+    (
+        reader.load()
         .writeStream.foreachBatch(write)
         .option("checkpointLocation", args.checkpoint)
         .trigger(availableNow=True)
@@ -83,8 +87,10 @@ def run(ctx: RunContext) -> SystemRun:
     command = [
         sys.executable, "-m", __name__, "--bootstrap", ctx.bootstrap, "--topic", ctx.topic,
         "--variant", ctx.variant.name, "--catalog", ctx.settings.model_dump_json(), "--master", ctx.master,
-        "--checkpoint", str(ctx.folder / "checkpoint"), "--max-offsets", str(ctx.max_offsets_per_trigger),
+        "--checkpoint", str(ctx.folder / "checkpoint"),
     ]  # fmt: skip
+    if ctx.max_offsets_per_trigger:
+        command += ["--max-offsets", str(ctx.max_offsets_per_trigger)]
     log = ctx.folder / "spark-writer.log"
     child = run_child(command, env=ctx.child_env(), log=log, timeout_s=ctx.timeout_s, cpus=ctx.taskset)
     if child.returncode != 0:
@@ -98,7 +104,7 @@ def peer_arguments(argv: list[str] | None, description: str, *flags: str) -> arg
     parser = argparse.ArgumentParser(description=description)
     for flag in ("--bootstrap", "--topic", "--catalog", "--master", "--checkpoint", *flags):
         parser.add_argument(flag, required=True)
-    parser.add_argument("--max-offsets", type=int, required=True)
+    parser.add_argument("--max-offsets", type=int, help="default: unset (Spark plans the whole backlog)")
     return parser.parse_args(argv)
 
 
