@@ -7,10 +7,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from bench import connect_peer, proctree, side_by_side
 from bench.context import catalog_settings
-from bench.landed import LandedRowsMismatchError, check_same_rows, landed
+from bench.landed import LandedRowsMismatchError, TableLanding, check_same_rows, commit_gaps, landed
 from bench.report import (
     CONNECT,
     LIMIT,
@@ -21,6 +22,7 @@ from bench.report import (
     markdown,
     targets,
     targets_at_scale,
+    targets_sustained,
 )
 from bench.workload import Variant
 
@@ -189,3 +191,41 @@ def test_the_cpu_of_each_process_kind_is_split_into_fixed_and_per_record_across_
     text = markdown({"measurements": [run(1_000_000, 15.0, 4.5), run(11_000_000, 65.0, 9.5)]})
     assert "| 2 | uniform-3 | fanout_sink available-now | 11,000,000 | 74.5 | 9.5 | 65.0 |" in text
     assert "| 1,000,000, 11,000,000 | 14.0 + 5.50/1M | 4.0 + 0.50/1M | 10.0 + 5.00/1M |" in text
+
+
+def test_the_sustained_targets_pair_each_run_with_connects_run_of_the_same_round() -> None:
+    """Issue 48 asks for both runs: round 0 at 1.4x and round 1 at 1.2x is a miss, and a table that
+    committed once (no gap to judge) misses the freshness target while an old run without commit
+    times is not judged."""
+
+    def run(system: str, round_no: int, wall_s: float, gap: float | None, first: float | None) -> Measurement:
+        return Measurement(
+            2, "uniform-3", round_no, system, 10_000_000, 1.0, wall_s, wall_s, 1_000.0, None, None, [1], [1],
+            first_commit_s=first, max_commit_gap_s=gap,
+        )  # fmt: skip
+
+    rows = targets_sustained(
+        [
+            run(OURS_BATCH, 0, 100.0, 12.0, 15.0),
+            run(CONNECT, 0, 140.0, 10.0, 25.0),
+            run(OURS_BATCH, 1, 100.0, None, 60.0),
+            run(CONNECT, 1, 120.0, 10.0, 25.0),
+        ],
+        10.0,
+    )
+    verdicts = {row.split(" | ")[0].lstrip("| "): row.split(" | ")[1:] for row in rows[2:]}
+    assert verdicts["10M uniform-3: wall records/s >= 1.3x Connect's"] == ["1.40x; 1.20x", "**missed** |"]
+    fresh = verdicts["10M uniform-3: every table committed at least every 2 commit intervals (20 s)"]
+    assert fresh == ["longest gap 12.0 s; one commit only", "**missed** |"]
+    assert verdicts["50M uniform-3: wall records/s >= 1.3x Connect's"][1] == "not measured |"
+
+
+def test_commit_gaps_are_the_first_commit_after_start_and_the_longest_wait_of_any_table() -> None:
+    ids = pa.array([], pa.large_string())
+    tables = {
+        "a": TableLanding(ids, 1, 3, (11_000, 21_000, 26_000)),
+        "b": TableLanding(ids, 1, 2, (12_000, 30_000)),
+        "c": TableLanding(ids, 0, 0, ()),
+    }
+    assert commit_gaps(tables, 1_000) == (10.0, 18.0)
+    assert commit_gaps({"c": tables["c"]}, 1_000) == (None, None)
