@@ -1,5 +1,9 @@
 """The worker commit unit: a partition group's slices -> data files + one Kafka transaction.
 
+A task calls it once per *step* (:mod:`.pacing`): the planned slices of a long batch go in
+successive calls over sub-slices ``[s, e)`` of them, each sized to take about half the commit
+interval, so every step below is one step's and every rule holds per step.
+
 This is where invariants I1 (no gap, no overlap), I2 (events and offsets are atomic) and the
 worker half of I3 (fencing) are kept. A partition group is the slices of one batch whose
 partitions share a transactional id (:mod:`.partition_groups`; without packing, one partition

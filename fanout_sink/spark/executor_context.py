@@ -24,6 +24,7 @@ from fanout_sink.config.models import SinkConfig
 from fanout_sink.kafka.java_client import inline_tls_files
 from fanout_sink.kafka.range_reader import RangeReader
 from fanout_sink.protocol.channel import SinkChannel
+from fanout_sink.protocol.pacing import StepPacer, step_target_s
 from fanout_sink.protocol.table_commit import TableCommitter
 from fanout_sink.protocol.worker import SliceWorker
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
@@ -57,6 +58,8 @@ class Delivery:
     worker: SliceWorker
     processor: RoutingProcessor
     reader: RangeReader
+    pacer: StepPacer
+    """Sizes the tasks' steps from this process's measured rate, kept across batches."""
 
 
 class ExecutorContext:
@@ -83,6 +86,10 @@ class ExecutorContext:
                     _slice_worker(config, channel),
                     build_processor(config, self.catalog),
                     RangeReader(channel.clients, channel.sink_group),
+                    StepPacer(
+                        step_target_s(config.control.commit_interval.total_seconds()),
+                        config.spark.max_records_per_batch,
+                    ),
                 )
                 freeze_long_lived()
             return self._delivery

@@ -5,8 +5,9 @@ partition group (an RDD element, never Kafka rows: the micro-batch DataFrame of 
 source is never executed). The task's worker fences, reads the delivered offsets, and only then
 reads what is left of each range with librdkafka
 (:class:`~fanout_sink.kafka.range_reader.RangeReader`, the group's partitions in one assignment)
-straight into Arrow, one slice after another, in one transaction. What it did travels back to the
-driver as a pickled :class:`SliceReport` per slice.
+straight into Arrow, one slice after another, in steps of about half the commit interval, each one
+transaction (:mod:`fanout_sink.protocol.pacing`), all inside that one assignment. What it did
+travels back to the driver as a pickled :class:`SliceReport` per planned slice (its steps merged).
 
 ``FANOUT_SINK_PROFILE=<dir>`` (in the app's environment, which local executors inherit) runs every
 task under cProfile (wall clock, its default: waits on the broker show too) and dumps
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fanout_sink.protocol.pacing import deliver_in_steps
 from fanout_sink.protocol.slices import Slice, SliceResult
 from fanout_sink.spark.executor_context import TaskSetup, executor_context
 
@@ -81,7 +83,7 @@ def run_task(
             )
             for planned in slices
         ]
-        deliver = functools.partial(state.worker.commit_partition_group, work, state.processor)
+        deliver = functools.partial(deliver_in_steps, state.worker, work, state.processor, state.pacer)
         # The partition group's partitions in one assignment, each resumed for its range (a new assignment per
         # range cost ~1 s per one-partition topic), small ranges fetched ahead (issue 32).
         ranges = [(planned.topic, planned.partition, planned.start, planned.end) for planned in slices]
