@@ -26,7 +26,8 @@ slot, so a commit job takes the next free slot instead of queueing behind a whol
 batch's tasks go on in the slots the commits do not use. A job whose tasks have not all started
 within :data:`START_WAIT_S` (every slot busy with long tasks) is cancelled and the round committed
 on the driver; one still running at the round's deadline is cancelled too (its tables fail for the
-round and stay pending).
+round and stay pending). While running tasks hold every slot (a batch delivering a backlog in steps
+holds its slots for minutes) no job is submitted: the round commits on the driver at once.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ class SparkTableCommits:
     def __call__(self, tables: RoundTables) -> dict[str, TableCommit]:
         if len(tables.due) < self.min_tables or not self.context.done():
             return self.on_driver(tables)
+        if self._slots_held():
+            log.debug(
+                "commit %s: every task slot runs a task; the round commits on the driver", tables.commit_id
+            )
+            return self.on_driver(tables)
         results = self._on_executors(tables)
         missing = [t for t in tables.due if t not in results]
         if missing and tables.remaining_s() > 0:
@@ -96,6 +102,19 @@ class SparkTableCommits:
             log.warning("commit %s: %d table(s) committed on the driver", tables.commit_id, len(missing))
             results.update(self.on_driver(tables.only(missing)))
         return results
+
+    def _slots_held(self) -> bool:
+        """Whether running tasks hold every slot (``defaultParallelism``): a batch that plans a
+        backlog keeps its tasks for minutes (they deliver it in steps, ``protocol/pacing.py``), and a
+        commit job would only wait :data:`START_WAIT_S` for a slot, round after round, before the
+        driver committed anyway."""
+        context = self.context.result()
+        tracker = context.statusTracker()
+        running = 0
+        for stage in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage)
+            running += info.numActiveTasks if info is not None else 0
+        return bool(running >= context.defaultParallelism)
 
     def _on_executors(self, tables: RoundTables) -> dict[str, TableCommit]:
         """The outcomes of one job over the round's shares; none when the job failed or was cancelled."""

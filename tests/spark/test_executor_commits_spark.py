@@ -3,9 +3,13 @@ every table once, small rounds on the driver, and what a failed job left committ
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
 from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
@@ -116,3 +120,45 @@ def test_a_runner_built_before_the_session_exists_commits_on_the_driver_until_it
     for table in "abc":
         assert table_ids(catalog, table) == expected[table]
     coordinator.close()
+
+
+def test_a_round_while_a_batch_holds_every_slot_commits_on_the_driver_without_waiting_for_one(
+    spark: Any, sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch that plans a backlog holds every slot for minutes (its tasks deliver it in steps): a
+    commit job would wait ``START_WAIT_S`` for a slot every round, then be cancelled. None is submitted."""
+    sink, expected = _round(sink_factory)
+    coordinator, driver = _coordinator(sink, _session(spark), min_tables=1)
+    context = spark.sparkContext
+    slots = context.defaultParallelism
+    release = threading.Event()
+
+    def hold_every_slot() -> None:
+        context.setJobGroup("paced-batch", "a batch holding every slot", True)
+        try:
+            context.parallelize(range(slots), slots).map(lambda _: time.sleep(600)).collect()
+        except Exception:  # cancelled below
+            assert release.is_set()
+
+    batch = threading.Thread(target=hold_every_slot)
+    batch.start()
+    try:
+        tracker = context.statusTracker()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            if sum(s.numActiveTasks for s in stages if s is not None) >= slots:
+                break
+            time.sleep(0.1)
+        with caplog.at_level(logging.INFO, logger="fanout_sink"):
+            result = coordinator.commit_round()
+        assert {c.outcome for c in result.tables.values()} == {"committed"}
+        assert driver.tables == ["sink.a", "sink.b", "sink.c"]
+        assert "cancelling the commit job" not in caplog.text, "a commit job was submitted and waited"
+        for table in "abc":
+            assert table_ids(catalog, table) == expected[table]
+    finally:
+        release.set()
+        context.cancelJobGroup("paced-batch")
+        batch.join(60)
+        coordinator.close()
