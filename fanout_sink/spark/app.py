@@ -26,6 +26,7 @@ from fanout_sink.protocol import group_layout
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.commit_runners import ThreadedCommits
 from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings, RoundResult
+from fanout_sink.protocol.pacing import step_target_s
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.round_words import tally
 from fanout_sink.protocol.table_commit import TableCommitter
@@ -111,9 +112,20 @@ class SinkApp:
         """The bad record that stopped the query (``errors.tolerance: none``), raised by :meth:`run`."""
         return self.batches.record_error
 
+    @property
+    def stop_grace_s(self) -> float:
+        """How long a stop waits for the running batch before cancelling it: about one step of a
+        task (``protocol/pacing.py``), since a batch may hold a whole backlog."""
+        return step_target_s(self.config.control.commit_interval.total_seconds())
+
     def request_stop(self, *_: Any) -> None:
-        """SIGTERM / Ctrl-C: let the running batch finish, then stop the query (see ``_stopper``)."""
-        log.info("stop requested: finishing the current batch, then committing")
+        """SIGTERM / Ctrl-C: let the running batch finish within the grace, else cancel it; then stop
+        the query (see ``_stopper``)."""
+        log.info(
+            "stop requested: finishing the current batch within %.0fs (else cancelling it: Spark "
+            "replays it on the next start), then committing",
+            self.stop_grace_s,
+        )
         self._stop_requested.set()
 
     def _stopper(self) -> None:
@@ -125,8 +137,21 @@ class SinkApp:
         # lock is not held while the query stops: Spark's stop waits for its stream thread, which
         # may be entering the next batch's foreachBatch and would wait for the lock (a deadlock,
         # found by the chaos runner when batches ran back to back); that batch ends at once instead.
-        with self.batches.lock:
+        # A batch may plan a whole backlog (minutes): after the grace its job is cancelled, and the
+        # batch raises StopRequested (``stopping`` is set first), so Spark does not mark it done.
+        if not self.batches.lock.acquire(timeout=self.stop_grace_s):
             self.batches.stopping.set()
+            if self.batches.cancel():
+                log.info(
+                    "stop: the running batch did not end within %.0fs; cancelled it (its committed "
+                    "steps stay; Spark replays the rest on the next start)",
+                    self.stop_grace_s,
+                )
+            self.batches.lock.acquire()
+        try:
+            self.batches.stopping.set()
+        finally:
+            self.batches.lock.release()
         if self._query is not None and self._query.isActive:
             self._query.stop()
 
@@ -200,7 +225,7 @@ class SinkApp:
             self._run_query(spark, starting)
         except Exception as exc:
             if self.batches.stopping.is_set() and StopRequested.__name__ in str(exc):
-                log.info("the query stopped before its next batch began; the next start replays it")
+                log.info("the query stopped before its batch was done; the next start replays it")
                 return 0
             if self.record_error is not None:  # the operator needs the record, not Spark's traces
                 raise self.record_error from None

@@ -94,7 +94,8 @@ class BatchSummary:
 
 
 class StopRequested(FanoutSinkError):
-    """The app's stop came before this batch began: Spark's checkpoint does not mark it done."""
+    """The app's stop came before this batch began, or cancelled it mid-way: Spark's checkpoint does
+    not mark it done, and the next start replays it (the steps it committed are skipped then)."""
 
 
 class BatchRunner:
@@ -129,6 +130,8 @@ class BatchRunner:
         """Told each batch's planned ranges and its end, so the coordinator commits once it is reported."""
         self._unknown_ids = UnknownSchemaIds(self.config.source.unknown_schema_id_timeout.total_seconds())
         self._registry_warned: int | None = None
+        self._running: tuple[Any, str] | None = None
+        """The SparkContext and job group of the batch job running now (see :meth:`cancel`)."""
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         """Deliver every planned slice of batch ``batch_id``, retrying the batch on failure."""
@@ -155,6 +158,11 @@ class BatchRunner:
                     reports = self._run(frame, batch_id, ranges)
                     break
                 except Exception as exc:
+                    if self.stopping.is_set():  # the stop cancelled the batch's job (:meth:`cancel`)
+                        raise StopRequested(
+                            f"batch {batch_id} of sink {self.config.name!r} was cancelled by the stop: "
+                            "Spark replays it on the next start, and the steps it committed are skipped then"
+                        ) from exc
                     # A bad record under errors.tolerance: none fails the same way on every retry.
                     self.record_error = RecordError.find(str(exc))
                     if self.record_error is not None:
@@ -188,6 +196,17 @@ class BatchRunner:
             log.info("%s", BatchSummary(reports).describe(batch_id, seconds), extra={"batch": batch_id})
             if self._metrics is not None:
                 self._metrics.batch_done(seconds, [report.result for report in reports])
+
+    def cancel(self) -> bool:
+        """Cancel the running batch's Spark job, if any (the app's stop, after its grace): its tasks
+        are killed mid-step, their open transactions aborted by the next start's fencing, and the
+        batch raises :class:`StopRequested` once ``stopping`` is set. Whether a job was cancelled."""
+        running = self._running
+        if running is None:
+            return False
+        context, job_group = running
+        context.cancelJobGroup(job_group)
+        return True
 
     def _log_registry_wait(self, batch_id: int, error: Exception) -> None:
         """One WARNING per batch the registry holds up, then DEBUG while it repeats."""
@@ -252,8 +271,18 @@ class BatchRunner:
         ]
         packed = self.setup.channel.partition_groups.pack(slices)
         task = functools.partial(run_task, self.setup, batch_id, dict(self._unknown_ids.since))
-        reports: list[SliceReport] = (
-            context.parallelize(packed, numSlices=len(packed)).mapPartitions(task).collect()
-        )
+        job_group = f"fanout-sink-batch-{self.config.name}-{batch_id}"
+        context.setJobGroup(job_group, f"batch {batch_id}: {len(slices)} slices", True)
+        self._running = (context, job_group)
+        try:
+            if self.stopping.is_set():  # the stop looked for a job before this one was named
+                raise StopRequested(f"batch {batch_id} of sink {self.config.name!r}: the app is stopping")
+            reports: list[SliceReport] = (
+                context.parallelize(packed, numSlices=len(packed)).mapPartitions(task).collect()
+            )
+        finally:
+            self._running = None
+            for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+                context.setLocalProperty(key, None)
         self._unknown_ids.served([i for report in reports for i in report.schema_ids_served])
         return reports

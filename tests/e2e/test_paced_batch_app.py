@@ -61,3 +61,31 @@ def test_tables_are_committed_while_one_backlog_batch_runs_and_a_kill_mid_batch_
 
     sink.run("--available-now")
     sink.assert_exact()
+
+
+def test_a_stop_during_a_backlog_batch_cancels_it_after_the_grace_and_the_restart_delivers_the_rest(
+    sink_factory: SinkFactory,
+) -> None:
+    """SIGTERM once steps committed: the stop waits about one step (1 s here) for the batch, then
+    cancels its job; the batch is not marked done, the app exits 0 after its final round, and the
+    restart replays the batch, skipping the steps committed."""
+    sink = _backlog_sink(sink_factory)
+    app = subprocess.Popen(
+        sink.command("--trigger-interval", "1s"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=child_env({"FANOUT_SINK_FAULTS": "worker.after-commit=sleep:1"}),
+    )  # fmt: skip
+    assert app.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + 300
+    while not ROUND_COMMITTED.search(seen) and time.monotonic() < deadline and app.poll() is None:
+        seen += app.stderr.readline()
+    assert ROUND_COMMITTED.search(seen), seen[-3000:]
+    app.send_signal(signal.SIGTERM)
+    _, rest = app.communicate(timeout=180)
+    assert app.returncode == 0, rest[-3000:]
+    assert "batch 0:" not in seen + rest, "the stop waited for the whole backlog batch"
+    assert "cancelled it" in rest and "final commit round" in rest, rest[-3000:]
+
+    sink.run("--available-now")
+    sink.assert_exact()

@@ -39,6 +39,12 @@ class _Context:
         self.handed: list[dict[int, float]] = []
         """The unknown schema ids each job's tasks were handed."""
 
+    def setJobGroup(self, group: str, description: str, interrupt: bool) -> None:
+        pass
+
+    def setLocalProperty(self, key: str, value: str | None) -> None:
+        pass
+
     def parallelize(self, elements: Any, numSlices: int) -> _Context:
         return self
 
