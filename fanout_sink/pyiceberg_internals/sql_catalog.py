@@ -1,5 +1,6 @@
 """The SQL catalog's fast paths: the metadata pointers of many tables in one query, a table read from
-a pointer so found, and a commit against the table as its caller loaded it (no second load).
+a pointer so found (or kept, when nothing its writers use changed), and a commit against the table
+as its caller loaded it (no second load).
 
 The SQL catalog module is imported here only when a process uses one (``sys.modules`` is asked
 first): it imports SQLAlchemy (150 modules, 20 MB), which the processes of a REST or Hive sink never
@@ -12,7 +13,9 @@ need. What it reaches into:
 - ``pyiceberg.catalog.sql``'s ``IcebergTables`` (the catalog's table rows) and ``SqlCatalog``'s private
   ``_iceberg_type_filter``: :func:`current_table_uuids` and :func:`sql_metadata_locations` read many
   tables' metadata pointers in one query.
-- ``Catalog._load_file_io``: :func:`load_table_at` builds a table as ``SqlCatalog.load_table`` does.
+- ``Catalog._load_file_io``: :func:`load_table_at` and :func:`tables_for_writing` build a table as
+  ``SqlCatalog.load_table`` does; the latter reads metadata JSON keys itself (:data:`WRITER_FIELDS`)
+  and parses it with ``TableMetadataUtil.parse_obj`` only when those differ.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
 
@@ -115,17 +119,99 @@ def current_table_uuids(tables: dict[str, Table]) -> dict[str, str | None]:
     is the same table; a moved one (every table commit moves it) is asked for ``table-uuid`` only,
     from the head of the new metadata file, where Iceberg's writers put it, else from all of it.
     """
+    found: dict[str, str | None] = {}
+    for catalog, group in _by_sql_catalog(tables):
+        found.update(_sql_table_uuids(catalog, group))
+    return found
+
+
+def _by_sql_catalog(tables: dict[str, Table]) -> list[tuple[Any, list[tuple[str, Table]]]]:
+    """``tables`` whose catalog is a SQL catalog, grouped by that catalog (the others left out)."""
     sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: no SQL catalog in this process
     if sql is None:
-        return {}
+        return []
     by_catalog: dict[int, list[tuple[str, Table]]] = defaultdict(list)
     for identifier, table in tables.items():
         if isinstance(table.catalog, sql.SqlCatalog):
             by_catalog[id(table.catalog)].append((identifier, table))
-    found: dict[str, str | None] = {}
-    for group in by_catalog.values():
-        found.update(_sql_table_uuids(group[0][1].catalog, group))
+    return [(group[0][1].catalog, group) for group in by_catalog.values()]
+
+
+def tables_for_writing(tables: dict[str, Table]) -> dict[str, Table | None]:
+    """Each table as a writer of its data files should hold it now (None: no such table), for the
+    tables whose catalog is a SQL catalog; the others are left out, for the caller to load.
+
+    A worker keeps the tables it writes for in a cache whose entries expire (to see other writers'
+    schema changes); loading each expired table again cost ~1-3 ms (the pointer's query, the metadata
+    JSON read and validated), ~5 % of a worker's core at 5,000 tables. Here one query reads the
+    pointers of up to :data:`NAMES_PER_QUERY` tables; an unmoved pointer is the same metadata, so the
+    table is handed back as it is. A moved one (every commit of the coordinator moves it) is read and
+    parsed as plain JSON; if it differs from the loaded metadata in nothing a writer uses
+    (:func:`_same_for_writing`: a commit that only added a snapshot and the sink's state), the table
+    is handed back as it is too, else it is built from that metadata.
+    """
+    found: dict[str, Table | None] = {}
+    for catalog, group in _by_sql_catalog(tables):
+        pointers = _sql_pointers(catalog, {_catalog_key(table.name()) for _, table in group})
+        for identifier, table in group:
+            location = pointers.get(_catalog_key(table.name()))
+            if not location:
+                found[identifier] = None
+            elif location == table.metadata_location:
+                found[identifier] = table
+            else:
+                found[identifier] = _table_for_writing(catalog, identifier, table, location)
     return found
+
+
+WRITER_FIELDS = (
+    "format-version",
+    "table-uuid",
+    "location",
+    "last-column-id",
+    "current-schema-id",
+    "default-spec-id",
+    "last-partition-id",
+    "default-sort-order-id",
+)
+"""The metadata fields a data file's writer reads besides properties (schemas, specs and sort orders
+are found by these ids, and Iceberg never changes one under its id)."""
+SINK_PROPERTIES = "fanout-sink."
+"""The prefix of the properties the sink records its state in at every commit (``table_state``): no
+writer reads them."""
+
+
+def _same_for_writing(metadata: TableMetadata, raw: dict[str, Any]) -> bool:
+    """Whether metadata JSON ``raw`` holds what ``metadata`` holds for a writer of data files."""
+    held = {
+        "format-version": metadata.format_version,
+        "table-uuid": str(metadata.table_uuid),
+        "location": metadata.location,
+        "last-column-id": metadata.last_column_id,
+        "current-schema-id": metadata.current_schema_id,
+        "default-spec-id": metadata.default_spec_id,
+        "last-partition-id": metadata.last_partition_id,
+        "default-sort-order-id": metadata.default_sort_order_id,
+    }
+    if any(raw.get(name) != held[name] for name in WRITER_FIELDS):
+        return False
+    return _writer_properties(raw.get("properties") or {}) == _writer_properties(metadata.properties)
+
+
+def _writer_properties(properties: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in properties.items() if not k.startswith(SINK_PROPERTIES)}
+
+
+def _table_for_writing(catalog: Catalog, identifier: str, table: Table, location: str) -> Table:
+    """``table`` if the metadata at ``location`` holds the same for a writer, else the table built
+    from it (as :func:`load_table_at` builds it)."""
+    io = catalog._load_file_io(location=location)
+    with io.new_input(location).open() as stream:
+        text = stream.read()
+    raw = json.loads(gzip.decompress(text) if _gzipped(location) else text)
+    if _same_for_writing(table.metadata, raw):
+        return table
+    return _table(catalog, identifier, TableMetadataUtil.parse_obj(raw), location)
 
 
 def _sql_table_uuids(catalog: Any, tables: list[tuple[str, Table]]) -> dict[str, str | None]:
@@ -194,7 +280,11 @@ def load_table_at(catalog: Catalog, identifier: str, location: str) -> Table:
     """The table as the metadata file at ``location`` holds it, built as ``SqlCatalog.load_table``
     builds it from its row, for a location :func:`sql_metadata_locations` read."""
     io = catalog._load_file_io(location=location)
-    metadata = FromInputFile.table_metadata(io.new_input(location))
+    return _table(catalog, identifier, FromInputFile.table_metadata(io.new_input(location)), location)
+
+
+def _table(catalog: Catalog, identifier: str, metadata: TableMetadata, location: str) -> Table:
+    """The table of ``metadata`` read from ``location``, as ``SqlCatalog.load_table`` builds it."""
     return Table(
         identifier=Catalog.identifier_to_tuple(identifier),
         metadata=metadata,
@@ -212,9 +302,14 @@ def metadata_table_uuid(io: FileIO, location: str) -> str:
         if (found := _TABLE_UUID.search(text)) is not None:
             return str(uuid.UUID(found.group(1).decode()))
         text += stream.read()
-    if location.endswith((".gz.metadata.json", ".metadata.json.gz")):
+    if _gzipped(location):
         text = gzip.decompress(text)
     return str(uuid.UUID(json.loads(text)["table-uuid"]))
+
+
+def _gzipped(location: str) -> bool:
+    """Whether the metadata file at ``location`` is gzipped (by its name, as Iceberg names them)."""
+    return location.endswith((".gz.metadata.json", ".metadata.json.gz"))
 
 
 def commit_catalog(catalog: Catalog, table: Table) -> Catalog:
