@@ -43,6 +43,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
+from fanout_sink import durable_io
 from fanout_sink.protocol import datafiles
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.file_layouts import PARQUET, ParquetFile, layout_for
@@ -104,10 +105,13 @@ class _FileNames:
 class _TableWriter:
     """The held rows and open files (one per partition) of one table in one schema."""
 
-    def __init__(self, table: Table, schema: pa.Schema, names: _FileNames, downcast: bool) -> None:
+    def __init__(
+        self, table: Table, schema: pa.Schema, names: _FileNames, downcast: bool, unsynced: list[str]
+    ) -> None:
         self.table = table
         self.schema = schema
         self._names = names
+        self._unsynced = unsynced
         self._layout = layout_for(table, schema, downcast)
         self._target = target_file_bytes(table)
         self._held: list[pa.Table] = []
@@ -185,7 +189,8 @@ class _TableWriter:
         return open_file
 
     def _close(self, open_file: _OpenFile) -> DataFile:
-        statistics = open_file.writer.close()
+        with durable_io.syncs_deferred(self._unsynced):  # fsynced with the others at finish
+            statistics = open_file.writer.close()
         metadata = self.table.metadata
         data_file = DataFile.from_args(
             content=DataFileContent.DATA,
@@ -217,6 +222,10 @@ class RollingFiles:
         self._held = 0
         """The sum of the writers' ``held_bytes``, kept as they change: summed per ``add``, a chunk over
         5,000 tables cost 1 s of bookkeeping."""
+        self._unsynced: list[str] = []
+        """The files closed so far and their directories, fsynced together at :meth:`finish` (on a
+        local warehouse; :mod:`fanout_sink.durable_io`): one at a time, each file's two fsyncs were
+        ~2 ms of a slice's wall time at 5,000 tables."""
 
     def add(self, identifier: str, table: Table, rows: pa.Table) -> None:
         """Write one chunk's rows of a table into its open files, closing each that gets full."""
@@ -233,7 +242,9 @@ class RollingFiles:
             self._record(identifier, writer.table, writer.close())
             writer = None
         if writer is None:
-            writer = self._writers[identifier] = _TableWriter(table, rows.schema, self._names, self._downcast)
+            writer = self._writers[identifier] = _TableWriter(
+                table, rows.schema, self._names, self._downcast, self._unsynced
+            )
         before = writer.held_bytes
         files = writer.write(rows)
         self._held += writer.held_bytes - before
@@ -257,13 +268,16 @@ class RollingFiles:
             self._record(identifier, writer.table, writer.flush())
 
     def finish(self) -> dict[str, list[WrittenTable]]:
-        """Close every open file; per table, its files of the slice by the table uuid they were
-        written for (one, unless the table was recreated meanwhile), in the order written."""
+        """Close every open file and fsync every file closed (before any event can name them); per
+        table, its files of the slice by the table uuid they were written for (one, unless the table
+        was recreated meanwhile), in the order written."""
         for identifier in list(self._writers):
             writer = self._writers[identifier]
             self._record(identifier, writer.table, writer.close())
             del self._writers[identifier]
         self._held = 0
+        durable_io.fsync_all(self._unsynced)
+        self._unsynced.clear()
         return self._written
 
     def discard(self) -> None:

@@ -5,6 +5,8 @@ target size per partition, and read back whole and pruned by PyIceberg."""
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -311,3 +313,51 @@ def test_rows_held_over_many_tables_stay_within_the_budget_and_all_land(catalog:
         ids = sorted(catalog.load_table(name).scan().to_arrow()["id"].to_pylist())
         first = n * 1000 * 1000
         assert ids == sorted(first + chunk * 100 + i for chunk in range(10) for i in range(25 + n))
+
+
+def test_a_slices_files_are_fsynced_together_at_finish_each_file_and_folder_once(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One at a time, each file's fsync and its folder's were ~2 ms of wall time a file, a quarter of
+    a slice at 5,000 tables (issue 50): the files a slice write closes, rolled ones too, are fsynced
+    at its finish, on a few threads, before any event can name them."""
+    catalog.create_namespace("w")
+    rolled = catalog.create_table("w.rolled", schema=SCHEMA, partition_spec=SPEC)
+    with rolled.transaction() as tx:  # files fill within the slice and are closed before its end
+        tx.set_properties({"write.target-file-size-bytes": str(_chunk(0, 1000).nbytes // 100)})
+    plain = catalog.create_table("w.plain", schema=SCHEMA)
+    tables = {"w.rolled": catalog.load_table("w.rolled"), "w.plain": plain}
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    rolling = RollingFiles()
+    for n in range(5):
+        for name, table in tables.items():
+            rolling.add(name, table, _chunk(n * 200, 200))
+    assert synced == [], "a file closed before the slice's end waits for the others"
+    written = rolling.finish()
+
+    paths = [r.file_path.removeprefix("file://") for w in written.values() for t in w for r in t.records]
+    assert len(paths) > len(tables) * 16, "files were rolled within the slice"
+    assert set(paths) | {os.path.dirname(p) for p in paths} <= set(synced)
+    assert os.path.dirname(os.path.dirname(os.path.dirname(paths[0]))) in synced, "a new folder's entry"
+    assert len(synced) == len(set(synced)), "each file and folder once"
+
+
+def test_a_failed_fsync_fails_the_slice_write(catalog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog.create_namespace("w")
+    rolling = RollingFiles()
+    for n in range(3):
+        rolling.add(f"w.t{n}", catalog.create_table(f"w.t{n}", schema=SCHEMA), _chunk(0, 10))
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        rolling.finish()
