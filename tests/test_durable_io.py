@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from support.common import ARROW_SCHEMA, TABLE_SCHEMA
+from support.common import ARROW_SCHEMA, TABLE_SCHEMA, record_fsyncs
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.protocol import datafiles
@@ -22,15 +22,7 @@ from fanout_sink.pyiceberg_internals.fileio import DurableFileIO
 
 @pytest.fixture
 def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    paths: list[str] = []
-    real = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        paths.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    return paths
+    return record_fsyncs(monkeypatch)
 
 
 def test_data_manifest_and_metadata_files_are_fsynced_with_their_directories(

@@ -21,6 +21,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
+from support.common import record_fsyncs
 
 from fanout_sink.protocol import datafiles, file_layouts
 from fanout_sink.protocol.rolling_files import RollingFiles, WrittenTable
@@ -327,14 +328,7 @@ def test_a_slices_files_are_fsynced_together_at_finish_each_file_and_folder_once
         tx.set_properties({"write.target-file-size-bytes": str(_chunk(0, 1000).nbytes // 100)})
     plain = catalog.create_table("w.plain", schema=SCHEMA)
     tables = {"w.rolled": catalog.load_table("w.rolled"), "w.plain": plain}
-    synced: list[str] = []
-    real = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     rolling = RollingFiles()
     for n in range(5):
         for name, table in tables.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -322,3 +323,17 @@ def commit_as_round(
         properties.update(table_state.round_properties(sink, round_tables))
     rows = pa.Table.from_pylist([{"id": i, "topic": "t"} for i in ids], ARROW_SCHEMA)
     catalog.load_table(f"{NAMESPACE}.{name}").append(rows, snapshot_properties=properties)
+
+
+def record_fsyncs(monkeypatch: Any) -> list[str]:
+    """The paths ``os.fsync`` is called for from now on (it still syncs), in call order: durability
+    cannot be observed without pulling the power, so tests count what was synced."""
+    paths: list[str] = []
+    real = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return paths
