@@ -25,6 +25,12 @@ _STAMP = VENV / ".fanout-sink-installed"
 _MIN_PYTHON = (3, 11)
 
 
+INSTALL_INPUTS = ("pyproject.toml", "setup.py", "fanout_sink/kafka/librdkafka_arrow.c")
+"""What an install of the project is made from: when one changes, ``.venv``'s install is redone (the
+native range reader's C extension is compiled at install time; an editable install does not notice
+its source change)."""
+
+
 def _say(message: str) -> None:
     print(f"[bootstrap] {message}", file=sys.stderr, flush=True)
 
@@ -39,7 +45,7 @@ def ensure_venv() -> None:
         wanted_version = ".".join(map(str, _MIN_PYTHON))
         found = sys.version.split()[0]
         sys.exit(f"fanout_sink needs Python {wanted_version}+, this is {found}: run it with a newer python3.")
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in INSTALL_INPUTS)).hexdigest()
     if _STAMP.exists() and _STAMP.read_text().strip() == wanted and _bin("fanout-sink").exists():
         return
     if not _bin("python").exists():

@@ -12,8 +12,10 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
   never get a member (``KafkaClientFactory.group_metadata``); assigning does not join.
 - A start below the log start is data loss (``auto.offset.reset: error``), the same condition
   Spark's ``failOnDataLoss=true`` stopped on; no progress for ``stall_timeout_s`` is an error too.
-- Each ``consume`` batch becomes one Arrow record batch: one Python list per column, no
-  per-record dicts (headers, rare, are the exception).
+- Each ``consume`` batch becomes Arrow record batches (:mod:`fanout_sink.kafka.consumed`): copied
+  from librdkafka's messages in C by the native consume where it is built
+  (:mod:`fanout_sink.kafka.native_consume`, about a third of the CPU per record), else from
+  confluent-kafka's ``Message`` objects, a Python list per column; which one is logged once.
 - ``read_chunks`` hands the range out in tables of at most ``max_records`` records, so a worker's
   memory holds a chunk's working set, not the whole slice (issue 26); ``read`` is all of it at once.
 - ``assigned`` holds a partition group's partitions in one assignment, paused, while a task reads
@@ -28,7 +30,6 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,28 +38,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from fanout_sink.errors import SourceDataLossError, SourceReadError
 from fanout_sink.kafka.clients import KafkaClientFactory
-
-_HEADER = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
-RAW_RECORD_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("timestampType", pa.int32()),
-        pa.field("headers", pa.list_(_HEADER)),
-    ]
+from fanout_sink.kafka.consumed import (
+    RAW_RECORD_SCHEMA,
+    Consumed,
+    PartitionKey,
+    last_offset,
+    within,
 )
-"""A slice of Kafka records in Arrow: the columns (and names) Spark's Kafka source gives with
-``includeHeaders=true``, which the sink read through Spark before; ``headers`` is null for a record
-without headers, ``timestampType`` 0 = CreateTime, 1 = LogAppendTime."""
+from fanout_sink.kafka.native_consume import choose_consume
+
+__all__ = ["RAW_RECORD_SCHEMA", "RangeReader"]
 
 FETCH_DEFAULTS: dict[str, Any] = {
     # One partition per consumer: let one fetch bring a good chunk of it (librdkafka's default is 1 MB
@@ -112,7 +105,7 @@ DEFAULT_STALL_TIMEOUT_S = 60.0
 
 AHEAD_RECORDS = 50_000
 """Records (offsets planned) of the ranges fetched ahead at once, at most: what a reader inside
-``assigned`` holds beyond the range it reads, as Python messages (~10-20 MB). A larger range is
+``assigned`` holds beyond the range it reads, as Arrow (~10 MB of JSON records). A larger range is
 read on its own turn."""
 
 AHEAD_PARTITIONS = 500
@@ -125,7 +118,7 @@ class _Ahead:
 
     start: int
     end: int
-    messages: list[Message] = field(default_factory=list)
+    batches: list[pa.RecordBatch] = field(default_factory=list)
     position: int = field(init=False)
     """Where the range's records are known up to: past the last one kept, or an EOF's offset."""
 
@@ -170,6 +163,8 @@ class RangeReader:
             {"group.id": group, **RANGE_CONSUMER},
             defaults=fetch_defaults(clients.conf),
         )
+        self._consume = choose_consume(self._consumer)
+        """``consume(max_messages, timeout_s)`` on the consumer: the native one, or confluent-kafka's."""
 
     @contextmanager
     def assigned(self, ranges: Sequence[tuple[str, int, int, int]]) -> Iterator[None]:
@@ -227,30 +222,34 @@ class RangeReader:
         if resumed:
             self._consumer.resume(resumed)
 
-    def _keep_ahead(self, messages: list[Message]) -> None:
-        """Messages (and EOFs) of ranges fetched ahead, kept up to each range's end; a range complete
-        or failed is paused (a failed one is read, and fails, in its turn)."""
+    def _keep_ahead(self, consumed: Consumed) -> None:
+        """Records (and EOFs) of ranges fetched ahead, kept up to each range's end; a range complete
+        or failed is paused (a failed one is read, and fails, in its turn). Kept as copies: a slice
+        would hold its whole consume batch's buffers until its turn."""
         done = []
-        for message in messages:
-            key = _key(message)
+        for key, batch in consumed.runs:  # before the events: a partition's EOF comes after its records
             ahead = self._ahead.get(key)
             if ahead is None or ahead.complete:
-                continue  # failed earlier in this batch, or whole: the rest is past its end
-            error = message.error()
-            offset = _offset(message)
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                ahead.position = max(ahead.position, offset)
-            elif error is not None:
-                del self._ahead[key]  # its turn seeks to its start and meets the error itself
-                done.append(TopicPartition(*key))
-                continue
-            elif offset >= ahead.end:
+                continue  # whole: the rest is past its end
+            kept = within(batch, ahead.start, ahead.end)
+            if kept.num_rows:
+                ahead.batches.append(kept.take(pa.array(range(kept.num_rows))))  # a copy
+                ahead.position = max(ahead.position, last_offset(kept) + 1)
+            if last_offset(batch) >= ahead.end:
                 ahead.position = ahead.end
-            else:
-                ahead.messages.append(message)
-                ahead.position = max(ahead.position, offset + 1)
             if ahead.complete:
                 done.append(TopicPartition(*key))
+        for event_key, offset, error in consumed.events:
+            ahead = self._ahead.get(event_key) if event_key is not None else None
+            if event_key is None or ahead is None or ahead.complete:
+                continue  # failed earlier in this batch, or whole
+            if error.code() != KafkaError._PARTITION_EOF:
+                del self._ahead[event_key]  # its turn seeks to its start and meets the error itself
+                done.append(TopicPartition(*event_key))
+                continue
+            ahead.position = max(ahead.position, offset)
+            if ahead.complete:
+                done.append(TopicPartition(*event_key))
         if done:
             self._consumer.pause(done)
 
@@ -338,39 +337,38 @@ class RangeReader:
     def _read_assigned(
         self, topic: str, partition: int, start: int, end: int, kept: _Ahead | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """The records ``kept`` from a fetch ahead, then one record batch per ``consume`` call, up to
-        the range's end."""
+        """The records ``kept`` from a fetch ahead, then the record batches of each ``consume`` call,
+        up to the range's end."""
         position = start
         if kept is not None:
-            records = [m for m in kept.messages if start <= _offset(m) < end]
             position = max(start, min(kept.position, end))
-            if records:
-                yield _record_batch(topic, partition, records)
+            for batch in kept.batches:
+                if (records := within(batch, start, end)).num_rows:
+                    yield records
         deadline = time.monotonic() + self.stall_timeout_s
         while position < end:
             # consume() returns when it has the count or the timeout passed, not at partition EOF: a
             # count above what is left made every range's tail wait the whole timeout (1 s per slice).
             # Markers and aborted records make what is left smaller than end - position; then the short
             # timeout bounds the wait, and EOF at or past the end finishes the range.
-            messages = self._consumer.consume(min(CONSUME_BATCH, end - position), timeout=CONSUME_WAIT_S)
-            if self._paused is not None and messages:
-                messages = self._own(messages, topic, partition)
-            # Comprehensions, not a loop with a body per message: this runs for every record.
-            events = [m for m in messages if m.error() is not None]
-            records = [m for m in messages if m.error() is None] if events else messages
-            for event in events:
-                error = event.error()
-                if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                    position = max(position, _offset(event))
-                elif error is not None:
+            asked = min(CONSUME_BATCH, end - position)
+            consumed = self._own(self._consume(asked, CONSUME_WAIT_S), topic, partition)
+            for _key, offset, error in consumed.events:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    position = max(position, offset)
+                else:
                     self._fail(topic, partition, start, end, error)
-            if records and _offset(records[-1]) >= end:
-                records = records[: bisect.bisect_left(records, end, key=_offset)]
-                position = end
-            if records:
-                position = max(position, _offset(records[-1]) + 1)
-                yield _record_batch(topic, partition, records)
-            if records or position >= end:
+            progressed = False
+            for _key, batch in consumed.runs:
+                records = batch
+                if last_offset(batch) >= end:
+                    records = within(batch, 0, end)
+                    position = end
+                if records.num_rows:
+                    position = max(position, last_offset(records) + 1)
+                    progressed = True
+                    yield records
+            if progressed or position >= end:
                 deadline = time.monotonic() + self.stall_timeout_s
             elif time.monotonic() > deadline:
                 raise SourceReadError(
@@ -381,28 +379,30 @@ class RangeReader:
                     "aside and reset the sink group's offset for the partition"
                 )
 
-    def _own(self, messages: list[Message], topic: str, partition: int) -> list[Message]:
-        """The messages of the partition being read (and errors of none), inside :meth:`assigned`;
-        those of ranges fetched ahead are kept for their turn.
+    def _own(self, consumed: Consumed, topic: str, partition: int) -> Consumed:
+        """The records and events of the partition being read (and errors of none); inside
+        :meth:`assigned`, those of ranges fetched ahead are kept for their turn.
 
         Pausing a partition makes librdkafka drop what it had queued for it, so a stale message of a
-        partition read before is rare: with nothing fetched ahead only the head and tail are checked
-        (two calls, not two per record) before any filtering. A message of a partition neither read
-        nor fetched ahead moved its position: it is dropped (its EOF must never end this range) and
-        the partition seeks before its next read."""
+        partition read before is rare. One of a partition neither read nor fetched ahead moved its
+        position: it is dropped (its EOF must never end this range) and, inside :meth:`assigned`, the
+        partition seeks before its next read."""
+        own: PartitionKey = (topic, partition)
+        runs = [(key, batch) for key, batch in consumed.runs if key == own]
+        events = [event for event in consumed.events if event[0] in (own, None)]
+        if len(runs) == len(consumed.runs) and len(events) == len(consumed.events):
+            return consumed
         paused = self._paused
-        assert paused is not None
-        if not self._ahead and all(_belongs(m, topic, partition) for m in (messages[0], messages[-1])):
-            return messages
-        own = [m for m in messages if _belongs(m, topic, partition)]
-        if len(own) == len(messages):
-            return own
-        others = [m for m in messages if not _belongs(m, topic, partition)]
-        self._keep_ahead([m for m in others if _key(m) in self._ahead])
-        for stranger in others:
-            if (key := _key(stranger)) not in self._ahead:
-                paused[key] = None
-        return own
+        if paused is not None:
+            others = Consumed(
+                [run for run in consumed.runs if run[0] != own],
+                [event for event in consumed.events if event[0] not in (own, None)],
+            )
+            self._keep_ahead(others)
+            for key in {run[0] for run in others.runs} | {event[0] for event in others.events if event[0]}:
+                if key not in self._ahead:
+                    paused[key] = None
+        return Consumed(runs, events)
 
     def _fail(self, topic: str, partition: int, start: int, end: int, error: KafkaError) -> None:
         if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
@@ -418,61 +418,3 @@ class RangeReader:
 
     def close(self) -> None:
         self._consumer.close()
-
-
-def _key(message: Message) -> tuple[str, int]:
-    """A consumed message's (or event's) partition, as the reader's maps key it."""
-    return str(message.topic()), int(message.partition() or 0)
-
-
-def _belongs(message: Message, topic: str, partition: int) -> bool:
-    """Whether a consumed message (or event) is of the partition, or of no partition at all."""
-    return message.topic() is None or (message.partition() == partition and message.topic() == topic)
-
-
-def _offset(message: Message) -> int:
-    """A consumed message's (or EOF event's) offset; librdkafka sets it on both."""
-    offset = message.offset()
-    assert offset is not None, "a consumed message carries its offset"
-    return offset
-
-
-def _record_batch(topic: str, partition: int, records: list[Message]) -> pa.RecordBatch:
-    """One consume() batch as Arrow: a list per column, vectorised conversions after that."""
-    count = len(records)
-    stamps = [m.timestamp() for m in records]
-    millis = pa.array([ms for _kind, ms in stamps], pa.int64())
-    # librdkafka: 0 not available, 1 CreateTime, 2 LogAppendTime; Spark: 0 CreateTime, 1 LogAppendTime.
-    kinds = pc.subtract(pa.array([kind for kind, _ms in stamps], pa.int32()), pa.scalar(1, pa.int32()))
-    headers = [m.headers() for m in records]
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([m.key() for m in records], pa.binary()),
-            pa.array([m.value() for m in records], pa.binary()),
-            pa.array([topic] * count, pa.string()),
-            pa.array([partition] * count, pa.int32()),
-            pa.array([m.offset() for m in records], pa.int64()),
-            pc.multiply(millis, pa.scalar(1000, pa.int64())).cast(pa.timestamp("us", tz="UTC")),
-            kinds,
-            _headers(headers),
-        ],
-        schema=RAW_RECORD_SCHEMA,
-    )
-
-
-def _headers(headers: list[Any]) -> pa.Array:
-    """Null where a record has no headers (as Spark gave them); a list of key/value structs else."""
-    list_type = RAW_RECORD_SCHEMA.field("headers").type
-    if not any(headers):
-        return pa.nulls(len(headers), list_type)
-    offsets, keys, values = [0], [], []
-    for pairs in headers:
-        for key, value in pairs or ():
-            keys.append(key)
-            values.append(value)
-        offsets.append(len(keys))
-    entries = pa.StructArray.from_arrays(
-        [pa.array(keys, pa.string()), pa.array(values, pa.binary())], fields=list(_HEADER)
-    )
-    mask = pa.array([pairs is None for pairs in headers], pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), entries, type=list_type, mask=mask)

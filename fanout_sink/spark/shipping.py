@@ -40,7 +40,7 @@ ENVIRONMENT = "environment"
 """The folder an executor unpacks the pack into (the ``#environment`` of ``spark.archives``)."""
 EXECUTOR_PYTHON = f"./{ENVIRONMENT}/bin/python"
 _LEFT_OUT = frozenset({"pyspark", "py4j"})  # from the Spark distribution on each executor
-_PROJECT_FILES = ("pyproject.toml", "README.md")
+_PROJECT_FILES = ("pyproject.toml", "setup.py", "README.md")  # setup.py: the native reader's extension
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?")
 _INSTALL_TIMEOUT_S = 1200
 _COMPLETE = ".complete"
@@ -88,6 +88,7 @@ def source_files(root: Path) -> list[Path]:
         for folder, folders, names in os.walk(root / "fanout_sink", followlinks=True)
         if "__pycache__" not in Path(folder).parts
         for name in names
+        if not name.endswith(".so")  # an editable install's extension: the pack's install builds its own
     )
     return [root / name for name in _PROJECT_FILES if (root / name).is_file()] + package
 

@@ -10,15 +10,22 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from support.common import CountedConsumer
+from support.common import CountedConsumer, use_reader
 
 from fanout_sink.errors import SourceDataLossError
 from fanout_sink.kafka import range_reader
 from fanout_sink.kafka.clients import PRODUCER_ONLY, KafkaClientFactory, consumer_conf
+from fanout_sink.kafka.consumed import Consumed
 from fanout_sink.kafka.range_reader import FETCH_DEFAULTS, RAW_RECORD_SCHEMA, RangeReader, fetch_defaults
 
 STALL_S = 10.0
 """Short enough that a read waiting for an offset that never comes fails the test quickly."""
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def consume_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with the native consume and with confluent-kafka's (the fallback)."""
+    return use_reader(request.param, monkeypatch)
 
 
 @pytest.fixture
@@ -193,14 +200,14 @@ def test_a_range_of_plain_records_is_read_without_waiting_out_a_consume_timeout(
         producer.produce(topic, value=b"v%d" % n, partition=0)
     producer.flush(30)
     calls: list[tuple[int, int]] = []
-    consume = reader._consumer.consume
+    consume = reader._consume
 
-    def spy(num_messages: int, timeout: float) -> list[Any]:
-        messages = consume(num_messages, timeout)
-        calls.append((num_messages, sum(1 for m in messages if m.error() is None)))
-        return messages
+    def spy(max_messages: int, timeout_s: float) -> Consumed:
+        consumed = consume(max_messages, timeout_s)
+        calls.append((max_messages, sum(batch.num_rows for _, batch in consumed.runs)))
+        return consumed
 
-    monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+    monkeypatch.setattr(reader, "_consume", spy)
 
     assert len(reader.read(topic, 0, 0, 2500)) == 2500
     assert len(reader.read(topic, 0, 1000, 1200)) == 200
@@ -208,30 +215,19 @@ def test_a_range_of_plain_records_is_read_without_waiting_out_a_consume_timeout(
     assert not short, f"consume calls that waited out their timeout (asked, got): {short}"
 
 
-class _Spied:
-    """The real consumer with ``consume`` replaced by a spy."""
-
-    def __init__(self, consumer: Any, consume: Callable[..., list[Any]]) -> None:
-        self._consumer = consumer
-        self.consume = consume
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._consumer, name)
-
-
 def _count_empty_consumes(reader: RangeReader, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """From now on, every ``consume`` of ``reader`` that comes back empty (it waited its whole
     timeout) appends the count it asked for to the returned list: a spy on the real consumer."""
     empty: list[int] = []
-    consume = reader._consumer.consume
+    consume = reader._consume
 
-    def spy(num_messages: int, timeout: float) -> list[Any]:
-        messages = consume(num_messages, timeout)
-        if not messages:
-            empty.append(num_messages)
-        return messages
+    def spy(max_messages: int, timeout_s: float) -> Consumed:
+        consumed = consume(max_messages, timeout_s)
+        if not consumed.runs and not consumed.events:
+            empty.append(max_messages)
+        return consumed
 
-    monkeypatch.setattr(reader, "_consumer", _Spied(reader._consumer, spy))
+    monkeypatch.setattr(reader, "_consume", spy)
     return empty
 
 

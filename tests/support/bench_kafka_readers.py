@@ -7,13 +7,12 @@ A broker of its own (the stack's, in a temporary folder); N JSON records of ~140
 produced in transactions of 50,000 (so read_committed has markers to skip), lz4. Each reader reads
 them all twice; wall, process CPU (its librdkafka threads included) and CPU per record are printed.
 
-- ``RangeReader``: the sink's (confluent-kafka: one Python ``Message`` per record, then Arrow columns),
-  exact ``[start, end)`` ranges per partition, read_committed.
-- ``native``: ``native_reader`` (this folder), a C extension of our own over the librdkafka bundled
-  in confluent-kafka's wheel: ``rd_kafka_consume_batch_queue`` straight into Arrow buffers, the same
-  ranges, chunks and columns as ``RangeReader``. A measurement prototype, built with ``cc`` at start.
-  After the timed runs every partition's range (and an inner one) is read once more by both readers
-  and the tables compared whole (offsets, keys, values, timestamps, headers).
+- ``RangeReader``, python: the sink's reader on confluent-kafka's ``consume`` (one Python ``Message``
+  per record, then Arrow columns; the fallback), exact ``[start, end)`` ranges per partition.
+- ``RangeReader``, native: the same reader on the native consume (``fanout_sink/kafka/librdkafka_arrow.c``,
+  built when the project is installed): ``rd_kafka_consume_batch_queue`` on the same consumer,
+  straight into Arrow buffers. After the timed runs every partition's range (and an inner one) is
+  read once more by both and the tables compared whole (offsets, keys, values, timestamps, headers).
 - ``kafkarrow`` (PyPI, Rust over librdkafka, Arrow batches), when installed in the virtualenv
   (``pip install kafkarrow``; not a dependency): it starts at earliest, latest or a time only, merges
   partitions in timestamp order and has no header column, so it reads the topic, not our ranges.
@@ -34,12 +33,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from fanout_sink.devtools.stack.broker import KafkaBroker
 from fanout_sink.kafka.clients import KafkaClientFactory
+from fanout_sink.kafka.consumed import python_consume
+from fanout_sink.kafka.native_consume import native_module
 from fanout_sink.kafka.range_reader import RangeReader
-
-try:  # run as a script: tests/support is on the path
-    from native_reader import NativeRangeReader, load
-except ImportError:  # imported as tests.support.bench_kafka_readers
-    from tests.support.native_reader import NativeRangeReader, load
 
 TOPIC, PARTITIONS, TRANSACTION = "readers", 4, 50_000
 VALUE = (
@@ -84,8 +80,16 @@ def reader_conf(bootstrap: str) -> dict[str, str]:
     return {"bootstrap.servers": bootstrap, **READER_CONF}
 
 
+def make_reader(bootstrap: str, group: str, native: bool) -> RangeReader:
+    """A ``RangeReader`` on the native consume, or on confluent-kafka's (``native=False``)."""
+    reader = RangeReader(KafkaClientFactory(reader_conf(bootstrap)), group)
+    if not native:
+        reader._consume = python_consume(reader._consumer)
+    return reader
+
+
 def range_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
-    reader = RangeReader(KafkaClientFactory(reader_conf(bootstrap)), "readers-bench")
+    reader = make_reader(bootstrap, "readers-bench", native=False)
     rows = sum(
         chunk.num_rows for p, end in ends.items() for chunk in reader.read_chunks(TOPIC, p, 0, end, 50_000)
     )
@@ -94,7 +98,7 @@ def range_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
 
 
 def native_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
-    reader = NativeRangeReader(reader_conf(bootstrap), "readers-native")
+    reader = make_reader(bootstrap, "readers-native", native=True)
     rows = sum(
         chunk.num_rows for p, end in ends.items() for chunk in reader.read_chunks(TOPIC, p, 0, end, 50_000)
     )
@@ -105,8 +109,8 @@ def native_reader(bootstrap: str, ends: dict[int, int], records: int) -> int:
 def same_records(bootstrap: str, ends: dict[int, int]) -> bool:
     """Whether the native reader gives exactly RangeReader's tables: each partition's whole range and
     an inner one (starting and ending inside), chunks of 50,000 concatenated, compared whole."""
-    python = RangeReader(KafkaClientFactory(reader_conf(bootstrap)), "readers-check")
-    native = NativeRangeReader(reader_conf(bootstrap), "readers-check")
+    python = make_reader(bootstrap, "readers-check", native=False)
+    native = make_reader(bootstrap, "readers-check", native=True)
     same = True
     for p, end in ends.items():
         for start, stop in ((0, end), (1_234, max(1_234, end - 7_777))):
@@ -171,9 +175,9 @@ def main() -> None:
         print(f"{args.records:,} records over {PARTITIONS} partitions, ends {ends}", flush=True)
         if READER_CONF:
             print(f"readers' extra properties: {READER_CONF}", flush=True)
-        measure("RangeReader (confluent-kafka)", lambda: range_reader(bootstrap, ends, args.records))
-        print(f"native reader: built against librdkafka {load().librdkafka_version()}", flush=True)
-        measure("native (C, consume_batch_queue)", lambda: native_reader(bootstrap, ends, args.records))
+        measure("RangeReader, python consume", lambda: range_reader(bootstrap, ends, args.records))
+        print(native_module()[1], flush=True)
+        measure("RangeReader, native consume", lambda: native_reader(bootstrap, ends, args.records))
         print(f"native reader = RangeReader, exactly: {same_records(bootstrap, ends)}", flush=True)
         try:
             import kafkarrow  # noqa: F401

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.schema import Schema
@@ -26,6 +27,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from fanout_sink.catalog import CatalogSettings, spark_catalog_conf
 from fanout_sink.config.models import SinkConfig
+from fanout_sink.kafka import native_consume
 from fanout_sink.kafka.clients import KafkaClientFactory
 from fanout_sink.kafka.offsets import GroupOffsets
 from fanout_sink.protocol import table_state
@@ -227,6 +229,24 @@ def run_batch(
             results.append(worker.commit_slice(Slice(topic, partition, start, end), raw, process))
     planner.close()
     return results
+
+
+def use_reader(kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Range readers made from now on in this test consume with ``kind``: ``native`` (skipped
+    where the extension is not built; test_native_consume fails when it should have been) or
+    ``python`` (forced with ``FANOUT_SINK_READER=python``, as an operator would)."""
+    chooses = native_consume.native_module  # cached per process: uncached for the test
+    if hasattr(chooses, "cache_clear"):
+        chooses.cache_clear()
+    monkeypatch.setattr(native_consume, "native_module", getattr(chooses, "__wrapped__", chooses))
+    if kind == "python":
+        monkeypatch.setenv(native_consume.READER_ENV, "python")
+    else:
+        monkeypatch.delenv(native_consume.READER_ENV, raising=False)
+        module, line = native_consume.native_module()
+        if module is None:
+            pytest.skip(line)
+    return kind
 
 
 class CountedConsumer:
