@@ -5,10 +5,11 @@ task's rerun deliver every record exactly once."""
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import pytest
-from support.common import make_processor, produce_json, table_ids
+from support.common import end_offset, make_processor, produce_json, read_slice, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults
@@ -140,3 +141,29 @@ def test_the_pacer_sizes_steps_from_the_measured_rate() -> None:
     for _ in range(10):
         pacer.measured(pacer.budget(), pacer.budget() / 100_000)
     assert abs(pacer.budget() - 500_000) < 5_000, "rate x target once settled"
+
+
+@pytest.mark.parametrize("transactions", [False, True], ids=["dense", "markers"])
+def test_steps_of_one_partition_read_exactly_their_records_inside_one_assignment(
+    sink_factory: SinkFactory, transactions: bool
+) -> None:
+    """A step's sub-range that ends where the next one starts leaves the partition fetching (no seek
+    for the next step) only when the reader handed out exactly the records before the end: with
+    transaction markers a read may take records past it, and then the next one seeks."""
+    sink = sink_factory(partitions={"src": 1}, tables="ab", prefix="subrange")
+    for batch in range(12):
+        values = [{"id": batch * 10 + i, "table": "a"} for i in range(7)]
+        produce_json(
+            sink.bootstrap, sink.topic, 0, values, txn_id=f"{sink.name}-src" if transactions else None
+        )
+    end = end_offset(sink.bootstrap, sink.topic, 0)
+    everything = read_slice(sink.bootstrap, sink.topic, 0, 0, end)["offset"].to_pylist()
+    reader = RangeReader(sink.channel.clients, sink.channel.sink_group)
+    cuts = [0, 5, 13, 14, 30, 51, end]
+    with reader.assigned([(sink.topic, 0, 0, end)]):
+        for start, until in itertools.pairwise(cuts):
+            offsets = [
+                o for t in reader.read_chunks(sink.topic, 0, start, until, 4) for o in t["offset"].to_pylist()
+            ]
+            assert offsets == [o for o in everything if start <= o < until], (start, until)
+    reader.close()
