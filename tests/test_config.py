@@ -270,6 +270,40 @@ def test_commit_cadence_defaults_and_a_minimum_beyond_the_interval_is_refused() 
     assert "control: commit-min-interval (0:01:00) is longer than commit-interval (0:00:10)" in message
 
 
+def test_a_tables_own_commit_interval_its_dynamic_default_and_its_bounds_with_the_yaml_path() -> None:
+    """A route's ``commit-interval`` (issue 50 item 2): unset, every round; ``dynamic`` sets it for the
+    tables it names, not for declared ones; refused with its YAML path when it is no duration, not
+    positive, shorter than the round cadence or longer than half of what the control topic keeps."""
+    config = parse_config(
+        _base(
+            tables={"analytics.orders": {"commit-interval": "10m"}, "analytics.payments": {}},
+            dynamic={"table": "join('.', ['raw', topic])", "commit-interval": "1h"},
+        )
+    )
+    assert config.commit_interval_for("analytics.orders") == timedelta(minutes=10)
+    assert config.commit_interval_for("analytics.payments") is None
+    assert config.commit_interval_for("raw.clicks") == timedelta(hours=1)
+    assert parse_config(_base()).commit_interval_for("analytics.orders") is None
+    kept = {"retention-ms": -1}  # every event kept: any interval fits
+    assert parse_config(
+        _base(control=kept, tables={"analytics.orders": {"commit-interval": "3650d"}})
+    ).commit_interval_for("analytics.orders") == timedelta(days=3650)
+
+    def table(interval: str, **control: Any) -> str:
+        return _error(_base(control=control, tables={"analytics.orders": {"commit-interval": interval}}))
+
+    assert 'tables."analytics.orders".commit-interval: not a duration' in table("soon")
+    assert 'tables."analytics.orders".commit-interval: must be positive' in table("0s")
+    short = table("10s", **{"commit-interval": "30s"})
+    path = 'sink.yaml: tables."analytics.orders".commit-interval: '
+    assert path + "10s is shorter than control.commit-interval" in short
+    long = table("4d")  # the default retention keeps 7 days
+    assert path + "345600s is more than half of control.retention-ms" in long
+    dynamic = _error(_base(dynamic={"table": "topic", "commit-interval": "5s"}))
+    assert "sink.yaml: dynamic.commit-interval: 5s is shorter than control.commit-interval" in dynamic
+    assert len(long.splitlines()) == 1
+
+
 def test_maintenance_defaults_and_per_table_overrides() -> None:
     config = parse_config(
         _base(

@@ -14,6 +14,7 @@ that section; this module holds the whole file and the checks across sections.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -128,12 +129,46 @@ class SinkConfig(Section):
                 raise ValueError(
                     f"@unmatched.table: {table!r} receives the unmatched records; remove its when: expression"
                 )
+        self._check_commit_intervals()
         if not self.tables and self.dynamic is None:
             raise ValueError(
                 "@tables: nothing to route to: declare tables or dynamic; "
                 "e.g. tables: {analytics.orders: {when: \"type == 'order'\"}}"
             )
         return self
+
+    def _check_commit_intervals(self) -> None:
+        """A table's own ``commit-interval`` lies between the round cadence and what the control
+        topic keeps: its files wait there until it commits."""
+        routes = [(f'tables."{name}"', t.commit_interval) for name, t in self.tables.items()]
+        if self.dynamic is not None:
+            routes.append(("dynamic", self.dynamic.commit_interval))
+        control = self.control
+        for where, interval in routes:
+            if interval is None:
+                continue
+            if interval < control.commit_interval:
+                raise ValueError(
+                    f"@{where}.commit-interval: {interval.total_seconds():g}s is shorter than "
+                    f"control.commit-interval ({control.commit_interval.total_seconds():g}s): a table "
+                    "commits at most once a round; lower control.commit-interval to it and give the "
+                    "colder tables a longer commit-interval"
+                )
+            if control.retention_ms >= 0 and interval.total_seconds() * 1000 > control.retention_ms / 2:
+                raise ValueError(
+                    f"@{where}.commit-interval: {interval.total_seconds():g}s is more than half of "
+                    f"control.retention-ms ({control.retention_ms}): the table's files wait on the "
+                    "control topic until it commits, and a restart after a crash must still find them; "
+                    "shorten the interval or raise control.retention-ms to at least twice it"
+                )
+
+    def commit_interval_for(self, table: str) -> timedelta | None:
+        """The table's own ``commit-interval`` (a declared table's, else ``dynamic``'s); None: the
+        table commits in every round."""
+        declared = self.tables.get(table)
+        if declared is not None:
+            return declared.commit_interval
+        return self.dynamic.commit_interval if self.dynamic is not None else None
 
     @property
     def control_topic(self) -> str:

@@ -4,12 +4,14 @@ conversion and changes), ``unmatched:`` and ``dynamic:`` (table names computed p
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from fanout_sink.config.fields import (
     IDENTIFIER_PART,
+    Duration,
     PartitionBy,
     Section,
     check_jmespath,
@@ -17,6 +19,12 @@ from fanout_sink.config.fields import (
     string_map,
 )
 from fanout_sink.config.maintenance import MaintenanceSettings
+
+
+def _positive_interval(value: timedelta | None) -> timedelta | None:
+    if value is not None and value <= timedelta(0):
+        raise ValueError(f"must be positive, not {value.total_seconds():g}s; e.g. 10m")
+    return value
 
 
 class EvolutionSettings(Section):
@@ -123,6 +131,15 @@ class TableSettings(Section):
     maintenance: MaintenanceSettings | None = Field(default=None, examples=[{"min-input-files": 10}])
     changes: ChangeSettings | None = Field(default=None, examples=[{"format": "debezium", "key": ["id"]}])
     """Unset: an append table (every routed record is a new row)."""
+    commit_interval: Duration | None = Field(default=None, examples=["10m"])
+    """The table's own commit cadence: its files wait on the control topic and are committed in the
+    first round of each period of this length (``protocol/table_cadence.py``), small ones merged into
+    files of the table's ``write.target-file-size-bytes``. Unset: the table commits in every round."""
+
+    @field_validator("commit_interval")
+    @classmethod
+    def _commit_interval(cls, value: timedelta | None) -> timedelta | None:
+        return _positive_interval(value)
 
     @field_validator("when")
     @classmethod
@@ -171,6 +188,13 @@ class DynamicSettings(Section):
     conversion: ConversionSettings = Field(default_factory=ConversionSettings)
     changes: ChangeSettings | None = Field(default=None, examples=[{"format": "debezium"}])
     """Every dynamically named table is a change table (``key`` unset: from the message keys)."""
+    commit_interval: Duration | None = Field(default=None, examples=["10m"])
+    """Every dynamically named table's own commit cadence (as a declared table's ``commit-interval``)."""
+
+    @field_validator("commit_interval")
+    @classmethod
+    def _commit_interval(cls, value: timedelta | None) -> timedelta | None:
+        return _positive_interval(value)
 
     @field_validator("table")
     @classmethod
@@ -204,4 +228,5 @@ class DynamicSettings(Section):
             evolution=self.evolution,
             conversion=self.conversion,
             changes=self.changes,
+            commit_interval=self.commit_interval,
         )

@@ -51,6 +51,9 @@ class RoundTables:
     against, wherever it runs."""
     failing: frozenset[str] = frozenset()
     """Tables that failed in the rounds before: their next failure's traceback is not logged again."""
+    merging: frozenset[str] = frozenset()
+    """Tables with a ``commit-interval`` of their own: their small files are merged into fewer at
+    commit (:mod:`~fanout_sink.protocol.file_merge`)."""
     tables: int | None = None
     """How many tables the whole round commits (``due`` before any :meth:`split`), when the round's
     end cuts no worker transaction (``CommitState.cuts_no_transaction``): each table's snapshot
@@ -96,6 +99,18 @@ class TableCommitRunner(Protocol):
     def __call__(self, tables: RoundTables) -> dict[str, TableCommit]: ...
 
 
+def outcomes(runner: TableCommitRunner, tables: RoundTables) -> dict[str, TableCommit]:
+    """An outcome for every table of ``tables`` from ``runner``: a runner that fails as a whole fails
+    its tables, not the round, and a table it gave no outcome for is ``failed`` (left pending: if its
+    commit landed after all, the next round's re-check skips it)."""
+    try:
+        results = runner(tables)
+    except Exception as exc:
+        log.warning("table commits of round %s failed", tables.commit_id, exc_info=True)
+        results = {t: TableCommit(t, "failed", error=repr(exc)) for t in tables.due}
+    return {t: results.get(t) or TableCommit(t, "failed", error="no outcome") for t in tables.due}
+
+
 def commit_in_threads(committer: TableCommitter, tables: RoundTables, threads: int) -> dict[str, TableCommit]:
     """Every table of ``tables`` committed by ``committer`` on up to ``threads`` threads of this
     process; a table not done by the deadline, or whose commit raised, is ``failed``."""
@@ -122,6 +137,7 @@ def commit_in_threads(committer: TableCommitter, tables: RoundTables, threads: i
                 tables.floors,
                 locations.get(identifier),
                 tables.tables,
+                identifier in tables.merging,
             )
             for identifier, items in tables.due.items()
         }

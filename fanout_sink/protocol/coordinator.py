@@ -51,11 +51,12 @@ from fanout_sink.protocol import channel, offset_refresh, recovery
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import round_trigger as trigger
 from fanout_sink.protocol.channel import ControlEvent, ControlReader, SinkChannel
-from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, ThreadedCommits
+from fanout_sink.protocol.commit_runners import RoundTables, TableCommitRunner, ThreadedCommits, outcomes
 from fanout_sink.protocol.commit_state import CommitState, PendingFiles
 from fanout_sink.protocol.failing_tables import FailingTables
 from fanout_sink.protocol.offset_metadata import RoundMark
 from fanout_sink.protocol.round_words import round_line
+from fanout_sink.protocol.table_cadence import CommitIntervals, TableCadence
 from fanout_sink.protocol.table_commit import TableCommit, TableCommitter
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class CoordinatorSettings:
     """None: a quarter of the broker's ``offsets.retention.minutes``."""
     max_parallel_commits: int = 4
     """Commit threads of the default runner (:class:`~.commit_runners.ThreadedCommits`)."""
+    commit_intervals: CommitIntervals = field(default_factory=CommitIntervals)  # none: every round
 
     @classmethod
     def of(cls, config: SinkConfig) -> CoordinatorSettings:
@@ -91,6 +93,7 @@ class CoordinatorSettings:
             commit_interval_s=control.commit_interval.total_seconds(),
             commit_timeout_s=control.commit_timeout.total_seconds(),
             offsets_refresh_interval_s=refresh.total_seconds() if refresh else None,
+            commit_intervals=CommitIntervals.of(config),
         )
 
 
@@ -101,6 +104,7 @@ class RoundResult:
     low_watermark: int
     vtts_ms: int | None
     tables: dict[str, TableCommit] = field(default_factory=dict)
+    waiting: frozenset[str] = frozenset()  # tables whose files wait for their commit-interval
     reason: str = trigger.CALL
     """Why the round ran: one of ``round_trigger.REASONS``."""
     seconds: float = 0.0  # the round's wall time, lock wait included (set by commit_round)
@@ -128,13 +132,15 @@ class Coordinator:
         rounds: trigger.RoundTrigger | None = None,
         observer: RoundObserver | None = None,
         workers_idle: threading.Lock | None = None,
+        cadence: TableCadence | None = None,
     ) -> None:
         """``table_commits``: who runs a round's table commits (none: ``settings.max_parallel_commits``
         threads of this process; the app's also spreads large rounds over its Spark executors,
         ``fanout_sink.spark.executor_commits``). ``rounds``: when the thread's next round is due (the
         driver tells it what each batch planned). ``workers_idle``: held while workers deliver (the
         app's batch lock); idle partitions' offsets are refreshed only while it is free
-        (:class:`~.offset_refresh.OffsetRefresher`)."""
+        (:class:`~.offset_refresh.OffsetRefresher`). ``cadence``: which tables a round commits
+        (none: by ``settings.commit_intervals`` on the wall clock)."""
         self.channel = channel
         self.sink = channel.sink
         self.control_topic = channel.control_topic
@@ -146,6 +152,7 @@ class Coordinator:
             TableCommitter(self.sink, catalog), max(1, settings.max_parallel_commits)
         )
         self.rounds = rounds or trigger.RoundTrigger(settings.commit_interval_s)
+        self.cadence = cadence or TableCadence(settings.commit_intervals)
         self.observer = observer
         self._producer: TransactionalProducer | None = None
         self._reader: ControlReader | None = None
@@ -353,24 +360,22 @@ class Coordinator:
             _, reader = self._ready()
             # Before the control end is read: the batches complete now have their events below it.
             self.rounds.started()
-            commit_id = str(uuid.uuid4())
+            started_s, commit_id = self.cadence.now(), str(uuid.uuid4())
             self._publish([ev.StartCommit(commit_id=commit_id)])
             topics, pattern = list(self.settings.source_topics), self.settings.source_pattern
-            sourced = bool(topics or pattern)
-            positions = (
-                source_positions(self.channel.clients, self.channel.sink_group, topics, pattern)
-                if sourced
-                else []
-            )
+            sourced, clients, group = bool(topics or pattern), self.channel.clients, self.channel.sink_group
+            positions = source_positions(clients, group, topics, pattern) if sourced else []
             round_end = reader.end_offset(self.timeout_s)
             # Each event is pending before the next poll: a read failing halfway fails the round,
             # but what was read stays in the state and holds the low watermark back.
             for item in reader.read_until(round_end, self.timeout_s):
                 self._take(item)
             vtts = self.state.vtts(positions, round_end) if sourced else None
-            due = self.state.due(round_end)
+            due, waiting = self.cadence.split(self.state.due(round_end), started_s, reason, self.failing)
             result = RoundResult(commit_id, round_end, round_end, vtts, reason=reason)
-            result.tables = self._commit_tables(due, round_end, commit_id, vtts)
+            result.waiting = frozenset(waiting)
+            result.tables = self._commit_tables(due, round_end, commit_id, vtts, not waiting)
+            self.cadence.ran(started_s)
             for identifier, outcome in result.tables.items():
                 if outcome.outcome != "failed":
                     self.state.settle(identifier, round_end)
@@ -409,13 +414,18 @@ class Coordinator:
             self.rounds.done(round_end)
             self.last_round = result
             self._refresher.after_round(positions)
-            if result.tables:
-                line = round_line(commit_id, reason, result.tables, vtts)
+            if result.tables or waiting:
+                line = round_line(commit_id, reason, result.tables, vtts, len(waiting))
                 log.info("%s", line, extra={"commit_id": commit_id})
             return result, positions
 
     def _commit_tables(
-        self, due: dict[str, list[PendingFiles]], round_end: int, commit_id: str, vtts: int | None
+        self,
+        due: dict[str, list[PendingFiles]],
+        round_end: int,
+        commit_id: str,
+        vtts: int | None,
+        whole: bool,
     ) -> dict[str, TableCommit]:
         if not due:
             return {}
@@ -428,14 +438,10 @@ class Coordinator:
             deadline=time.monotonic() + self.settings.commit_timeout_s,
             floors={u: f for u, f in self.state.committed_through.items() if u in uuids},
             failing=frozenset(self.failing),
-            tables=len(due) if self.state.cuts_no_transaction(round_end) else None,
+            # A consistent point: no table's files below the end wait (``whole``), no transaction cut.
+            tables=len(due) if whole and self.state.cuts_no_transaction(round_end) else None,
+            merging=self.cadence.merging(due),
         )
-        try:
-            results = self.table_commits(tables)
-        except Exception as exc:  # a runner that fails as a whole fails its tables, not the round
-            log.warning("table commits of round %s failed", commit_id, exc_info=True)
-            results = {t: TableCommit(t, "failed", error=repr(exc)) for t in due}
-        # Left pending when a runner gives no outcome: the next round's re-check skips what landed.
-        results = {t: results.get(t) or TableCommit(t, "failed", error="no outcome") for t in due}
+        results = outcomes(self.table_commits, tables)
         self.failing.record(due, results)
         return results

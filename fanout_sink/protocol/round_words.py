@@ -34,15 +34,17 @@ def tally(tables: Mapping[str, TableCommit]) -> tuple[str, int]:
     return told, sum(outcome.files for outcome in tables.values())
 
 
-def round_line(commit_id: str, reason: str, tables: Mapping[str, TableCommit], vtts_ms: int | None) -> str:
+def round_line(
+    commit_id: str, reason: str, tables: Mapping[str, TableCommit], vtts_ms: int | None, waiting: int = 0
+) -> str:
     """``commit <id> (<reason>): <n> tables <outcome>, ..., <files> files (<table> <outcome> (<files>
-    files), ...); vtts <time>``."""
+    files), ...); [<w> waiting for their commit-interval; ]vtts <time>``."""
     told, files = tally(tables)
     shown = sorted(tables.values(), key=lambda c: (c.outcome == "committed", c.identifier))
     named = [f"{c.identifier} {c.outcome} ({c.files} files)" for c in shown[:TABLES_NAMED]]
     if len(shown) > TABLES_NAMED:
         named.append(f"{len(shown) - TABLES_NAMED} more")
-    return (
-        f"commit {commit_id} ({reason}): {len(tables)} table(s) {told}, {files} files "
-        f"({', '.join(named)}); {vtts_words(vtts_ms)}"
-    )
+    parts = [f"{len(tables)} table(s) {told}, {files} files ({', '.join(named)})"] if tables else []
+    if waiting:
+        parts.append(f"{waiting} table(s) waiting for their commit-interval")
+    return f"commit {commit_id} ({reason}): {'; '.join([*parts, vtts_words(vtts_ms)])}"

@@ -41,7 +41,7 @@ from pyiceberg.table import Table
 
 from fanout_sink.errors import TableError
 from fanout_sink.faults import fault_point
-from fanout_sink.protocol import channel, datafiles, row_delta, table_state
+from fanout_sink.protocol import channel, datafiles, file_merge, row_delta, table_state
 from fanout_sink.protocol.commit_state import PendingFiles
 from fanout_sink.pyiceberg_internals import snapshots, sql_catalog, transactions
 from fanout_sink.retries import Retry
@@ -82,6 +82,7 @@ class TableCommit:
     delete_files: int = 0  # change tables: position-delete files committed
     missing_files: int = 0  # announced but gone (never appended: an ERROR names them)
     refused_files: int = 0  # for a table that is gone or whose columns they do not fit: quarantined
+    merged_files: int = 0  # small pending files written into fewer at commit (file_merge.py)
     attempts: int = 0
     error: str | None = None
     floor: int | None = None
@@ -130,6 +131,7 @@ class TableCommitter:
         floors: Mapping[str, int],
         location: str | None = None,
         round_tables: int | None = None,
+        merge: bool = False,
     ) -> TableCommit:
         """Append ``items`` (the table's due files of round ``commit_id``) not yet in the table, as
         one snapshot recording ``round_end`` as the table's control offset (I4).
@@ -144,8 +146,9 @@ class TableCommitter:
         from the catalog.
 
         ``round_tables``: how many tables the whole round commits, when its end is a consistent
-        point (:attr:`~.commit_runners.RoundTables.tables`), recorded in the snapshot summary."""
-        outcome = TableCommit(identifier, "failed")
+        point (:attr:`~.commit_runners.RoundTables.tables`), recorded in the snapshot summary.
+        ``merge``: the table's small append files are written into fewer first (:mod:`.file_merge`)."""
+        outcome, merged = TableCommit(identifier, "failed"), file_merge.SmallFileMerge() if merge else None
         tries = (COMMIT_RETRY if location is None else LOCATED_COMMIT_RETRY).start()
         while True:
             attempt = outcome.attempts = tries.number
@@ -170,6 +173,8 @@ class TableCommitter:
             changes = [p for p in current if p.event.key] + [
                 p for p in stale if p.event.key and p.offset in rewritten
             ]
+            if merged is not None and not changes:
+                appends, outcome.merged_files = merged(table, appends), merged.merged
             if not appends and not changes:
                 outcome.outcome = "refused" if outcome.refused_files else "already-committed"
                 outcome.floor = floor or None

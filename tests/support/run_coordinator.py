@@ -1,7 +1,8 @@
 """Child process: open the sink's coordinator and run one commit round, tables one at a time.
 
 Usage: python run_coordinator.py <sink.yaml> ['<json: serve>'] (``support.sink_factory`` writes the
-YAML). Tests set FANOUT_SINK_FAULTS to kill it between two tables' commits. With ``serve``
+YAML). Tests set FANOUT_SINK_FAULTS to kill it between two tables' commits. A table with a
+``commit-interval`` of its own commits only when due, as in the app. With ``serve``
 (``commit_interval_s``, ``offsets_refresh_interval_s``) it runs the coordinator's thread until SIGTERM
 instead, and exits 1 as soon as the coordinator fails: a long-running coordinator in its own process
 is out of reach of the in-process fault callbacks other tests register meanwhile. A served
@@ -22,6 +23,7 @@ from common import sink_channel
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.loading import load_config
 from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
+from fanout_sink.protocol.table_cadence import CommitIntervals
 
 
 def serve(coordinator: Coordinator) -> int:
@@ -47,7 +49,10 @@ def main() -> int:
         sink_channel(config),
         load_catalog(config.catalog),
         CoordinatorSettings(
-            source_topics=tuple(sorted(set(config.source.topics))), max_parallel_commits=1, **intervals
+            source_topics=tuple(sorted(set(config.source.topics))),
+            max_parallel_commits=1,
+            commit_intervals=CommitIntervals.of(config),  # the tables' own commit-interval, as the app's
+            **intervals,
         ),
     )
     if intervals:

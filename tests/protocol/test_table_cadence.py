@@ -1,0 +1,183 @@
+"""Per-table commit cadence (issue 50 item 2) on the real broker and catalog: a hot table commits
+every round, a cold one only in the first round of its period or a stop's final round, its rows
+exact, its small files merged into fewer at that commit; every test ends with the exact ids."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+from support.common import produce_json, table_ids
+from support.sink_factory import SinkFactory, SinkUnderTest
+
+from fanout_sink.protocol import channel, round_trigger
+from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
+from fanout_sink.protocol.table_cadence import CommitIntervals, TableCadence
+
+DECADE_S = 3650 * 86400.0
+"""The cold table's interval: no period boundary passes while a test runs unless the test's clock
+moves past one."""
+
+
+class Clock:
+    """Wall-clock seconds that a test moves forward (the events' write times stay real)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _cold_b(sink: SinkUnderTest, clock: Clock) -> Coordinator:
+    """A coordinator of a sink whose sink.a commits every round and sink.b once a decade."""
+    cadence = TableCadence(CommitIntervals(declared={"sink.a": None, "sink.b": DECADE_S}), clock)
+    return sink.coordinator(cadence=cadence)
+
+
+def _produce(sink: SinkUnderTest, ids: range) -> dict[str, list[int]]:
+    """Ids over both partitions, alternating tables a and b; returns ids per table."""
+    expected: dict[str, list[int]] = {"a": [], "b": []}
+    per_partition: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+    for i in ids:
+        table = "ab"[i % 2]
+        per_partition[(i // 2) % 2].append({"id": i, "table": table})
+        expected[table].append(i)
+    for partition, values in per_partition.items():
+        produce_json(sink.bootstrap, sink.topic, partition, values)
+    return expected
+
+
+def _low_watermark(sink: SinkUnderTest) -> int:
+    holder = Consumer({**sink.kafka, "group.id": channel.coordinator_group(sink.name)})
+    try:
+        return int(holder.committed([TopicPartition(sink.control_topic, 0)], timeout=30)[0].offset)
+    finally:
+        holder.close()
+
+
+def test_a_cold_table_waits_for_its_period_while_the_hot_one_commits_every_round(
+    sink_factory: SinkFactory, catalog: Any
+) -> None:
+    sink = sink_factory(partitions={"src": 2}, tables="ab", prefix="cad")
+    clock = Clock()
+    coordinator = _cold_b(sink, clock)
+    expected = _produce(sink, range(20))
+    sink.batch()
+    first = coordinator.commit_round()
+    assert {t: o.outcome for t, o in first.tables.items()} == {"sink.a": "committed"}
+    assert first.waiting == {"sink.b"}
+    assert table_ids(catalog, "a") == expected["a"] and table_ids(catalog, "b") == []
+    # sink.b's files hold the control topic's low watermark; a round where a table waits is no
+    # consistent point (sql --consistent must not read sink.b there).
+    assert _low_watermark(sink) < first.round_end
+    summary = catalog.load_table("sink.a").current_snapshot().summary
+    assert f"fanout-sink.{sink.name}.round-tables" not in summary.additional_properties
+
+    more = _produce(sink, range(20, 40))
+    sink.batch()
+    second = coordinator.commit_round()
+    assert set(second.tables) == {"sink.a"} and second.waiting == {"sink.b"}
+    assert table_ids(catalog, "a") == expected["a"] + more["a"] and table_ids(catalog, "b") == []
+
+    clock.now += DECADE_S  # sink.b's period ends: the next round commits everything it gathered
+    third = coordinator.commit_round()
+    assert {t: o.outcome for t, o in third.tables.items()} == {"sink.b": "committed"}
+    assert third.waiting == frozenset()
+    assert table_ids(catalog, "b") == expected["b"] + more["b"]
+    cold = catalog.load_table("sink.b")
+    assert len(cold.snapshots()) == 1
+    # Two batches of two partitions wrote four small files for sink.b: merged into one at its commit.
+    assert third.tables["sink.b"].merged_files == 4 and third.tables["sink.b"].files == 1
+    assert int(cold.current_snapshot().summary["total-data-files"]) == 1
+    assert len(catalog.load_table("sink.a").snapshots()) == 2
+    assert _low_watermark(sink) == third.round_end
+    assert f"fanout-sink.{sink.name}.round-tables" in cold.current_snapshot().summary.additional_properties
+
+    assert coordinator.commit_round().tables == {}  # nothing left: no snapshot anywhere
+    assert len(catalog.load_table("sink.b").snapshots()) == 1
+    coordinator.close()
+
+
+def test_a_stop_commits_a_cold_table_before_its_period_ends(sink_factory: SinkFactory, catalog: Any) -> None:
+    """The final round of a stop commits every table, so a clean stop leaves nothing pending."""
+    sink = sink_factory(partitions={"src": 2}, tables="ab", prefix="cad")
+    coordinator = _cold_b(sink, Clock())
+    expected = _produce(sink, range(10))
+    sink.batch()
+    assert coordinator.commit_round().waiting == {"sink.b"}
+    final = coordinator.commit_round(round_trigger.STOP)
+    assert final.tables["sink.b"].outcome == "committed" and final.waiting == frozenset()
+    assert table_ids(catalog, "a") == expected["a"] and table_ids(catalog, "b") == expected["b"]
+    assert _low_watermark(sink) == final.round_end
+    coordinator.close()
+
+
+def test_the_coordinator_settings_carry_each_tables_own_interval(sink_factory: SinkFactory) -> None:
+    """From the YAML: a route's commit-interval, dynamic's for the tables it names, none otherwise."""
+    sink = sink_factory(
+        partitions={"src": 1},
+        tables="ab",
+        prefix="cad",
+        overrides={
+            "tables": {
+                "sink.a": {"when": "table == 'a'"},
+                "sink.b": {"when": "table == 'b'", "commit-interval": "5m"},
+            },
+            "dynamic": {"table": "join('.', ['raw', table])", "commit-interval": "1h"},
+        },
+    )
+    intervals = CoordinatorSettings.of(sink.config).commit_intervals
+    assert [intervals.interval_s(t) for t in ("sink.a", "sink.b", "raw.c")] == [None, 300.0, 3600.0]
+
+
+def _cold_interval(sink: SinkUnderTest, interval: str) -> None:
+    """sink.b's own commit-interval in the sink's YAML (the control topic keeps every event)."""
+    data = yaml.safe_load(sink.config_file.read_text())
+    data["control"]["retention-ms"] = -1
+    data["tables"]["sink.b"]["commit-interval"] = interval
+    sink.config_file.write_text(yaml.safe_dump(data))
+
+
+def _deliver(sink: SinkUnderTest, ids: range, expected: dict[str, list[int]]) -> None:
+    """Produce ``ids``, plan Spark's next batch and run it in a worker child."""
+    for table, got in _produce(sink, ids).items():
+        expected[table] += got
+    sink.plan()
+    sink.run_child("worker")
+    sink.done()
+
+
+def test_coordinator_processes_killed_mid_round_with_tables_on_different_cadences(
+    sink_factory: SinkFactory, catalog: Any
+) -> None:
+    """Exactly once through SIGKILLs (real child processes): sink.a commits every round, sink.b's
+    files wait two batches; in sink.b's due round the coordinator is killed after sink.a's commit,
+    then again after sink.b's merged files are written, before its commit; the restart commits
+    sink.b once, from the originals still pending (the merged files of the killed attempt are
+    orphans), and sink.a nothing twice."""
+    sink = sink_factory(partitions={"src": 2}, tables="ab", prefix="cadk")
+    _cold_interval(sink, "3650d")  # no period ends while the test runs
+    expected: dict[str, list[int]] = {"a": [], "b": []}
+    _deliver(sink, range(20), expected)
+    assert json.loads(sink.run_child("coordinator")) == {"sink.a": "committed"}  # sink.b waits
+    assert table_ids(catalog, "a") == sorted(expected["a"]) and table_ids(catalog, "b") == []
+
+    _deliver(sink, range(20, 40), expected)
+    _cold_interval(sink, "2s")  # sink.b's period ends: its next round commits what it gathered
+    time.sleep(2.0)
+    sink.run_child("coordinator", "coordinator.after-table-commit=kill", expect=-signal.SIGKILL)
+    assert table_ids(catalog, "b") == []  # killed right after sink.a's commit (one commit thread)
+    sink.run_child("coordinator", "coordinator.after-merge=kill", expect=-signal.SIGKILL)
+    assert table_ids(catalog, "b") == []
+    outcomes = json.loads(sink.run_child("coordinator"))
+    assert outcomes == {"sink.a": "already-committed", "sink.b": "committed"}
+    assert table_ids(catalog, "a") == sorted(expected["a"])
+    assert table_ids(catalog, "b") == sorted(expected["b"])
+    cold = catalog.load_table("sink.b")
+    assert len(cold.snapshots()) == 1 and int(cold.current_snapshot().summary["total-data-files"]) == 1
+    assert len(catalog.load_table("sink.a").snapshots()) == 2
