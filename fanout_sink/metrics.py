@@ -29,6 +29,7 @@ from fanout_sink.errors import PreflightError
 from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.protocol.coordinator import RoundResult
 from fanout_sink.protocol.slices import SliceResult
+from fanout_sink.protocol.table_cadence import CommitIntervals
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,13 @@ class SinkMetrics:
     """One sink's metrics: the coordinator's :class:`~fanout_sink.protocol.coordinator.RoundObserver`,
     fed per batch by the batch runner, and served over HTTP by :meth:`serve`."""
 
-    def __init__(self, sink: str, commit_interval_s: float) -> None:
+    def __init__(
+        self, sink: str, commit_interval_s: float, commit_intervals: CommitIntervals | None = None
+    ) -> None:
+        """``commit_intervals``: the tables' own ``commit-interval`` (none: all commit every round)."""
         self.sink = sink
+        self._commit_interval_s = commit_interval_s
+        self._intervals = commit_intervals or CommitIntervals()
         self.registry = CollectorRegistry(auto_describe=True)
         self.on_change: Callable[[], None] | None = None
         """Called after every update (the mirror into Spark's metrics system)."""
@@ -71,7 +77,14 @@ class SinkMetrics:
         self.table_vtts = Gauge(
             "fanout_sink_table_vtts_timestamp_seconds",
             "VTTS the table is complete to: every source record at or before it is in the table (Unix time). "
-            "Advances every round unless the table's commit fails.",
+            "Advances every round unless the table's commit fails or its files wait for its commit-interval.",
+            table,
+            registry=registry,
+        )
+        self.table_commit_interval = Gauge(
+            "fanout_sink_table_commit_interval_seconds",
+            "How far apart the table's commits may be: its own commit-interval, else control.commit-interval "
+            "(its VTTS age alert scales with it).",
             table,
             registry=registry,
         )
@@ -222,6 +235,10 @@ class SinkMetrics:
                     self.delete_files.labels(self.sink, identifier).inc(outcome.delete_files)
             elif outcome.outcome in ("failed", "table-missing", "refused"):
                 self.failures.labels(self.sink, identifier).inc()
+        for identifier in result.tables.keys() | result.waiting:
+            interval = self._intervals.interval_s(identifier)
+            own = self._commit_interval_s if interval is None else interval
+            self.table_commit_interval.labels(self.sink, identifier).set(own)
         keeping = {t for t, c in result.tables.items() if c.outcome in _VTTS_KEEPING}
         self._tables |= keeping
         self._held = (self._held | result.tables.keys()) - keeping
@@ -229,8 +246,9 @@ class SinkMetrics:
             vtts_s = result.vtts_ms / 1000
             self.vtts.labels(self.sink).set(vtts_s)
             self._vtts_s = vtts_s
-            # A table with nothing due this round holds everything up to the VTTS too.
-            for identifier in keeping | (self._tables - self._held):
+            # A table with nothing due this round holds everything up to the VTTS too; one whose
+            # files wait for its commit-interval does not.
+            for identifier in keeping | (self._tables - self._held - result.waiting):
                 self._set_table_vtts(identifier, vtts_s)
         for position in positions:
             self.lag.labels(self.sink, position.topic, str(position.partition)).set(position.lag)

@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +43,7 @@ from fanout_sink.protocol import events as ev
 from fanout_sink.protocol import group_layout, recovery, table_state
 from fanout_sink.protocol.channel import ControlReader, SinkChannel
 from fanout_sink.protocol.partition_groups import PartitionGroups
+from fanout_sink.protocol.table_cadence import CommitIntervals, due_ms
 from fanout_sink.user_info import split_user_info
 
 ANSWER_TIMEOUT_S = 5.0
@@ -92,6 +93,11 @@ class TableStatus:
     snapshots: int
     last_maintenance_ms: int | None
     """When ``fanout-sink maintain`` last finished on the table; ``None``: never."""
+    commit_interval_s: float | None = None
+    """The table's own ``commit-interval``; ``None``: it commits in every round."""
+    next_commit_due_ms: int | None = None
+    """When its files waiting for that interval are due (:func:`~.table_cadence.due_ms`); ``None``:
+    none wait."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,9 @@ class PendingTable:
     file_events: int
     oldest_control_offset: int
     oldest_written_ms: int | None
+    commit_interval_s: float | None = None
+    commit_due_ms: int | None = None
+    """With an interval of its own: when these files are due (a time passed: at the next round)."""
 
 
 @dataclass
@@ -246,6 +255,20 @@ def pending_tables(catalog: Catalog, channel: SinkChannel) -> list[PendingTable]
     ]
 
 
+def with_cadence(status: SinkStatus, intervals: CommitIntervals) -> None:
+    """Each table's own ``commit-interval`` and, for the pending ones, when their files are due."""
+    due: dict[str, int] = {}
+    for i, pending in enumerate(status.pending):
+        interval = intervals.interval_s(pending.table)
+        if interval is not None and pending.oldest_written_ms is not None:
+            due[pending.table] = due_ms(interval, pending.oldest_written_ms, status.collected_at_ms)
+        status.pending[i] = replace(pending, commit_interval_s=interval, commit_due_ms=due.get(pending.table))
+    status.tables = [
+        replace(t, commit_interval_s=intervals.interval_s(t.table), next_commit_due_ms=due.get(t.table))
+        for t in status.tables
+    ]
+
+
 def subscribed_topics(clients: KafkaClientFactory, topics: list[str], pattern: str | None) -> list[str]:
     """``source.topics`` as configured, or what ``source.pattern`` matches on the broker now."""
     if pattern is None:
@@ -325,9 +348,11 @@ def collect_status(
     kafka_fault: Fault | None = None,
     now_ms: int | None = None,
     timeout_s: float = ANSWER_TIMEOUT_S,
+    intervals: CommitIntervals | None = None,
 ) -> SinkStatus:
     """Both halves: the source positions unless ``kafka_fault`` (the broker's probe failed), and
-    what ``catalog_read`` found; the pending tables need both."""
+    what ``catalog_read`` found; the pending tables need both. ``intervals``: the tables' own
+    ``commit-interval`` (none: every table commits every round)."""
     status = SinkStatus(
         sink=channel.sink,
         control_topic=channel.control_topic,
@@ -350,6 +375,7 @@ def collect_status(
         status.faults.append(fault)
     if catalog is not None and kafka_fault is None:
         status.pending = pending_tables(catalog, channel)
+    with_cadence(status, intervals or CommitIntervals())
     return status
 
 
@@ -377,6 +403,12 @@ def _age(seconds: float | None) -> str:
     return f" ({_scaled(seconds, (('d', 86400), ('h', 3600), ('min', 60)), 's')} ago)"
 
 
+def _cadence(interval_s: float | None) -> str:
+    if interval_s is None:
+        return "commits every round"
+    return f"commits every {_scaled(interval_s, (('d', 86400), ('h', 3600), ('min', 60)), 's')}"
+
+
 def render_text(status: SinkStatus) -> str:
     lines = [f"sink {status.sink} (control topic {status.control_topic})", "", "tables:"]
     if status.failed("catalog"):
@@ -391,7 +423,8 @@ def render_text(status: SinkStatus) -> str:
             f"vtts {_time(t.vtts_ms)}{_age(t.vtts_age_s)} control-offsets {offsets}",
             f"    {t.data_files} data files, average {_size(t.average_file_bytes)}, "
             + (f"{t.delete_files} delete files ({t.position_deletes} rows), " if t.delete_files else "")
-            + f"{t.snapshots} snapshots, last maintenance {maintained}",
+            + f"{t.snapshots} snapshots, last maintenance {maintained}, {_cadence(t.commit_interval_s)}"
+            + ("" if t.next_commit_due_ms is None else f", waiting files due {_time(t.next_commit_due_ms)}"),
         ]
     if status.pending:
         lines += ["", "pending (announced on the control topic, not in the table yet):"]
@@ -399,6 +432,7 @@ def render_text(status: SinkStatus) -> str:
         lines.append(
             f"  {pending.table}: {pending.file_events} file event(s), the oldest at control offset "
             f"{pending.oldest_control_offset} written {_time(pending.oldest_written_ms)}"
+            + ("" if pending.commit_due_ms is None else f", due {_time(pending.commit_due_ms)}")
         )
     lines += ["", "source partitions:"]
     if status.source_pattern is not None:
@@ -440,5 +474,6 @@ def run(config_path: Path, as_json: bool, timeout_s: float = ANSWER_TIMEOUT_S) -
         kafka_fault,
         now_ms,
         timeout_s,
+        CommitIntervals.of(config),
     )
     return (json.dumps(status.to_json(), indent=2) if as_json else render_text(status)), status

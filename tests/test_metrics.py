@@ -14,6 +14,7 @@ from fanout_sink.kafka.offsets import PartitionPosition
 from fanout_sink.metrics import SinkMetrics
 from fanout_sink.protocol.coordinator import RoundResult
 from fanout_sink.protocol.slices import Slice, SliceResult
+from fanout_sink.protocol.table_cadence import CommitIntervals
 from fanout_sink.protocol.table_commit import TableCommit
 
 
@@ -63,6 +64,24 @@ def test_a_failing_table_keeps_its_vtts_while_the_others_follow_the_sink() -> No
     assert value(metrics, "fanout_sink_commit_rounds_total", trigger="call") == 4, "counted by trigger"
     metrics.round_done(replace(round_of(None), reason="batch-complete"), [])
     assert value(metrics, "fanout_sink_commit_rounds_total", trigger="batch-complete") == 1
+
+
+def test_a_table_waiting_for_its_commit_interval_keeps_its_vtts_and_shows_its_cadence() -> None:
+    """Per-table cadence (issue 50 item 2): a waiting table's VTTS stays at its last commit's while the
+    others follow the sink's; each table's commit interval is served (the sink's for the others), so
+    the alert on a table's VTTS age scales with it."""
+    metrics = SinkMetrics("s", 30.0, CommitIntervals(declared={"a.cold": 600.0, "a.hot": None}))
+    both = (TableCommit("a.hot", "committed", files=1, rows=1), TableCommit("a.cold", "committed", files=1))
+    metrics.round_done(round_of(1_000_000, *both), [])
+    waiting = replace(round_of(2_000_000, TableCommit("a.hot", "committed", files=1)), waiting={"a.cold"})
+    metrics.round_done(waiting, [])
+    assert value(metrics, "fanout_sink_table_vtts_timestamp_seconds", table="a.hot") == 2000
+    assert value(metrics, "fanout_sink_table_vtts_timestamp_seconds", table="a.cold") == 1000, "waiting"
+    assert value(metrics, "fanout_sink_commit_failures_total", table="a.cold") is None, "not failing"
+    assert value(metrics, "fanout_sink_table_commit_interval_seconds", table="a.cold") == 600
+    assert value(metrics, "fanout_sink_table_commit_interval_seconds", table="a.hot") == 30
+    metrics.round_done(round_of(3_000_000), [])  # nothing pending anywhere: every table holds it all
+    assert value(metrics, "fanout_sink_table_vtts_timestamp_seconds", table="a.cold") == 3000
 
 
 def test_a_change_table_counts_inserted_updated_and_deleted_rows() -> None:

@@ -20,9 +20,10 @@ from support.sink_factory import SinkFactory
 
 from fanout_sink import status as status_command
 from fanout_sink.cli import main
-from fanout_sink.protocol import group_layout, table_state
+from fanout_sink.protocol import group_layout, round_trigger, table_state
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.partition_groups import PartitionGroups
+from fanout_sink.protocol.table_cadence import CommitIntervals
 from fanout_sink.transform.processor import build_processor
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "status.md"
@@ -93,6 +94,42 @@ def test_status_shows_table_commits_and_source_lag(
     assert f"sink.a: commit {result.commit_id}" in text and f"{topic}[1]: committed 3 end 4 lag 1" in text
     assert "1 data files, average" in text and "last maintenance never" in text
     assert "s ago)" in text and "sink.a: 1 file event(s)" in text
+
+
+def test_status_shows_each_tables_cadence_and_when_its_waiting_files_are_due(
+    bootstrap_servers: str, sink_factory: SinkFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per-table cadence (issue 50 item 2): sink.b commits every 10 minutes, sink.a every round; its
+    files waiting are due at the end of the 10-minute period their oldest was written in."""
+    sink = sink_factory(partitions={"src": 1}, tables="ab", prefix="st")
+    data = yaml.safe_load(sink.config_file.read_text())
+    data["tables"]["sink.b"]["commit-interval"] = "10m"
+    sink.config_file.write_text(yaml.safe_dump(data))
+    coordinator = sink.coordinator(commit_intervals=CommitIntervals.of(sink.config))
+    produce_json(bootstrap_servers, sink.topic, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(4)])
+    sink.batch()
+    coordinator.commit_round(round_trigger.STOP)  # both commit once
+    produce_json(bootstrap_servers, sink.topic, 0, [{"id": i, "table": "ab"[i % 2]} for i in range(4, 8)])
+    sink.batch()
+    waiting = coordinator.commit_round()
+    coordinator.close()
+    assert set(waiting.tables) == {"sink.a"} and waiting.waiting == {"sink.b"}
+
+    assert main(["status", "--config", str(sink.config_file), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    cadence = {t["table"]: (t["commit_interval_s"], t["next_commit_due_ms"]) for t in status["tables"]}
+    (pending,) = status["pending"]
+    due = (pending["oldest_written_ms"] // 600_000 + 1) * 600_000
+    assert cadence == {"sink.a": (None, None), "sink.b": (600.0, due)}
+    assert (pending["table"], pending["commit_interval_s"], pending["commit_due_ms"]) == (
+        "sink.b",
+        600.0,
+        due,
+    )
+    assert main(["status", "--config", str(sink.config_file)]) == 0
+    text = capsys.readouterr().out
+    assert "last maintenance never, commits every round" in text
+    assert "commits every 10.0 min, waiting files due " in text and "sink.b: 1 file event(s)" in text
 
 
 def test_status_counts_a_change_tables_delete_files(

@@ -48,10 +48,10 @@ class CommitIntervals:
             return None if interval is None else interval.total_seconds()
 
         dynamic = config.dynamic.commit_interval if config.dynamic is not None else None
-        return cls(
-            declared={table: seconds(table) for table in config.tables},
-            dynamic_s=None if dynamic is None else dynamic.total_seconds(),
-        )
+        dynamic_s = None if dynamic is None else dynamic.total_seconds()
+        # A declared table without one is named only where it must not take dynamic's.
+        declared = {table: seconds(table) for table in config.tables}
+        return cls({t: s for t, s in declared.items() if s is not None or dynamic_s is not None}, dynamic_s)
 
     def interval_s(self, table: str) -> float | None:
         """The table's own interval; None: it commits in every round."""

@@ -29,6 +29,7 @@ from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings, R
 from fanout_sink.protocol.pacing import step_target_s
 from fanout_sink.protocol.round_trigger import RoundTrigger
 from fanout_sink.protocol.round_words import tally
+from fanout_sink.protocol.table_cadence import CommitIntervals
 from fanout_sink.protocol.table_commit import TableCommitter
 from fanout_sink.spark import (
     executor_commits,
@@ -83,7 +84,9 @@ class SinkApp:
         the layout is recorded with this start at start for every other process
         (``protocol/group_layout.py``); a later start's record stops this app's attempts."""
         self.metrics = (
-            SinkMetrics(config.name, config.control.commit_interval.total_seconds())
+            SinkMetrics(
+                config.name, config.control.commit_interval.total_seconds(), CommitIntervals.of(config)
+            )
             if config.metrics is not None
             else None
         )
