@@ -39,13 +39,22 @@ class Fallback(Exception):
 
 @dataclass
 class RecordView:
-    """Decoded records plus their Kafka metadata, as Arrow columns and (on demand) Python objects."""
+    """Decoded records plus their Kafka metadata, as Arrow columns and (on demand) Python objects.
+
+    A view taken from another (:meth:`subset`) takes its metadata from the other's only when asked
+    for it: most tables read none (no ``select`` naming it, no change events), and taking six
+    columns and the headers for each of 50 tables of a chunk cost a fifth of routing it."""
 
     decoded: Decoded
-    meta: pa.Table  # one row per decoded record: the META_FIELDS but headers
+    source_meta: pa.Table
+    """The META_FIELDS but headers, of the view this one was taken from (or its own)."""
+    source_headers: pa.Array | None = None
+    picked: np.ndarray | None = None
+    """This view's records' positions in ``source_meta``; ``None``: all of them."""
     headers: list[dict[str, str]] | None = None
-    _raw_headers: pa.Array | None = None
     _python: list[dict[str, Any]] | None = None
+    _meta: pa.Table | None = None
+    _taken_headers: pa.Array | None = None
 
     @classmethod
     def build(cls, decoded: Decoded, raw: pa.Table) -> RecordView:
@@ -80,23 +89,45 @@ class RecordView:
         raw_headers = (
             raw.column("headers").take(take).combine_chunks() if "headers" in raw.column_names else None
         )
-        return cls(decoded, meta, _raw_headers=raw_headers)
+        return cls(decoded, meta, raw_headers)
 
     def __len__(self) -> int:
-        return int(self.meta.num_rows)
+        return len(self.decoded.rows)
+
+    @property
+    def meta(self) -> pa.Table:
+        """One row per record: the META_FIELDS but headers."""
+        if self._meta is None:
+            picked = self.picked
+            self._meta = self.source_meta if picked is None else self.source_meta.take(pa.array(picked))
+        return self._meta
+
+    @property
+    def raw_headers(self) -> pa.Array | None:
+        """One list of ``{key, value}`` per record, as the raw slice holds them (None: no headers)."""
+        if self._taken_headers is None and self.source_headers is not None:
+            picked = self.picked
+            self._taken_headers = (
+                self.source_headers if picked is None else self.source_headers.take(pa.array(picked))
+            )
+        return self._taken_headers
+
+    def _taken(self, positions: np.ndarray) -> np.ndarray:
+        """``positions`` of this view as positions in ``source_meta``."""
+        return positions if self.picked is None else self.picked[positions]
 
     def subset(self, positions: np.ndarray, key: str | None = None) -> RecordView:
         """The records at ``positions`` with every field (:meth:`Decoded.subset`, ``key`` naming
         their table); its ``decoded.rows`` are positions in this view."""
         decoded = self.decoded.subset(positions, key)
         chosen = decoded.rows
-        take = pa.array(chosen, pa.int64())
-        listed = chosen.tolist()
+        listed = chosen.tolist() if self.headers is not None or self._python is not None else []
         return RecordView(
             decoded,
-            self.meta.take(take),
+            self.source_meta,
+            self.source_headers,
+            self._taken(chosen),
             None if self.headers is None else [self.headers[p] for p in listed],
-            None if self._raw_headers is None else self._raw_headers.take(take),
             None if self._python is None else [self._python[p] for p in listed],
         )
 
@@ -104,13 +135,12 @@ class RecordView:
         """The records at ``positions`` with their fields replaced by ``records`` (one row each) and
         their Kafka metadata kept: a change event's row image, which ``select`` reads as a record.
         Its ``decoded.rows`` are ``positions``."""
-        take = pa.array(positions, pa.int64())
-        listed = positions.tolist()
         return RecordView(
             Decoded(records, positions),
-            self.meta.take(take),
-            None if self.headers is None else [self.headers[p] for p in listed],
-            None if self._raw_headers is None else self._raw_headers.take(take),
+            self.source_meta,
+            self.source_headers,
+            self._taken(positions),
+            None if self.headers is None else [self.headers[p] for p in positions.tolist()],
         )
 
     @property
@@ -120,7 +150,8 @@ class RecordView:
     def header_objects(self) -> list[dict[str, str]]:
         if self.headers is None:
             result: list[dict[str, str]] = []
-            values = self._raw_headers.to_pylist() if self._raw_headers is not None else [None] * len(self)
+            raw = self.raw_headers
+            values = raw.to_pylist() if raw is not None else [None] * len(self)
             for entries in values:
                 obj: dict[str, str] = {}
                 for entry in entries or []:
@@ -171,6 +202,6 @@ class RecordView:
             return column
         if name == "headers":
             raise Fallback("headers are evaluated per record")
-        if name in self.meta.column_names:
+        if name in self.source_meta.column_names:  # without taking the metadata
             return self.meta.column(name).combine_chunks()
         return pa.nulls(len(self))
