@@ -165,6 +165,7 @@ class RoutingProcessor:
         out.filtered += routes.dropped
         if self.trace is not None:
             self.trace.routed(decoded.rows, routes, "no table matched the record (unmatched.action is drop)")
+        view.decoded.expect(routes.tables)
         route_counts = np.zeros(len(view), dtype=np.int64)
         for pos, reason in routes.dead:
             policy = reason == UNMATCHED_REASON

@@ -39,6 +39,7 @@ from bench.workload import NAMESPACE, ROUTE_FIELD, Variant, create_tables, parse
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
 from fanout_sink.transform import processor as processor_module
+from fanout_sink.transform.formats.decoded import Decoded
 from fanout_sink.transform.processor import RoutingProcessor, build_processor
 from fanout_sink.transform.record_view import RecordView
 
@@ -101,6 +102,8 @@ def _instrumented(processor: RoutingProcessor, timer: _Timer) -> Iterator[None]:
     """The processor's stages wrapped by ``timer`` while inside."""
     originals = (processor.decoder, processor.router.route, RecordView.__dict__["build"], RecordView.subset)
     originals_module = (processor_module.convert, processor.tables.evolve)  # type: ignore[attr-defined]
+    expect = Decoded.expect
+    Decoded.expect = timer.wrap("table records", expect)  # type: ignore[method-assign]
     processor.decoder = timer.wrap("decode", processor.decoder)
     processor.router.route = timer.wrap("route", processor.router.route)  # type: ignore[method-assign]
     build = RecordView.build
@@ -111,6 +114,7 @@ def _instrumented(processor: RoutingProcessor, timer: _Timer) -> Iterator[None]:
     try:
         yield
     finally:
+        Decoded.expect = expect  # type: ignore[method-assign]
         processor.decoder = originals[0]
         processor.router.route = originals[1]  # type: ignore[method-assign]
         RecordView.build = originals[2]  # type: ignore[method-assign]

@@ -10,7 +10,7 @@ decoded per writer schema back into input order.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ class Decoded:
     _python: Callable[[], list[Any]] | None = None
     _python_cache: list[Any] | None = None
     _parse: Callable[[np.ndarray, str | None], Decoded] | None = None
+    _expect: Callable[[Mapping[str, np.ndarray]], None] | None = None
 
     def with_rows(self, rows: np.ndarray) -> Decoded:
         """The same records with other row indices and no failures (after re-indexing)."""
@@ -60,6 +61,12 @@ class Decoded:
         every field of the batch. Reads the records as Python objects, so it is asked only when a
         table's schema is inferred (:mod:`fanout_sink.transform.inference`)."""
         return any(_holds(record, path) for record in self.python())
+
+    def expect(self, groups: Mapping[str, np.ndarray]) -> None:
+        """Tells which :meth:`subset` calls come next (key -> positions), so a decoder that parses
+        each group on its own can prepare all of them in one pass."""
+        if self._expect is not None:
+            self._expect(groups)
 
     def subset(self, positions: np.ndarray, key: str | None = None) -> Decoded:
         """The records at ``positions`` with every field; its ``rows`` and ``failures`` index this
