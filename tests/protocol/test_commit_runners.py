@@ -35,12 +35,14 @@ def _pending(offset: int, files: int) -> PendingFiles:
 def test_a_round_split_into_shares_keeps_every_table_once_and_balances_files() -> None:
     heavy = {f"t{i}": [_pending(i, 10)] for i in range(2)}
     light = {f"u{i}": [_pending(10 + i, 1)] for i in range(20)}
-    tables = RoundTables({**heavy, **light}, 100, "c", None, deadline=0.0, floors={"u": 3})
+    merging = frozenset({"t0"})  # tables with a commit-interval of their own: merged on executors too
+    tables = RoundTables({**heavy, **light}, 100, "c", None, deadline=0.0, floors={"u": 3}, merging=merging)
     parts = tables.split(2)
     assert sorted(t for part in parts for t in part.due) == sorted(tables.due)
     files = [sum(len(p.event.files) for items in part.due.values() for p in items) for part in parts]
     assert files == [20, 20]
-    assert all((p.round_end, p.commit_id, p.floors) == (100, "c", {"u": 3}) for p in parts)
+    kept = (100, "c", {"u": 3}, merging)
+    assert all((p.round_end, p.commit_id, p.floors, p.merging) == kept for p in parts)
     assert len(tables.split(50)) == 22  # never an empty share
     shipped = pickle.loads(pickle.dumps(tables))  # to executors: as it is, with the time it has left
     assert replace(shipped, deadline=tables.deadline) == tables and shipped.remaining_s() == 0

@@ -15,8 +15,10 @@ from support.common import produce_json, table_ids
 from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink.protocol import channel, round_trigger
+from fanout_sink.protocol import events as ev
+from fanout_sink.protocol.commit_state import PendingFiles
 from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
-from fanout_sink.protocol.table_cadence import CommitIntervals, TableCadence
+from fanout_sink.protocol.table_cadence import CommitIntervals, TableCadence, due_ms
 
 DECADE_S = 3650 * 86400.0
 """The cold table's interval: no period boundary passes while a test runs unless the test's clock
@@ -31,6 +33,39 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def _written(*seconds: float) -> list[PendingFiles]:
+    table = ev.TableRef(namespace=("n",), name="t", uuid="u")
+    event = ev.DataWritten(table=table, files=(), topic="s", partition=0, next_offset=1)
+    return [PendingFiles(i, event, int(at * 1000)) for i, at in enumerate(seconds)]
+
+
+def test_a_table_is_due_in_the_first_round_of_a_period_or_once_its_files_are_older_than_the_period() -> None:
+    """The rule without a broker: periods of 60 s from the epoch; the coordinator started at 1000 s."""
+    clock = Clock()
+    clock.now = 1000.0
+    cadence = TableCadence(CommitIntervals(declared={"n.hot": None}, dynamic_s=60.0), clock)
+
+    def split(now: float, reason: str = round_trigger.CALL, failing: tuple[str, ...] = ()) -> set[str]:
+        due = {"n.hot": _written(now - 1), "n.cold": files}
+        return set(cadence.split(due, now, reason, failing)[0])
+
+    files = _written(1005)
+    assert split(1010) == {"n.hot"}  # period [960, 1020): the cold files wait
+    assert split(1010, round_trigger.STOP) == {"n.hot", "n.cold"}  # a stop commits everything
+    assert split(1010, failing=("n.cold",)) == {"n.hot", "n.cold"}  # a failed commit is retried
+    assert split(1025) == {"n.hot", "n.cold"}  # the first round of [1020, 1080)
+    files = _written(1021)  # written after the boundary, before that first round: all go together
+    assert split(1025) == {"n.hot", "n.cold"}
+    cadence.ran(1025)
+    files = _written(1018, 1030)  # one written before this period began: due at any round
+    assert split(1040) == {"n.hot", "n.cold"}
+    files = _written(1030)
+    assert split(1050) == {"n.hot"}  # written in this period, after its first round
+    assert split(1081) == {"n.hot", "n.cold"}
+    assert due_ms(60.0, 1_030_000, 1_050_000) == 1_080_000
+    assert cadence.merging(["n.hot", "n.cold", "raw.x"]) == {"n.cold", "raw.x"}
 
 
 def _cold_b(sink: SinkUnderTest, clock: Clock) -> Coordinator:
