@@ -135,13 +135,20 @@ def deliver_in_steps(
     steps: dict[tuple[str, int], list[SliceResult]] = {key: [] for key in sources}
     remaining = planned_slices
     count = 0
+    committed = False
     while remaining:
         step, remaining = next_step(remaining, pacer.budget())
         if count:
             first = step[0]
             fault_point("worker.between-steps", topic=first.topic, partition=first.partition, step=count)
         started = time.monotonic()
-        results = worker.commit_partition_group([(s, sources[(s.topic, s.partition)]) for s in step], process)
+        # After a step this task committed, the cached producer is current (another process taking
+        # the id over would have fenced it, and its commit would say so): a step of a partition it
+        # never committed keeps it, instead of a new producer's init_transactions.
+        results = worker.commit_partition_group(
+            [(s, sources[(s.topic, s.partition)]) for s in step], process, continuing=committed
+        )
+        committed = committed or any(r.transaction_committed for r in results)
         seconds = time.monotonic() - started
         offsets = sum(_offsets_read(r) for r in results)
         pacer.measured(offsets, seconds)

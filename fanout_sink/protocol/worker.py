@@ -162,7 +162,10 @@ class SliceWorker:
         return self.commit_partition_group([(planned, source)], process)[0]
 
     def commit_partition_group(
-        self, work: Sequence[tuple[Slice, pa.Table | SliceSource]], process: SliceProcessor
+        self,
+        work: Sequence[tuple[Slice, pa.Table | SliceSource]],
+        process: SliceProcessor,
+        continuing: bool = False,
     ) -> list[SliceResult]:
         """Deliver the planned offset ranges ``[start, end)`` of a partition group's slices in one
         transaction; one result per slice, in the order given.
@@ -171,7 +174,8 @@ class SliceWorker:
         channel's :class:`~.partition_groups.PartitionGroups`). Each source reads the slice's records
         when the worker knows what is left; a table of the range's records already read (tests,
         tools) is taken as it is and its delivered head dropped. Slices without a ``topic_id`` get it
-        from the broker.
+        from the broker. ``continuing``: an earlier step of the same task committed with this
+        process's producer (:mod:`.pacing`), so it is kept even for partitions it never committed.
         """
         work = self._with_topic_ids(work)
         txn_ids = {self.channel.worker_transactional_id(p.topic, p.partition) for p, _ in work}
@@ -184,7 +188,8 @@ class SliceWorker:
             self._control_checked = True
         with self._lock(txn_id):
             ends = self._committed_to.setdefault(txn_id, {})
-            if txn_id in self._producers and not self._continues(ends, [p for p, _ in work]):
+            stale = not continuing and not self._continues(ends, [p for p, _ in work])
+            if txn_id in self._producers and stale:
                 # Another process delivered the partition group in between (Spark ran its last task in
                 # another Python worker): its producer fenced the cached one, which would only find out
                 # at the transaction, after the slices' work. Start with a new one.

@@ -15,8 +15,10 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 from fanout_sink import faults
 from fanout_sink.faults import InjectedFault
 from fanout_sink.kafka.range_reader import RangeReader
+from fanout_sink.kafka.transaction import TransactionalProducer
 from fanout_sink.protocol import channel, recovery
 from fanout_sink.protocol import events as ev
+from fanout_sink.protocol import worker as worker_module
 from fanout_sink.protocol.pacing import StepPacer, deliver_in_steps, next_step
 from fanout_sink.protocol.slice_writer import SliceSource
 from fanout_sink.protocol.slices import Slice, SliceResult
@@ -70,11 +72,22 @@ def _assert_exact_after_a_round(sink: SinkUnderTest, expected: dict[str, list[in
     assert table_ids(sink.catalog, "a") == expected["a"] and table_ids(sink.catalog, "b") == expected["b"]
 
 
-def test_a_partition_group_is_delivered_in_steps_each_its_own_transaction(sink_factory: SinkFactory) -> None:
+def test_a_partition_group_is_delivered_in_steps_each_its_own_transaction(
+    sink_factory: SinkFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sink, expected = _sink(sink_factory)
     worker = sink.worker(chunk_records=CHUNK)
     reader = RangeReader(sink.channel.clients, sink.channel.sink_group)
+    created: list[str] = []
+
+    class Counted(TransactionalProducer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            created.append(args[1])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "TransactionalProducer", Counted)
     results = _deliver(sink, worker, reader)
+    assert len(created) == 1, "one producer (one init_transactions) for all of a task's steps"
 
     assert [(r.slice.partition, r.slice.start, r.slice.end) for r in results] == [
         (0, 0, RECORDS),
