@@ -14,7 +14,7 @@ Python task, which cost most of the sink's CPU. The task reads its range itself 
   Spark's ``failOnDataLoss=true`` stopped on; no progress for ``stall_timeout_s`` is an error too.
 - Each ``consume`` batch becomes Arrow record batches (:mod:`fanout_sink.kafka.consumed`): copied
   from librdkafka's messages in C by the native consume where it is built
-  (:mod:`fanout_sink.kafka.native_consume`, about a third of the CPU per record), else from
+  (:mod:`fanout_sink.kafka.native_consume`, about a fifth of the CPU per record), else from
   confluent-kafka's ``Message`` objects, a Python list per column; which one is logged once.
 - ``read_chunks`` hands the range out in tables of at most ``max_records`` records, so a worker's
   memory holds a chunk's working set, not the whole slice (issue 26); ``read`` is all of it at once.

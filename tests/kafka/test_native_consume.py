@@ -65,7 +65,7 @@ def test_forcing_the_python_consume_logs_it_once_with_the_reason(
     assert consume(10, 0.0) == Consumed([], [])
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert lines == [
-        "Kafka reader: confluent-kafka's consume (Python, ~3x the CPU per record of the native one): "
+        "Kafka reader: confluent-kafka's consume (Python, ~5x the CPU per record of the native one): "
         "FANOUT_SINK_READER=python"
     ]
 
