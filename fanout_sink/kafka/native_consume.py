@@ -1,5 +1,5 @@
 """The native consume: the range reader's records copied from librdkafka into Arrow buffers in C
-(``librdkafka_arrow.c``), about a third of the CPU per record of confluent-kafka's ``consume``,
+(``librdkafka_arrow.c``), about a fifth of the CPU per record of confluent-kafka's ``consume``,
 with that one as the automatic fallback.
 
 The extension is built when the project is installed (``setup.py``: optional, so an install
@@ -66,7 +66,7 @@ def loaded_librdkafka() -> Path | None:
 @functools.cache
 def native_module() -> tuple[ModuleType | None, str]:
     """The bound extension and the line saying so, or ``None`` and the line saying why not."""
-    fallback = "Kafka reader: confluent-kafka's consume (Python, ~3x the CPU per record of the native one)"
+    fallback = "Kafka reader: confluent-kafka's consume (Python, ~5x the CPU per record of the native one)"
     if os.environ.get(READER_ENV, "").lower() == "python":
         return None, f"{fallback}: {READER_ENV}=python"
     try:
