@@ -125,14 +125,17 @@ def current_table_uuids(tables: dict[str, Table]) -> dict[str, str | None]:
     return found
 
 
+def is_sql_catalog(catalog: Catalog) -> bool:
+    """Whether ``catalog`` is PyIceberg's SQL catalog (whose fast paths this module has)."""
+    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: no SQL catalog in this process
+    return sql is not None and isinstance(catalog, sql.SqlCatalog)
+
+
 def _by_sql_catalog(tables: dict[str, Table]) -> list[tuple[Any, list[tuple[str, Table]]]]:
     """``tables`` whose catalog is a SQL catalog, grouped by that catalog (the others left out)."""
-    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: no SQL catalog in this process
-    if sql is None:
-        return []
     by_catalog: dict[int, list[tuple[str, Table]]] = defaultdict(list)
     for identifier, table in tables.items():
-        if isinstance(table.catalog, sql.SqlCatalog):
+        if is_sql_catalog(table.catalog):
             by_catalog[id(table.catalog)].append((identifier, table))
     return [(group[0][1].catalog, group) for group in by_catalog.values()]
 
@@ -268,8 +271,7 @@ def sql_metadata_locations(catalog: Catalog, identifiers: Iterable[str]) -> dict
     pointer. A pointer that moves meanwhile is no hazard: the commit's ``UPDATE`` requires the row
     to still point where the metadata was read (see :func:`_loaded_base_sql_catalog`).
     """
-    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: not a SQL catalog
-    if sql is None or not isinstance(catalog, sql.SqlCatalog):
+    if not is_sql_catalog(catalog):
         return None
     keys = {identifier: _catalog_key(identifier) for identifier in identifiers}
     pointers = _sql_pointers(catalog, set(keys.values())) if keys else {}
@@ -315,7 +317,6 @@ def _gzipped(location: str) -> bool:
 def commit_catalog(catalog: Catalog, table: Table) -> Catalog:
     """The catalog to commit ``table`` through: for a SQL catalog, one that commits against ``table``
     as loaded instead of loading it again (``_LoadedBaseSqlCatalog``); any other catalog as it is."""
-    sql = sys.modules.get("pyiceberg.catalog.sql")  # not imported: the catalog is no SqlCatalog
-    if sql is not None and isinstance(catalog, sql.SqlCatalog):
-        return _loaded_base_sql_catalog()(catalog, table)  # type: ignore[call-arg]
+    if is_sql_catalog(catalog):
+        return _loaded_base_sql_catalog()(catalog, table)  # type: ignore[call-arg,arg-type]
     return catalog

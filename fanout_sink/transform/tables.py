@@ -289,9 +289,10 @@ class TableManager:
 
         An expired entry has every expired entry checked at once (:meth:`_check_expired`): a worker
         loads its tables together (its first batch), so they expire together, and loading each
-        again cost ~1-3 ms a table, ~5 % of a worker's core at 5,000 tables."""
+        again cost ~1-3 ms a table, ~5 % of a worker's core at 5,000 tables. Other catalogs' expired
+        tables are loaded again one by one (:meth:`ensure`)."""
         entry = self._fresh(name)
-        if entry is None and name in self._cache:
+        if entry is None and name in self._cache and sql_catalog.is_sql_catalog(self.catalog):
             with self._checking:
                 if self._fresh(name) is None:
                     self._check_expired()
@@ -308,8 +309,8 @@ class TableManager:
     def _check_expired(self) -> None:
         """Expired entries of a SQL catalog's tables checked in one query per 500 tables
         (:func:`~fanout_sink.pyiceberg_internals.sql_catalog.tables_for_writing`): unmoved or moved
-        with nothing a writer uses changed, kept; changed, replaced; dropped, forgotten. The others
-        stay expired: :meth:`ensure` loads each (other catalogs)."""
+        with nothing a writer uses changed, kept; changed, replaced; dropped, forgotten. A failed
+        check leaves them expired: :meth:`ensure` loads each."""
         now = time.monotonic()
         with self._lock:
             expired = {n: t for n, (t, at) in self._cache.items() if now - at > self.max_age_seconds}

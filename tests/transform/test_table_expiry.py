@@ -149,9 +149,12 @@ def test_a_catalog_that_cannot_check_at_once_loads_each_expired_table(
     config = _config(catalog_settings)
     manager = _cached_manager(catalog, config, ["db.a", "db.b"])
     counted = _Counted(catalog, monkeypatch)
-    monkeypatch.setattr(sql_catalog, "tables_for_writing", lambda tables: {})  # as for a REST catalog
+    monkeypatch.setattr(sql_catalog, "is_sql_catalog", lambda catalog: False)  # as for a REST catalog
+    checks: list[int] = []  # none: each access would scan every expired entry for nothing
+    monkeypatch.setattr(sql_catalog, "tables_for_writing", lambda tables: checks.append(len(tables)) or {})
     clock.advance(AGE_S + 1)
     settings = manager.settings_for("db.a")
     manager.ensure("db.a", settings)
     manager.ensure("db.b", settings)
-    assert counted.loads == ["db.a", "db.b"]
+    assert counted.loads == ["db.a", "db.b"] and counted.queries == 2  # each load's own query
+    assert checks == []
