@@ -115,6 +115,15 @@ def _is_string(dtype: pa.DataType) -> bool:
     return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype))
 
 
+def _is_nested(dtype: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_struct(dtype)
+        or pa.types.is_list(dtype)
+        or pa.types.is_large_list(dtype)
+        or pa.types.is_map(dtype)
+    )
+
+
 def _where(mask: pa.Array, array: pa.Array) -> pa.Array:
     return pc.if_else(mask, array, pa.nulls(len(array), array.type))
 
@@ -234,12 +243,7 @@ def _to_json(value: Any) -> Any:
 
 def _strings(array: pa.Array, target: pa.DataType) -> pa.Array:
     src = array.type
-    if (
-        pa.types.is_struct(src)
-        or pa.types.is_list(src)
-        or pa.types.is_large_list(src)
-        or pa.types.is_map(src)
-    ):
+    if _is_nested(src):
         values = [None if v is None else json.dumps(_to_json(v)) for v in array.to_pylist()]
         return pa.array(values, target)
     if pa.types.is_binary(src) or pa.types.is_large_binary(src):
@@ -304,12 +308,9 @@ def _convert(
         src = array.type
     if pa.types.is_null(src):
         return pa.nulls(n, dtype)
-    if _is_string(src) and (
-        pa.types.is_struct(dtype)
-        or pa.types.is_list(dtype)
-        or pa.types.is_large_list(dtype)
-        or pa.types.is_map(dtype)
-    ):
+    if src == dtype and not _is_nested(dtype):
+        return array  # the usual column: the types below are looked at only when it is not
+    if _is_string(src) and _is_nested(dtype):
         parsed = _parse_json_text(array, dtype, path, positions, bad)
         if parsed is not None:
             array, src = parsed, parsed.type
@@ -356,12 +357,7 @@ def _convert(
     if pa.types.is_map(dtype):
         return _convert_map(array, dtype, path, positions, bad, matching)
     fn = _primitive(dtype)
-    nested_source = (
-        pa.types.is_struct(src)
-        or pa.types.is_list(src)
-        or pa.types.is_large_list(src)
-        or pa.types.is_map(src)
-    )
+    nested_source = _is_nested(src)
     if nested_source and not _is_string(dtype):
         return _fail_all(array, dtype, path, positions, bad)
     if src == dtype:

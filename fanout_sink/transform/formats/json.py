@@ -291,16 +291,32 @@ def _has_timestamp(dtype: pa.DataType) -> bool:
 
 
 def _has_non_finite(data: pa.Table | pa.Array) -> bool:
-    """Whether any float (at any depth) is NaN or infinite: Arrow's parser took a ``NaN`` literal."""
+    """Whether any float (at any depth) is NaN or infinite: Arrow's parser took a ``NaN`` literal.
+
+    Only columns and fields that can hold a float are looked at (a mixed-type chunk asks this of
+    each table's records: unpacking every struct and list of 50 tables per chunk cost more than
+    the check)."""
     if isinstance(data, pa.Table):
-        return any(_has_non_finite(chunk) for column in data.columns for chunk in column.chunks)
+        columns = [column for column in data.columns if _holds_float(column.type)]
+        return any(_has_non_finite(chunk) for column in columns for chunk in column.chunks)
     dtype = data.type
     if pa.types.is_floating(dtype):
         return bool(pc.any(pc.invert(pc.is_finite(data))).as_py())
     if pa.types.is_struct(dtype):
-        return any(_has_non_finite(pc.struct_field(data, i)) for i in range(dtype.num_fields))
+        fields = [i for i in range(dtype.num_fields) if _holds_float(dtype.field(i).type)]
+        return any(_has_non_finite(pc.struct_field(data, i)) for i in fields)
     if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
         return _has_non_finite(data.flatten())
+    return False
+
+
+def _holds_float(dtype: pa.DataType) -> bool:
+    if pa.types.is_floating(dtype):
+        return True
+    if pa.types.is_struct(dtype):
+        return any(_holds_float(field.type) for field in dtype)
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return _holds_float(dtype.value_type)
     return False
 
 
