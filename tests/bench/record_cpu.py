@@ -102,8 +102,9 @@ def _instrumented(processor: RoutingProcessor, timer: _Timer) -> Iterator[None]:
     """The processor's stages wrapped by ``timer`` while inside."""
     originals = (processor.decoder, processor.router.route, RecordView.__dict__["build"], RecordView.subset)
     originals_module = (processor_module.convert, processor.tables.evolve)  # type: ignore[attr-defined]
-    expect = Decoded.expect
-    Decoded.expect = timer.wrap("table records", expect)  # type: ignore[method-assign]
+    expect = getattr(Decoded, "expect", None)  # None: a checkout from before it (a baseline)
+    if expect is not None:
+        Decoded.expect = timer.wrap("table records", expect)  # type: ignore[method-assign]
     processor.decoder = timer.wrap("decode", processor.decoder)
     processor.router.route = timer.wrap("route", processor.router.route)  # type: ignore[method-assign]
     build = RecordView.build
@@ -114,7 +115,8 @@ def _instrumented(processor: RoutingProcessor, timer: _Timer) -> Iterator[None]:
     try:
         yield
     finally:
-        Decoded.expect = expect  # type: ignore[method-assign]
+        if expect is not None:
+            Decoded.expect = expect  # type: ignore[method-assign]
         processor.decoder = originals[0]
         processor.router.route = originals[1]  # type: ignore[method-assign]
         RecordView.build = originals[2]  # type: ignore[method-assign]
