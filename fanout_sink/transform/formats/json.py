@@ -543,15 +543,8 @@ class JsonDecoder:
                 in_done[result.rows] = True
             return result
 
-        return Decoded(
-            table,
-            rows,
-            failures,
-            routed=frozenset(schema.names),
-            _python=_loader(good),
-            _parse=parse,
-            _expect=expect,
-        )
+        routed, loader = frozenset(schema.names), _loader(good)
+        return Decoded(table, rows, failures, routed=routed, _python=loader, _parse=parse, _expect=expect)
 
     def _remember(self, key: str | None, schema: pa.Schema) -> None:
         known = self._known.get(key)
