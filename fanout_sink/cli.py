@@ -238,13 +238,17 @@ def _route(args: argparse.Namespace) -> int:
 
 def _maintain(args: argparse.Namespace) -> int:
     from fanout_sink.catalog import load_catalog
+    from fanout_sink.config.fields import parse_duration
     from fanout_sink.config.loading import load_config
     from fanout_sink.maintenance.report import render_text
-    from fanout_sink.spark.maintenance import maintain, select_tables
+    from fanout_sink.spark.maintenance import maintain_run, select_tables
     from fanout_sink.spark.session import build_spark_session
     from fanout_sink.status import broker_fault
 
     config = load_config(args.config)
+    if args.max_duration:
+        bounded = config.maintenance.model_copy(update={"max_duration": parse_duration(args.max_duration)})
+        config = config.model_copy(update={"maintenance": bounded})
     _log_to_stderr(config.logging.format, config.logging.level)
     # A --table that is not the sink's fails here, before a Spark session starts.
     tables = select_tables(load_catalog(config.catalog, create=False), config.name, args.table or None)
@@ -264,11 +268,12 @@ def _maintain(args: argparse.Namespace) -> int:
         extra_conf=dict(args.conf),
     )
     try:
-        results = maintain(spark, config, tables, args.dry_run)
+        run = maintain_run(spark, config, tables, args.dry_run)
     finally:
         spark.stop()
-    print(render_text(results))
-    return 0 if all(result.ok for result in results) else 1
+    print(render_text(run.results))
+    print(run.line())
+    return 0 if all(result.ok for result in run.results) else 1
 
 
 def _sql(args: argparse.Namespace) -> int:
@@ -487,6 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_argument("--config", required=True, help="the sink's YAML file")
     maintain.add_argument("--table", action="append", default=[], help="only this table, repeatable")
     maintain.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
+    maintain.add_argument(
+        "--max-duration",
+        help="start no new table after this long (e.g. 10m; overrides maintenance.max-duration); "
+        "the tables that gain most go first",
+    )
     maintain.add_argument(
         "--master", help="Spark master (default: spark.master in the config, else local[*])"
     )

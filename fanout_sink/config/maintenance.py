@@ -23,6 +23,11 @@ class MaintenanceSettings(Section):
     ``min-snapshots-to-keep`` unset: the table's ``history.expire.max-snapshot-age-ms`` and
     ``history.expire.min-snapshots-to-keep`` (else 5 days and 1, Iceberg's defaults).
 
+    ``max-duration`` (top level; a table's own is not read): a run that has taken that long starts no
+    new table, finishes the one under way, and ends with a line naming the tables left. Each run takes
+    the tables that gain most first (``fanout_sink/maintenance/priority.py``), so those left keep
+    their gain and come first next time. Unset: every table, however long that takes.
+
     Change tables (merge-on-read position deletes): compaction also rewrites a data file with at least
     ``delete-file-threshold`` delete files, or whose file-scoped deletes cover at least
     ``delete-ratio-threshold`` of its rows (Iceberg's ``rewrite_data_files`` options). The default 1
@@ -34,6 +39,7 @@ class MaintenanceSettings(Section):
     """
 
     interval: Duration | None = Field(default=None, examples=["1h"])
+    max_duration: Duration | None = Field(default=None, examples=["10m"])
     target_file_size_bytes: int | None = Field(default=None, ge=1, examples=[134217728])
     min_input_files: int = Field(default=5, ge=1, examples=[5])
     sort_order: str | None = Field(default=None, examples=["ts, id DESC NULLS LAST"])
@@ -44,7 +50,7 @@ class MaintenanceSettings(Section):
     delete_file_threshold: int = Field(default=1, ge=1, examples=[1])
     delete_ratio_threshold: float = Field(default=0.3, gt=0, le=1, examples=[0.3])
 
-    @field_validator("interval", "orphan_older_than")
+    @field_validator("interval", "orphan_older_than", "max_duration")
     @classmethod
     def _positive(cls, value: timedelta | None) -> timedelta | None:
         if value is not None and value <= timedelta(0):

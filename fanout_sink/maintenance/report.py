@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Literal
 
-from fanout_sink.maintenance.decisions import Figures
+from fanout_sink.maintenance.decisions import Figures, span
+from fanout_sink.maintenance.priority import Gain
 
 StepName = Literal["load", "compact", "deletes", "manifests", "expire", "orphans", "last-run"]
 StepAction = Literal["ran", "skipped", "failed", "dry-run"]
@@ -44,6 +46,30 @@ class TableMaintenance:
     @property
     def skipped(self) -> dict[str, str]:
         return {step.name: step.detail for step in self.steps if step.action == "skipped"}
+
+
+@dataclass(frozen=True)
+class MaintenanceRun:
+    """A whole run: what it did per table, in the order it took them, and the tables it did not
+    reach before its ``max-duration``."""
+
+    results: tuple[TableMaintenance, ...]
+    left: tuple[Gain, ...]
+    """By gain: the order the next run takes them in, unless their gains change."""
+    max_duration: timedelta | None
+    duration_s: float
+
+    def line(self) -> str:
+        """The run in one line: how many tables in how long and, when it stopped at its budget,
+        what is left."""
+        done = len(self.results)
+        line = f"maintained {done} of {done + len(self.left)} table(s) in {self.duration_s:.1f}s"
+        if self.left and self.max_duration is not None:
+            line += (
+                f"; max-duration {span(self.max_duration)} reached: {len(self.left)} left, "
+                f"first next time {self.left[0].describe()}"
+            )
+        return line
 
 
 def table_line(r: TableMaintenance) -> str:

@@ -33,9 +33,9 @@ from pyiceberg.table import Table
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import TableError
-from fanout_sink.maintenance import decisions
+from fanout_sink.maintenance import decisions, priority
 from fanout_sink.maintenance.decisions import NO_FIGURES, Decision, Figures, span
-from fanout_sink.maintenance.report import Step, StepAction, StepName, TableMaintenance
+from fanout_sink.maintenance.report import MaintenanceRun, Step, StepAction, StepName, TableMaintenance
 from fanout_sink.protocol import group_layout, orphans, table_state
 
 log = logging.getLogger("fanout_sink.maintenance")
@@ -317,19 +317,26 @@ def _clean_orphans(
     return _OrphanCleanup(cleaned, None, started)
 
 
-def select_tables(catalog: Catalog, sink: str, tables: Sequence[str] | None) -> list[str]:
-    """The tables to maintain: the sink's tables, or the named ones (each must be a sink table)."""
-    found = [t.identifier for t in table_state.sink_tables(catalog, sink)]
+def _selected(
+    found: Sequence[table_state.SinkTable], sink: str, tables: Sequence[str] | None
+) -> list[table_state.SinkTable]:
+    """The sink's tables, or the named ones (each must be a sink table)."""
     if tables is None:
-        return found
-    unknown = [t for t in tables if t not in found]
+        return list(found)
+    by_name = {t.identifier: t for t in found}
+    unknown = [t for t in tables if t not in by_name]
     if unknown:
         raise TableError(
             f"table(s) {', '.join(unknown)} hold no commit of sink {sink!r}; maintain works on the sink's "
-            f"own tables ({', '.join(found) or 'none yet'})\n"
+            f"own tables ({', '.join(by_name) or 'none yet'})\n"
             "  fix: name one of those with --table, or omit --table"
         )
-    return list(dict.fromkeys(tables))
+    return [by_name[t] for t in dict.fromkeys(tables)]
+
+
+def select_tables(catalog: Catalog, sink: str, tables: Sequence[str] | None) -> list[str]:
+    """The tables to maintain: the sink's tables, or the named ones (each must be a sink table)."""
+    return [t.identifier for t in _selected(table_state.sink_tables(catalog, sink), sink, tables)]
 
 
 def maintain(
@@ -339,15 +346,34 @@ def maintain(
     dry_run: bool = False,
     stop: threading.Event | None = None,
 ) -> list[TableMaintenance]:
-    """Maintain the sink's tables (or ``tables``): per table compaction, manifest rewrite and expiry,
-    then orphan cleanup of all of them, then the ``last-run-ms`` property where no step failed (so
-    ``status`` shows the last complete maintenance). ``dry_run`` decides and reports without changing
-    anything (the orphans listed are those that would be removed). Once ``stop`` is set (the app
-    is stopping), the remaining steps are skipped."""
+    """What :func:`maintain_run` did per table."""
+    return list(maintain_run(spark, config, tables, dry_run, stop).results)
+
+
+def maintain_run(
+    spark: Any,
+    config: SinkConfig,
+    tables: Sequence[str] | None = None,
+    dry_run: bool = False,
+    stop: threading.Event | None = None,
+) -> MaintenanceRun:
+    """Maintain the sink's tables (or ``tables``), those that gain most first
+    (:mod:`fanout_sink.maintenance.priority`): per table compaction, manifest rewrite and expiry,
+    then orphan cleanup of the tables done, then the ``last-run-ms`` property where no step failed
+    (so ``status`` shows the last complete maintenance). Once ``maintenance.max-duration`` has passed
+    no new table is started; the run says which are left. ``dry_run`` decides and reports without
+    changing anything (the orphans listed are those that would be removed). Once ``stop`` is set (the
+    app is stopping), the remaining steps are skipped."""
+    started = time.monotonic()
+    budget = config.maintenance.max_duration
     catalog = load_catalog(config.catalog, create=False)
-    runs = []
-    for identifier in select_tables(catalog, config.name, tables):
-        run = _TableRun(spark, catalog, config, identifier, stop)
+    selected = _selected(table_state.sink_tables(catalog, config.name), config.name, tables)
+    order = priority.rank([(t.identifier, t.table) for t in selected], config.maintenance_for)
+    runs: list[_TableRun] = []
+    for gain in order:
+        if runs and budget is not None and time.monotonic() - started >= budget.total_seconds():
+            break
+        run = _TableRun(spark, catalog, config, gain.table, stop)
         run.rewrite(dry_run)
         runs.append(run)
     _warn_short_orphan_ages(runs)
@@ -357,4 +383,9 @@ def maintain(
         run.record_orphans(cleanup, dry_run)
         run.mark_last_run(dry_run)
         results.append(run.outcome(cleanup, dry_run))
-    return results
+    return MaintenanceRun(
+        results=tuple(results),
+        left=tuple(order[len(runs) :]),
+        max_duration=budget,
+        duration_s=time.monotonic() - started,
+    )

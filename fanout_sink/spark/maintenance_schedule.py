@@ -15,7 +15,7 @@ from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.maintenance.report import failed_steps, table_line
 from fanout_sink.protocol import table_state
-from fanout_sink.spark.maintenance import maintain
+from fanout_sink.spark.maintenance import maintain_run
 
 log = logging.getLogger("fanout_sink.maintenance")
 
@@ -81,14 +81,16 @@ class MaintenanceSchedule:
                 if due:
                     self._running.set()
                     try:
-                        results = maintain(self.spark, self.config, due, stop=self._stopping)
+                        run = maintain_run(self.spark, self.config, due, stop=self._stopping)
                     finally:
                         self._running.clear()
                     self.runs += 1
+                    results = run.results
                     for result in results:
                         log.info(
                             "scheduled maintenance %s", table_line(result), extra={"table": result.table}
                         )
+                    log.info("scheduled maintenance: %s", run.line())
                     failed = failed_steps(results)
                     if failed:
                         log.error(

@@ -29,10 +29,10 @@ from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.maintenance import decisions
-from fanout_sink.maintenance.report import render_text
+from fanout_sink.maintenance.report import MaintenanceRun, render_text
 from fanout_sink.protocol import datafiles, row_delta, table_state
 from fanout_sink.spark import maintenance_schedule
-from fanout_sink.spark.maintenance import maintain
+from fanout_sink.spark.maintenance import maintain, maintain_run
 
 
 def _append(table: Any, ident: int, props: dict[str, str]) -> None:
@@ -191,7 +191,11 @@ def _scheduled(
     catalog_settings: CatalogSettings, monkeypatch: pytest.MonkeyPatch, maintain_stub: Callable[..., Any]
 ) -> tuple[_StubSpark, maintenance_schedule.MaintenanceSchedule]:
     """A schedule every 50 ms on a stub session whose one due table ``maintain_stub`` maintains."""
-    monkeypatch.setattr(maintenance_schedule, "maintain", maintain_stub)
+
+    def run_stub(*args: Any, **kwargs: Any) -> MaintenanceRun:
+        return MaintenanceRun(tuple(maintain_stub(*args, **kwargs)), (), None, 0.0)
+
+    monkeypatch.setattr(maintenance_schedule, "maintain_run", run_stub)
     monkeypatch.setattr(maintenance_schedule, "due_tables", lambda *_: ["sink.t"])
     spark = _StubSpark()
     return spark, maintenance_schedule.MaintenanceSchedule(
@@ -452,3 +456,24 @@ def test_a_table_with_gc_disabled_is_neither_expired_nor_cleaned_of_orphans(
     assert steps["orphans"].action == "skipped" and "gc.enabled" in steps["orphans"].detail
     assert stray.exists()
     assert len(catalog.load_table("sink.shared").snapshots()) == 3  # none expired
+
+
+def test_a_run_past_its_max_duration_starts_no_new_table_and_says_what_is_left(
+    catalog: Any, catalog_settings: CatalogSettings
+) -> None:
+    """At thousands of tables a run stops at ``max-duration``: the tables that gain most are done
+    first, and the line it ends with names what is left (first next time, by the same order)."""
+    create_tables(catalog, ["one", "twelve", "six"])
+    for name, files in [("one", 1), ("twelve", 12), ("six", 6)]:
+        for i in range(files):
+            props = table_state.summary_properties("s", {0: i + 1}, f"c{i}", None)
+            _append(catalog.load_table(f"sink.{name}"), i, props)
+    run = maintain_run(_StubSpark(), _config(catalog_settings, **{"max-duration": "1ms"}), dry_run=True)
+    assert [r.table for r in run.results] == ["sink.twelve"]  # 11 files to merge, then six's 5
+    assert [g.table for g in run.left] == ["sink.six", "sink.one"]
+    assert run.line().startswith("maintained 1 of 3 table(s) in ")
+    left = "max-duration 0.001s reached: 2 left, first next time sink.six (compaction 5, expiry 0)"
+    assert left in run.line()
+    unbounded = maintain_run(_StubSpark(), _config(catalog_settings), dry_run=True)
+    assert [r.table for r in unbounded.results] == ["sink.twelve", "sink.six", "sink.one"]
+    assert unbounded.left == () and "left" not in unbounded.line()
