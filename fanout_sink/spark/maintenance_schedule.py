@@ -57,6 +57,9 @@ class MaintenanceSchedule:
     """
 
     JOB_GROUP = "fanout-sink-maintenance"
+    POOL = "fanout-sink-maintenance"
+    """Its fair-scheduler pool (``fairscheduler.xml``): beside the batches' ``default`` pool, not in it,
+    where its rewrite jobs would take every slot before a batch submitted after them."""
 
     def __init__(self, spark: Any, config: SinkConfig, interval: timedelta) -> None:
         self.spark = spark
@@ -74,6 +77,7 @@ class MaintenanceSchedule:
 
     def _loop(self) -> None:
         self.spark.sparkContext.setJobGroup(self.JOB_GROUP, "scheduled table maintenance", True)
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.POOL)
         catalog = load_catalog(self.config.catalog)
         while not self._stopping.wait(self.interval.total_seconds()):
             try:

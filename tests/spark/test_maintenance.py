@@ -11,8 +11,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from importlib import resources
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -174,6 +176,10 @@ def test_tables_are_due_by_their_own_interval_since_their_last_run(
 class _StubContext:
     def __init__(self) -> None:
         self.cancelled: list[str] = []
+        self.properties: dict[str, str] = {}
+
+    def setLocalProperty(self, key: str, value: str) -> None:  # Spark's name
+        self.properties[key] = value
 
     def setJobGroup(self, group: str, description: str, interrupt: bool) -> None:  # Spark's name
         pass
@@ -226,6 +232,33 @@ def test_a_failing_scheduled_run_is_logged_and_retried_and_stop_cancels(
     assert schedule.runs >= 1
     # Idle at the stop: nothing to cancel, and no "Failed to cancel job group" WARN from Spark.
     assert spark.sparkContext.cancelled == []
+
+
+def test_scheduled_maintenance_runs_in_a_fair_pool_of_its_own_beside_the_batches(
+    catalog_settings: CatalogSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The micro-batches run in Spark's ``default`` pool, FIFO inside: a rewrite's jobs there would
+    take every free slot before a batch submitted after them. In a pool of its own (no minimum share)
+    the fair scheduler gives each freed slot to the pool with fewer tasks running for its weight, ties
+    to ``default``: a waiting batch gets the next slot a maintenance task frees."""
+    seen: dict[str, str] = {}
+    ran = threading.Event()
+
+    def record(spark: Any, config: SinkConfig, tables: Any = None, **_: Any) -> list[Any]:
+        seen.update(spark.sparkContext.properties)
+        ran.set()
+        return []
+
+    _, schedule = _scheduled(catalog_settings, monkeypatch, record)
+    schedule.start()
+    assert ran.wait(30)
+    schedule.stop()
+    pool = seen.get("spark.scheduler.pool")
+    allocations = ElementTree.parse(resources.files("fanout_sink.spark").joinpath("fairscheduler.xml"))
+    pools = {p.get("name"): p for p in allocations.getroot().iter("pool")}
+    assert pool is not None and pool != "default" and pool in pools
+    assert pools[pool].findtext("schedulingMode") == "FAIR"
+    assert pools[pool].findtext("minShare") == "0" and pools[pool].findtext("weight") == "1"
 
 
 def test_stop_cancels_the_maintenance_jobs_only_while_a_run_is_in_progress(
