@@ -1,0 +1,160 @@
+"""Maintenance at fan-out scale: many tables of small files, one run bounded by ``max-duration``.
+
+    PYTHONPATH=tests python -m bench.maintenance_fanout --tables 500 --max-duration 180s
+
+Creates ``--tables`` sink tables in a fresh SQLite catalog, in process and quickly: table ``i`` gets
+``2 + (i * 7) % --max-files`` one-row appends in one catalog commit (a data file and a snapshot each,
+every snapshot carrying the sink's commit properties), so the tables differ in what maintenance
+gains. Then it times the ranking alone (listing the sink's tables and scoring them, no Spark), and one
+``maintain_run`` as ``fanout-sink maintain --max-duration`` does, on a local Spark session with the
+app's fair-scheduler pools, its jobs in the maintenance pool. Expiry keeps the last snapshot
+(``max-snapshot-age: 0s``); orphan cleanup lists every table done, but the control topic is not read
+(no broker: nothing is pending), which is the only stub. Prints a Markdown report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from fanout_sink.catalog import CatalogSettings, load_catalog, spark_catalog_conf
+from fanout_sink.config.loading import parse_config
+from fanout_sink.config.models import SinkConfig
+from fanout_sink.maintenance import priority
+from fanout_sink.maintenance.report import MaintenanceRun
+from fanout_sink.protocol import group_layout, orphans, table_state
+from fanout_sink.spark import executor_commits
+from fanout_sink.spark.maintenance import maintain_run
+from fanout_sink.spark.maintenance_schedule import MaintenanceSchedule
+
+SINK = "fanoutmaint"
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("topic", pa.string())])
+
+
+def create(catalog: Any, tables: int, max_files: int) -> None:
+    catalog.create_namespace_if_not_exists("bench")
+    for i in range(tables):
+        table = catalog.create_table(f"bench.t{i:05d}", schema=SCHEMA)
+        with table.transaction() as txn:
+            for n in range(2 + (i * 7) % max_files):
+                props = table_state.summary_properties(SINK, {0: n + 1}, f"c{n}", None)
+                txn.append(pa.Table.from_pylist([{"id": n, "topic": "t"}], SCHEMA), props)
+
+
+def config(settings: CatalogSettings, max_duration: str) -> SinkConfig:
+    return parse_config(
+        {
+            "name": SINK,
+            "source": {"topics": ["t"]},
+            "catalog": settings.model_dump(),
+            "tables": {"bench.t00000": {}},
+            "maintenance": {
+                "max-duration": max_duration,
+                "max-snapshot-age": "0s",
+                "min-snapshots-to-keep": 1,
+            },
+        }
+    )
+
+
+def report(args: argparse.Namespace, created_s: float, ranked_s: float, run: MaintenanceRun) -> str:
+    per_step: dict[str, list[float]] = defaultdict(list)
+    for result in run.results:
+        for step in result.steps:
+            if step.action == "ran":
+                per_step[step.name].append(step.duration_s)
+    done = len(run.results)
+    # Its steps' own time: a result's duration runs to the orphan cleanup of all tables.
+    per_table = [sum(s.duration_s for s in r.steps) for r in run.results]
+    lines = [
+        f"`{shlex.join(['PYTHONPATH=tests', 'python', '-m', 'bench.maintenance_fanout', *sys.argv[1:]])}`",
+        "",
+        f"- tables: {args.tables}, files each 2-{args.max_files + 1} (one snapshot each); "
+        f"created in {created_s:.1f} s",
+        f"- ranking (list the sink's tables + score them, no Spark): {ranked_s:.2f} s, "
+        f"{ranked_s / args.tables * 1000:.2f} ms a table",
+        f"- run: {run.line()}",
+        f"- tables done per minute: {done / run.duration_s * 60:.1f}; per table median "
+        f"{statistics.median(per_table):.2f} s, max {max(per_table):.2f} s",
+        "",
+        "| step | ran on tables | median s | mean s | total s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, times in per_step.items():
+        median, mean = statistics.median(times), statistics.mean(times)
+        lines.append(f"| {name} | {len(times)} | {median:.2f} | {mean:.2f} | {sum(times):.1f} |")
+    lines += ["", "Order taken (first 10) and the first left:", ""]
+    for r in run.results[:10]:
+        lines.append(
+            f"- {r.table}: data files {r.before.data_files} -> {r.after.data_files}, "
+            f"snapshots {r.before.snapshots} -> {r.after.snapshots}, {r.duration_s:.1f} s"
+        )
+    lines += [f"- left: {g.describe()}" for g in run.left[:3]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, spark: Any = None) -> int:
+    """The benchmark; ``spark``: a session to use (the smoke test's), else a local one of its own."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tables", type=int, default=500)
+    parser.add_argument("--max-files", type=int, default=40)
+    parser.add_argument("--max-duration", default="180s")
+    parser.add_argument("--cores", type=int, default=2)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="maint-fanout-"))
+    settings = CatalogSettings(
+        name=f"maintbench_{uuid.uuid4().hex[:6]}",  # Spark keeps a catalog per name for its life
+        type="sql",
+        uri=f"sqlite:///{work / 'catalog.db'}",
+        warehouse=f"file://{work / 'warehouse'}",
+    )
+    catalog = load_catalog(settings)
+    started = time.monotonic()
+    create(catalog, args.tables, args.max_files)
+    created_s = time.monotonic() - started
+    sink = config(settings, args.max_duration)
+    started = time.monotonic()
+    found = table_state.sink_tables(catalog, SINK)
+    priority.rank([(t.identifier, t.table) for t in found], sink.maintenance_for)
+    ranked_s = time.monotonic() - started
+    own_session = spark is None
+    if own_session:
+        from fanout_sink.spark.session import build_spark_session
+
+        spark = build_spark_session(
+            settings,
+            master=f"local[{args.cores}]",
+            app_name="maintenance-fanout-bench",
+            extra_conf=executor_commits.spark_conf(),
+        )
+    else:
+        for key, value in spark_catalog_conf(settings).items():
+            spark.conf.set(key, value)
+    # No broker: the control topic is not read, nothing is pending (orphans are still listed).
+    channel_in_use, pending_files = group_layout.channel_in_use, orphans.pending_files
+    group_layout.channel_in_use = lambda _config: None  # type: ignore[assignment,return-value]
+    orphans.pending_files = lambda _channel: set()  # type: ignore[assignment]
+    try:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", MaintenanceSchedule.POOL)
+        run = maintain_run(spark, sink)
+    finally:
+        group_layout.channel_in_use, orphans.pending_files = channel_in_use, pending_files
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+        if own_session:
+            spark.stop()
+    print(report(args, created_s, ranked_s, run))
+    return 0 if all(result.ok for result in run.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
