@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
         if own_session:
             spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print(report(args, created_s, ranked_s, run))
     return 0 if all(result.ok for result in run.results) else 1
 
