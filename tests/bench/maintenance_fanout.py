@@ -101,10 +101,10 @@ def report(args: argparse.Namespace, created_s: float, ranked_s: float, run: Mai
         median, mean = statistics.median(times), statistics.mean(times)
         lines.append(f"| {name} | {len(times)} | {median:.2f} | {mean:.2f} | {sum(times):.1f} |")
     lines += ["", "Order taken (first 10) and the first left:", ""]
-    for r in run.results[:10]:
+    for r, own_s in list(zip(run.results, per_table, strict=True))[:10]:
         lines.append(
             f"- {r.table}: data files {r.before.data_files} -> {r.after.data_files}, "
-            f"snapshots {r.before.snapshots} -> {r.after.snapshots}, {r.duration_s:.1f} s"
+            f"snapshots {r.before.snapshots} -> {r.after.snapshots}, {own_s:.1f} s"
         )
     lines += [f"- left: {g.describe()}" for g in run.left[:3]]
     return "\n".join(lines)
