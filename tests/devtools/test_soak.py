@@ -171,9 +171,10 @@ def test_the_limit_splits_by_partition_and_reads_a_slice_at_a_time(tmp_path: Pat
     source = tmp_path / "v.jsonl"
     source.write_bytes(b"\n".join(records) + b"\n")
     parts = limit._split(source, tmp_path)
-    with parts[1].open("rb") as part:
-        slices = list(limit._slices(part, 2))
-    assert slices == [records[1:5:2], records[5:9:2], [records[9]]]
+    slices = list(limit._raw_slices(parts[1], 1, 2))
+    assert [s.column("value").to_pylist() for s in slices] == [records[1:5:2], records[5:9:2], [records[9]]]
+    assert [s.column("offset").to_pylist() for s in slices] == [[0, 1], [2, 3], [4]]
+    assert {p for s in slices for p in s.column("partition").to_pylist()} == {1}
 
 
 def test_a_10m_run_sits_beside_the_1m_run_and_gets_its_own_rss_target() -> None:
