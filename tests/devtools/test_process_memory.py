@@ -10,11 +10,13 @@ from pathlib import Path
 from bench.proctree import run_child
 from bench.report import Measurement, markdown
 
-# A parent that starts two children holding 150 MB each (touched, so resident) for two seconds.
+# A parent that starts two children holding 150 MB each (touched, so resident) for six seconds: the
+# sampler reads PSS every 2 s, so a 2 s hold could fall between two PSS reads on a busy machine (CI
+# saw a peak PSS of 163 MB beside an RSS of 334 MB); six seconds give it three reads.
 _TREE = textwrap.dedent(
     """
     import subprocess, sys
-    hold = "b = bytearray(150_000_000); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(2)"
+    hold = "b = bytearray(150_000_000); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(6)"
     children = [subprocess.Popen([sys.executable, "-c", hold]) for _ in range(2)]
     for child in children:
         child.wait()
