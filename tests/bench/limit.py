@@ -15,7 +15,6 @@ the tables so the equality check covers this path too.
 from __future__ import annotations
 
 import argparse
-import itertools
 import multiprocessing
 import sys
 import time
@@ -53,26 +52,14 @@ def _raw_slices(path: Path, partition: int, size: int) -> Iterator[pa.Table]:
     (no delimiter, quote or escape occurs in them), every other column is made whole-array. The
     sink's own worker gets its slices from the native reader the same way, so the limit must not
     pay per-record Python costs the sink no longer pays."""
-    reader = pcsv.open_csv(
+    values = pcsv.read_csv(
         path,
         read_options=pcsv.ReadOptions(column_names=["value"], block_size=8 << 20),
         parse_options=pcsv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False),
         convert_options=pcsv.ConvertOptions(column_types={"value": pa.binary()}),
-    )
-    pending: list[pa.RecordBatch] = []
-    held = offset = 0
-    for batch in itertools.chain(reader, [None]):
-        if batch is not None:
-            pending.append(batch)
-            held += batch.num_rows
-        while held >= size or (batch is None and held):
-            values = pa.Table.from_batches(pending).column("value")
-            take = min(size, held)
-            yield _raw(values.slice(0, take).combine_chunks(), partition, offset)
-            rest = values.slice(take)
-            pending = [b for chunk in rest.chunks for b in pa.table({"value": chunk}).to_batches()]
-            held -= take
-            offset += take
+    ).column("value")
+    for offset in range(0, len(values), size):
+        yield _raw(values.slice(offset, size).combine_chunks(), partition, offset)
 
 
 def _raw(values: pa.Array, partition: int, offset: int) -> pa.Table:
