@@ -82,11 +82,14 @@ class Sample:
 
 class Watch:
     """The ``done`` of :func:`.proctree.run_child`: polls the catalog's visible rows (every
-    :data:`POLL_S`), notes when the first table shows rows, samples the tree's RSS every
+    ``poll_s``, default :data:`POLL_S`), notes when the first table shows rows, samples the tree's RSS every
     ``sample_s``, and holds once every table has all its rows."""
 
-    def __init__(self, visible: VisibleRows, expected: dict[str, int], sample_s: float) -> None:
+    def __init__(
+        self, visible: VisibleRows, expected: dict[str, int], sample_s: float, poll_s: float = POLL_S
+    ) -> None:
         self.visible = visible
+        self.poll_s = poll_s
         self.expected = expected
         self.sample_s = sample_s
         self.usage = TreeUsage()
@@ -100,7 +103,7 @@ class Watch:
 
     def __call__(self) -> bool:
         now = time.monotonic() - self.started
-        if now - self._polled >= POLL_S:
+        if now - self._polled >= self.poll_s:
             self._polled = now
             self.poll()
             if self.first_visible_s is None and any(self.rows.values()):

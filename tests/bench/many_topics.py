@@ -124,16 +124,21 @@ def send_all(bootstrap: str, messages: Iterable[tuple[str, bytes | None, bytes]]
     return time.monotonic() - started
 
 
-def produce(bootstrap: str, topics: list[str], events: int) -> tuple[float, dict[str, set[int]]]:
-    """Seconds to produce ``events`` events over ``topics``, and each table's expected ids."""
+def produce(
+    bootstrap: str, topics: list[str], events: int, qualified: bool = False
+) -> tuple[float, dict[str, set[int]]]:
+    """Seconds to produce ``events`` events over ``topics``, and each table's expected ids.
+    ``qualified``: ``tbl`` holds the whole table name (``db.t7``, as the Connect sink's dynamic
+    routing takes it), not only the table's own (``t7``)."""
     expected: dict[str, set[int]] = {}
 
     def messages() -> Iterator[tuple[str, bytes | None, bytes]]:
         for n in range(events):
             i = n % len(topics)
-            table = f"t{i}"
-            value = {"id": n, "tbl": table, "op": "c", "name": f"row-{n}", "amount": n % 1000 / 10}
-            expected.setdefault(f"{NAMESPACE}.{table}", set()).add(n)
+            table = f"{NAMESPACE}.t{i}"
+            route = table if qualified else f"t{i}"
+            value = {"id": n, "tbl": route, "op": "c", "name": f"row-{n}", "amount": n % 1000 / 10}
+            expected.setdefault(table, set()).add(n)
             yield topics[i], None, json.dumps(value).encode()
 
     return send_all(bootstrap, messages()), expected
@@ -177,6 +182,17 @@ def produce_changes(
     return send_all(bootstrap, messages()), state
 
 
+def topic_pattern(prefix: str) -> str:
+    """The regex matching the run's topics ``<prefix>.t<i>`` (``source.pattern``, ``topics.regex``)."""
+    return f"{re.escape(prefix)}\\.t[0-9]+"
+
+
+def final_commit_at(log: str) -> float | None:
+    """When the app's log says its final commit round ran (epoch seconds): every table holds its rows."""
+    final = _FINAL_COMMIT.search(log)
+    return datetime.strptime(final.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if final else None
+
+
 def sink_config(
     name: str, prefix: str, bootstrap: str, settings: CatalogSettings, folder: Path, changes: bool = False
 ) -> dict[str, Any]:
@@ -190,7 +206,7 @@ def sink_config(
     return {
         "name": name,
         "kafka": {"bootstrap.servers": bootstrap},
-        "source": {"pattern": f"{re.escape(prefix)}\\.t[0-9]+", "format": "json"},
+        "source": {"pattern": topic_pattern(prefix), "format": "json"},
         "control": {"topic": f"{name}-control", "commit-interval": "10s"},
         "catalog": settings.model_dump(),
         "spark": {"master": "local[2]", "checkpoint-location": str(folder / "checkpoints")},
@@ -228,8 +244,7 @@ def run_app(config_path: Path, log_path: Path, kill_after_s: float | None) -> Ru
             killed = True
     wall = time.monotonic() - started
     text = log_path.read_text()
-    final = _FINAL_COMMIT.search(text)
-    final_at = datetime.strptime(final.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if final else None
+    final_at = final_commit_at(text)
     return RunFigures(
         wall_s=round(wall, 1),
         final_commit_s=round(final_at - started_at, 1) if final_at is not None else None,
