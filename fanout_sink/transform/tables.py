@@ -274,6 +274,8 @@ class TableManager:
         self._arrow_schemas: dict[tuple[uuid.UUID, int], pa.Schema] = {}
         self._lock = threading.Lock()
         self._checking = threading.Lock()
+        self._namespaces: set[tuple[str, ...]] = set()
+        """Namespaces this manager created or found: a create in one of them asks no more."""
         """Held while expired entries are checked: threads that find them expired meanwhile wait
         for that check instead of asking the catalog again."""
 
@@ -429,17 +431,20 @@ class TableManager:
             raise TableError(f"table {name}: schema file {path}: {exc}") from None
 
     def create(self, name: str, settings: TableSettings, schema: Schema | pa.Schema) -> Table:
-        """Create the table (its namespace first) in the catalog with ``settings``' spec and properties."""
+        """Create the table (its namespace first, once per manager) in the catalog with ``settings``'
+        spec and properties."""
         namespace = tuple(name.split(".")[:-1])
-        try:
-            self.catalog.create_namespace_if_not_exists(namespace)
-        except NamespaceAlreadyExistsError:
-            pass
-        except Exception:
-            # Another worker created it between the check and the insert (SQL catalogs report
-            # that as an integrity error): fine when it exists now.
-            if not self.catalog.namespace_exists(namespace):
-                raise
+        if namespace not in self._namespaces:
+            try:
+                self.catalog.create_namespace_if_not_exists(namespace)
+            except NamespaceAlreadyExistsError:
+                pass
+            except Exception:
+                # Another worker created it between the check and the insert (SQL catalogs report
+                # that as an integrity error): fine when it exists now.
+                if not self.catalog.namespace_exists(namespace):
+                    raise
+            self._namespaces.add(namespace)
         properties = dict(settings.properties)
         if settings.partition_by:
             txn = self.catalog.create_table_transaction(name, schema=schema, properties=properties)
@@ -452,7 +457,10 @@ class TableManager:
         # AddSchema update besides (sent without last-column-id, which Iceberg's REST catalog
         # accepts: tests/spark/test_spark_object_store.py). Its answer is the table as loaded: a
         # second load cost ~9 ms per table of a whole database's first batch (issue 32).
-        table = self.catalog.create_table(name, schema=schema, properties=properties)
+        if sql_catalog.is_sql_catalog(self.catalog):
+            table = sql_catalog.create_table(self.catalog, name, schema, properties)
+        else:
+            table = self.catalog.create_table(name, schema=schema, properties=properties)
         log.info("created table %s", name)
         return table
 
