@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -172,13 +172,18 @@ def table_facts(catalog: Any, tables: list[str], started_at: float) -> TableFact
             commit = next((v for k, v in summary.items() if k.endswith("commit-id")), None)
             if commit is not None:
                 stamps.setdefault(commit, []).append(snapshot.timestamp_ms)
+    return TableFacts(
+        commit_rounds(stamps, started_at), statistics.median(files), statistics.median(snapshots)
+    )
+
+
+def commit_rounds(stamps: Mapping[str, list[int]], started_at: float) -> list[CommitRound]:
+    """The commit rounds of the snapshot times (epoch ms) grouped per commit id, in time order."""
     rounds = [
         CommitRound(len(ms), round(min(ms) / 1000 - started_at, 2), round(max(ms) / 1000 - started_at, 2))
         for ms in stamps.values()
     ]
-    return TableFacts(
-        sorted(rounds, key=lambda r: r.first_s), statistics.median(files), statistics.median(snapshots)
-    )
+    return sorted(rounds, key=lambda r: r.first_s)
 
 
 @dataclass(frozen=True)

@@ -69,15 +69,31 @@ def app_config(
     }
 
 
-def dynamic_command(ctx: RunContext, name: str, trigger_interval: str) -> list[str]:
+def dynamic_command(
+    ctx: RunContext,
+    name: str,
+    trigger_interval: str,
+    routes: dict[str, Any] | None = None,
+    dynamic_commit_interval_s: float | None = None,
+) -> list[str]:
     """The command of sink ``name`` routing dynamically by the record's route field (which holds the
     whole table name) into the existing tables of ``ctx``, in continuous micro-batches of at most
     ``ctx.max_offsets_per_trigger`` records every ``trigger_interval``: how a sink carries hundreds of
-    tables (the backlog and the wide app benchmarks)."""
+    tables (the backlog and the wide app benchmarks). ``routes``: tables declared under ``tables:``
+    besides; ``dynamic_commit_interval_s``: ``dynamic.commit-interval`` (the wide app's cadence)."""
     config = app_config(
-        name, ctx.bootstrap, ctx.topic, ctx.commit_interval_s, ctx.settings, ctx.master, ctx.folder, {}
+        name,
+        ctx.bootstrap,
+        ctx.topic,
+        ctx.commit_interval_s,
+        ctx.settings,
+        ctx.master,
+        ctx.folder,
+        routes or {},
     )
     config["dynamic"] = {"table": ROUTE_FIELD, "allow": rf"^{NAMESPACE}\.t[0-9]+$", "applies-to": "all"}
+    if dynamic_commit_interval_s is not None:
+        config["dynamic"]["commit-interval"] = f"{dynamic_commit_interval_s:g}s"
     path = ctx.folder / "sink.yaml"
     path.write_text(yaml.safe_dump(config))
     return app_command(

@@ -21,6 +21,22 @@ Judged over the rounds after the warm-up: the visible lag does not grow (its lea
 the judged samples adds less than one round's records across them); every commit round's table
 commits (from the tables' snapshots, grouped by commit id) span less than the interval; Spark tasks
 per batch (the partition groups) at most 4x the cores.
+
+Per-table cadence (issue 50's target, :mod:`bench.cadence`): ``--hot-share 0.05 --hot-records 0.9``
+gives the first 5% of the tables 90% of the records (every table still gets data every round) and
+declares them under ``tables:`` (no interval of their own: every round); ``--cold-commit-interval S``
+gives every other table ``dynamic.commit-interval``. Each run then reports, from its tables'
+snapshots over the judged window: snapshots per hour, data files per table, the hot and the cold
+tables' VTTS age (median and max, sampled every 5 s) and the rounds' tables. Run it twice with the
+same skew, without and with the interval, into one ``--out`` under two ``--label``s; the second
+with ``--compare-with <the first's label>`` prints the ratios against the target. With a cold
+interval the drain waits for the cold tables' next period (at least 2 intervals by default).
+
+    PYTHONPATH=tests python -m bench.wide_app --tables 5000 --rounds 10 --commit-interval 60 --rate 2000 \\
+        --hot-share 0.05 --hot-records 0.9 --label 5000-skew --out wide-app.json
+    PYTHONPATH=tests python -m bench.wide_app --tables 5000 --rounds 10 --commit-interval 60 --rate 2000 \\
+        --hot-share 0.05 --hot-records 0.9 --cold-commit-interval 600 --label 5000-cadence \\
+        --compare-with 5000-skew --out wide-app.json
 """
 
 from __future__ import annotations
@@ -41,8 +57,9 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from bench import ours
-from bench.backlog import CommitRound, table_facts
+from bench import cadence, ours
+from bench.backlog import CommitRound, commit_rounds
+from bench.cadence import CadenceFacts, RoundLine
 from bench.context import RunContext
 from bench.hour_ingest import create_topic
 from bench.process_cpu import read_stat
@@ -105,6 +122,9 @@ class WideAppResult:
     rounds_seen: list[CommitRound]
     samples: list[Sample]
     exact: ExactRows | None
+    cadence: CadenceFacts | None = None
+    round_lines: list[RoundLine] = field(default_factory=list)
+    """Every commit round as the coordinator logged it: its tables per outcome, how many waited."""
     facts: dict[str, str] = field(default_factory=dict)
     command: str = ""
 
@@ -153,6 +173,8 @@ class Watch:
         self.visible = ctx.visible()
         self.launched = time.monotonic()
         self.started: float | None = None
+        self.started_at = 0.0
+        """When producing began, epoch seconds."""
         self.feed_s = args.warm_up + args.rounds * args.commit_interval
         self.produced = [0]
         self.producer: threading.Thread | None = None
@@ -164,10 +186,11 @@ class Watch:
         self.harness_cpu_s = 0.0
         self._cpu_at_start: tuple[float, float | None] = (0.0, None)
         pool = templates(ctx.variant, _POOL, qualified=True)
-        tables = ctx.variant.tables
+        slots = skew(args).slots()
+        cycle = len(slots)
 
         def value(n: int) -> tuple[bytes, int]:
-            partition = n % tables
+            partition = slots[n % cycle]
             return record(n, (f"{NAMESPACE}.t{partition}".encode(), pool[n % _POOL][1])), partition
 
         self.value = value
@@ -178,7 +201,7 @@ class Watch:
             log = self.ctx.folder / LOG
             if not (log.exists() and _STARTED in log.read_text(errors="replace")):
                 return False
-            self.started = now
+            self.started, self.started_at = now, time.time()
             self._cpu_at_start = self._cpu_now()
             self.producer = threading.Thread(
                 target=produce_steadily,
@@ -220,7 +243,7 @@ class Watch:
             return False
         if visible >= produced:
             self.drained_at = now
-        ended = self.drained_at is not None or now - self.fed_at > self.args.drain_deadline
+        ended = self.drained_at is not None or now - self.fed_at > drain_deadline(self.args)
         if ended:
             (harness, broker), (harness_0, broker_0) = self._cpu_now(), self._cpu_at_start
             self.harness_cpu_s = harness - harness_0
@@ -231,6 +254,18 @@ class Watch:
         """This process's and the broker's CPU seconds so far (the broker's None if unknown or gone)."""
         broker = read_stat(self.args.broker_pid) if self.args.broker_pid else None
         return time.process_time(), None if broker is None else broker.cpu_s
+
+
+def skew(args: argparse.Namespace) -> cadence.Skew:
+    return cadence.Skew.of(args.tables, args.hot_share, args.hot_records)
+
+
+def drain_deadline(args: argparse.Namespace) -> float:
+    """``--drain-deadline``, else 600 s, and with a cold interval at least two of it (the cold tables'
+    rows become visible at their period's end)."""
+    if args.drain_deadline is not None:
+        return float(args.drain_deadline)
+    return max(600.0, 2 * (args.cold_commit_interval or 0.0))
 
 
 def run(args: argparse.Namespace, bootstrap: str, folder: Path) -> WideAppResult:
@@ -270,7 +305,16 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> WideAppResult:
     create_tables_s = time.monotonic() - started
     print(f"{args.tables} tables created in {create_tables_s:.0f} s; topic {ctx.topic}", flush=True)
     name = ctx.unique_name(SYSTEM)
-    command = ours.dynamic_command(ctx, name, args.trigger_interval)
+    shape = skew(args)
+    if shape.hot and shape.cycle > args.rate * args.commit_interval:
+        print(
+            f"warning: a cycle of {shape.cycle:,} records takes longer than a round at "
+            f"{args.rate:g} records/s: some cold tables get no record in some rounds",
+            flush=True,
+        )
+    command = ours.dynamic_command(
+        ctx, name, args.trigger_interval, shape.routes(), args.cold_commit_interval
+    )
     usage = TreeUsage()
     watch = Watch(ctx, sink_group(name), args, usage)
     started_at = time.time()
@@ -279,7 +323,7 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> WideAppResult:
         env=ctx.child_env(),
         log=folder / LOG,
         done=watch,
-        timeout_s=args.start_timeout + watch.feed_s + args.drain_deadline + 600,
+        timeout_s=args.start_timeout + watch.feed_s + drain_deadline(args) + 600,
         cpus=ctx.taskset,
         usage=usage,
     )
@@ -292,6 +336,8 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> WideAppResult:
     drained = watch.drained_at is not None
     print("counting every row by its seq ...", flush=True)
     exact = count_rows(catalog, tables, watch.produced[0], qualified=True) if drained else None
+    history = cadence.histories(catalog, tables)
+    window = (args.warm_up, watch.fed_at - watch.started)
     return WideAppResult(
         tables=args.tables,
         rate=args.rate,
@@ -312,9 +358,11 @@ def _run(args: argparse.Namespace, ctx: RunContext) -> WideAppResult:
         partition_groups=ours.partition_groups(text),
         batches=ours.timed_batches(text),
         commit_jobs=ours.commit_jobs(text),
-        rounds_seen=table_facts(catalog, tables, started_at).rounds,
+        rounds_seen=commit_rounds(cadence.commit_stamps(history), started_at),
         samples=watch.samples,
         exact=exact,
+        cadence=cadence.facts(history, shape, args.cold_commit_interval, watch.started_at, window),
+        round_lines=cadence.round_lines(text),
     )
 
 
@@ -361,6 +409,8 @@ def report(result: WideAppResult) -> str:
         f"{result.harness_cpu_s:,.0f}; {result.peak_rss_mb:,.0f} MB |",
         f"| rows | {result.exact if result.exact is not None else 'not counted (not drained)'} |",
     ]
+    if result.cadence is not None:
+        lines += cadence.report(result.cadence, result.commit_interval_s, result.round_lines)
     return "\n".join(lines)
 
 
@@ -377,18 +427,41 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="local[N]")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=10_000_000)
     parser.add_argument("--sample-interval", type=float, default=10.0, help="seconds between samples")
-    parser.add_argument("--drain-deadline", type=float, default=600.0, help="seconds after producing ends")
+    parser.add_argument(
+        "--drain-deadline",
+        type=float,
+        help="seconds after producing ends (default 600, 2 cold intervals at least)",
+    )
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds for the app to start")
     parser.add_argument("--bootstrap-servers", help="default: the local stack's broker (started when down)")
     parser.add_argument("--broker-pid", type=int, help="whose CPU to report (default: the stack's broker)")
     parser.add_argument("--taskset", help="CPUs to pin the app's tree to, taskset -c syntax")
     parser.add_argument("--work-dir", type=Path, help="the run's folder, kept (default: a temporary one)")
-    parser.add_argument("--out", type=Path, help="a JSON file the figures are added to, keyed by tables")
+    parser.add_argument("--out", type=Path, help="a JSON file the figures are added to, keyed by --label")
+    parser.add_argument("--label", help="this run's key in --out (default: the tables)")
+    parser.add_argument(
+        "--hot-share", type=float, default=0.0, help="share of the tables that are hot (0: alike)"
+    )
+    parser.add_argument(
+        "--hot-records", type=float, default=0.9, help="share of the records the hot tables get"
+    )
+    parser.add_argument(
+        "--cold-commit-interval", type=float, help="seconds: dynamic.commit-interval, every table but the hot"
+    )
+    parser.add_argument(
+        "--compare-with", help="a label in --out: print this run against it (the cadence target)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.compare_with is not None:
+        runs = json.loads(args.out.read_text()) if args.out is not None and args.out.exists() else {}
+        if args.compare_with not in runs:
+            raise SystemExit(
+                f"--compare-with {args.compare_with}: no such run in --out {args.out}; run it first"
+            )
     stack = daemon.default_dir()
     broker = load_state(stack) if args.bootstrap_servers else daemon.up(stack)[0]
     bootstrap = args.bootstrap_servers or (broker.bootstrap_servers if broker is not None else "")
@@ -404,8 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report(result))
     if args.out is not None:
         runs = json.loads(args.out.read_text()) if args.out.exists() else {}
-        runs[str(args.tables)] = result.to_json()
+        runs[args.label or str(args.tables)] = result.to_json()
         args.out.write_text(json.dumps(runs, indent=2) + "\n")
+        if args.compare_with is not None:
+            print(cadence.compare(runs[args.compare_with], runs[args.label or str(args.tables)]))
     return 0 if result.exact is not None and result.exact.exact else 1
 
 
