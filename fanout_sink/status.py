@@ -261,7 +261,9 @@ def with_cadence(status: SinkStatus, intervals: CommitIntervals) -> None:
     for i, pending in enumerate(status.pending):
         interval = intervals.interval_s(pending.table)
         if interval is not None and pending.oldest_written_ms is not None:
-            due[pending.table] = due_ms(interval, pending.oldest_written_ms, status.collected_at_ms)
+            due[pending.table] = due_ms(
+                pending.table, interval, pending.oldest_written_ms, status.collected_at_ms
+            )
         status.pending[i] = replace(pending, commit_interval_s=interval, commit_due_ms=due.get(pending.table))
     status.tables = [
         replace(t, commit_interval_s=intervals.interval_s(t.table), next_commit_due_ms=due.get(t.table))

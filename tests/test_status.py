@@ -23,7 +23,7 @@ from fanout_sink.cli import main
 from fanout_sink.protocol import group_layout, round_trigger, table_state
 from fanout_sink.protocol.channel import SinkChannel, ensure_control_topic
 from fanout_sink.protocol.partition_groups import PartitionGroups
-from fanout_sink.protocol.table_cadence import CommitIntervals
+from fanout_sink.protocol.table_cadence import CommitIntervals, phase_ms
 from fanout_sink.transform.processor import build_processor
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "status.md"
@@ -119,7 +119,8 @@ def test_status_shows_each_tables_cadence_and_when_its_waiting_files_are_due(
     status = json.loads(capsys.readouterr().out)
     cadence = {t["table"]: (t["commit_interval_s"], t["next_commit_due_ms"]) for t in status["tables"]}
     (pending,) = status["pending"]
-    due = (pending["oldest_written_ms"] // 600_000 + 1) * 600_000
+    phase = phase_ms("sink.b", 600.0)  # sink.b's periods begin this far past the epoch's
+    due = ((pending["oldest_written_ms"] - phase) // 600_000 + 1) * 600_000 + phase
     assert cadence == {"sink.a": (None, None), "sink.b": (600.0, due)}
     assert (pending["table"], pending["commit_interval_s"], pending["commit_due_ms"]) == (
         "sink.b",

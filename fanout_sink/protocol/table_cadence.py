@@ -2,10 +2,19 @@
 
 A table without a ``commit-interval`` of its own commits in every round, as before. A table with one
 (its route's, or ``dynamic``'s for the tables it names) commits in the first round of each period of
-that length, counted from the Unix epoch, so tables of one interval commit in the same round; in the
-rounds between, its files wait on the control topic. So a cold table gathers rows for minutes into
-one snapshot (and, merged at its commit, fewer files: :mod:`~fanout_sink.protocol.file_merge`) while
-the hot ones commit every round.
+that length; in the rounds between, its files wait on the control topic. So a cold table gathers
+rows for minutes into one snapshot (and, merged at its commit, fewer files:
+:mod:`~fanout_sink.protocol.file_merge`) while the hot ones commit every round.
+
+The periods are counted from the Unix epoch shifted by a *phase* of the table's own (:func:`phase_ms`:
+a hash of its name modulo the interval, the same in every process and at every start), so the tables
+of one interval spread their commits over it instead of all committing in one round. Without the
+phase, 5,000 tables of which 4,750 share one interval put 4,750 commits and their file merges into
+every interval's first round: a round many times the others, cut at ``control.commit-timeout`` with
+the hot tables' commits among those it cut (docs/benchmarks/wide-sinks.md, "Per-table cadence").
+With it, each round commits about ``round / interval`` of them. The price: a round in which any table
+waits is no consistent point for ``sql --consistent``, and with the phases spread some cold table
+waits in nearly every round.
 
 Exactly-once does not depend on when a table commits: its files stay in the coordinator's pending
 state and hold the control topic's low watermark, as a failing table's do
@@ -13,15 +22,16 @@ state and hold the control topic's low watermark, as a failing table's do
 table's floor skips what it holds already. A table's VTTS (its summary's) advances only when it
 commits: it then holds every file below that round's end, so the round's VTTS is true for it.
 
-A table is due in a round when a period boundary lies between the round and the earlier of its
-oldest pending file's write and the previous round that ran its commits: the first round of a
-period takes every table of that interval, and files older than the period are due at any round
-(after a restart, or a round that failed). A table whose commit failed is due again every round,
-and a stop's final round commits every table.
+A table is due in a round when one of its period boundaries lies between the round and the earlier
+of its oldest pending file's write and the previous round that ran its commits: the first round of
+its period takes it, and files older than the period are due at any round (after a restart, or a
+round that failed). A table whose commit failed is due again every round, and a stop's final round
+commits every table.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -58,15 +68,26 @@ class CommitIntervals:
         return self.declared.get(table, self.dynamic_s)
 
 
-def period(at_s: float, interval_s: float) -> int:
-    """Which period of ``interval_s`` (counted from the Unix epoch) the time ``at_s`` falls in."""
-    return math.floor(at_s / interval_s)
+def phase_ms(table: str, interval_s: float) -> int:
+    """Where ``table``'s periods of ``interval_s`` begin, in milliseconds past each multiple of the
+    interval from the Unix epoch: a hash of the name (not Python's ``hash``, which differs per
+    process) modulo the interval, so every process and every start agrees, and the tables of one
+    interval fall evenly over it."""
+    digest = hashlib.blake2b(table.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % max(1, round(interval_s * 1000))
 
 
-def due_ms(interval_s: float, oldest_written_ms: int, now_ms: int) -> int:
-    """When pending files written at ``oldest_written_ms`` are due: the end of their period (the first
-    round from then on commits them); a time before ``now_ms`` says: at the next round."""
-    return (period(oldest_written_ms / 1000, interval_s) + 1) * round(interval_s * 1000)
+def period(at_s: float, interval_s: float, phase_s: float = 0.0) -> int:
+    """Which period of ``interval_s`` (counted from the Unix epoch plus ``phase_s``) the time ``at_s``
+    falls in."""
+    return math.floor((at_s - phase_s) / interval_s)
+
+
+def due_ms(table: str, interval_s: float, oldest_written_ms: int, now_ms: int) -> int:
+    """When ``table``'s pending files written at ``oldest_written_ms`` are due: the end of their period
+    (the first round from then on commits them); a time before ``now_ms`` says: at the next round."""
+    phase = phase_ms(table, interval_s)
+    return (period(oldest_written_ms / 1000, interval_s, phase / 1000) + 1) * round(interval_s * 1000) + phase
 
 
 class TableCadence:
@@ -108,7 +129,8 @@ class TableCadence:
             return True
         written = [p.written_ms / 1000 for p in items if p.written_ms is not None]
         since = min([self._last_round_s, *written])
-        return period(now_s, interval) > period(since, interval)
+        phase = phase_ms(table, interval) / 1000
+        return period(now_s, interval, phase) > period(since, interval, phase)
 
     def merging(self, tables: Collection[str]) -> frozenset[str]:
         """The tables of ``tables`` with an interval of their own: their small files are merged at commit."""

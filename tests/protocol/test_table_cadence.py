@@ -18,7 +18,7 @@ from fanout_sink.protocol import channel, round_trigger
 from fanout_sink.protocol import events as ev
 from fanout_sink.protocol.commit_state import PendingFiles
 from fanout_sink.protocol.coordinator import Coordinator, CoordinatorSettings
-from fanout_sink.protocol.table_cadence import CommitIntervals, TableCadence, due_ms
+from fanout_sink.protocol.table_cadence import CommitIntervals, TableCadence, due_ms, phase_ms
 
 DECADE_S = 3650 * 86400.0
 """The cold table's interval: no period boundary passes while a test runs unless the test's clock
@@ -42,30 +42,66 @@ def _written(*seconds: float) -> list[PendingFiles]:
 
 
 def test_a_table_is_due_in_the_first_round_of_a_period_or_once_its_files_are_older_than_the_period() -> None:
-    """The rule without a broker: periods of 60 s from the epoch; the coordinator started at 1000 s."""
+    """The rule without a broker: n.cold's periods of 60 s from the epoch shifted by its phase ``p``
+    (:func:`phase_ms`); the coordinator started at 1000 s + p. Every time below is shifted by p."""
+    p = phase_ms("n.cold", 60.0) / 1000
     clock = Clock()
-    clock.now = 1000.0
+    clock.now = 1000.0 + p
     cadence = TableCadence(CommitIntervals(declared={"n.hot": None}, dynamic_s=60.0), clock)
 
     def split(now: float, reason: str = round_trigger.CALL, failing: tuple[str, ...] = ()) -> set[str]:
-        due = {"n.hot": _written(now - 1), "n.cold": files}
-        return set(cadence.split(due, now, reason, failing)[0])
+        due = {"n.hot": _written(now + p - 1), "n.cold": files}
+        return set(cadence.split(due, now + p, reason, failing)[0])
 
-    files = _written(1005)
-    assert split(1010) == {"n.hot"}  # period [960, 1020): the cold files wait
+    files = _written(1005 + p)
+    assert split(1010) == {"n.hot"}  # period [960, 1020) + p: the cold files wait
     assert split(1010, round_trigger.STOP) == {"n.hot", "n.cold"}  # a stop commits everything
     assert split(1010, failing=("n.cold",)) == {"n.hot", "n.cold"}  # a failed commit is retried
-    assert split(1025) == {"n.hot", "n.cold"}  # the first round of [1020, 1080)
-    files = _written(1021)  # written after the boundary, before that first round: all go together
+    assert split(1025) == {"n.hot", "n.cold"}  # the first round of [1020, 1080) + p
+    files = _written(1021 + p)  # written after the boundary, before that first round: all go together
     assert split(1025) == {"n.hot", "n.cold"}
-    cadence.ran(1025)
-    files = _written(1018, 1030)  # one written before this period began: due at any round
+    cadence.ran(1025 + p)
+    files = _written(1018 + p, 1030 + p)  # one written before this period began: due at any round
     assert split(1040) == {"n.hot", "n.cold"}
-    files = _written(1030)
+    files = _written(1030 + p)
     assert split(1050) == {"n.hot"}  # written in this period, after its first round
     assert split(1081) == {"n.hot", "n.cold"}
-    assert due_ms(60.0, 1_030_000, 1_050_000) == 1_080_000
+    written_ms = round((1030 + p) * 1000)
+    assert due_ms("n.cold", 60.0, written_ms, written_ms) == 1_080_000 + phase_ms("n.cold", 60.0)
     assert cadence.merging(["n.hot", "n.cold", "raw.x"]) == {"n.cold", "raw.x"}
+
+
+def test_the_tables_of_one_interval_spread_their_commits_over_it_each_once_a_period() -> None:
+    """120 tables of a 60 s interval, rounds every 10 s for two periods, every table writing a file
+    in every round: each commits once a period, at the round ``status``'s due time names, and the
+    commits spread over the period's rounds. Counted from the epoch alone, all 120 committed in one
+    round of six (the herd: 4,750 tables and their file merges in one round at 5,000 tables)."""
+    clock = Clock()
+    clock.now = 6000.0  # a multiple of the interval: the epoch's periods begin here
+    tables = [f"raw.t{i}" for i in range(120)]
+    cadence = TableCadence(CommitIntervals(dynamic_s=60.0), clock)
+    oldest: dict[str, float] = {}
+    announced: dict[str, int] = {}
+    commits: dict[str, list[int]] = {t: [] for t in tables}
+    per_round = []
+    for now in range(6010, 6121, 10):
+        for table in tables:
+            oldest.setdefault(table, now - 5.0)  # a file written since the previous round
+        due = {table: _written(oldest[table]) for table in tables}
+        committing, waiting = cadence.split(due, float(now), round_trigger.CALL)
+        cadence.ran(float(now))
+        per_round.append(len(committing))
+        for table in committing:
+            del oldest[table]
+            commits[table].append(now)
+            if table in announced:  # status's due time of its waiting files: this round's
+                assert (now - 10) * 1000 < announced.pop(table) <= now * 1000
+        for table in waiting:
+            written_ms = round(oldest[table] * 1000)
+            announced[table] = due_ms(table, 60.0, written_ms, now * 1000)
+            assert announced[table] > now * 1000
+    assert all(len(at) == 2 and at[1] - at[0] == 60 for at in commits.values())  # once a period
+    assert sum(per_round) == 240 and max(per_round) <= 40, per_round  # ~20 a round, not 120 in one
 
 
 def _cold_b(sink: SinkUnderTest, clock: Clock) -> Coordinator:
