@@ -38,6 +38,7 @@ from fanout_sink.spark import (
     partition_group_count,
     planning,
     progress,
+    worker_warmup,
 )
 from fanout_sink.spark.batch import BatchRunner, StopRequested
 from fanout_sink.spark.executor_context import TaskSetup
@@ -216,6 +217,8 @@ class SinkApp:
                 raise
             self._coordinator = coordinator.result()
         self._spark_context.set_result(spark.sparkContext)
+        # The executors' Python workers and their state, built while the query starts and plans.
+        worker_warmup.start(spark.sparkContext, self.tasks)
         interval = maintenance_schedule.schedule_interval(self.config)
         schedule = (
             maintenance_schedule.MaintenanceSchedule(spark, self.config, interval) if interval else None

@@ -77,6 +77,11 @@ class ExecutorContext:
     def channel(self) -> SinkChannel:
         return self.setup.channel
 
+    def has_delivery(self) -> bool:
+        """Whether a task of this process built the :class:`Delivery` already."""
+        with self._lock:
+            return self._delivery is not None
+
     def delivery(self) -> Delivery:
         """The slice worker, processor and source reader, built by the first batch task."""
         with self._lock:

@@ -76,6 +76,8 @@ def test_json_log_with_a_failed_task_names_the_file_of_its_traceback(
     assert traceback.rstrip().endswith(message.split(": ", 1)[1].split("; retrying")[0])
     # The executors' lines (dynamic tables are created on first write, in the tasks) are JSON too.
     assert any(e["logger"] == "fanout_sink.transform.tables" for e in ours), "executor lines"
+    # The Python workers were started while the query planned (spark/worker_warmup.py).
+    assert any(e["message"].startswith("Python workers ready in ") for e in ours), "no warm-up line"
     done = [e for e in ours if e["logger"] == "fanout_sink.app" and e["message"].startswith("batch 0: ")]
     assert len(done) == 1 and done[0]["batch"] == 0
     assert not [e for e in ours if e["logger"] == "fanout_sink.librdkafka"], "DEBUG only"
