@@ -276,6 +276,9 @@ class TableManager:
         self._checking = threading.Lock()
         self._namespaces: set[tuple[str, ...]] = set()
         """Namespaces this manager created or found: a create in one of them asks no more."""
+        self._locations: dict[tuple[str, ...], str] = {}
+        """Where a SQL catalog puts each namespace's new tables, read at its first create here (a
+        namespace's ``location`` changed while the sink runs applies from the next start on)."""
         """Held while expired entries are checked: threads that find them expired meanwhile wait
         for that check instead of asking the catalog again."""
 
@@ -458,7 +461,11 @@ class TableManager:
         # accepts: tests/spark/test_spark_object_store.py). Its answer is the table as loaded: a
         # second load cost ~9 ms per table of a whole database's first batch (issue 32).
         if sql_catalog.is_sql_catalog(self.catalog):
-            table = sql_catalog.create_table(self.catalog, name, schema, properties)
+            base = self._locations.get(namespace)
+            if base is None:
+                base = self._locations[namespace] = sql_catalog.namespace_location(self.catalog, namespace)
+            location = f"{base}/{name.rsplit('.', 1)[1]}"
+            table = sql_catalog.create_table(self.catalog, name, schema, properties, location)
         else:
             table = self.catalog.create_table(name, schema=schema, properties=properties)
         log.info("created table %s", name)

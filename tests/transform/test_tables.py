@@ -234,8 +234,8 @@ def test_a_create_in_a_namespace_already_seen_asks_the_sql_catalog_only_what_it_
     tables side by side: the creates were 60 % of the workers' batch). Each create ran 7 statements:
     the manager's load, the namespace asked for three times (the manager's create-if-missing,
     PyIceberg's create, the namespace's location), its properties, the insert, and the table loaded
-    again after it. Now the manager knows the namespace after its first create, and the table is the
-    metadata the create wrote."""
+    again after it. Now the manager knows the namespace and where its tables go after its first
+    create, and the table is the metadata the create wrote."""
     from sqlalchemy import event
 
     config = parse_config(
@@ -255,11 +255,12 @@ def test_a_create_in_a_namespace_already_seen_asks_the_sql_catalog_only_what_it_
     statements: list[str] = []
     event.listen(catalog.engine, "before_cursor_execute", lambda *args: statements.append(args[2].lstrip()))
     table = manager.ensure("db.t1", settings, sample=pa.table({"id": [1]}))
-    # The manager's load (no such table), the namespace's location (its existence, its properties),
-    # the insert; nothing after it.
-    assert [s.split()[0] for s in statements] == ["SELECT", "SELECT", "SELECT", "INSERT"], statements
-    assert "iceberg_namespace_properties" in statements[2]
+    # The manager's load (no such table), then the insert; nothing after it.
+    assert [s.split()[0] for s in statements] == ["SELECT", "INSERT"], statements
     loaded = catalog.load_table("db.t1")
     assert table.metadata_location == loaded.metadata_location
     assert table.metadata.table_uuid == loaded.metadata.table_uuid and table.schema() == loaded.schema()
     assert table.catalog is catalog and table.name() == ("db", "t1")
+    # Where PyIceberg's own create puts a table of the namespace.
+    reference = catalog.create_table("db.reference", schema=table.schema())
+    assert table.location() == reference.location().removesuffix("/reference") + "/t1"
