@@ -247,7 +247,8 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
         "",
         f"{run['topics']} one-partition topics, {run['events']:,} JSON events produced in "
         f"{run['produce_s']:.0f} s before either system started; main at {run['commit']}; commit interval "
-        f"{run['commit_interval_s']:g} s; local[{run['cores']}] / tasks.max {run['cores']}.",
+        f"{run['commit_interval_s']:g} s; local[{run['cores']}] / tasks.max {run['cores']}"
+        + (f"; the peer: {run['peer']}." if run.get("peer") else "."),
         "",
         "| system | wall s (start to every table at its rows) | first table visible s | records/s | CPU s "
         "| peak RSS tree MB | tables exact | load avg start / end |",
@@ -347,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         "commit_interval_s": args.commit_interval,
         "cores": args.cores,
         "machine": machine_facts(),
+        "peer": (
+            f"Kafka Connect {connect_peer.kafka_version()}, Iceberg {connect_peer.iceberg_version()}"
+            if "connect" in keys
+            else None
+        ),
         "systems": [asdict(f) for f in figures],
     }
     by_system = {f.system: asdict(f) for f in figures}
