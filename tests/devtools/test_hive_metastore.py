@@ -1,7 +1,8 @@
 """Hive's standalone metastore of the stack: PyIceberg's HiveCatalog commits through it (namespace,
 table, appends under the metastore's lock), a second start on its work dir is refused, and namespaces,
-tables and their commits survive a SIGKILL and a restart; Spark SQL (``fanout-sink sql``: Iceberg's
-HiveCatalog on the Hive 2.3 metastore client that PySpark ships) reads and writes the same tables."""
+tables and their commits survive a SIGKILL and a restart; workers that auto-create one table of a new
+namespace at once leave it loadable; Spark SQL (``fanout-sink sql``: Iceberg's HiveCatalog on the Hive 2.3
+metastore client that PySpark ships) reads and writes the same tables."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ import pytest
 from support.sql_cli import run_sql_cli, write_sql_config
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
+from fanout_sink.config.loading import parse_config
 from fanout_sink.devtools.stack.hive_metastore import HiveMetastore, HiveMetastoreState
 from fanout_sink.errors import StackError
+from fanout_sink.transform.tables import TableManager
+
+RACES = 30
+"""Attempts of the auto-create race: before the fix about 1 in N left the table unloadable."""
 
 
 def _settings(state: HiveMetastoreState) -> CatalogSettings:
@@ -125,5 +131,62 @@ def test_spark_sql_reads_and_writes_the_tables_pyiceberg_writes_through_the_meta
         assert by_spark == [{"id": 10, "name": "x"}, {"id": 11, "name": "y"}]
         ids = fresh.load_table("shared.by_pyiceberg").scan().to_arrow()["id"].to_pylist()
         assert sorted(ids) == [1, 2, 3]
+    finally:
+        server.stop()
+
+
+def _race_to_create(settings: CatalogSettings, name: str, workers: int = 2) -> list[str]:
+    """``workers`` workers, each with its own catalog client (two Spark tasks' Python workers routing
+    records to one new table), auto-create ``name`` at the same moment through the sink's
+    ``TableManager``; what went wrong: a worker's error, workers holding different tables, or a table
+    a fresh client cannot load and read."""
+    config = parse_config(
+        {"name": "race", "source": {"topics": ["t"]}, "catalog": settings.model_dump(), "tables": {name: {}}}
+    )
+    barrier = threading.Barrier(workers)
+    found: list[Any] = []
+    problems: list[str] = []
+
+    def work() -> None:
+        manager = TableManager(load_catalog(settings), config)
+        barrier.wait()
+        try:
+            found.append(
+                manager.ensure(name, config.tables[name], sample=pa.table({"id": [1]})).metadata.table_uuid
+            )
+        except Exception as exc:  # counted below, with the other attempts
+            problems.append(f"{name}: a worker's create failed: {exc!r}")
+
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        table = load_catalog(settings).load_table(name)
+        if set(found) - {table.metadata.table_uuid}:
+            problems.append(
+                f"{name}: the workers hold tables {set(found)}, the catalog {table.metadata.table_uuid}"
+            )
+    except Exception as exc:
+        problems.append(f"{name}: the table does not load: {exc!r}")
+    return problems
+
+
+@pytest.mark.usefixtures("own_stores")
+def test_workers_auto_creating_one_table_of_a_new_namespace_at_once_leave_it_loadable(tmp_path: Path) -> None:
+    """Two workers auto-create ``race<n>.accounts`` at once, ``RACES`` times, each in a namespace no one
+    made yet: every table loads afterwards, and both workers write to the one the catalog holds.
+
+    The metastore's ``create_database`` makes the database's folder when it finds none, and removes
+    it, recursively, when its transaction then fails: the worker that lost the race to create the
+    namespace deleted the folder holding the winner's first metadata file (written meanwhile), so
+    the table's pointer named a file that was gone and every load failed (``FileNotFoundError``)."""
+    server = HiveMetastore(tmp_path / "hive-metastore")
+    state = server.start(timeout_s=300)
+    try:
+        settings = _settings(state)
+        problems = [p for n in range(RACES) for p in _race_to_create(settings, f"race{n}.accounts")]
+        assert problems == [], f"{len(problems)} problems in {RACES} races:\n" + "\n".join(problems)
     finally:
         server.stop()
