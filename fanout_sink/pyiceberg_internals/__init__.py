@@ -19,7 +19,8 @@ what it reaches into:
 - :mod:`.sql_catalog`: the SQL catalog's fast paths (pointers of many tables in one query, a commit
   against the table as loaded).
 - :mod:`.fileio`: ``DurableFileIO``, the FileIO that fsyncs a local warehouse's files.
-- :mod:`.hive`: ``ThreadSafeHiveCatalog``, one thrift connection per thread.
+- :mod:`.hive`: ``ThreadSafeHiveCatalog``, one thrift connection per thread; namespaces created under
+  the metastore's lock.
 
 Nothing is re-exported here: callers import the module that holds the concern they use.
 """
