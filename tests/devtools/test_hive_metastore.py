@@ -152,7 +152,7 @@ def _race_to_create(settings: CatalogSettings, name: str, workers: int = 2) -> l
     """``workers`` workers, each with its own catalog client (two Spark tasks' Python workers routing
     records to one new table), auto-create ``name`` at the same moment through the sink's
     ``TableManager``; what went wrong: a worker's error, workers holding different tables, or a table
-    a fresh client cannot load and read."""
+    a fresh client cannot load."""
     config = parse_config(
         {"name": "race", "source": {"topics": ["t"]}, "catalog": settings.model_dump(), "tables": {name: {}}}
     )
