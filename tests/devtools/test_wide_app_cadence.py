@@ -8,8 +8,9 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
 import yaml
-from bench import cadence, ours
+from bench import cadence, ours, wide_app
 from bench.cadence import Commit, Skew, TableHistory
 from bench.context import RunContext
 from bench.workload import Variant
@@ -152,3 +153,14 @@ def test_the_coordinators_round_lines_give_each_rounds_outcomes_and_waiting_tabl
         ("stop", {"already-committed": 1, "committed": 1}, 0, 0),
     ]
     assert round(lines[1].at - lines[0].at, 3) == 30.0
+
+
+def test_a_comparison_with_a_run_not_in_the_out_file_stops_before_anything_runs(tmp_path: Path) -> None:
+    """A 5,000-table run takes half an hour: a mistyped --compare-with label must not wait for its end."""
+    out = tmp_path / "wide-app.json"
+    out.write_text(json.dumps({"5000-skew": {}}))
+    argv = ["--tables", "5000", "--cold-commit-interval", "600", "--label", "5000-cadence"]
+    with pytest.raises(SystemExit, match="--compare-with 5000-skw: no such run in --out"):
+        wide_app.main(
+            [*argv, "--compare-with", "5000-skw", "--out", str(out), "--bootstrap-servers", "nowhere:1"]
+        )
