@@ -179,6 +179,14 @@ def _logging_options(config: SinkConfig, args: argparse.Namespace) -> SinkConfig
 
 
 def _run(args: argparse.Namespace) -> int:
+    from fanout_sink.refused_imports import refusing
+
+    # Before the app's modules load: the driver never needs pandas (35 MB; refused_imports.py).
+    with refusing("the driver Python of fanout-sink run (fanout_sink/refused_imports.py)"):
+        return _run_app(args)
+
+
+def _run_app(args: argparse.Namespace) -> int:
     from fanout_sink.config.fields import parse_duration
     from fanout_sink.config.loading import load_config
     from fanout_sink.spark.app import RunOptions, SinkApp

@@ -16,30 +16,24 @@ Here a zip importer reads its archive again only when the file changed (its size
 Only what a module import does happens before the fork: no client, thread or connection exists yet
 (each worker builds its own executor state, see :mod:`.task`).
 
-The workers run without pandas. Nothing a task does needs it, but PyIceberg's Arrow IO imports
-``pyarrow.dataset``, whose module set-up makes a scalar and so asks pyarrow's pandas shim whether pandas
-is there, importing all of it: 325 modules, 36 MB of RSS and 0.26 CPU s in every Python process of
-every executor (docs/benchmarks/memory.md). The daemon refuses the import before it loads the task's
-modules; pyarrow then records that pandas is absent, as it does where pandas is not installed.
+The workers run without pandas (:mod:`fanout_sink.refused_imports`): the daemon refuses it before
+it loads the task's modules; 35 MB of RSS and 0.26 CPU s in every Python process of every executor.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
-import importlib.abc
 import os
 import sys
 import zipimport
-from collections.abc import Callable, Sequence
-from importlib.machinery import ModuleSpec
-from types import ModuleType
+from collections.abc import Callable
 
 from pyspark import daemon
 
+from fanout_sink.refused_imports import NEVER_IMPORTED, RefuseImports
+
 TASK_MODULE = "fanout_sink.spark.task"
-REFUSED = ("pandas",)
-"""Top-level packages the workers never import (see the module's docstring)."""
 
 _ArchiveState = tuple[int, int, int]
 
@@ -71,27 +65,10 @@ def reread_only_changed_archives(
     return invalidate_caches
 
 
-class RefuseImports(importlib.abc.MetaPathFinder):
-    """A finder, first on ``sys.meta_path``, that fails the import of ``packages`` and their modules as
-    if they were not installed (``ModuleNotFoundError`` is what optional-import code catches)."""
-
-    def __init__(self, packages: Sequence[str]) -> None:
-        self.packages = tuple(packages)
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname.split(".", 1)[0] in self.packages:
-            raise ModuleNotFoundError(
-                f"{fullname} is not imported in fanout_sink's Spark workers (spark/worker_daemon.py "
-                f"refuses {', '.join(self.packages)}: no task needs it); report the task that did",
-                name=fullname,
-            )
-        return None
-
-
 def main() -> None:
-    sys.meta_path.insert(0, RefuseImports(REFUSED))
+    sys.meta_path.insert(
+        0, RefuseImports(NEVER_IMPORTED, "fanout_sink's Spark workers (spark/worker_daemon.py)")
+    )
     importlib.import_module(TASK_MODULE)  # before the fork: the workers inherit it
     if sys.version_info < (3, 12):
         original = zipimport.zipimporter.invalidate_caches

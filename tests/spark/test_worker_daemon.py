@@ -43,8 +43,9 @@ def test_the_daemon_has_the_tasks_imports_before_it_forks_and_stops_when_spark_c
 
 _WITHOUT_PANDAS = """
 import sys
-from fanout_sink.spark.worker_daemon import REFUSED, TASK_MODULE, RefuseImports
-sys.meta_path.insert(0, RefuseImports(REFUSED))
+from fanout_sink.refused_imports import NEVER_IMPORTED, RefuseImports
+from fanout_sink.spark.worker_daemon import TASK_MODULE
+sys.meta_path.insert(0, RefuseImports(NEVER_IMPORTED, "fanout_sink's Spark workers (spark/worker_daemon.py)"))
 import importlib
 importlib.import_module(TASK_MODULE)
 import pyarrow as pa
