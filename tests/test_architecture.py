@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fanout_sink"
 
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "faults", "processes", "logs", "user_info", "retries"),
+    ("errors", "faults", "processes", "logs", "user_info", "retries", "refused_imports"),
     # pyiceberg_internals: the one door to PyIceberg's internals, a package of one concern per module;
     # below transform and protocol, which use it; its FileIO builds on durable_io beside it.
     ("kafka", "catalog", "catalog_errors", "durable_io", "pyiceberg_internals", "avro_schema", "jars"),
