@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -440,11 +440,34 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_below(path: Path, marker: str, title: str, body: str) -> None:
+    """Write ``body`` below ``marker`` in the page ``path``, keeping what is written above it (a new
+    page gets ``title``)."""
+    head = path.read_text().split(marker)[0] if path.exists() else f"# {title}\n\n"
+    path.write_text(f"{head.rstrip()}\n\n{marker}\n\n{body}")
+
+
 def write_markdown(path: Path, runs: dict[str, Any]) -> None:
     """Render every run below :data:`MARKER`, keeping what is written above it."""
-    head = path.read_text().split(MARKER)[0] if path.exists() else "# Catch-up after downtime\n\n"
     body = "\n".join(markdown_run(key, run) for key, run in runs.items())
-    path.write_text(f"{head.rstrip()}\n\n{MARKER}\n\n{body}")
+    render_below(path, MARKER, "Catch-up after downtime", body)
+
+
+def start_systems(
+    argv: list[str] | None, module: str, systems: str, known: Iterable[str], bootstrap_servers: str | None
+) -> tuple[list[str], str, str]:
+    """A side-by-side benchmark's start: its ``--systems`` as keys (each one of ``known``), the broker
+    (the local stack's, started when down, unless given) and the command line as run (``module``'s);
+    with ``connect`` among them, the peer's jars are fetched before anything is timed."""
+    keys = [s.strip() for s in systems.split(",") if s.strip()]
+    if unknown := [k for k in keys if k not in known]:
+        raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(known)}")
+    bootstrap = bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
+    command = f"PYTHONPATH=tests python -m {module} " + shlex.join(argv if argv is not None else sys.argv[1:])
+    if "connect" in keys:
+        connect_peer.kafka_version()
+        connect_peer.iceberg_version()
+    return keys, bootstrap, command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -477,16 +500,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    keys = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if unknown := [k for k in keys if k not in SYSTEMS]:
-        raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(SYSTEMS)}")
-    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
-    command = "PYTHONPATH=tests python -m bench.backlog " + shlex.join(
-        argv if argv is not None else sys.argv[1:]
+    keys, bootstrap, command = start_systems(
+        argv, "bench.backlog", args.systems, SYSTEMS, args.bootstrap_servers
     )
-    if "connect" in keys:
-        connect_peer.kafka_version()  # fetch both jar sets before anything is timed
-        connect_peer.iceberg_version()
     variant = Variant("uniform", args.tables)
     backlog = produce_backlog(bootstrap, variant, args.records, args.partitions)
     print(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -40,13 +39,12 @@ from typing import Any
 import yaml
 
 from bench import connect_peer, many_topics, ours
-from bench.backlog import Watch
+from bench.backlog import Watch, render_below, start_systems
 from bench.context import CATALOG_NAME, catalog_settings, child_env
 from bench.landed import VisibleRows
 from bench.proctree import run_child
 from bench.side_by_side import machine_facts
 from fanout_sink.catalog import CatalogSettings, load_catalog
-from fanout_sink.devtools.stack import daemon
 from fanout_sink.kafka.clients import KafkaClientFactory
 
 OURS = "fanout_sink"
@@ -284,9 +282,8 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
 
 def write_markdown(path: Path, runs: dict[str, Any]) -> None:
     """Render every run below :data:`MARKER`, keeping what is written above it."""
-    head = path.read_text().split(MARKER)[0] if path.exists() else "# 300 tables side by side\n\n"
     body = "\n".join(markdown_run(key, run) for key, run in runs.items())
-    path.write_text(f"{head.rstrip()}\n\n{MARKER}\n\n{body}")
+    render_below(path, MARKER, "300 tables side by side", body)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -310,16 +307,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    keys = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if unknown := [k for k in keys if k not in SYSTEMS]:
-        raise SystemExit(f"--systems: unknown {unknown}; pick from {', '.join(SYSTEMS)}")
-    bootstrap = args.bootstrap_servers or daemon.up(daemon.default_dir())[0].bootstrap_servers
-    command = "PYTHONPATH=tests python -m bench.many_topics_side_by_side " + shlex.join(
-        argv if argv is not None else sys.argv[1:]
+    keys, bootstrap, command = start_systems(
+        argv, "bench.many_topics_side_by_side", args.systems, SYSTEMS, args.bootstrap_servers
     )
-    if "connect" in keys:
-        connect_peer.kafka_version()  # fetch both jar sets before anything is timed
-        connect_peer.iceberg_version()
     data = produce_input(bootstrap, args.topics, args.events)
     print(f"{args.topics} topics, {args.events:,} events produced in {data.produce_s:.1f} s", flush=True)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="many-side-"))
