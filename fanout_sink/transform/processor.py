@@ -27,10 +27,12 @@ not errors: they are dead-lettered under either tolerance.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
@@ -44,6 +46,8 @@ from fanout_sink.transform.debezium import unwrap_connect_json
 from fanout_sink.transform.expressions import Predicate, Projection
 from fanout_sink.transform.formats import build_decoder
 from fanout_sink.transform.formats.decoded import Decoded, Decoder
+from fanout_sink.transform.formats.json import JsonDecoder
+from fanout_sink.transform.formats.json_together import ParsedTogether
 from fanout_sink.transform.record_view import RecordView
 from fanout_sink.transform.records import RAW_RECORD_SCHEMA, RoutedSlice, TableRows
 from fanout_sink.transform.routing import UNMATCHED_REASON, Router
@@ -115,12 +119,25 @@ class RoutingProcessor:
         self.last_stats = SliceStats()
         self.trace: SliceTrace | None = None
         """Told each record's outcome when set (``fanout-sink route``); the workers leave it None."""
+        self._together = (
+            ParsedTogether(self.decoder)
+            if isinstance(self.decoder, JsonDecoder) and not self.decoder.per_record
+            else None
+        )
 
     def _projection(self, expression: str) -> Projection:
         found = self._projections.get(expression)
         if found is None:
             found = self._projections[expression] = Projection(expression)
         return found
+
+    def prepare(self, raws: Sequence[pa.Table]) -> None:
+        """The raw slices (or chunks) this processor is called with next, in that order: a JSON decoder
+        parses their values together (:mod:`.formats.json_together`), each call then takes its share."""
+        if self._together is not None:
+            self._together.prepare(
+                [values.filter(pc.invert(values.is_null())) for values in map(_values, raws)]
+            )
 
     def __call__(self, raw: pa.Table) -> RoutedSlice:
         if raw.schema.names != RAW_RECORD_SCHEMA.names:
@@ -129,7 +146,7 @@ class RoutingProcessor:
         out = RoutedSlice(table_changed=self.tables.replace)
         stats = SliceStats(records=n)
         failures: list[_Failure] = []
-        values = raw.column("value").combine_chunks()
+        values = _values(raw)
         tombstone = np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         if tombstone.any():
             if self.config.source.tombstones == "skip":
@@ -151,8 +168,10 @@ class RoutingProcessor:
         present = np.flatnonzero(~tombstone)
         # Connect's JSON wrapper is unwrapped from whole records: routing reads the event inside.
         fields = None if self.unwraps else self.router.fields
+        batch = values.take(pa.array(present, pa.int64()))
         try:
-            decoded = self.decoder(values.take(pa.array(present, pa.int64())), fields)
+            shared = self._together.take(batch) if self._together is not None and len(batch) else None
+            decoded = shared if shared is not None else self.decoder(batch, fields)
         except UnknownSchemaIdError as exc:
             row = raw.slice(int(present[exc.first]), 1).to_pylist()[0]
             raise exc.at(f"{row['topic']}[{row['partition']}]@{row['offset']}") from None
@@ -419,6 +438,11 @@ class RoutingProcessor:
                 self.trace.filtered(origin, reason, table=name)
             return
         failures.extend(_Failure(int(i), "truncate", reason, table=name, policy=True) for i in origin)
+
+
+def _values(raw: pa.Table) -> pa.Array:
+    """A raw slice's values as one array."""
+    return raw.column("value").combine_chunks()
 
 
 def _all_but(n: int, positions: list[int]) -> np.ndarray:

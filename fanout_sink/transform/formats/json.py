@@ -95,11 +95,11 @@ def _not_utf8(values: pa.Array, start: int = 0) -> list[int]:
     return []
 
 
-class _NotForArrow(Exception):
+class NotForArrow(Exception):
     """A valid value Arrow's parser cannot take (an int beyond int64): parse the batch per record."""
 
 
-def _screen(values: pa.Array) -> tuple[np.ndarray, list[tuple[int, str]]]:
+def screen(values: pa.Array) -> tuple[np.ndarray, list[tuple[int, str]]]:
     """Which values Arrow's parser may see: (their indices, failures of the others).
 
     Whole-batch kernels pick the few suspects, and only those are looked at one by one. Null, not
@@ -108,7 +108,7 @@ def _screen(values: pa.Array) -> tuple[np.ndarray, list[tuple[int, str]]]:
     reason or shows a false alarm (``"NaN"`` in a string). A big int, a line break (inside a string
     it is invalid JSON the newline join would hide), too many brackets: :func:`_unsafe` decides,
     so pretty-printed values are not parsed one by one. A valid value Arrow cannot take raises
-    :class:`_NotForArrow`: Arrow would make an int beyond int64's whole column double.
+    :class:`NotForArrow`: Arrow would make an int beyond int64's whole column double.
     """
     odd = np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     odd[_not_utf8(values)] = True
@@ -129,7 +129,7 @@ def _screen(values: pa.Array) -> tuple[np.ndarray, list[tuple[int, str]]]:
         if obj is None:
             failures.append((index, reason or "not a JSON object"))
         elif unsafe:
-            raise _NotForArrow(index)
+            raise NotForArrow(index)
     ok = np.arange(len(values), dtype=np.int64)
     return (np.setdiff1d(ok, [i for i, _ in failures]) if failures else ok), failures
 
@@ -207,7 +207,7 @@ def _without_timestamps(dtype: pa.DataType) -> pa.DataType:
     return dtype
 
 
-def _newline_joined(values: pa.Array) -> pa.Buffer:
+def newline_joined(values: pa.Array) -> pa.Buffer:
     """The values as one newline-delimited buffer; line breaks inside values become spaces.
 
     A line break can only sit between tokens of valid JSON, so replacing it keeps the value's
@@ -218,7 +218,7 @@ def _newline_joined(values: pa.Array) -> pa.Buffer:
 
 
 def _lines(values: pa.Array) -> tuple[pa.Buffer, np.ndarray]:
-    """:func:`_newline_joined` and the ``len + 1`` bounds of each value's line in it."""
+    """:func:`newline_joined` and the ``len + 1`` bounds of each value's line in it."""
     data, bounds = value_bytes(values)
     region = data[bounds[0] : bounds[-1]]
     values = values.cast(pa.large_binary())
@@ -266,7 +266,7 @@ def _read_json(buffer: pa.Buffer, known: pa.Schema | None = None) -> pa.Table:
     return arrow_read(buffer, pa_json.ParseOptions(explicit_schema=schema))
 
 
-_ONE_BLOCK = pa_json.ReadOptions().block_size
+ONE_BLOCK = pa_json.ReadOptions().block_size
 """Arrow parses JSON in blocks of this many bytes (1 MiB), a block per thread."""
 _SERIAL = pa_json.ReadOptions(use_threads=False)
 
@@ -280,7 +280,7 @@ def arrow_read(buffer: pa.Buffer, options: pa_json.ParseOptions | None = None) -
     nothing and costs a third of a small parse's CPU and most of its wall time (40 records: 0.29 ms
     CPU and 0.72 ms wall, against 0.22 and 0.46; a sink of thousands of one-table partitions parses
     a few dozen records per slice, thousands of times a batch)."""
-    read_options = _SERIAL if buffer.size <= _ONE_BLOCK else None
+    read_options = _SERIAL if buffer.size <= ONE_BLOCK else None
     table = pa_json.read_json(pa.BufferReader(buffer), read_options=read_options, parse_options=options)
     table.validate()  # raises ArrowInvalid; the caller parses the values another way
     return table
@@ -290,7 +290,7 @@ def _has_timestamp(dtype: pa.DataType) -> bool:
     return not _without_timestamps(dtype).equals(dtype)
 
 
-def _has_non_finite(data: pa.Table | pa.Array) -> bool:
+def has_non_finite(data: pa.Table | pa.Array) -> bool:
     """Whether any float (at any depth) is NaN or infinite: Arrow's parser took a ``NaN`` literal.
 
     Only columns and fields that can hold a float are looked at (a mixed-type chunk asks this of
@@ -298,15 +298,15 @@ def _has_non_finite(data: pa.Table | pa.Array) -> bool:
     the check)."""
     if isinstance(data, pa.Table):
         columns = [column for column in data.columns if _holds_float(column.type)]
-        return any(_has_non_finite(chunk) for column in columns for chunk in column.chunks)
+        return any(has_non_finite(chunk) for column in columns for chunk in column.chunks)
     dtype = data.type
     if pa.types.is_floating(dtype):
         return bool(pc.any(pc.invert(pc.is_finite(data))).as_py())
     if pa.types.is_struct(dtype):
         fields = [i for i in range(dtype.num_fields) if _holds_float(dtype.field(i).type)]
-        return any(_has_non_finite(pc.struct_field(data, i)) for i in fields)
+        return any(has_non_finite(pc.struct_field(data, i)) for i in fields)
     if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
-        return _has_non_finite(data.flatten())
+        return has_non_finite(data.flatten())
     return False
 
 
@@ -320,7 +320,7 @@ def _holds_float(dtype: pa.DataType) -> bool:
     return False
 
 
-def _loader(values: pa.Array) -> Callable[[], list[Any]]:
+def python_loader(values: pa.Array) -> Callable[[], list[Any]]:
     """Python objects of ``values`` (each a vetted JSON object), parsed when first asked for."""
     return lambda: [json.loads(v.decode("utf-8")) for v in values.to_pylist()]
 
@@ -376,7 +376,7 @@ def _parse_routing(
 ) -> tuple[pa.Table, np.ndarray, list[tuple[int, str]]] | None:
     """The routing fields of ``values`` in as few Arrow calls as the bad values allow.
 
-    ``joined`` is :func:`_newline_joined` of ``values``, made once for this and the whole parse.
+    ``joined`` is :func:`newline_joined` of ``values``, made once for this and the whole parse.
     Returns (table, indices of the values it holds, failures). A failing group is halved until it
     is :data:`LEAF` values small; those are parsed one by one, which names the bad ones. ``None``
     when valid values still do not parse (a routing field changes type) or after :data:`_MISSES`
@@ -390,7 +390,7 @@ def _parse_routing(
 
     def attempt(part: pa.Array) -> pa.Table | None:
         try:
-            buffer = joined if len(part) == len(values) else _newline_joined(part)
+            buffer = joined if len(part) == len(values) else newline_joined(part)
             table = arrow_read(buffer, options)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return None
@@ -457,13 +457,13 @@ class JsonDecoder:
         if self.per_record:
             return self._per_record(values)
         try:
-            ok, failures = _screen(values)
-        except _NotForArrow:
+            ok, failures = screen(values)
+        except NotForArrow:
             return self._isolate(values)
         if len(ok) == 0:
             return Decoded(pa.table({}), ok, failures)
         candidates = values.take(pa.array(ok, pa.int64())) if failures else values
-        joined = _newline_joined(candidates)
+        joined = newline_joined(candidates)
         whole = self._whole(candidates, None, joined)
         if whole is not None:
             return replace(whole, rows=ok, failures=failures)
@@ -479,14 +479,14 @@ class JsonDecoder:
         """``values`` (screened; ``joined`` if made already) in one Arrow call, or None when Arrow
         refuses them together."""
         try:
-            buffer = joined if joined is not None else _newline_joined(values)
+            buffer = joined if joined is not None else newline_joined(values)
             table = _read_json(buffer, self._known.get(key))
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return None
-        if table.num_rows != len(values) or _has_non_finite(table):
+        if table.num_rows != len(values) or has_non_finite(table):
             return None
         self._remember(key, table.schema)
-        return Decoded(table, np.arange(len(values), dtype=np.int64), _python=_loader(values))
+        return Decoded(table, np.arange(len(values), dtype=np.int64), _python=python_loader(values))
 
     def _routed(self, values: pa.Array, fields: FieldPaths, joined: pa.Buffer) -> Decoded | None:
         """The routing fields of ``values`` (screened); each group's records parsed on request."""
@@ -543,8 +543,12 @@ class JsonDecoder:
                 in_done[result.rows] = True
             return result
 
-        routed, loader = frozenset(schema.names), _loader(good)
+        routed, loader = frozenset(schema.names), python_loader(good)
         return Decoded(table, rows, failures, routed=routed, _python=loader, _parse=parse, _expect=expect)
+
+    def known_schema(self) -> pa.Schema | None:
+        """The fields of the batches so far, as the next batch's parse is given them first."""
+        return self._known.get(None)
 
     def _remember(self, key: str | None, schema: pa.Schema) -> None:
         known = self._known.get(key)
@@ -585,7 +589,7 @@ class JsonDecoder:
         # json.loads has vetted each good value for Arrow's parser but for integers beyond int64.
         if not pc.any(pc.match_substring_regex(good_values, _BIG_INT)).as_py():
             try:
-                table = _read_json(_newline_joined(good_values))
+                table = _read_json(newline_joined(good_values))
                 if table.num_rows == len(good):
                     return Decoded(table, rows, failures, _python_cache=objects)
             except (pa.ArrowInvalid, pa.ArrowTypeError):
