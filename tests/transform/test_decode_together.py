@@ -12,10 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.schema import Schema
-from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from support.raw_slices import make_raw_slice
-from transform.test_routed_output import workload
+from transform.test_routed_output import pinned_processor, workload
 
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
@@ -26,7 +24,7 @@ from fanout_sink.protocol.slice_writer import SliceInput, SliceWriter
 from fanout_sink.protocol.slices import Slice, SliceResult
 from fanout_sink.transform.formats import json as json_format
 from fanout_sink.transform.formats import json_together
-from fanout_sink.transform.processor import RoutingProcessor, build_processor
+from fanout_sink.transform.processor import RoutingProcessor
 
 PIECE = 16
 """Records per small slice cut from the pinned workload's slices."""
@@ -55,41 +53,9 @@ def _catalog_settings(folder: Path) -> CatalogSettings:
     )
 
 
-def _pinned_config(settings: CatalogSettings) -> Any:
-    """test_routed_output's sink: tables by a kind, one with a projection, a fixed one, dynamic ones."""
-    kinds = {f"shop.t{n}": {"when": f"kind == 't{n}'", "auto-create": True} for n in range(6)}
-    kinds["shop.t4"]["select"] = "{id: id, amount: amount, tier: customer.tier, first_sku: items[0].sku}"
-    return parse_config(
-        {
-            "name": "pinned",
-            "source": {"topics": ["events"], "format": "json", "tombstones": "dead-letter"},
-            "catalog": settings.model_dump(),
-            "tables": {
-                **kinds,
-                "shop.priority": {"when": "priority == 'high'", "auto-create": True},
-                "shop.fixed": {"when": "kind == 'fixed'"},
-            },
-            "dynamic": {"table": "join('.', ['dyn', kind])", "allow": r"^dyn\.d[0-9]$", "auto-create": True},
-            "unmatched": {"action": "dead-letter"},
-            "dead-letter": {"topic": "dlq"},
-        },
-        "pinned",
-    )
-
-
 def _processor(folder: Path) -> RoutingProcessor:
-    settings = _catalog_settings(folder)
-    catalog = load_catalog(settings)
-    catalog.create_namespace("shop")
-    catalog.create_table(
-        "shop.fixed",
-        Schema(
-            NestedField(1, "id", LongType(), required=True),
-            NestedField(2, "kind", StringType(), required=False),
-            NestedField(3, "amount", DoubleType(), required=False),
-        ),
-    )
-    return build_processor(_pinned_config(settings), catalog)
+    folder.mkdir()
+    return pinned_processor(folder)[0]
 
 
 def _output(out: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from support.raw_slices import make_raw_slice
@@ -33,7 +34,7 @@ from support.raw_slices import make_raw_slice
 from fanout_sink.catalog import CatalogSettings, load_catalog
 from fanout_sink.config.loading import parse_config
 from fanout_sink.transform import deadletter
-from fanout_sink.transform.processor import build_processor
+from fanout_sink.transform.processor import RoutingProcessor, build_processor
 
 EXPECTED = Path(__file__).with_name("routed_output.json")
 SLICES = 4
@@ -155,8 +156,8 @@ _LETTER_HEADERS = {
 }  # fmt: skip
 
 
-def run(mixed: bool, folder: Path) -> list[dict[str, Any]]:
-    """The processor's output for each slice of the workload, in plain JSON terms."""
+def pinned_processor(folder: Path) -> tuple[RoutingProcessor, Catalog]:
+    """The pinned sink's processor over a fresh catalog in ``folder`` (its fixed table created)."""
     settings = CatalogSettings(
         name="pinned", uri=f"sqlite:///{folder / 'catalog.db'}", warehouse=f"file://{folder}"
     )
@@ -170,7 +171,12 @@ def run(mixed: bool, folder: Path) -> list[dict[str, Any]]:
             NestedField(3, "amount", DoubleType(), required=False),
         ),
     )
-    process = build_processor(_config(settings), catalog)
+    return build_processor(_config(settings), catalog), catalog
+
+
+def run(mixed: bool, folder: Path) -> list[dict[str, Any]]:
+    """The processor's output for each slice of the workload, in plain JSON terms."""
+    process, catalog = pinned_processor(folder)
     outputs = []
     offset = 0
     for values in workload(mixed):
