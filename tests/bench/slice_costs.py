@@ -57,6 +57,7 @@ CACHE_AGE_S = 300.0
 """The worker's table cache entry age (``TableManager.max_age_seconds``' default)."""
 NAMED_COSTS = {
     "JSON decoding (JsonDecoder)": ("json.py", "__call__"),
+    "JSON parsed together (ParsedTogether.prepare)": ("json_together.py", "prepare"),
     "routing + conversion (processor)": ("processor.py", "__call__"),
     "table loads (TableManager)": ("tables.py", "ensure"),
     "files: rolling + close (RollingFiles.finish)": ("rolling_files.py", "finish"),
