@@ -53,9 +53,8 @@ DEFAULT_CHUNK_RECORDS = 50_000
 """Records per chunk unless configured (``spark.max-records-per-batch``)."""
 
 DECODED_TOGETHER = 5_000
-"""Records of consecutive small chunks read ahead and shown to the processor together, at most: a
-JSON decoder parses them in one call (``prepare``). At 5,000 one-table slices a batch a parse per
-slice of ~30 records was a fifth of a worker's CPU, mostly the parse's fixed cost (issue 50)."""
+"""Records of small chunks shown to the processor together, at most (``prepare``: one JSON parse for
+them; a parse per ~30-record slice was a fifth of a worker's CPU at 5,000 tables, issue 50)."""
 
 STALL_RETRY = Retry(attempts=4)
 """A slice whose files stalled past half the orphan age is written again at once, 3 times at most
@@ -222,8 +221,9 @@ class SliceWriter:
     def _read_ahead(
         self, parts: Sequence[SliceInput], process: SliceProcessor
     ) -> Iterator[tuple[SliceInput, pa.Table]]:
-        """Every slice's non-empty chunks in order; consecutive small ones are read ahead together, up to
-        :data:`DECODED_TOGETHER` records, and shown to the processor before it gets the first of them."""
+        """Every slice's non-empty chunks in order; consecutive small ones (each a slice's last: smaller
+        than a chunk) are read ahead together, up to :data:`DECODED_TOGETHER` records, and shown to the
+        processor before it gets the first of them."""
         prepare = getattr(process, "prepare", None)
         held: list[tuple[SliceInput, pa.Table]] = []
 
@@ -236,11 +236,13 @@ class SliceWriter:
             for chunk in self._chunks(part):
                 if not chunk.num_rows:
                     continue
-                if prepare is None or sum(c.num_rows for _, c in held) + chunk.num_rows > DECODED_TOGETHER:
+                # Large, or more of its slice may follow: processed as it comes, after those held.
+                alone = prepare is None or chunk.num_rows >= min(self.chunk_records, DECODED_TOGETHER)
+                if alone or sum(c.num_rows for _, c in held) + chunk.num_rows > DECODED_TOGETHER:
                     yield from shown()
                     held = []
-                if prepare is None or chunk.num_rows > DECODED_TOGETHER:
-                    yield part, chunk  # processed as it comes, never held beside the next one
+                if alone:
+                    yield part, chunk
                 else:
                     held.append((part, chunk))
         yield from shown()
