@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
@@ -135,9 +134,7 @@ class RoutingProcessor:
         """The raw slices (or chunks) this processor is called with next, in that order: a JSON decoder
         parses their values together (:mod:`.formats.json_together`), each call then takes its share."""
         if self._together is not None:
-            self._together.prepare(
-                [values.filter(pc.invert(values.is_null())) for values in map(_values, raws)]
-            )
+            self._together.prepare([_values(raw).drop_null() for raw in raws])
 
     def __call__(self, raw: pa.Table) -> RoutedSlice:
         if raw.schema.names != RAW_RECORD_SCHEMA.names:

@@ -274,13 +274,13 @@ class TableManager:
         self._arrow_schemas: dict[tuple[uuid.UUID, int], pa.Schema] = {}
         self._lock = threading.Lock()
         self._checking = threading.Lock()
+        """Held while expired entries are checked: threads that find them expired meanwhile wait
+        for that check instead of asking the catalog again."""
         self._namespaces: set[tuple[str, ...]] = set()
         """Namespaces this manager created or found: a create in one of them asks no more."""
         self._locations: dict[tuple[str, ...], str] = {}
         """Where a SQL catalog puts each namespace's new tables, read at its first create here (a
         namespace's ``location`` changed while the sink runs applies from the next start on)."""
-        """Held while expired entries are checked: threads that find them expired meanwhile wait
-        for that check instead of asking the catalog again."""
 
     def settings_for(self, name: str) -> TableSettings:
         if name in self.config.tables:
