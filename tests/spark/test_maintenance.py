@@ -492,21 +492,24 @@ def test_a_table_with_gc_disabled_is_neither_expired_nor_cleaned_of_orphans(
 
 
 def test_a_run_past_its_max_duration_starts_no_new_table_and_says_what_is_left(
-    catalog: Any, catalog_settings: CatalogSettings
+    catalog: Any, sink_config: ConfigFactory
 ) -> None:
     """At thousands of tables a run stops at ``max-duration``: the tables that gain most are done
-    first, and the line it ends with names what is left (first next time, by the same order)."""
+    first, and the line it ends with names what is left (first next time, by the same order).
+    On the shared broker: orphan cleanup reads the sink's control topic, and without a broker each run
+    waited out the transient-error retries (60 s of the suite)."""
     create_tables(catalog, ["one", "twelve", "six"])
     for name, files in [("one", 1), ("twelve", 12), ("six", 6)]:
         for i in range(files):
             props = table_state.summary_properties("s", {0: i + 1}, f"c{i}", None)
             _append(catalog.load_table(f"sink.{name}"), i, props)
-    run = maintain_run(_StubSpark(), _config(catalog_settings, **{"max-duration": "1ms"}), dry_run=True)
+    tables = {"sink.slow": {"maintenance": {"interval": "1h"}}}  # what ``_config`` declares
+    run = maintain_run(_StubSpark(), sink_config({"max-duration": "1ms"}, tables), dry_run=True)
     assert [r.table for r in run.results] == ["sink.twelve"]  # 11 files to merge, then six's 5
     assert [g.table for g in run.left] == ["sink.six", "sink.one"]
     assert run.line().startswith("maintained 1 of 3 table(s) in ")
     left = "max-duration 0.001s reached: 2 left, first next time sink.six (compaction 5, expiry 0)"
     assert left in run.line()
-    unbounded = maintain_run(_StubSpark(), _config(catalog_settings), dry_run=True)
+    unbounded = maintain_run(_StubSpark(), sink_config({}, tables), dry_run=True)
     assert [r.table for r in unbounded.results] == ["sink.twelve", "sink.six", "sink.one"]
     assert unbounded.left == () and "left" not in unbounded.line()
