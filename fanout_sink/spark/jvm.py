@@ -8,7 +8,10 @@ classes and compiling them with both JIT tiers. Two JDK features cut it without 
   loaded (``-XX:ArchiveClassesAtExit``); later JVMs map them (``-XX:SharedArchiveFile``). 23 → 6 CPU s.
   A truncated archive crashes the JVM (SIGBUS) instead of being ignored, so the dump goes to a file
   of its own and is published by rename only after that JVM exited with status 0; a start that still
-  fails with an archive deletes it and starts again without one.
+  fails with an archive deletes it and starts again without one. A JVM may also refuse an archive
+  without a word (``-Xshare:auto``: a class path or jar that differs from the dump's), and then starts
+  as slowly as with none: after the start the JVM's mappings are read, and an archive it was offered
+  and did not map is deleted with a warning, so the next clean exit dumps a fresh one.
 * **C1 only** (``-XX:TieredStopAtLevel=1``, with the serial collector and a 64 MB code cache: see
   :mod:`.footprint`) for the app: its driver JVM plans offsets and keeps the
   checkpoint; records never pass through it (each Python task reads its range from the broker), so
@@ -119,6 +122,18 @@ def prune_archives(folder: Path, keep: int = ARCHIVES_KEPT) -> list[Path]:
     return archives[keep:]
 
 
+def maps_file(pid: int, path: Path) -> bool | None:
+    """Whether process ``pid`` has ``path`` mapped (Linux's ``/proc/<pid>/maps``, which names files by
+    their resolved path, ``(deleted)`` after a newer archive replaced it); None where that cannot be
+    read (another OS, a process gone)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return None
+    real = path.resolve()
+    return f" {real}\n" in maps or f" {real} (deleted)\n" in maps
+
+
 def _remove_abandoned_dumps(folder: Path) -> None:
     """Dumps of JVMs that were killed before publishing them (``<archive>.<pid>.dump``)."""
     for dump in folder.glob("*.dump"):
@@ -163,6 +178,29 @@ class DriverJvm:
         if self.archive is not None and not self.dumping:
             log.warning("the driver JVM failed to start with the class archive %s; deleted it", self.archive)
             self.archive.unlink(missing_ok=True)
+
+    def check_mapped(self, pid: int) -> str:
+        """What the started JVM ``pid`` did with the archive, in words for the session's start line.
+        An archive it was offered and did not map is deleted: the JVM refused it, and every start
+        with it would pay the classes' loading again (a JVM CPU of ~9 s instead of ~5 s to the first
+        batch, docs/benchmarks/many-topics-side-by-side.md)."""
+        if self.archive is None:
+            return "no class archive"
+        if self.dumping:
+            return "no class archive yet: dumping one at a clean exit"
+        mapped = maps_file(pid, self.archive)
+        if mapped is None:
+            return f"class archive {self.archive.name}"
+        if mapped:
+            return f"class archive {self.archive.name} mapped"
+        log.warning(
+            "the driver JVM refused its class archive %s (a class path or jar unlike the dump's) and "
+            "started without it; deleted it, so the next clean exit dumps a new one. To see why: "
+            "-Xlog:cds=info,class+path=info in spark.driver.extraJavaOptions",
+            self.archive,
+        )
+        self.archive.unlink(missing_ok=True)
+        return "class archive refused"
 
     def publish_at_exit(self, session: Any) -> None:
         """Publish the dump once the session's JVM exited cleanly (run when this process exits)."""

@@ -7,8 +7,10 @@ submit command, and only what is not already set there is filled in here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
@@ -18,6 +20,8 @@ from fanout_sink.catalog import CatalogSettings, is_s3_location, spark_catalog_c
 from fanout_sink.config.secrets import SECRET_KEY_PATTERN
 from fanout_sink.spark import jvm_stderr, shipping
 from fanout_sink.spark.jvm import DriverJvm, driver_java_options
+
+log = logging.getLogger(__name__)
 
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
@@ -128,6 +132,7 @@ def build_spark_session(
         builder = builder.config(_JAVA_OPTIONS, driver_java_options(jvm, light_jit, user_options))
     # A JVM PySpark launches now writes its stderr through the filter (without its incubator notice).
     starting = jvm_stderr.filtered() if launching else contextlib.nullcontext()
+    started = time.monotonic()
     try:
         with starting:
             session = builder.getOrCreate()
@@ -143,5 +148,9 @@ def build_spark_session(
             session = builder.getOrCreate()
     if jvm is not None:
         jvm.publish_at_exit(session)
+        gateway = session.sparkContext._jvm
+        assert gateway is not None  # a session PySpark launched has its gateway
+        pid = gateway.java.lang.ProcessHandle.current().pid()
+        log.info("Spark session ready in %.1fs (%s)", time.monotonic() - started, jvm.check_mapped(pid))
     session.sparkContext.setLogLevel(os.environ.get("FANOUT_SINK_SPARK_LOG_LEVEL", "WARN"))
     return session

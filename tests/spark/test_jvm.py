@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,28 +24,33 @@ pytestmark = pytest.mark.usefixtures("own_spark")
 
 _CHILD = textwrap.dedent(
     """
-    import sys
+    import os, sys
     from pathlib import Path
     from fanout_sink.spark import jvm
     jvm.archive_path = lambda classpath: Path(sys.argv[1])
-    from fanout_sink.spark.session import build_spark_session
-    spark = build_spark_session(master="local[1]", light_jit=True)
+    from fanout_sink.spark.session import build_spark_session, spark_conf
+    # A class path unlike the dump's (a jar first), when given: the JVM refuses the archive.
+    path = os.pathsep.join([*sys.argv[2:], spark_conf(None)["spark.driver.extraClassPath"]])
+    spark = build_spark_session(
+        master="local[1]", light_jit=True, extra_conf={"spark.driver.extraClassPath": path}
+    )
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     args = runtime.getInputArguments()
     print("JVM-ARGS", " ".join(str(a) for a in args))
+    print("MAPPED", jvm.maps_file(runtime.getPid(), Path(sys.argv[1])))
     print("SUM", spark.range(10).groupBy().sum().collect()[0][0])
     """
 )
 
 
 @pytest.fixture
-def start_session_in_child() -> Iterator[Callable[[Path], subprocess.Popen[str]]]:
+def start_session_in_child() -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Starts children (see ``_start_session_in_child``); those still running at the end are killed
     with their JVMs."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(archive: Path) -> subprocess.Popen[str]:
-        started.append(_start_session_in_child(archive))
+    def start(archive: Path, *first_on_class_path: Path) -> subprocess.Popen[str]:
+        started.append(_start_session_in_child(archive, *first_on_class_path))
         return started[-1]
 
     yield start
@@ -54,13 +60,13 @@ def start_session_in_child() -> Iterator[Callable[[Path], subprocess.Popen[str]]
             child.wait()
 
 
-def _start_session_in_child(archive: Path) -> subprocess.Popen[str]:
+def _start_session_in_child(archive: Path, *first_on_class_path: Path) -> subprocess.Popen[str]:
     """Runs in the archive's folder: a JVM that crashes on a damaged archive leaves its hs_err log there."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     env.pop("FANOUT_SINK_CDS", None)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(archive)],
+        [sys.executable, "-c", _CHILD, str(archive), *map(str, first_on_class_path)],
         cwd=archive.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -71,34 +77,55 @@ def _start_session_in_child(archive: Path) -> subprocess.Popen[str]:
 
 
 def _jvm_args(child: subprocess.Popen[str]) -> str:
-    """The child's JVM options, once its session ran a job and it exited cleanly."""
+    """The child's JVM options and whether it mapped the archive, once its session ran a job and it
+    exited cleanly; with its standard error."""
     stdout, stderr = child.communicate(timeout=300)
     assert child.returncode == 0, stderr[-3000:]
     assert "SUM 45" in stdout
-    return next(line for line in stdout.splitlines() if line.startswith("JVM-ARGS"))
+    lines = [line for line in stdout.splitlines() if line.startswith(("JVM-ARGS", "MAPPED"))]
+    return "\n".join([*lines, stderr])
 
 
-def test_the_archive_is_published_after_a_clean_exit_mapped_next_time_and_a_damaged_one_is_dropped(
-    tmp_path: Path, start_session_in_child: Callable[[Path], subprocess.Popen[str]]
+def _copy(archive: Path, folder: Path, size: int | None = None) -> Path:
+    """A copy of ``archive`` (its first ``size`` bytes) in a folder of its own under ``folder``."""
+    folder.mkdir()
+    copy = folder / archive.name
+    copy.write_bytes(archive.read_bytes()[:size])
+    return copy
+
+
+def test_the_archive_is_published_after_a_clean_exit_mapped_next_time_and_a_damaged_or_refused_one_is_dropped(
+    tmp_path: Path, start_session_in_child: Callable[..., subprocess.Popen[str]]
 ) -> None:
     archive = tmp_path / "driver.jsa"
 
     first = _jvm_args(start_session_in_child(archive))
     assert "-XX:ArchiveClassesAtExit=" in first and jvm.LIGHT_JIT in first and jvm.PLANNING_GC in first
+    assert "MAPPED False" in first
     assert archive.stat().st_size > 1_000_000, "the dump was not published"
     assert not list(tmp_path.glob("*.dump")), "the dump file stayed behind"
 
     # A truncated archive crashes a JVM that maps it (SIGBUS); the session starts again without it.
-    # It is a copy in a folder of its own, so that mapping the complete archive runs at the same time.
-    damaged = tmp_path / "damaged" / archive.name
-    damaged.parent.mkdir()
-    damaged.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
-    mapping, crashing = start_session_in_child(archive), start_session_in_child(damaged)
-    second, third = _jvm_args(mapping), _jvm_args(crashing)
+    # A complete one under a class path unlike the dump's is refused without a word (-Xshare:auto).
+    # Each is a copy in a folder of its own, so that mapping the complete archive runs at the same time.
+    damaged = _copy(archive, tmp_path / "damaged", archive.stat().st_size // 2)
+    refused = _copy(archive, tmp_path / "refused")
+    jar = tmp_path / "first.jar"
+    with zipfile.ZipFile(jar, "w") as empty:
+        empty.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+    children = [
+        start_session_in_child(archive),
+        start_session_in_child(damaged),
+        start_session_in_child(refused, jar),
+    ]
+    second, third, fourth = (_jvm_args(child) for child in children)
 
-    assert f"-XX:SharedArchiveFile={archive}" in second
+    assert f"-XX:SharedArchiveFile={archive}" in second and "MAPPED True" in second
     assert "SharedArchiveFile" not in third
     assert not damaged.exists(), "the damaged archive is offered again"
+    assert f"-XX:SharedArchiveFile={refused}" in fourth and "MAPPED False" in fourth
+    assert "refused its class archive" in fourth
+    assert not refused.exists(), "the refused archive is offered again"
 
 
 def test_dumps_of_killed_jvms_are_removed_and_live_ones_kept(
