@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -126,9 +127,10 @@ The suite is mostly CPU-bound on the 2-core machine (JVM start-ups, Spark apps),
 (restarts, kills, orphan-age margins): three lanes ran a clean clone's CI in 20 min 43 s (lanes of
 1,154-1,168 s); five kept both cores at 0% idle, took 1,885-2,790 s each and pushed three JVM-heavy
 tests past their timeouts. Each lane has its own broker and Spark session (session fixtures are per process);
-nothing is shared but the jar cache, filled before the lanes start. The lanes are dealt out by the
-seconds each test took in an earlier run (``tests/durations.json``); each run writes its own to
-``.pytest-lanes/durations.json``, which replaces that file to rebalance."""
+nothing is shared but the jar cache, filled before the lanes start, and ``.pytest-lanes/claims``:
+each lane takes the longest unit of tests no lane has taken yet, as it becomes free, by the seconds
+each test took in an earlier run (``tests/durations.json``); each run writes its own to
+``.pytest-lanes/durations.json``, which replaces that file to keep the order right."""
 
 _SUMMARY = re.compile(r"^=+ (.*) in [0-9.]+s")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)")
@@ -199,9 +201,11 @@ def run_lanes(count: int, pytest_args: list[str], beside: list[str]) -> int:
     check_shown = False
     logs = [folder / f"lane-{number}.log" for number in range(1, count + 1)]
     seconds = [folder / f"durations-{number}.json" for number in range(1, count + 1)]
+    claims = folder / "claims"  # the lanes take the units as they go (tests/support/lanes.py)
+    shutil.rmtree(claims, ignore_errors=True)
     processes = []
     for number, (log, timings) in enumerate(zip(logs, seconds, strict=True), start=1):
-        lane = ["--lane", f"{number}/{count}", "--durations-out", str(timings)]
+        lane = ["--lane", f"{number}/{count}", "--lane-claims", str(claims), "--durations-out", str(timings)]
         cmd = [str(_bin("python")), "-m", "pytest", *lane, *pytest_args]
         _say(f"{log.stem}: $ " + " ".join(cmd))
         with log.open("w") as out:

@@ -10,14 +10,25 @@ built once), except that the tests on the shared storage servers or on the Spark
 each: those session fixtures cost minutes of JVM start-up in every process that builds them; and the
 modules that take the shared Spark session or the TLS broker are one unit each (seconds of start-up).
 
+With ``--lane-claims DIR`` (what the bootstrap passes) the lanes do not deal the units out in
+advance: each lane takes the longest unit no lane has taken yet, runs it, then takes the next, by
+creating the unit's file in ``DIR`` (``O_EXCL``: one lane wins). A test's seconds differ from one run
+to the next by half and more on a loaded machine (what else runs beside it), so a deal made in advance
+from an earlier run's seconds had ended its lanes up to three minutes apart (1,072-1,241 s in one
+clean-clone run): the run lasts as long as its longest lane. Taken as they come, the lanes end within
+about one short unit of each other, and the longest units start first instead of last in one lane.
+
 ``--durations-out PATH`` writes the seconds this process's tests took (set-up, call and tear-down
 together), which the bootstrap merges into ``.pytest-lanes/durations.json`` for the next rebalance.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,13 +61,25 @@ builds one pays its start-up again (the Spark session 10 CPU s, the TLS broker 6
 modules using them, dealt one by one, had put the Spark session in all three lanes and the TLS broker
 in two."""
 
+CLAIMED_AT_COLLECTION = ("expiring_broker", "expired")
+"""Fixtures that a plugin starts in the background once the tests are collected, when
+``session.items`` holds a test taking one (tests/support/expiry_fixtures.py: a broker and a minute of
+offset expiry). With ``--lane-claims`` one lane takes every unit holding such a test at collection and
+the others drop them from their ``session.items``, or every lane would start it."""
+
 _PLAN = pytest.StashKey[str]()
+_CLAIMS = pytest.StashKey["_Claims"]()
 _LANE = re.compile(r"^([1-9][0-9]*)/([1-9][0-9]*)$")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("lanes")
     group.addoption("--lane", default=None, help="K/N: only the K-th of N balanced lanes of the selection")
+    group.addoption(
+        "--lane-claims",
+        default=None,
+        help="DIR shared by the N lanes: each takes the longest unit not yet taken, as it goes (with --lane)",
+    )
     group.addoption("--durations-out", default=None, help="write each test's seconds to this JSON file")
 
 
@@ -132,6 +155,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     units: dict[str, float] = {}
     for item, unit in zip(items, unit_by_item, strict=True):
         units[unit] = units.get(unit, 0.0) + weight_of(item, known)
+    claims = config.getoption("--lane-claims")
+    if claims is not None:
+        order = sorted(units, key=lambda unit: (-units[unit], unit))
+        members: dict[str, list[pytest.Item]] = {unit: [] for unit in order}
+        for item, unit in zip(items, unit_by_item, strict=True):
+            members[unit].append(item)
+        taking = _Claims(Path(claims), index, [(unit, members[unit]) for unit in order])
+        early = {
+            unit
+            for unit in order
+            if any(
+                set(CLAIMED_AT_COLLECTION) & set(getattr(item, "fixturenames", ())) for item in members[unit]
+            )
+        }
+        if early and taking.create("the units claimed at collection"):
+            taking.reserved |= early
+        elif early:
+            dropped = [item for unit in early for item in members[unit]]
+            config.hook.pytest_deselected(items=dropped)
+            kept = set(items) - set(dropped)
+            items[:] = [item for item in items if item in kept]
+            taking.units = [(unit, tests) for unit, tests in taking.units if unit not in early]
+        config.stash[_CLAIMS] = taking
+        config.stash[_PLAN] = (
+            f"lane {index}/{count}: takes units longest first as it goes, from {claims} "
+            f"({len(order)} units, {sum(units.values()):.0f} s in all by {DURATIONS.name})"
+        )
+        return
     chosen = deal(units, count)
     mine = sorted((unit for unit, lane in chosen.items() if lane == index - 1), key=lambda u: -units[u])
     config.stash[_PLAN] = (
@@ -148,6 +199,77 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
     """The lane's expected seconds and its longest units, first in its log."""
     return config.stash.get(_PLAN, None)
+
+
+class _Claims:
+    """The units in the order lanes take them, and the ones this lane took."""
+
+    def __init__(self, folder: Path, lane: int, units: list[tuple[str, list[pytest.Item]]]) -> None:
+        self.folder, self.lane, self.units = folder, lane, units
+        self.reserved: set[str] = set()  # taken at collection (``CLAIMED_AT_COLLECTION``)
+        self.taken: list[str] = []
+
+    def create(self, name: str) -> bool:
+        """Whether this lane is the first to take ``name`` (its file created here, ``O_EXCL``)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / hashlib.sha256(name.encode()).hexdigest()[:16]
+        try:
+            handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        with os.fdopen(handle, "w") as out:
+            out.write(f"lane {self.lane}: {name}\n")
+        return True
+
+    def take(self, unit: str) -> bool:
+        if unit in self.reserved or self.create(unit):
+            self.taken.append(unit)
+            return True
+        return False
+
+    def items(self) -> Iterator[tuple[pytest.Item, pytest.Item | None]]:
+        """Each test of the units this lane takes, with the next test of its unit (None after the
+        last): a unit is taken only once the one before it ran, by the lane that is free first."""
+        for unit, members in self.units:
+            if members and self.take(unit):
+                yield from zip(members, [*members[1:], None], strict=True)
+
+
+class _Boundary:
+    """The next test as the last test of a unit tears down: only the session stays (its broker and
+    Spark session serve whatever unit the lane takes next); the module's and the folders' fixtures go."""
+
+    def __init__(self, session: pytest.Session) -> None:
+        self.session = session
+
+    def listchain(self) -> list[pytest.Session]:
+        return [self.session]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """With ``--lane-claims``: pytest's loop over the tests of the units this lane takes as it goes."""
+    claims = session.config.stash.get(_CLAIMS, None)
+    if claims is None or session.config.option.collectonly:
+        return None
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} errors during collection")
+    boundary = _Boundary(session)
+    for item, following in claims.items():
+        nextitem = boundary if following is None else following
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+    return True
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Which units this lane took, in order: where a test ran, for a failure that depends on it."""
+    claims = config.stash.get(_CLAIMS, None)
+    if claims is not None:
+        terminalreporter.write_line(f"lane {claims.lane} took: {', '.join(claims.taken) or 'no unit'}")
 
 
 class _Timer:
