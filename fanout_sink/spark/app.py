@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from fanout_sink import preflight
 from fanout_sink.catalog import load_catalog
@@ -68,6 +68,15 @@ class RunOptions:
     max_offsets_per_trigger: int | None = None
     batch_retries: int = 3
     spark_conf: tuple[tuple[str, str], ...] = ()
+
+
+class _Prepared(NamedTuple):
+    """What the start's broker part found and started (:meth:`SinkApp._prepare`)."""
+
+    partitions: dict[str, int]
+    starting: str | None
+    """Where the stream starts; None for a checkpoint that only the session's JVM reads."""
+    coordinator: Coordinator
 
 
 class SinkApp:
@@ -173,26 +182,15 @@ class SinkApp:
                 self.metrics.close()
 
     def _run(self) -> int:
-        channel = self.channel
-        ensure_control_topic(channel, settings=self.config.control.topic_settings())
-        if self.config.dead_letter is not None:
-            dead_letter = self.config.dead_letter
-            ensure_topic(
-                channel.clients, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
-            )
-        partitions = planning.source_partitions(self.config, channel)
-        # Before anything delivers or restores a position under this layout's transactional ids.
-        group_layout.fence_other_layouts(channel, [(t, p) for t, n in partitions.items() for p in range(n)])
         checkpoint = self.config.checkpoint_location
-        # A checkpoint on an object store or HDFS is read through the session's JVM: planned after it.
-        local = planning.is_local_checkpoint(checkpoint)
-        starting = planning.plan_start(self.config, channel, partitions) if local else None
         master = self.options.master or self.config.spark.master
         log.info("starting Spark (master %s, checkpoint %s)", master, checkpoint)
-        # The coordinator needs no Spark: it opens its producer, catalog and control-topic position
-        # while the driver JVM starts, instead of after it.
+        # The broker's part of the start needs no Spark (the sink's topics, the source's partitions,
+        # the fencing, where a local checkpoint starts, the coordinator's producer, catalog and
+        # control-topic position): it runs while the driver JVM starts, instead of before it (about
+        # 1 s of round trips at 300 topics, docs/benchmarks/many-topics-side-by-side.md).
         with ThreadPoolExecutor(1, thread_name_prefix="fanout-sink-start") as starter:
-            coordinator = starter.submit(self._start_coordinator)
+            prepared = starter.submit(self._prepare)
             try:
                 spark = build_spark_session(
                     self.config.catalog,
@@ -212,10 +210,11 @@ class SinkApp:
                     log_format=self.config.logging.format,
                 )
             except BaseException:
-                self._coordinator = coordinator.result()
-                self._stop_coordinator()
+                if prepared.exception() is None:  # waits for it: a coordinator it started is stopped
+                    self._coordinator = prepared.result().coordinator
+                    self._stop_coordinator()
                 raise
-            self._coordinator = coordinator.result()
+            partitions, starting, self._coordinator = prepared.result()
         self._spark_context.set_result(spark.sparkContext)
         # The executors' Python workers and their state, built while the query starts and plans.
         worker_warmup.start(spark.sparkContext, self.tasks)
@@ -276,6 +275,24 @@ class SinkApp:
         """The streaming DataFrame that plans the micro-batches: Spark's Kafka source. The benchmark's
         planner prototype (``tests/bench/python_source``) puts a Python data source here."""
         return read_stream(spark, self.config, starting, limit)
+
+    def _prepare(self) -> _Prepared:
+        """The start's broker part, in its order: the sink's topics, the source's partitions, fencing
+        the other layouts, where a local checkpoint starts, then the coordinator."""
+        channel = self.channel
+        ensure_control_topic(channel, settings=self.config.control.topic_settings())
+        if self.config.dead_letter is not None:
+            dead_letter = self.config.dead_letter
+            ensure_topic(
+                channel.clients, dead_letter.topic, "dead-letter topic", dead_letter.topic_settings()
+            )
+        partitions = planning.source_partitions(self.config, channel)
+        # Before anything delivers or restores a position under this layout's transactional ids.
+        group_layout.fence_other_layouts(channel, [(t, p) for t, n in partitions.items() for p in range(n)])
+        # A checkpoint on an object store or HDFS is read through the session's JVM: planned after it.
+        local = planning.is_local_checkpoint(self.config.checkpoint_location)
+        starting = planning.plan_start(self.config, channel, partitions) if local else None
+        return _Prepared(partitions, starting, self._start_coordinator())
 
     def _start_coordinator(self) -> Coordinator:
         """The coordinator with its collaborators, started: its catalog, its commit runner (rounds of
