@@ -198,6 +198,12 @@ def delete_load(table: Table, file_threshold: int, ratio_threshold: float) -> De
 
 def expirable_snapshots(table: Table, older_than_ms: int, keep: int) -> int:
     """How many snapshots ``expire_snapshots(older_than, retain_last=keep)`` would remove."""
+    return len(expirable_snapshot_ids(table, older_than_ms, keep))
+
+
+def expirable_snapshot_ids(table: Table, older_than_ms: int, keep: int) -> list[int]:
+    """The snapshots ``expire_snapshots(older_than, retain_last=keep)`` would remove: older than
+    ``older_than_ms``, not the last ``keep`` of the current ancestry, not the head of a branch or tag."""
     metadata = table.metadata
     kept = {ref.snapshot_id for ref in metadata.refs.values()}
     ancestor_id: int | None = metadata.current_snapshot_id
@@ -207,7 +213,11 @@ def expirable_snapshots(table: Table, older_than_ms: int, keep: int) -> int:
         kept.add(ancestor_id)
         ancestor = metadata.snapshot_by_id(ancestor_id)
         ancestor_id = ancestor.parent_snapshot_id if ancestor is not None else None
-    return sum(1 for s in metadata.snapshots if s.timestamp_ms < older_than_ms and s.snapshot_id not in kept)
+    return [
+        s.snapshot_id
+        for s in metadata.snapshots
+        if s.timestamp_ms < older_than_ms and s.snapshot_id not in kept
+    ]
 
 
 def span(duration: timedelta) -> str:

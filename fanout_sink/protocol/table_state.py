@@ -199,6 +199,18 @@ def persist_state(catalog: Catalog, identifier: str, sink: str) -> dict[str, str
     return PERSIST_RETRY.run(attempt)
 
 
+def set_property(catalog: Catalog, identifier: str, name: str, value: str) -> None:
+    """Set one table property; a commit of the sink meanwhile reloads and sets it again
+    (:data:`PERSIST_RETRY`), never rolling the sink's own properties back."""
+
+    def attempt() -> None:
+        table = catalog.load_table(identifier)
+        requirements = (AssertTableUUID(uuid=table.metadata.table_uuid),)
+        catalog.commit_table(table, requirements, (SetPropertiesUpdate(updates={name: value}),))
+
+    PERSIST_RETRY.run(attempt)
+
+
 @dataclass(frozen=True)
 class SinkTable:
     """A table holding at least one commit of a sink, with that sink's state as read on listing."""

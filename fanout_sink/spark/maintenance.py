@@ -33,7 +33,7 @@ from pyiceberg.table import Table
 from fanout_sink.catalog import load_catalog
 from fanout_sink.config.models import SinkConfig
 from fanout_sink.errors import TableError
-from fanout_sink.maintenance import decisions, priority
+from fanout_sink.maintenance import decisions, local_compaction, local_expiry, priority
 from fanout_sink.maintenance.decisions import NO_FIGURES, Decision, Figures, span
 from fanout_sink.maintenance.report import MaintenanceRun, Step, StepAction, StepName, TableMaintenance
 from fanout_sink.protocol import group_layout, orphans, table_state
@@ -136,9 +136,19 @@ class _TableRun:
 
     def compact(self, dry_run: bool) -> None:
         started = time.monotonic()
-        decision = decisions.compaction(self.catalog.load_table(self.identifier), self.settings)
+        table = self.catalog.load_table(self.identifier)
+        decision = decisions.compaction(table, self.settings)
         if not self.decided("compact", decision, dry_run, started):
             return
+        if local_compaction.refusal(table, self.settings.sort_order) is None:
+            done = local_compaction.compact(
+                lambda: self.catalog.load_table(self.identifier),
+                int(decision.options["target-file-size-bytes"]),
+                self.settings.min_input_files,
+            )
+            if done is not None:
+                self.record("compact", "ran", decision.detail + ": " + done.counts(), started)
+                return
         self.refresh()
         sort = ""
         if self.settings.sort_order is not None:
@@ -178,7 +188,8 @@ class _TableRun:
 
     def expire(self, dry_run: bool) -> None:
         started = time.monotonic()
-        decision = decisions.expiry(self.catalog.load_table(self.identifier), self.settings)
+        table = self.catalog.load_table(self.identifier)
+        decision = decisions.expiry(table, self.settings)
         if not self.decided("expire", decision, dry_run, started):
             return
         # The floor must survive: its snapshots are about to go.
@@ -189,6 +200,12 @@ class _TableRun:
                 self.identifier,
                 self.floor_written,
             )
+        if local_expiry.refusal(table) is None:
+            expired = local_expiry.expire(
+                self.catalog, self.identifier, decision.older_than_ms, decision.keep
+            )
+            self.record("expire", "ran", expired.counts(), started)
+            return
         self.refresh()
         older_than = dt.datetime.fromtimestamp(decision.older_than_ms / 1000, tz=dt.UTC)
         row = _row(
@@ -216,10 +233,8 @@ class _TableRun:
 
     def mark_done(self) -> None:
         now_ms = int(time.time() * 1000)
-        # Spark's property commit retries on conflict with the sink (Iceberg Java's PropertiesUpdate).
-        self.spark.sql(
-            f"ALTER TABLE {self.qualified} SET TBLPROPERTIES "
-            f"({_sql_string(table_state.MAINTENANCE_LAST_RUN_MS)} = {_sql_string(str(now_ms))})"
+        table_state.set_property(
+            self.catalog, self.identifier, table_state.MAINTENANCE_LAST_RUN_MS, str(now_ms)
         )
 
     def record_orphans(self, cleanup: _OrphanCleanup, dry_run: bool) -> None:

@@ -1,0 +1,143 @@
+"""Maintenance of small tables without Spark (``fanout_sink/maintenance/local_compaction.py`` and
+``local_expiry.py``): the rows, the sink's floor and the files on disk are what Iceberg's
+procedures leave, and a commit of the sink between the planning and the commit loses and doubles
+nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from support.common import ARROW_SCHEMA, create_tables
+
+from fanout_sink.catalog import CatalogSettings
+from fanout_sink.config.loading import parse_config
+from fanout_sink.maintenance import local_compaction, local_expiry
+from fanout_sink.protocol import group_layout, orphans, table_state
+from fanout_sink.spark.maintenance import maintain_run
+
+
+def _sink_commits(catalog: Any, name: str, start: int, count: int) -> Any:
+    """``count`` one-row commits of sink ``s``, a file and a snapshot each, ids from ``start``."""
+    for i in range(start, start + count):
+        table = catalog.load_table(f"sink.{name}")
+        props = table_state.summary_properties("s", {0: i + 1}, f"c{i}", None)
+        table.append(pa.Table.from_pylist([{"id": i, "topic": "t"}], ARROW_SCHEMA), snapshot_properties=props)
+    return catalog.load_table(f"sink.{name}")
+
+
+def _ids(table: Any) -> list[int]:
+    return sorted(table.scan().to_arrow()["id"].to_pylist())
+
+
+def _files_on_disk(table: Any) -> set[str]:
+    root = Path(table.location().removeprefix("file://"))
+    return {orphans.normalise(str(p)) for p in root.rglob("*") if p.is_file() and p.suffix != ".json"}
+
+
+def _metadata_names(table: Any) -> set[str]:
+    return {p for p in orphans.reachable_files(table) if not p.endswith(".json")}
+
+
+class _NoSpark:
+    """A session that fails the test on any use: small tables are maintained without Spark."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"Spark was used: spark.{name}")
+
+
+def test_a_small_tables_maintenance_runs_without_spark_and_leaves_the_rows_the_floor_and_no_stray_file(
+    catalog: Any, catalog_settings: CatalogSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_tables(catalog, ["day"])
+    _sink_commits(catalog, "day", 0, 12)
+    config = parse_config(
+        {
+            "name": "s",
+            "source": {"topics": ["t"]},
+            "catalog": catalog_settings.model_dump(),
+            "maintenance": {"max-snapshot-age": "0s", "min-input-files": 5, "orphan-older-than": "1h"},
+            "tables": {"sink.day": {}},
+        }
+    )
+    monkeypatch.setattr(group_layout, "channel_in_use", lambda _config: None)
+    monkeypatch.setattr(orphans, "pending_files", lambda _channel: set())
+    run = maintain_run(_NoSpark(), config)
+    (result,) = run.results
+    assert result.ok, result.steps
+    assert {s.name: s.action for s in result.steps} == {
+        "compact": "ran",
+        "deletes": "skipped",
+        "manifests": "skipped",
+        "expire": "ran",
+        "orphans": "ran",
+    }
+    assert (result.before.data_files, result.after.data_files) == (12, 1)
+    assert (result.before.snapshots, result.after.snapshots) == (12, 1)
+    table = catalog.load_table("sink.day")
+    assert _ids(table) == list(range(12))
+    assert table.current_snapshot().summary.operation.value == "replace"
+    assert table_state.read_state(table, "s").next_control_offset() == 12  # the floor outlived its snapshots
+    assert table_state.MAINTENANCE_LAST_RUN_MS in table.metadata.properties
+    # Expiry deleted what only the expired snapshots reached: the compacted files went with them.
+    on_disk = _files_on_disk(table)
+    assert on_disk <= _metadata_names(table)
+    assert [p for p in on_disk if p.endswith(".parquet")] == [
+        orphans.normalise(t.file.file_path) for t in table.scan().plan_files()
+    ]
+
+
+def test_a_sink_commit_between_planning_and_commit_is_kept_and_nothing_is_doubled(catalog: Any) -> None:
+    create_tables(catalog, ["race"])
+    _sink_commits(catalog, "race", 0, 6)
+    loads = 0
+
+    def load() -> Any:
+        """The table as compaction plans it; the sink commits right after the first load."""
+        nonlocal loads
+        loads += 1
+        table = catalog.load_table("sink.race")
+        if loads == 1:
+            _sink_commits(catalog, "race", 6, 1)
+        return table
+
+    done = local_compaction.compact(load, 1 << 20, 5)
+    assert loads == 2  # the first plan lost to the sink's commit and was planned again
+    assert done is not None and (done.rewritten_data_files_count, done.added_data_files_count) == (7, 1)
+    table = catalog.load_table("sink.race")
+    assert _ids(table) == list(range(7))
+    assert table_state.read_state(table, "s").next_control_offset() == 7
+    # The losing attempt's file was deleted: every data file on disk is named by a snapshot.
+    data = {p for p in _files_on_disk(table) if p.endswith(".parquet")}
+    assert data <= _metadata_names(table)
+
+
+def test_expiry_racing_a_sink_commit_decides_again_and_deletes_none_of_its_files(catalog: Any) -> None:
+    create_tables(catalog, ["exp"])
+    table = _sink_commits(catalog, "exp", 0, 5)
+    newest = max(s.timestamp_ms for s in table.metadata.snapshots) + 1
+    real_load = catalog.load_table
+    loads = 0
+
+    def load_then_commit(identifier: Any) -> Any:
+        nonlocal loads
+        loads += 1
+        loaded = real_load(identifier)
+        if loads == 1:
+            _sink_commits(catalog, "exp", 5, 1)
+        return loaded
+
+    catalog.load_table = load_then_commit
+    try:
+        done = local_expiry.expire(catalog, "sink.exp", newest, 1)
+    finally:
+        del catalog.load_table
+    table = catalog.load_table("sink.exp")
+    # Decided again: 4 of the 5 first, then the one the sink superseded too (its new one is kept).
+    assert done.expired_snapshots == 5
+    assert len(table.metadata.snapshots) == 1
+    assert _ids(table) == list(range(6))
+    assert _files_on_disk(table) <= _metadata_names(table)
+    assert len([p for p in _files_on_disk(table) if p.endswith(".parquet")]) == 6  # none deleted
