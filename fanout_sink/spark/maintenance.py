@@ -86,6 +86,7 @@ class _TableRun:
         self.steps: list[Step] = []
         self.floor_written: dict[str, str] = {}
         self.before: Figures | None = None
+        self._table: Table | None = None
 
     @property
     def stopping(self) -> bool:
@@ -95,6 +96,8 @@ class _TableRun:
     def record(self, name: StepName, action: StepAction, detail: str, started: float) -> None:
         step = Step(name, action, detail, time.monotonic() - started)
         self.steps.append(step)
+        if action == "ran":
+            self._table = None  # the step committed: the next one loads the table again
         # DEBUG: the run's report says each step once (``maintain`` prints it, ``run`` logs a line per
         # table and an ERROR naming the failed steps with their causes).
         log.debug("maintenance %s %s: %s %s (%.1fs)", self.identifier, name, action, detail, step.duration_s)
@@ -103,10 +106,18 @@ class _TableRun:
         """The table's figures now; None (and a failed step) when it cannot be loaded."""
         started = time.monotonic()
         try:
-            return decisions.figures(self.catalog.load_table(self.identifier))
+            self._table = self.catalog.load_table(self.identifier)
+            return decisions.figures(self._table)
         except Exception as exc:
             self.record("load", "failed", f"{type(exc).__name__}: {exc}", started)
             return None
+
+    def loaded(self) -> Table:
+        """The table as this run last loaded it, loaded again once a step changed it (a sink commit
+        since only makes a decision miss the newest files, as it would a moment earlier)."""
+        if self._table is None:
+            self._table = self.catalog.load_table(self.identifier)
+        return self._table
 
     def refresh(self) -> Table:
         # Spark's catalog caches tables: the sink committed since, so see its latest metadata.
@@ -136,7 +147,7 @@ class _TableRun:
 
     def compact(self, dry_run: bool) -> None:
         started = time.monotonic()
-        table = self.catalog.load_table(self.identifier)
+        table = self.loaded()
         decision = decisions.compaction(table, self.settings)
         if not self.decided("compact", decision, dry_run, started):
             return
@@ -165,7 +176,7 @@ class _TableRun:
         ``rewrite-all``, since Iceberg's own selection by file count per partition also rewrites
         delete files that are one per data file already."""
         started = time.monotonic()
-        decision = decisions.delete_rewrite(self.catalog.load_table(self.identifier), self.settings)
+        decision = decisions.delete_rewrite(self.loaded(), self.settings)
         if not self.decided("deletes", decision, dry_run, started):
             return
         self.refresh()
@@ -179,7 +190,7 @@ class _TableRun:
 
     def rewrite_manifests(self, dry_run: bool) -> None:
         started = time.monotonic()
-        decision = decisions.manifest_rewrite(self.catalog.load_table(self.identifier), self.settings)
+        decision = decisions.manifest_rewrite(self.loaded(), self.settings)
         if not self.decided("manifests", decision, dry_run, started):
             return
         self.refresh()
@@ -188,7 +199,7 @@ class _TableRun:
 
     def expire(self, dry_run: bool) -> None:
         started = time.monotonic()
-        table = self.catalog.load_table(self.identifier)
+        table = self.loaded()
         decision = decisions.expiry(table, self.settings)
         if not self.decided("expire", decision, dry_run, started):
             return
