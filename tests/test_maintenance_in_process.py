@@ -141,3 +141,44 @@ def test_expiry_racing_a_sink_commit_decides_again_and_deletes_none_of_its_files
     assert _ids(table) == list(range(6))
     assert _files_on_disk(table) <= _metadata_names(table)
     assert len([p for p in _files_on_disk(table) if p.endswith(".parquet")]) == 6  # none deleted
+
+
+def test_two_maintainers_expiring_at_once_both_end_well(catalog: Any) -> None:
+    """The schedule inside ``run`` and a ``fanout-sink maintain`` of the same tables: the expiry that
+    loses decides again instead of removing snapshots that are gone."""
+    create_tables(catalog, ["both"])
+    table = _sink_commits(catalog, "both", 0, 5)
+    newest = max(s.timestamp_ms for s in table.metadata.snapshots) + 1
+    real_load = catalog.load_table
+    other: list[local_expiry.Expired] = []
+
+    def load_then_other_expires(identifier: Any) -> Any:
+        loaded = real_load(identifier)
+        if not other:
+            del catalog.load_table  # the other maintainer loads as usual
+            other.append(local_expiry.expire(catalog, "sink.both", newest, 1))
+        return loaded
+
+    catalog.load_table = load_then_other_expires
+    done = local_expiry.expire(catalog, "sink.both", newest, 1)
+    assert other[0].expired_snapshots == 4 and done.expired_snapshots == 0
+    table = catalog.load_table("sink.both")
+    assert len(table.metadata.snapshots) == 1 and _ids(table) == list(range(5))
+
+
+def test_a_compaction_that_loses_to_another_maintainers_commits_nothing_of_its_own(catalog: Any) -> None:
+    create_tables(catalog, ["twice"])
+    _sink_commits(catalog, "twice", 0, 6)
+    other: list[Any] = []
+
+    def load() -> Any:
+        table = catalog.load_table("sink.twice")
+        if not other:
+            other.append(local_compaction.compact(lambda: catalog.load_table("sink.twice"), 1 << 20, 5))
+        return table
+
+    done = local_compaction.compact(load, 1 << 20, 5)
+    assert other[0].rewritten_data_files_count == 6 and done == local_compaction.Compacted(0, 0, 0)
+    table = catalog.load_table("sink.twice")
+    assert len(table.metadata.snapshots) == 7  # the sink's 6 and one replace: no empty one
+    assert _ids(table) == list(range(6))

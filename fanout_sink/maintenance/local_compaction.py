@@ -85,6 +85,8 @@ def _attempt(table: Table, target: int, min_input_files: int) -> Compacted | Non
     groups = _groups(table, target, min_input_files)
     if groups is None:
         return None
+    if not groups:  # another maintainer compacted them meanwhile
+        return Compacted(0, 0, 0)
     # PyIceberg's writer bin-packs to the table's target size: the target decided is the one written.
     properties = {**table.metadata.properties, "write.target-file-size-bytes": str(target)}
     metadata = table.metadata.model_copy(update={"properties": properties})

@@ -8,7 +8,8 @@ the manifests no snapshot left lists, and the data and delete files of those man
 manifest left names as live (a file a later snapshot deleted, such as a compacted one, goes with the
 last snapshot that held it). The commit requires the current snapshot it was decided at, so a
 sink commit meanwhile makes it decide again on the reloaded table; the files are deleted only after
-the commit, so a failed commit deletes nothing.
+the commit, so a failed commit deletes nothing. On a SQL catalog the commit is made against the
+metadata as loaded, so another maintainer's expiry meanwhile is a conflict too.
 
 Tables with statistics files go to Spark (:func:`refusal`): Spark's expiry deletes those too.
 """
@@ -28,6 +29,7 @@ from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, RemoveS
 
 from fanout_sink.maintenance import decisions
 from fanout_sink.protocol.orphans import normalise
+from fanout_sink.pyiceberg_internals.sql_catalog import commit_catalog
 from fanout_sink.retries import Retry
 
 COMMIT_RETRY = Retry(attempts=5, retry_on=(CommitFailedException,))
@@ -90,7 +92,9 @@ def expire(catalog: Catalog, identifier: str, older_than_ms: int, keep: int) -> 
                     {"ref": MAIN_BRANCH, "snapshot-id": current.snapshot_id if current else None}
                 ),
             )
-            catalog.commit_table(
+            # Against the metadata as loaded (SQL catalogs): an expiry another maintainer committed
+            # meanwhile leaves the branch where it was, but must make this one decide again.
+            commit_catalog(catalog, table).commit_table(
                 table, requirements, (RemoveSnapshotsUpdate.model_validate({"snapshot-ids": sorted(ids)}),)
             )
         return table, expired
