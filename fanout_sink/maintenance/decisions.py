@@ -109,6 +109,10 @@ def compaction_candidates(table: Table, target: int, min_input_files: int) -> in
     snapshot = table.current_snapshot()
     if snapshot is None:
         return 0
+    total = snapshot.summary.get("total-data-files") if snapshot.summary is not None else None
+    live = int(total) if total is not None else min_input_files
+    if live < min_input_files:
+        return live  # the summary's total says so without reading a manifest
     # Counted from the manifests' entries: PyIceberg's `inspect.data_files` converts every file's
     # metrics into an Arrow table first, most of a small table's decision time.
     counts: Counter[tuple[int, object]] = Counter()
