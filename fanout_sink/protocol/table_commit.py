@@ -27,21 +27,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.io import load_file_io
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.snapshots import Snapshot
 
 from fanout_sink.errors import TableError
 from fanout_sink.faults import fault_point
-from fanout_sink.protocol import channel, datafiles, file_merge, row_delta, table_state
+from fanout_sink.protocol import (
+    channel,
+    datafiles,
+    file_merge,
+    present_files,
+    quarantine,
+    row_delta,
+    table_state,
+)
 from fanout_sink.protocol.commit_state import PendingFiles
 from fanout_sink.pyiceberg_internals import snapshots, sql_catalog, transactions
 from fanout_sink.retries import Retry
@@ -59,10 +66,6 @@ MISSING_TABLE_WAIT = Retry(deadline_s=10.0, backoff_s=0.5, retry_on=(NoSuchTable
 dropping and creating a table (or renaming it aside and creating a new one) leaves a moment with no
 table, and a round that meets it would otherwise quarantine rows the new table should get (chaos
 found it)."""
-
-QUARANTINE_FOLDER = "_fanout_sink_quarantine"
-COPY_CHUNK_BYTES = 8 * 1024 * 1024
-"""A refused file is copied to quarantine in chunks of this size: the driver never holds it whole."""
 
 
 @dataclass
@@ -95,6 +98,52 @@ class TableCommit:
         if self.outcome == "committed":
             return round_end
         return self.floor if self.outcome == "already-committed" and self.table_uuid is not None else None
+
+
+@dataclass(frozen=True)
+class TablePart:
+    """One table's part of a round: what :meth:`TableCommitter.commit` is given (its arguments)."""
+
+    identifier: str
+    items: list[PendingFiles]
+    round_end: int
+    commit_id: str
+    vtts: int | None
+    floors: Mapping[str, int]
+    location: str | None = None
+    round_tables: int | None = None
+    merge: bool = False
+
+
+@dataclass(frozen=True)
+class _Built:
+    """An attempt's transaction, ready to commit, with what it appends."""
+
+    txn: Transaction
+    outcome: TableCommit
+    added: list[DataFile]
+    resolution: row_delta.Resolution | None
+
+    def landed(self, snapshot: Snapshot | None) -> TableCommit:
+        """The outcome once the transaction's commit landed with ``snapshot``."""
+        outcome = self.outcome
+        outcome.outcome = "committed"
+        outcome.files = len(self.added)
+        outcome.rows = sum(data_file.record_count for data_file in self.added)
+        if self.resolution is not None:
+            outcome.inserted, outcome.updated = self.resolution.inserted, self.resolution.updated
+            outcome.deleted, outcome.delete_files = self.resolution.deleted, len(self.resolution.delete_files)
+        outcome.error = None
+        outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None
+        return outcome
+
+
+@dataclass(frozen=True)
+class StagedCommit:
+    """A table's commit staged (:meth:`TableCommitter.stage`): its outcome once its pointer moved."""
+
+    outcome: TableCommit
+    swap: sql_catalog.PointerSwap
 
 
 def owed(items: list[PendingFiles], floors: Mapping[str, int]) -> list[PendingFiles]:
@@ -152,67 +201,15 @@ class TableCommitter:
         tries = (COMMIT_RETRY if location is None else LOCATED_COMMIT_RETRY).start()
         while True:
             attempt = outcome.attempts = tries.number
-            try:
-                table = self._table_to_decide_on(identifier, items, location if attempt == 1 else None)
-            except NoSuchTableError:
-                return self._table_missing(identifier, owed(items, floors), outcome)
-            table_uuid = str(table.metadata.table_uuid)
-            outcome.table_uuid = table_uuid
-            floor = table_state.read_state(table, self.sink).next_control_offset(channel.CONTROL_PARTITION)
-            todo = [p for p in items if p.offset >= floor]
-            stale = owed([p for p in todo if p.event.table.uuid != table_uuid], floors)
-            outcome.stale_files = sum(len(p.event.files) for p in stale)
-            current = self._present(table, [p for p in todo if p.event.table.uuid == table_uuid], outcome)
-            appends = [
-                datafiles.from_record(r, table) for p in current if not p.event.key for r in p.event.files
-            ]
-            rewritten = self._rewrite_stale(table, stale, outcome) if stale else {}
-            appends += [f for p in stale if not p.event.key for f in rewritten.get(p.offset, ())]
-            # A stale change set stays a change set: flattened into appends, its keys would be in
-            # the table twice and its deletes lost (issue 33 item 1, change tables).
-            changes = [p for p in current if p.event.key] + [
-                p for p in stale if p.event.key and p.offset in rewritten
-            ]
-            if merged is not None and not changes:
-                appends, outcome.merged_files = merged(table, appends), merged.merged
-            if not appends and not changes:
-                outcome.outcome = "refused" if outcome.refused_files else "already-committed"
-                outcome.floor = floor or None
-                return outcome
-            properties = table_state.summary_properties(
-                self.sink, {channel.CONTROL_PARTITION: round_end}, commit_id, vtts
+            part = TablePart(
+                identifier, items, round_end, commit_id, vtts, floors, location, round_tables, merge
             )
-            added, resolution = appends, None
-            if changes:
-                changed, resolution = self._resolve(table, changes, rewritten)
-                added = appends + changed
-            snapshot_properties = dict(properties)
-            if round_tables is not None:
-                snapshot_properties.update(table_state.round_properties(self.sink, round_tables))
-            if resolution is not None:
-                snapshot_properties.update(
-                    table_state.change_properties(
-                        self.sink, resolution.inserted, resolution.updated, resolution.deleted
-                    )
-                )
-                fault_point("coordinator.after-resolve", table=identifier)
-            txn = transactions.no_retry_transaction(table)
-            # Each file under the spec it was written with: the spec may have changed since. Data
-            # and position deletes in one snapshot, the one that records the control offset (I4).
-            delta = snapshots.RowDelta(txn, table.io, snapshot_properties)
-            with delta:
-                for data_file in added:
-                    delta.append_data_file(data_file)
-                for delete_file in resolution.delete_files if resolution else ():
-                    delta.add_delete_file(delete_file)
-            # The same state as table properties, in the same metadata commit: it outlives the
-            # snapshot when others commit on top and the sink's snapshots are expired.
-            txn.set_properties(properties)
-            if stale_keys := table_state.stale_properties(table, self.sink, vtts):
-                txn.remove_properties(*stale_keys)
+            built = self._build(part, location if attempt == 1 else None, merged, outcome, staged=False)
+            if isinstance(built, TableCommit):
+                return built
             fault_point("coordinator.before-table-commit", table=identifier, catalog=self.catalog)
             try:
-                committed = txn.commit_transaction()
+                committed = built.txn.commit_transaction()
             except CommitFailedException as exc:
                 log.warning(
                     "commit of %s conflicted (attempt %d): reloading and re-checking", identifier, attempt
@@ -222,16 +219,111 @@ class TableCommitter:
                     continue
                 return outcome
             fault_point("coordinator.after-table-commit", table=identifier)
-            outcome.outcome = "committed"
-            outcome.files = len(added)
-            outcome.rows = sum(data_file.record_count for data_file in added)
-            if resolution is not None:
-                outcome.inserted, outcome.updated = resolution.inserted, resolution.updated
-                outcome.deleted, outcome.delete_files = resolution.deleted, len(resolution.delete_files)
-            outcome.error = None
-            snapshot = committed.current_snapshot()
-            outcome.snapshot_id = snapshot.snapshot_id if snapshot is not None else None
+            return built.landed(committed.current_snapshot())
+
+    def commit_part(self, part: TablePart) -> TableCommit:
+        """:meth:`commit` of ``part``."""
+        return self.commit(
+            part.identifier, part.items, part.round_end, part.commit_id, part.vtts, part.floors,
+            part.location, part.round_tables, part.merge,
+        )  # fmt: skip
+
+    @property
+    def stages(self) -> bool:
+        """Whether this committer's catalog can stage commits for :meth:`swap` (SQL catalogs)."""
+        return sql_catalog.supports_pointer_swaps(self.catalog)
+
+    def stage(self, part: TablePart) -> TableCommit | StagedCommit:
+        """The first attempt of :meth:`commit` without its last step: the snapshot's files and the new
+        metadata file are written, the catalog's pointer is not moved. A :class:`StagedCommit` lands
+        with :meth:`swap` (its pointer moved together with others'); a :class:`TableCommit` is the
+        table's outcome already (nothing to append, refused, table missing). A pointer that moved
+        since ``location`` was read is found by the swap, and the table goes through :meth:`commit`."""
+        merged = file_merge.SmallFileMerge() if part.merge else None
+        outcome = TableCommit(part.identifier, "failed", attempts=1)
+        built = self._build(part, part.location, merged, outcome, staged=True)
+        if isinstance(built, TableCommit):
+            return built
+        fault_point("coordinator.before-table-commit", table=part.identifier, catalog=self.catalog)
+        committed = built.txn.commit_transaction()  # writes the metadata file, moves nothing
+        return StagedCommit(built.landed(committed.current_snapshot()), transactions.pointer_swap(built.txn))
+
+    def swap(self, staged: Sequence[StagedCommit]) -> set[str]:
+        """Land ``staged`` commits: their pointers moved in one catalog transaction, each only if it
+        still points where its commit was staged; the identifiers that landed (the others conflicted)."""
+        return sql_catalog.swap_pointers(self.catalog, [s.swap for s in staged]) if staged else set()
+
+    def _build(
+        self,
+        part: TablePart,
+        location: str | None,
+        merged: file_merge.SmallFileMerge | None,
+        outcome: TableCommit,
+        staged: bool,
+    ) -> TableCommit | _Built:
+        """One attempt up to the catalog commit: the table loaded (from ``location`` if given), its
+        floor checked, and either the outcome when nothing is to be appended, or the transaction
+        holding the round's snapshot and state."""
+        identifier, items, floors, vtts = part.identifier, part.items, part.floors, part.vtts
+        try:
+            table = self._table_to_decide_on(identifier, items, location)
+        except NoSuchTableError:
+            return self._table_missing(identifier, owed(items, floors), outcome)
+        table_uuid = str(table.metadata.table_uuid)
+        outcome.table_uuid = table_uuid
+        floor = table_state.read_state(table, self.sink).next_control_offset(channel.CONTROL_PARTITION)
+        todo = [p for p in items if p.offset >= floor]
+        stale = owed([p for p in todo if p.event.table.uuid != table_uuid], floors)
+        outcome.stale_files = sum(len(p.event.files) for p in stale)
+        current, outcome.missing_files = present_files.present(
+            table, [p for p in todo if p.event.table.uuid == table_uuid], outcome.missing_files
+        )
+        appends = [datafiles.from_record(r, table) for p in current if not p.event.key for r in p.event.files]
+        rewritten = self._rewrite_stale(table, stale, outcome) if stale else {}
+        appends += [f for p in stale if not p.event.key for f in rewritten.get(p.offset, ())]
+        # A stale change set stays a change set: flattened into appends, its keys would be in
+        # the table twice and its deletes lost (issue 33 item 1, change tables).
+        changes = [p for p in current if p.event.key] + [
+            p for p in stale if p.event.key and p.offset in rewritten
+        ]
+        if merged is not None and not changes:
+            appends, outcome.merged_files = merged(table, appends), merged.merged
+        if not appends and not changes:
+            outcome.outcome = "refused" if outcome.refused_files else "already-committed"
+            outcome.floor = floor or None
             return outcome
+        properties = table_state.summary_properties(
+            self.sink, {channel.CONTROL_PARTITION: part.round_end}, part.commit_id, vtts
+        )
+        added, resolution = appends, None
+        if changes:
+            changed, resolution = self._resolve(table, changes, rewritten)
+            added = appends + changed
+        snapshot_properties = dict(properties)
+        if part.round_tables is not None:
+            snapshot_properties.update(table_state.round_properties(self.sink, part.round_tables))
+        if resolution is not None:
+            snapshot_properties.update(
+                table_state.change_properties(
+                    self.sink, resolution.inserted, resolution.updated, resolution.deleted
+                )
+            )
+            fault_point("coordinator.after-resolve", table=identifier)
+        txn = transactions.no_retry_transaction(table, staged=staged)
+        # Each file under the spec it was written with: the spec may have changed since. Data
+        # and position deletes in one snapshot, the one that records the control offset (I4).
+        delta = snapshots.RowDelta(txn, table.io, snapshot_properties)
+        with delta:
+            for data_file in added:
+                delta.append_data_file(data_file)
+            for delete_file in resolution.delete_files if resolution else ():
+                delta.add_delete_file(delete_file)
+        # The same state as table properties, in the same metadata commit: it outlives the
+        # snapshot when others commit on top and the sink's snapshots are expired.
+        txn.set_properties(properties)
+        if stale_keys := table_state.stale_properties(table, self.sink, vtts):
+            txn.remove_properties(*stale_keys)
+        return _Built(txn, outcome, added, resolution)
 
     def _table_to_decide_on(self, identifier: str, items: list[PendingFiles], location: str | None) -> Table:
         """The table from ``location``, or from the catalog when there is none or when files for
@@ -267,24 +359,12 @@ class TableCommitter:
             len(paths),
             sum(r.record_count for p in owed for r in p.event.files),
             ", ".join(paths),
-            self._quarantined(load_file_io(self.catalog.properties, paths[0]), paths) if paths else "",
+            quarantine.quarantined(load_file_io(self.catalog.properties, paths[0]), paths, self.sink)
+            if paths
+            else "",
         )
         outcome.outcome = "table-missing"
         return outcome
-
-    def _quarantined(self, io: FileIO, paths: list[str]) -> str:
-        """The refused files copied where cleanup cannot take them; how the ERROR says where they are."""
-        try:
-            copies = quarantine(io, paths, self.sink)
-        except OSError as exc:
-            # Settling the table would let the low watermark pass the files and orphan cleanup take
-            # the only copy: the table's round fails instead, its files stay pending and are retried.
-            raise TableError(
-                f"copying {len(paths)} refused file(s) to the quarantine folder failed ({exc}); they stay "
-                f"pending and the table's round is retried: {', '.join(paths)}.\n  fix: make "
-                f"{quarantine_path(paths[0], self.sink).rpartition('/')[0]} writable"
-            ) from exc
-        return f"copied to {', '.join(copies)} (outside every table location: no cleanup removes them)"
 
     def _rewrite_stale(
         self, table: Table, stale: list[PendingFiles], outcome: TableCommit
@@ -316,7 +396,7 @@ class TableCommitter:
                 rows,
                 exc,
                 ", ".join(paths),
-                self._quarantined(table.io, paths),
+                quarantine.quarantined(table.io, paths, self.sink),
             )
             return {}
         log.warning(
@@ -327,53 +407,6 @@ class TableCommitter:
             rows,
         )
         return rewritten
-
-    def _present(self, table: Table, items: list[PendingFiles], outcome: TableCommit) -> list[PendingFiles]:
-        """``items`` without the data files that no longer exist, with one ERROR naming them.
-
-        A snapshot that names a missing file fails every scan of the table. Workers rewrite files
-        that waited too long for their transaction, but a paused process can still lose its files to
-        orphan cleanup, or someone deletes them: those rows are lost, the table must stay readable.
-        """
-        paths = [r.file_path for p in items for r in p.event.files]
-        if not paths:
-            return items
-        if len(paths) == 1:  # a table fed by one task: no pool of threads started and joined for it
-            exists = {paths[0]: table.io.new_input(paths[0]).exists()}
-        else:
-            with ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-check") as pool:
-                exists = dict(
-                    zip(paths, pool.map(lambda path: table.io.new_input(path).exists(), paths), strict=True)
-                )
-        missing = [path for path, present in exists.items() if not present]
-        if missing and outcome.missing_files != len(missing):  # once per round, not per attempt
-            sources = sorted(
-                {f"{p.event.topic}[{p.event.partition}] up to offset {p.event.next_offset}"
-                 for p in items if any(not exists[r.file_path] for r in p.event.files)}
-            )  # fmt: skip
-            log.error(
-                "table %s: %d data file(s) announced on the control topic do not exist and are NOT "
-                "appended, so that the table stays readable: %s. Their rows (from %s) are not in the "
-                "table.\n  fix: find what deleted them (orphan cleanup with maintenance.orphan-older-than "
-                "shorter than a stalled slice, or a manual delete) and deliver those records again.",
-                ".".join(table.name()),
-                len(missing),
-                ", ".join(missing),
-                "; ".join(sources),
-                extra={"table": ".".join(table.name())},
-            )
-        outcome.missing_files = len(missing)
-        if not missing:
-            return items
-        return [
-            replace(
-                p,
-                event=p.event.model_copy(
-                    update={"files": tuple(r for r in p.event.files if exists[r.file_path])}
-                ),
-            )
-            for p in items
-        ]
 
     def _resolve(
         self, table: Table, changes: list[PendingFiles], rewritten: dict[int, list[DataFile]]
@@ -401,30 +434,3 @@ class TableCommitter:
             for p in sorted(changes, key=lambda p: p.offset)
         ]
         return [f for change in sets for f in change.data_files], row_delta.resolve(table, key, sets)
-
-
-def quarantine_path(path: str, sink: str) -> str:
-    """Where a refused data file is kept: beside its table's folder, outside every table location,
-    so that no orphan cleanup (the sink's or Iceberg's, which list a table's location) can take it.
-
-    ``<ns folder>/<table>/data/<name>`` -> ``<ns folder>/_fanout_sink_quarantine/<sink>/<table>/<name>``
-    """
-    head, found, name = path.rpartition("/data/")
-    if not found:
-        head, _, name = path.rpartition("/")
-    folder, _, table = head.rpartition("/")
-    return f"{folder}/{QUARANTINE_FOLDER}/{sink}/{table}/{name}"
-
-
-def quarantine(io: FileIO, paths: Sequence[str], sink: str) -> list[str]:
-    """Copy refused data files to their quarantine paths (idempotent: a copy already there is kept,
-    so a coordinator that crashed halfway repeats it safely); the copies' paths. The originals are
-    left to orphan cleanup."""
-    copies = []
-    for path in paths:
-        target = quarantine_path(path, sink)
-        if not io.new_input(target).exists():
-            with io.new_input(path).open() as source, io.new_output(target).create(overwrite=True) as stream:
-                shutil.copyfileobj(source, stream, COPY_CHUNK_BYTES)  # never a whole file in memory
-        copies.append(target)
-    return copies

@@ -1,6 +1,7 @@
 """The SQL catalog's fast paths: the metadata pointers of many tables in one query, a table read from
-a pointer so found (or kept, when nothing its writers use changed), and a commit against the table
-as its caller loaded it (no second load).
+a pointer so found (or kept, when nothing its writers use changed), a commit against the table
+as its caller loaded it (no second load), and many tables' commits staged, then their pointers
+swapped in one transaction.
 
 The SQL catalog module is imported here only when a process uses one (``sys.modules`` is asked
 first): it imports SQLAlchemy (150 modules, 20 MB), which the processes of a REST or Hive sink never
@@ -13,6 +14,10 @@ need. What it reaches into:
 - ``pyiceberg.catalog.sql``'s ``IcebergTables`` (the catalog's table rows) and ``SqlCatalog``'s private
   ``_iceberg_type_filter``: :func:`current_table_uuids` and :func:`sql_metadata_locations` read many
   tables' metadata pointers in one query.
+- ``SqlCatalog.commit_table``: overridden by ``_StagingSqlCatalog`` (a subclass of the above) to stop
+  before its ``UPDATE`` (reading ``_write_metadata``; ``_delete_old_metadata`` overridden, and called
+  by :func:`swap_pointers` after the rows moved); ``IcebergTables`` again for that ``UPDATE``, many
+  tables' in one transaction.
 - ``Catalog._load_file_io``: :func:`load_table_at` and :func:`tables_for_writing` build a table as
   ``SqlCatalog.load_table`` does; the latter reads metadata JSON keys itself (:data:`WRITER_FIELDS`)
   and parses it with ``TableMetadataUtil.parse_obj`` only when those differ.
@@ -26,8 +31,10 @@ import json
 import re
 import sys
 import uuid
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -35,7 +42,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.schema import Schema
 from pyiceberg.serializers import FromInputFile
-from pyiceberg.table import StagedTable, Table
+from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.table.update import TableRequirement, TableUpdate
@@ -101,6 +108,111 @@ def _loaded_base_sql_catalog() -> type[Catalog]:
             )
 
     return _LoadedBaseSqlCatalog
+
+
+@functools.cache
+def _staging_sql_catalog() -> type[Catalog]:
+    """Made on first use, as :func:`_loaded_base_sql_catalog`."""
+
+    class _StagingSqlCatalog(_loaded_base_sql_catalog()):  # type: ignore[misc]
+        """The same commit without its last step: the new metadata file is written, the table's row is
+        not moved; the move is kept in :attr:`swap` for :func:`swap_pointers`, which moves many tables'
+        rows in one transaction. Dropping old metadata files (``write.metadata.delete-after-commit``)
+        waits for the swap too."""
+
+        swap: PointerSwap | None = None
+
+        def commit_table(
+            self, table: Table, requirements: tuple[TableRequirement, ...], updates: tuple[TableUpdate, ...]
+        ) -> CommitTableResponse:
+            staged = self._update_and_stage_table(self._base, table.name(), requirements, updates)
+            self._write_metadata(staged.metadata, staged.io, staged.metadata_location)
+            self.swap = PointerSwap(self._base, staged.metadata, staged.metadata_location, staged.io)
+            return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)  # type: ignore[call-arg]
+
+        def _delete_old_metadata(self, io: FileIO, base: TableMetadata, metadata: TableMetadata) -> None:
+            """Not before the swap (:func:`swap_pointers` does it for the rows it moved)."""
+
+    return _StagingSqlCatalog
+
+
+@dataclass(frozen=True)
+class PointerSwap:
+    """A table commit staged on a SQL catalog: its files and new metadata file written, the catalog's
+    row still pointing at ``base``'s metadata location."""
+
+    base: Table
+    metadata: TableMetadata
+    metadata_location: str
+    io: FileIO
+
+    @property
+    def identifier(self) -> str:
+        return ".".join(self.base.name())
+
+
+def supports_pointer_swaps(catalog: Catalog) -> bool:
+    """Whether ``catalog`` can stage table commits and swap their pointers together: a SQL catalog
+    whose database reports the rows an ``UPDATE`` changed (PyIceberg's own compare-and-swap needs that
+    too; without it PyIceberg locks the row with ``SELECT ... FOR UPDATE`` instead)."""
+    sql: Any = catalog
+    return is_sql_catalog(catalog) and bool(sql.engine.dialect.supports_sane_rowcount)
+
+
+def staging_catalog(catalog: Catalog, table: Table) -> Catalog:
+    """The catalog a table commit is staged through instead of committed (:class:`PointerSwap`)."""
+    return _staging_sql_catalog()(catalog, table)  # type: ignore[call-arg,arg-type]
+
+
+def staged_swap(catalog: Catalog) -> PointerSwap:
+    """What a transaction committed through :func:`staging_catalog` staged."""
+    swap = getattr(catalog, "swap", None)
+    if not isinstance(swap, PointerSwap):
+        raise RuntimeError("the transaction staged no commit (it had no updates)")
+    return swap
+
+
+def swap_pointers(catalog: Catalog, swaps: Iterable[PointerSwap]) -> set[str]:
+    """Move each staged table's row to its new metadata file, all in one transaction of ``catalog``'s
+    database; the identifiers moved. Each row moves only if it still points at the metadata the
+    commit was staged on (PyIceberg's own ``UPDATE ... WHERE metadata_location = :old``): a table
+    someone else committed to since is left out, for its caller to reload and commit again. The rows
+    are updated in name order, so two such transactions on a server database lock them in one order.
+
+    One transaction instead of one per table: on SQLite each commit is the database's write lock and
+    its journal's fsyncs, and four commit threads queued for that lock (60 % of a commit's wall time,
+    docs/benchmarks/wide-sinks.md, "Table commits in groups")."""
+    from pyiceberg.catalog.sql import IcebergTables
+    from sqlalchemy import update
+
+    ordered = sorted(swaps, key=lambda s: _catalog_key(s.base.name()))
+    moved: set[str] = set()
+    sql: Any = catalog
+    with sql.engine.begin() as connection:
+        for swap in ordered:
+            namespace, name = _catalog_key(swap.base.name())
+            result = connection.execute(
+                update(IcebergTables)
+                .where(
+                    IcebergTables.catalog_name == sql.name,
+                    IcebergTables.table_namespace == namespace,
+                    IcebergTables.table_name == name,
+                    IcebergTables.metadata_location == swap.base.metadata_location,
+                )
+                .values(
+                    metadata_location=swap.metadata_location,
+                    previous_metadata_location=swap.base.metadata_location,
+                )
+            )
+            if result.rowcount == 1:
+                moved.add(swap.identifier)
+    for swap in ordered:
+        if swap.identifier in moved:
+            try:
+                Catalog._delete_old_metadata(swap.io, swap.base.metadata, swap.metadata)
+            except Exception as exc:  # as PyIceberg's own commit: the commit stands
+                warnings.warn(f"Failed to delete old metadata after commit: {exc}", stacklevel=2)
+    return moved
 
 
 NAMES_PER_QUERY = 500

@@ -12,7 +12,12 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableUpdate
 
 from fanout_sink.pyiceberg_internals.metadata_updates import apply_updates
-from fanout_sink.pyiceberg_internals.sql_catalog import commit_catalog
+from fanout_sink.pyiceberg_internals.sql_catalog import (
+    PointerSwap,
+    commit_catalog,
+    staged_swap,
+    staging_catalog,
+)
 
 
 class _StagedTransaction(Transaction):
@@ -37,7 +42,7 @@ class _StagedTransaction(Transaction):
         return applied[2]
 
 
-def no_retry_transaction(table: Table) -> Transaction:
+def no_retry_transaction(table: Table, staged: bool = False) -> Transaction:
     """A transaction whose commit is attempted exactly once.
 
     PyIceberg 0.12 retries a failed commit by rebasing the same append onto the new head, reading
@@ -48,6 +53,10 @@ def no_retry_transaction(table: Table) -> Transaction:
     A SQL catalog commits against ``table`` as loaded instead of loading it again
     (:func:`.sql_catalog.commit_catalog`); other catalogs (a REST catalog's commit loads nothing in the
     client) commit as they do.
+
+    ``staged`` (SQL catalogs, :func:`.sql_catalog.supports_pointer_swaps`): the commit writes every file
+    and the new metadata file but leaves the catalog's pointer where it is; :func:`pointer_swap` then
+    says what to swap (:func:`.sql_catalog.swap_pointers`).
     """
     properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
     catalog = table.catalog
@@ -56,6 +65,11 @@ def no_retry_transaction(table: Table) -> Transaction:
         metadata=table.metadata.model_copy(update={"properties": properties}),
         metadata_location=table.metadata_location,
         io=table.io,
-        catalog=commit_catalog(catalog, table),
+        catalog=staging_catalog(catalog, table) if staged else commit_catalog(catalog, table),
     )
     return _StagedTransaction(pinned)
+
+
+def pointer_swap(txn: Transaction) -> PointerSwap:
+    """What committing a ``staged`` :func:`no_retry_transaction` left to swap."""
+    return staged_swap(txn._table.catalog)

@@ -33,7 +33,7 @@ from support.sink_factory import SinkFactory, SinkUnderTest
 
 from fanout_sink import faults, status
 from fanout_sink.protocol import orphans, table_state
-from fanout_sink.protocol.table_commit import quarantine_path
+from fanout_sink.protocol.quarantine import quarantine_path
 from fanout_sink.transform.processor import build_processor
 from fanout_sink.transform.records import TableRows
 
