@@ -133,6 +133,30 @@ each test took in an earlier run (``tests/durations.json``); each run writes its
 ``.pytest-lanes/durations.json``, which replaces that file to keep the order right."""
 
 _SUMMARY = re.compile(r"^=+ (.*) in [0-9.]+s")
+PROC_STAT = Path("/proc/stat")
+
+
+def cpu_ticks(stat: str) -> tuple[int, int]:
+    """(busy, all) clock ticks of every core since boot, from ``/proc/stat``'s first line: idle and
+    iowait count as not busy; guest time is inside user time already, so only the first 8 are summed."""
+    ticks = [int(field) for field in stat.split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The cores' busy share between two ``cpu_ticks`` readings (None when either is missing)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def _cpu_now() -> tuple[int, int] | None:
+    try:
+        return cpu_ticks(PROC_STAT.read_text())
+    except (OSError, ValueError, IndexError):  # not Linux
+        return None
+
+
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)")
 
 
@@ -199,6 +223,7 @@ def run_lanes(count: int, pytest_args: list[str], beside: list[str]) -> int:
     with check_log.open("w") as out:
         check = subprocess.Popen(beside, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     check_shown = False
+    cpu_before = _cpu_now()
     logs = [folder / f"lane-{number}.log" for number in range(1, count + 1)]
     seconds = [folder / f"durations-{number}.json" for number in range(1, count + 1)]
     claims = folder / "claims"  # the lanes take the units as they go (tests/support/lanes.py)
@@ -222,6 +247,7 @@ def run_lanes(count: int, pytest_args: list[str], beside: list[str]) -> int:
     if not check_shown:
         _show_check(beside, check_code, check_log)
     codes = [process.wait() for process in processes]
+    share = busy_share(cpu_before, _cpu_now())
     for log in logs[1:]:
         _say(f"{log.stem}, its output:")
         print(log.read_text(), flush=True)
@@ -234,6 +260,8 @@ def run_lanes(count: int, pytest_args: list[str], beside: list[str]) -> int:
     failed = totals.get("failed", 0) + totals.get("error", 0)
     merge_durations(seconds, folder / "durations.json")
     _say(f"each test's seconds: {folder / 'durations.json'} (copy it over tests/durations.json to rebalance)")
+    if share is not None:  # whether the lanes left cores idle: then waits, not CPU, set the wall time
+        _say(f"the {os.cpu_count()} cores were {share:.0%} busy while the lanes ran (every process counted)")
     print(f"tests: {totals.get('passed', 0)} passed, {failed} failed", flush=True)
     if 5 in codes:
         _say("a lane collected no tests: that counts as a failure")

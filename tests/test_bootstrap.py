@@ -47,6 +47,14 @@ def test_totals_come_from_each_lanes_closing_line() -> None:
     assert bootstrap.closing_counts("interrupted before the end") == {}
 
 
+def test_the_cores_busy_share_comes_from_proc_stat_idle_and_iowait_not_busy() -> None:
+    before = bootstrap.cpu_ticks("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    after = bootstrap.cpu_ticks("cpu  400 0 150 1000 50 0 0 0 20 0\n")
+    assert before == (150, 1000) and after == (550, 1600)
+    assert bootstrap.busy_share(before, after) == 400 / 600
+    assert bootstrap.busy_share(None, after) is None and bootstrap.busy_share(after, after) is None
+
+
 def test_the_bench_tier_runs_alone_when_asked_and_with_the_full_tier_when_tests_bench_changed() -> None:
     assert bootstrap.selection("full", bench_is_new=False) == ("", False)
     assert bootstrap.selection("full", bench_is_new=True) == (bootstrap.WITH_BENCH, True)
