@@ -27,12 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +78,11 @@ class SystemFigures:
     load_start: tuple[float, float, float]
     load_end: tuple[float, float, float]
     phases: dict[str, float] = field(default_factory=dict)
-    """fanout_sink's, from its log: seconds from start to the first batch's start, the batch(es), the
-    final commit round's line (where the wall goes)."""
+    """fanout_sink's, from its log: seconds from start to the Spark session, to the first batch's
+    start, the batch(es), the final commit round's line (where the wall goes)."""
+    class_archive: str | None = None
+    """fanout_sink's, from its log: what its driver JVM did with the class archive (``mapped``,
+    ``refused``, ``dumping``, ``none``): a run without one spends ~4 JVM CPU s and seconds more."""
 
 
 def ours_config(
@@ -127,10 +132,30 @@ def verdicts(shares: dict[str, float]) -> dict[str, bool]:
     return {key: shares[key] <= target for key, target in TARGETS.items()}
 
 
+_SESSION_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO fanout_sink\.spark\.session: Spark session ready in "
+    r"[\d.]+s \((.*)\)$",
+    re.MULTILINE,
+)
+_ARCHIVE_WORDS = (("mapped", "mapped"), ("refused", "refused"), ("dumping", "dumping"), ("no class", "none"))
+
+
+def class_archive(log: str) -> str | None:
+    """What fanout_sink's driver JVM did with its class archive, from the session's start line."""
+    found = _SESSION_LINE.search(log)
+    if found is None:
+        return None
+    return next((word for part, word in _ARCHIVE_WORDS if part in found.group(2)), found.group(2))
+
+
 def phases(log: str, started_at: float) -> dict[str, float]:
-    """Where fanout_sink's wall went, from its log: start to the first record batch's start, the
-    batches' seconds, start to the final commit round's line."""
+    """Where fanout_sink's wall went, from its log: start to the Spark session, to the first record
+    batch's start, the batches' seconds, start to the final commit round's line."""
     out: dict[str, float] = {}
+    session = _SESSION_LINE.search(log)
+    if session is not None:
+        ready = datetime.strptime(session.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        out["to_session_s"] = round(ready - started_at, 1)
     first = ours.first_batch_started(log)
     if first is not None:
         out["to_first_batch_s"] = round(first - started_at, 1)
@@ -218,6 +243,7 @@ def run_system(
         load_start=load_start,
         load_end=load_end,
         phases=phases(child.stderr, watch.started_at) if key == "ours" else {},
+        class_archive=class_archive(child.stderr) if key == "ours" else None,
     )
 
 
@@ -267,6 +293,7 @@ def markdown_run(key: str, run: dict[str, Any]) -> str:
                 + ", ".join(
                     f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["phases"].items()
                 )
+                + (f"; class archive {s['class_archive']}" if s.get("class_archive") else "")
                 + "; CPU s by process kind: "
                 + ", ".join(f"{k} {v:.1f}" for k, v in sorted(s["role_cpu_s"].items()))
                 + "."

@@ -59,14 +59,32 @@ def test_the_shares_are_ours_over_connects_and_judged_against_issue_50s_targets(
 def test_the_sinks_wall_is_split_by_its_log() -> None:
     started = datetime(2026, 12, 7, 19, 0, 0).timestamp()
     log = (
+        "2026-12-07 19:00:03,500 INFO fanout_sink.spark.session: Spark session ready in 2.1s (class "
+        "archive spark-driver-0123456789abcdef.jsa mapped)\n"
         "2026-12-07 19:00:12,000 INFO fanout_sink.app: batch 0: 60000 records in, 0 already delivered, 0 "
         "dead-lettered, 0 filtered, rows {}, files {} (8.0s, 300 slices, peak worker RSS 300 MB), "
         "7500 records/s\n"
         "2026-12-07 19:00:15,500 INFO fanout_sink.app: final commit round c1: 300 table(s), 2 told, "
         "300 file(s)\n"
     )
-    assert side.phases(log, started) == {"to_first_batch_s": 4.0, "batches_s": 8.0, "to_final_commit_s": 15.5}
+    assert side.phases(log, started) == {
+        "to_session_s": 3.5,
+        "to_first_batch_s": 4.0,
+        "batches_s": 8.0,
+        "to_final_commit_s": 15.5,
+    }
     assert side.phases("nothing yet\n", started) == {}
+    # Whether the driver JVM mapped its class archive: a run without it is seconds slower to start.
+    assert side.class_archive(log) == "mapped"
+    refused = log.replace("spark-driver-0123456789abcdef.jsa mapped", "refused")
+    assert side.class_archive(refused) == "refused"
+    assert (
+        side.class_archive(
+            log.replace("class archive spark-driver-0123456789abcdef.jsa mapped", "no class archive")
+        )
+        == "none"
+    )
+    assert side.class_archive("nothing yet\n") is None
 
 
 def test_a_run_renders_each_system_and_the_verdicts_below_the_marker(tmp_path: Path) -> None:
@@ -76,6 +94,7 @@ def test_a_run_renders_each_system_and_the_verdicts_below_the_marker(tmp_path: P
             "peak_rss_mb": rss, "role_cpu_s": {"driver JVM": 3.0}, "role_rss_mb": {}, "tables_exact": 300,
             "problems": [], "load_start": [1.0, 1, 1], "load_end": [2.0, 1, 1],
             "phases": {"to_first_batch_s": 4.0} if system == side.OURS else {},
+            "class_archive": "mapped" if system == side.OURS else None,
         }  # fmt: skip
 
     ours, connect = figures(side.OURS, 14.0, 14.0, 1000), figures(connect_peer.SYSTEM, 50.0, 30.0, 2000)
@@ -94,7 +113,7 @@ def test_a_run_renders_each_system_and_the_verdicts_below_the_marker(tmp_path: P
     assert (
         "| CPU s at most 0.5x | 0.47x | met |" in text and "| peak RSS at most 0.6x | 0.50x | met |" in text
     )
-    assert "to first batch 4.0 s" in text
+    assert "to first batch 4.0 s; class archive mapped;" in text
 
 
 @pytest.mark.bench
@@ -114,4 +133,5 @@ def test_both_systems_land_every_row_of_a_few_topics(
         assert system["wall_s"] > 0 and system["cpu_s"] > 0 and system["peak_rss_mb"] > 0
     assert set(run["ratios"]) == {"wall", "cpu", "rss"}
     assert run["systems"][0]["phases"]["to_first_batch_s"] > 0
+    assert run["systems"][0]["class_archive"] in {"mapped", "dumping"}
     assert "| wall at most 0.3x |" in (out / "many-topics-side-by-side.md").read_text()
