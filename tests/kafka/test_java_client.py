@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -284,3 +285,14 @@ def test_tls_files_are_inlined_for_librdkafka_on_executors(tls: TlsFiles) -> Non
     }
     assert java_tls_properties(inlined) == java_tls_properties(kafka)
     assert inline_tls_files({"ssl.ca.location": "probe"}) == {"ssl.ca.location": "probe"}
+
+
+def test_the_java_clients_property_names_are_read_from_the_jvm_whole(spark: Any) -> None:
+    """One joined string per set, not an iteration through Py4J: the same names as iterating."""
+    from fanout_sink.spark.source import java_client_names
+
+    clients = spark._jvm.org.apache.kafka.clients
+    sets = (clients.consumer.ConsumerConfig.configNames(), clients.admin.AdminClientConfig.configNames())
+    iterated = {str(name) for names in sets for name in names}
+    names = java_client_names(spark)
+    assert names == iterated and {"bootstrap.servers", "isolation.level", "sasl.jaas.config"} <= names
