@@ -99,7 +99,8 @@ class Registry:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: 0.5 s by default, in every test's teardown
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def register(
@@ -184,6 +185,23 @@ class Registry:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class FakeClock:
+    """A clock whose sleeps advance it at once and are summed: the registry module's own and its
+    unknown-id wait's in tests (``registry_clock``, tests/transform/conftest.py), which count the
+    seconds a decode would wait for an id the registry does not know instead of waiting them."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+        self.slept = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
 
 
 def wire(schema_id: int, payload: bytes) -> bytes:

@@ -21,7 +21,7 @@ from support.bad_records import (
     sink_settings,
 )
 from support.raw_slices import make_raw_slice
-from support.registry import Registry, wire
+from support.registry import FakeClock, Registry, wire
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
@@ -160,7 +160,7 @@ def registry() -> Iterator[Registry]:
 
 
 def test_confluent_avro_unknown_schema_ids_and_broken_frames(
-    catalog_settings: CatalogSettings, catalog: Any, registry: Registry
+    catalog_settings: CatalogSettings, catalog: Any, registry: Registry, registry_clock: FakeClock
 ) -> None:
     """A real HTTP Schema Registry answers 404 for the unknown id; good records keep flowing."""
     source = {

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from support.registry import Registry, wire
+from support.registry import FakeClock, Registry, wire
 
 from fanout_sink.avro_schema import avro_to_arrow_schema
 from fanout_sink.transform.convert import convert
@@ -116,7 +116,7 @@ def registry() -> Iterator[Registry]:
     reg.close()
 
 
-def test_confluent_avro_resolves_and_caches_schema(registry: Registry) -> None:
+def test_confluent_avro_resolves_and_caches_schema(registry: Registry, registry_clock: FakeClock) -> None:
     decoder = RegistryDecoder(AvroReader, {"url": registry.url}, unknown_id_timeout_s=0)
     values = pa.array(
         [

@@ -18,7 +18,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from referencing import Resource
 from referencing.jsonschema import DRAFT7
 from support.raw_slices import make_raw_slice
-from support.registry import Registry, compile_protos, message_class, wire
+from support.registry import FakeClock, Registry, compile_protos, message_class, wire
 
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
@@ -132,7 +132,9 @@ def test_protobuf_message_index_paths(registry: Registry, classes: dict[str, Any
     decoded.records.validate(full=True)
 
 
-def test_protobuf_values_that_cannot_be_read(registry: Registry, classes: dict[str, Any]) -> None:
+def test_protobuf_values_that_cannot_be_read(
+    registry: Registry, classes: dict[str, Any], registry_clock: FakeClock
+) -> None:
     wide = classes["Wide"]
     good = _serializer(registry, wide)(wide(number=1))
     values = [
@@ -239,7 +241,11 @@ def test_json_schema_to_arrow() -> None:
 
 
 def test_errors_tolerance_none_names_the_record(
-    registry: Registry, classes: dict[str, Any], catalog_settings: CatalogSettings, catalog: Any
+    registry: Registry,
+    classes: dict[str, Any],
+    catalog_settings: CatalogSettings,
+    catalog: Any,
+    registry_clock: FakeClock,
 ) -> None:
     """An unreadable value stops the slice with the record's topic/partition/offset and the reason."""
     config = parse_config(

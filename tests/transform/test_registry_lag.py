@@ -4,13 +4,12 @@ unknown id (issue 33 item 5): an unknown id fails the slice (retried) until
 ``source.unknown-schema-id-timeout`` has passed since it was first seen, and the ids of one chunk
 share one wait budget.
 
-The registry module's clock, its wait policy's too, is a fake one (:class:`_Clock`): sleeps advance
-it at once and are summed, so the tests count the seconds a decode would wait instead of waiting
-them; the registry is a real HTTP one."""
+The registry module's clock, its wait policy's too, is a fake one (``registry_clock``,
+tests/transform/conftest.py): sleeps advance it at once and are summed, so the tests count the
+seconds a decode would wait instead of waiting them; the registry is a real HTTP one."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
-from support.registry import Registry, wire
+from support.registry import FakeClock, Registry, wire
 
 from fanout_sink.errors import UnknownSchemaIdError
 from fanout_sink.transform.formats import registry as registry_format
@@ -42,28 +41,6 @@ def _id_requests(registry: Registry) -> int:
     return sum("/schemas/ids/" in r for r in registry.requests)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-        self.slept = 0.0
-
-    def time(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.slept += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    fake = _Clock()
-    monkeypatch.setattr(registry_format, "time", fake)
-    waits = dataclasses.replace(registry_format.UNKNOWN_ID_WAIT, clock=fake.time, sleep=fake.sleep)
-    monkeypatch.setattr(registry_format, "UNKNOWN_ID_WAIT", waits)
-    return fake
-
-
 @pytest.fixture
 def registry() -> Iterator[Registry]:
     served = Registry()
@@ -72,7 +49,7 @@ def registry() -> Iterator[Registry]:
 
 
 def test_a_lagging_follower_is_waited_for_instead_of_dead_lettering(
-    registry: Registry, clock: _Clock
+    registry: Registry, registry_clock: FakeClock
 ) -> None:
     registry.publish(SCHEMA_ID, SCHEMA)
     registry.lag(SCHEMA_ID, misses=3)
@@ -83,10 +60,12 @@ def test_a_lagging_follower_is_waited_for_instead_of_dead_lettering(
     assert decoded.failures == []
     assert decoded.records.column("id").to_pylist() == [7]
     assert _id_requests(registry) == 4
-    assert clock.slept < registry_format.UNKNOWN_ID_WAIT_S
+    assert registry_clock.slept < registry_format.UNKNOWN_ID_WAIT_S
 
 
-def test_many_unknown_ids_in_one_slice_wait_one_budget_in_all(registry: Registry, clock: _Clock) -> None:
+def test_many_unknown_ids_in_one_slice_wait_one_budget_in_all(
+    registry: Registry, registry_clock: FakeClock
+) -> None:
     """Each distinct unknown id used to wait 5 s in turn: 4 junk ids held a batch 18 s, a flood of
     them for hours."""
     decoder = RegistryDecoder(AvroReader, {"url": registry.url}, TIMEOUT_S)
@@ -95,18 +74,18 @@ def test_many_unknown_ids_in_one_slice_wait_one_budget_in_all(registry: Registry
     with pytest.raises(UnknownSchemaIdError) as raised:
         decoder(junk)
 
-    assert clock.slept <= registry_format.UNKNOWN_ID_WAIT_S
+    assert registry_clock.slept <= registry_format.UNKNOWN_ID_WAIT_S
     assert sorted(raised.value.since) == [1000, 1001, 1002, 1003]
 
 
 def test_a_record_whose_id_is_registered_after_the_first_look_up_is_read_not_dead_lettered(
-    registry: Registry, clock: _Clock
+    registry: Registry, registry_clock: FakeClock
 ) -> None:
     decoder = RegistryDecoder(AvroReader, {"url": registry.url}, TIMEOUT_S)
 
     with pytest.raises(UnknownSchemaIdError, match=rf"schema ids \[{SCHEMA_ID}@"):
         decoder(pa.array([_value(1)], pa.binary()))
-    clock.sleep(6)
+    registry_clock.sleep(6)
     registry.publish(SCHEMA_ID, SCHEMA)
 
     decoded = decoder(pa.array([_value(1)], pa.binary()))
@@ -115,46 +94,50 @@ def test_a_record_whose_id_is_registered_after_the_first_look_up_is_read_not_dea
 
 
 def test_an_id_unknown_for_the_timeout_is_dead_lettered_saying_so_then_read_once_registered(
-    registry: Registry, clock: _Clock
+    registry: Registry, registry_clock: FakeClock
 ) -> None:
     decoder = RegistryDecoder(AvroReader, {"url": registry.url}, TIMEOUT_S)
     with pytest.raises(UnknownSchemaIdError):
         decoder(pa.array([_value(1)], pa.binary()))
-    clock.sleep(TIMEOUT_S)
-    waited = clock.slept
+    registry_clock.sleep(TIMEOUT_S)
+    waited = registry_clock.slept
 
     asked = _id_requests(registry)
 
     dead = decoder(pa.array([_value(1)], pa.binary()))
 
-    assert clock.slept == waited and _id_requests(registry) == asked + 1  # asked once, not waited for
+    assert (
+        registry_clock.slept == waited and _id_requests(registry) == asked + 1
+    )  # asked once, not waited for
     [(index, reason)] = dead.failures
     assert index == 0
     assert reason.startswith(f"unknown schema id {SCHEMA_ID} in the Schema Registry for 30")
     assert "longer than source.unknown-schema-id-timeout (300s)" in reason
     registry.publish(SCHEMA_ID, SCHEMA)
-    clock.sleep(registry_format.UNKNOWN_ID_TTL_S)  # the final 404 is remembered this long, no longer
+    registry_clock.sleep(registry_format.UNKNOWN_ID_TTL_S)  # the final 404 is remembered this long, no longer
 
     later = decoder(pa.array([_value(2), _value(3)], pa.binary()))
     assert later.failures == []
     assert later.records.column("id").to_pylist() == [2, 3]
 
 
-def test_the_timeout_runs_from_the_first_sighting_in_any_process(registry: Registry, clock: _Clock) -> None:
+def test_the_timeout_runs_from_the_first_sighting_in_any_process(
+    registry: Registry, registry_clock: FakeClock
+) -> None:
     """The driver hands each attempt's tasks the ids earlier tasks (other Python workers) found
     unknown; a task seeing one for the first time dead-letters it once the timeout has passed."""
     decoder = RegistryDecoder(AvroReader, {"url": registry.url}, TIMEOUT_S)
-    decoder.seen_since({SCHEMA_ID: clock.time() - TIMEOUT_S})
+    decoder.seen_since({SCHEMA_ID: registry_clock.time() - TIMEOUT_S})
 
     dead = decoder(pa.array([_value(1)], pa.binary()))
 
     assert [index for index, _ in dead.failures] == [0]
-    assert clock.slept == 0
+    assert registry_clock.slept == 0
     assert UnknownSchemaIdError.find(str(UnknownSchemaIdError({5: 1.5, 6: 2.25}, 60.0))) == {5: 1.5, 6: 2.25}
 
 
 def test_an_id_the_registry_served_leaves_the_drivers_record_so_a_later_404_is_waited_for(
-    registry: Registry, clock: _Clock
+    registry: Registry, registry_clock: FakeClock
 ) -> None:
     """Issue 47 item 3: the driver's record of unknown ids only grew and was handed to every task, so
     once an id had been unknown (and then served), a new Python worker's next 404 for it (a lagging
@@ -166,7 +149,7 @@ def test_an_id_the_registry_served_leaves_the_drivers_record_so_a_later_404_is_w
         worker(pa.array([_value(1)], pa.binary()))
     assert record.seen(UnknownSchemaIdError.find(str(unknown.value)))  # the batch is retried
     registry.publish(SCHEMA_ID, SCHEMA)  # learnt after a long while: the id was known once
-    clock.sleep(2 * TIMEOUT_S)
+    registry_clock.sleep(2 * TIMEOUT_S)
     worker.seen_since(record.since)
     assert worker(pa.array([_value(2)], pa.binary())).failures == []
     record.served(worker.served(list(record.since)))  # what the task reports with its slices
