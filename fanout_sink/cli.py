@@ -249,8 +249,8 @@ def _maintain(args: argparse.Namespace) -> int:
     from fanout_sink.config.fields import parse_duration
     from fanout_sink.config.loading import load_config
     from fanout_sink.maintenance.report import render_text
+    from fanout_sink.spark import session
     from fanout_sink.spark.maintenance import maintain_run, select_tables
-    from fanout_sink.spark.session import build_spark_session
     from fanout_sink.status import broker_fault
 
     config = load_config(args.config)
@@ -269,11 +269,13 @@ def _maintain(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
-    spark = build_spark_session(
-        config.catalog,
-        master=args.master or config.spark.master,
-        app_name=f"{config.name}-maintenance",
-        extra_conf=dict(args.conf),
+    spark = session.LazySession(  # started only for a table that needs Spark's procedures
+        lambda: session.build_spark_session(
+            config.catalog,
+            master=args.master or config.spark.master,
+            app_name=f"{config.name}-maintenance",
+            extra_conf=dict(args.conf),
+        )
     )
     try:
         run = maintain_run(spark, config, tables, args.dry_run)

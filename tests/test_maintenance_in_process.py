@@ -5,17 +5,21 @@ nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+import yaml
 from support.common import ARROW_SCHEMA, create_tables
 
+from fanout_sink import cli
 from fanout_sink.catalog import CatalogSettings
 from fanout_sink.config.loading import parse_config
-from fanout_sink.maintenance import local_compaction, local_expiry
+from fanout_sink.maintenance import decisions, local_compaction, local_expiry
 from fanout_sink.protocol import group_layout, orphans, table_state
+from fanout_sink.spark import session
 from fanout_sink.spark.maintenance import maintain_run
 
 
@@ -182,3 +186,40 @@ def test_a_compaction_that_loses_to_another_maintainers_commits_nothing_of_its_o
     table = catalog.load_table("sink.twice")
     assert len(table.metadata.snapshots) == 7  # the sink's 6 and one replace: no empty one
     assert _ids(table) == list(range(6))
+
+
+def test_fanout_sink_maintain_starts_no_spark_session_when_no_table_needs_one(
+    catalog: Any,
+    catalog_settings: CatalogSettings,
+    bootstrap_servers: str,
+    make_topic: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A scheduler's ``fanout-sink maintain`` over small tables: no driver JVM (seconds of CPU and
+    hundreds of MB beside the sink) when every step runs in process."""
+    create_tables(catalog, ["cron"])
+    _sink_commits(catalog, "cron", 0, 6)
+    config = tmp_path / "sink.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "kafka": {"bootstrap.servers": bootstrap_servers},
+                "source": {"topics": ["t"]},
+                "control": {"topic": make_topic("control")},
+                "tables": {"sink.cron": {}},
+                "catalog": catalog_settings.model_dump(),
+                "maintenance": {"max-snapshot-age": "0s", "min-input-files": 5},
+            }
+        )
+    )
+
+    def no_session(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("a Spark session was started")
+
+    monkeypatch.setattr(session, "build_spark_session", no_session)
+    assert cli.main(["maintain", "--config", str(config)]) == 0, capsys.readouterr()
+    table = catalog.load_table("sink.cron")
+    assert decisions.figures(table).data_files == 1 and _ids(table) == list(range(6))

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -154,3 +154,22 @@ def build_spark_session(
         log.info("Spark session ready in %.1fs (%s)", time.monotonic() - started, jvm.check_mapped(pid))
     session.sparkContext.setLogLevel(os.environ.get("FANOUT_SINK_SPARK_LOG_LEVEL", "WARN"))
     return session
+
+
+class LazySession:
+    """A Spark session started on its first use: ``fanout-sink maintain`` over small tables runs every
+    step in process and then starts no driver JVM at all (seconds of CPU and hundreds of MB beside
+    the sink). ``stop`` stops the session if one was started."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._session: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._session is None:
+            self._session = self._build()
+        return getattr(self._session, name)
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
