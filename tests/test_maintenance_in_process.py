@@ -12,7 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import yaml
-from support.common import ARROW_SCHEMA, create_tables
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.transforms import IdentityTransform
+from support.common import ARROW_SCHEMA, TABLE_SCHEMA, create_tables
 
 from fanout_sink import cli
 from fanout_sink.catalog import CatalogSettings
@@ -223,3 +225,26 @@ def test_fanout_sink_maintain_starts_no_spark_session_when_no_table_needs_one(
     assert cli.main(["maintain", "--config", str(config)]) == 0, capsys.readouterr()
     table = catalog.load_table("sink.cron")
     assert decisions.figures(table).data_files == 1 and _ids(table) == list(range(6))
+
+
+def test_a_partitioned_tables_small_files_are_merged_per_partition_as_iceberg_merges_them(
+    catalog: Any,
+) -> None:
+    """Each partition's small files into one file of that partition; a partition with fewer than
+    ``min-input-files`` small files is left as it is (Iceberg's bin-pack picks the same)."""
+    spec = PartitionSpec(
+        PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="topic")
+    )
+    catalog.create_namespace_if_not_exists("sink")
+    catalog.create_table("sink.parts", schema=TABLE_SCHEMA, partition_spec=spec)
+    for i, topic in enumerate(["a"] * 6 + ["b"] * 5 + ["c"] * 2):
+        table = catalog.load_table("sink.parts")
+        table.append(pa.Table.from_pylist([{"id": i, "topic": topic}], ARROW_SCHEMA))
+    done = local_compaction.compact(lambda: catalog.load_table("sink.parts"), 1 << 20, 5)
+    assert done is not None and (done.rewritten_data_files_count, done.added_data_files_count) == (11, 2)
+    table = catalog.load_table("sink.parts")
+    files = sorted((t.file.partition[0], t.file.record_count) for t in table.scan().plan_files())
+    assert files == [("a", 6), ("b", 5), ("c", 1), ("c", 1)]
+    assert sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": i, "topic": topic} for i, topic in enumerate(["a"] * 6 + ["b"] * 5 + ["c"] * 2)
+    ]
