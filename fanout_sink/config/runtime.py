@@ -32,6 +32,14 @@ class SparkSettings(Section):
     as the app sees them at start (``spark.default.parallelism``, the cores of a ``local[N]`` master,
     or ``spark.executor.instances`` x ``spark.executor.cores``). A partition keeps its group while the
     count stays; a restart with another count fences the old groups' transactional ids first."""
+    groups_per_task: int = Field(default=1, ge=1, le=64, examples=[2])
+    """Partition groups one Spark task delivers, each on a thread of its own with its own consumer
+    and transactional producer (each group's transaction and offsets are exactly as with one group a
+    task). A Python worker process runs one task at a time, so a batch of N groups forks about
+    N / ``groups-per-task`` Python workers per executor instead of N: one worker's imports, heap and
+    catalog instead of two (``docs/benchmarks/memory.md``). The reading, the native copy, Arrow's
+    parse and Parquet's write release the GIL; what is Python holds it, so the threads share one
+    core for that part."""
     checkpoint_location: str | None = Field(default=None, examples=["/var/lib/fanout-sink/checkpoints"])
     conf: dict[str, str] = Field(
         default_factory=dict,

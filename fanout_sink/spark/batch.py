@@ -257,9 +257,10 @@ class BatchRunner:
 
     def _run(self, frame: Any, batch_id: int, ranges: planning.PlannedRanges) -> list[SliceReport]:
         """One task per partition group with a range that moved (``numSlices`` = partition groups: one
-        element each), in index order; the reports (one per slice) come back pickled. ``frame`` (the
-        micro-batch, never executed here) is for a planner whose source's tasks deliver the ranges
-        themselves (the benchmark's ``python_source`` prototype)."""
+        element each; with ``spark.groups-per-task`` k, a task per k of them), in index order; the
+        reports (one per slice) come back pickled. ``frame`` (the micro-batch, never executed here) is
+        for a planner whose source's tasks deliver the ranges themselves (the benchmark's
+        ``python_source`` prototype)."""
         context = frame.sparkSession.sparkContext
         moved = sorted((key, (start, end)) for key, (start, end) in ranges.items() if end > start)
         if not moved:
@@ -270,6 +271,8 @@ class BatchRunner:
             Slice(topic, partition, start, end, ids.get(topic)) for (topic, partition), (start, end) in moved
         ]
         packed = self.setup.channel.partition_groups.pack(slices)
+        # groups-per-task groups per Spark partition at most (parallelize cuts the list evenly).
+        tasks = -(-len(packed) // self.config.spark.groups_per_task)
         task = functools.partial(run_task, self.setup, batch_id, dict(self._unknown_ids.since))
         job_group = f"fanout-sink-batch-{self.config.name}-{batch_id}"
         context.setJobGroup(job_group, f"batch {batch_id}: {len(slices)} slices", True)
@@ -278,7 +281,7 @@ class BatchRunner:
             if self.stopping.is_set():  # the stop looked for a job before this one was named
                 raise StopRequested(f"batch {batch_id} of sink {self.config.name!r}: the app is stopping")
             reports: list[SliceReport] = (
-                context.parallelize(packed, numSlices=len(packed)).mapPartitions(task).collect()
+                context.parallelize(packed, numSlices=tasks).mapPartitions(task).collect()
             )
         finally:
             self._running = None

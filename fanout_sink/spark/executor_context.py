@@ -70,7 +70,8 @@ class ExecutorContext:
         self.setup = setup
         self.catalog = load_catalog(setup.config.catalog)
         self.committer = TableCommitter(setup.config.name, self.catalog)
-        self._delivery: Delivery | None = None
+        self._deliveries: dict[int, Delivery] = {}
+        """Per lane (a thread of a task delivering several partition groups): lane 0 is built first."""
         self._lock = threading.Lock()
 
     @property
@@ -80,14 +81,19 @@ class ExecutorContext:
     def has_delivery(self) -> bool:
         """Whether a task of this process built the :class:`Delivery` already."""
         with self._lock:
-            return self._delivery is not None
+            return 0 in self._deliveries
 
-    def delivery(self) -> Delivery:
-        """The slice worker, processor and source reader, built by the first batch task."""
+    def delivery(self, lane: int = 0) -> Delivery:
+        """The slice worker, processor and source reader, built by the first batch task. ``lane``: a
+        thread of a task that delivers several partition groups at once (``spark.groups-per-task``):
+        each lane reads with a consumer of its own and routes with a processor of its own (a reader
+        holds one assignment, a processor the parse of its next chunks), over the slice worker (a lock
+        per transactional id), the step pacer and the loaded tables that lane 0 holds."""
         with self._lock:
-            if self._delivery is None:
+            first = self._deliveries.get(0)
+            if first is None:
                 config, channel = self.setup.config, self.channel
-                self._delivery = Delivery(
+                first = self._deliveries[0] = Delivery(
                     _slice_worker(config, channel),
                     build_processor(config, self.catalog),
                     RangeReader(channel.clients, channel.sink_group),
@@ -97,7 +103,14 @@ class ExecutorContext:
                     ),
                 )
                 freeze_long_lived()
-            return self._delivery
+            if lane not in self._deliveries:
+                tables = first.processor.tables
+                self._deliveries[lane] = dataclasses.replace(
+                    first,
+                    processor=RoutingProcessor(self.setup.config, self.catalog, tables=tables),
+                    reader=RangeReader(self.channel.clients, self.channel.sink_group),
+                )
+            return self._deliveries[lane]
 
 
 def _slice_worker(config: SinkConfig, channel: SinkChannel) -> SliceWorker:

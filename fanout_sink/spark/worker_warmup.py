@@ -31,14 +31,18 @@ def warm(setup: TaskSetup, _slot: Iterable[Any]) -> Iterator[bool]:
     this task built it (False: the worker had it already)."""
     context = executor_context(setup)
     had = context.has_delivery()
-    context.delivery()
+    for lane in range(setup.config.spark.groups_per_task):
+        context.delivery(lane)
     yield not had
 
 
 def start(spark_context: Any, setup: TaskSetup) -> threading.Thread:
-    """Run one warm-up task per task slot (``defaultParallelism``) in a job of a thread of its own;
-    returns the thread (a daemon: nothing waits for it)."""
-    slots = max(1, int(spark_context.defaultParallelism))
+    """Run one warm-up task per task slot (``defaultParallelism``) in a job of a thread of its own,
+    or per ``spark.groups-per-task`` slots (a batch's task then serves that many groups on threads:
+    more warm-up tasks at once would fork Python workers no batch uses); returns the thread (a
+    daemon: nothing waits for it)."""
+    per_task = setup.config.spark.groups_per_task
+    slots = max(1, -(-int(spark_context.defaultParallelism) // per_task))
 
     def job() -> None:
         started = time.monotonic()
