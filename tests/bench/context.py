@@ -63,6 +63,8 @@ class RunContext:
     taskset: str | None = None
     maintenance: dict[str, str] | None = None
     """The sink YAML's ``maintenance`` section (soak and latency modes' ``--maintenance``)."""
+    spark: dict[str, str] | None = None
+    """Keys added to the sink YAML's ``spark`` section (``--spark``: an A/B of a setting)."""
     connect_heap: str = "2g"
     """The Kafka Connect peer's ``-Xmx`` (the notes' setup: 2g)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])

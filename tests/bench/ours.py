@@ -44,6 +44,8 @@ def sink_config(ctx: RunContext, name: str) -> dict[str, Any]:
     )
     if ctx.maintenance:
         config["maintenance"] = dict(ctx.maintenance)
+    if ctx.spark:
+        config["spark"].update(ctx.spark)
     return config
 
 

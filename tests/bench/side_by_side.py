@@ -188,6 +188,7 @@ def throughput(args: argparse.Namespace, bootstrap: str, work: Path) -> list[rep
                     max_offsets_per_trigger=args.max_offsets_per_trigger,
                     folder=work / variant.name / f"r{round_no}-{key}",
                     taskset=args.taskset,
+                    spark=dict(args.spark) or None,
                 )
                 measurements.append(_measure(ctx, key, round_no, expected, megabytes))
                 if not args.keep:
@@ -204,6 +205,7 @@ def command_key(args: argparse.Namespace) -> str:
     """The throughput run's key in results.json's commands: what it measured, so a run of other
     systems, variants, cores, pinning or size sits beside the earlier ones instead of replacing them."""
     key = f"throughput, --cores {args.cores}" + (f" --taskset {args.taskset}" if args.taskset else "")
+    key += "".join(f" --spark {name}={value}" for name, value in args.spark)
     if args.records != report.STANDARD_RECORDS:
         key += f" --records {args.records}"
     if args.partitions != PARTITIONS:
@@ -270,6 +272,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="latency / soak mode: a key of the sink YAML's maintenance section "
         "(--maintenance max-snapshot-age=10m), as a production sink would run",
+    )
+    parser.add_argument(
+        "--spark",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a key of the sink YAML's spark section (--spark groups-per-task=2), for an A/B of a setting",
     )
     parser.add_argument(
         "--taskset",

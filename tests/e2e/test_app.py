@@ -11,15 +11,21 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chaos.app_process import child_env
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 from support.common import create_named_topic, register_spark_catalog
 from support.sink_factory import SinkFactory, SinkUnderTest, new_sink
+
+from fanout_sink.protocol import events
+from fanout_sink.protocol.partition_groups import PartitionGroups
 
 pytestmark = pytest.mark.usefixtures("own_spark")
 
@@ -120,6 +126,64 @@ def test_executor_python_worker_killed_mid_batch_in_local_cluster(
     )  # fmt: skip
     assert marker.exists(), "a Python worker was killed after writing its files, before its transaction"
     sink_run.assert_exact()
+
+
+def test_executor_python_worker_killed_holding_two_groups_on_threads_in_local_cluster(
+    sink_run: SinkUnderTest, tmp_path: Path
+) -> None:
+    """``spark.groups-per-task: 2`` on two executors of one core: a batch's two partition groups go
+    to one task, one Python worker, one thread each. Each thread holds its group's transaction open
+    at ``worker.before-commit`` (events and offsets sent) while the first to get there sleeps, then
+    kills the process: both groups' transactions are left open (then aborted by the retry's fencing:
+    seen as DataComplete events read uncommitted that a committed read does not see), and every row
+    lands once."""
+    settings = yaml.safe_load(sink_run.config_file.read_text())
+    settings["spark"]["groups-per-task"] = 2
+    sink_run.config_file.write_text(yaml.safe_dump(settings))
+    sink_run.produce(900)
+    marker = tmp_path / "worker-killed"
+    faults = f"worker.before-commit=sleep:8,worker.before-commit=kill-once:{marker}"
+    sink_run.run(
+        "--available-now",
+        "--master", "local-cluster[2,1,1024]",
+        "--conf", f"spark.executorEnv.FANOUT_SINK_FAULTS={faults}",
+        "--conf", "spark.task.maxFailures=4",
+    )  # fmt: skip
+    assert marker.exists(), "a Python worker was killed inside its groups' transactions"
+    groups = PartitionGroups(2)
+    aborted = Counter(
+        groups.group_of(topic, partition)
+        for (topic, partition), count in (
+            _data_completes(sink_run, "read_uncommitted") - _data_completes(sink_run, "read_committed")
+        ).items()
+        for _ in range(count)
+    )
+    assert set(aborted) == {0, 1}, f"each group's transaction was open at the kill: {aborted}"
+    sink_run.assert_exact()
+
+
+def _data_completes(sink_run: SinkUnderTest, isolation: str) -> Counter[tuple[str, int]]:
+    """The control topic's ``DataComplete`` events per source partition, read with ``isolation``."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": sink_run.bootstrap,
+            "group.id": f"count-{uuid.uuid4().hex[:6]}",
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    found: Counter[tuple[str, int]] = Counter()
+    try:
+        consumer.assign([TopicPartition(sink_run.control_topic, 0, OFFSET_BEGINNING)])
+        while (message := consumer.poll(10)) is not None and message.error() is None:
+            payload = events.decode(message.value()).payload
+            if isinstance(payload, events.DataComplete):
+                found[(payload.topic, payload.partition)] += 1
+    finally:
+        consumer.close()
+    return found
 
 
 def _start_streaming(sink_run: SinkUnderTest) -> subprocess.Popen[str]:
