@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from support.common import end_offset, produce_json, read_slice, table_ids
-from support.sink_factory import SinkFactory, SinkUnderTest
+from support.sink_factory import SinkFactory, SinkUnderTest, packed_sink
 
 from fanout_sink.protocol import channel
 from fanout_sink.spark import planning
@@ -23,15 +23,8 @@ from fanout_sink.spark import planning
 
 def _setup(sink_factory: SinkFactory, partitions: int) -> tuple[SinkUnderTest, str, dict[str, list[int]]]:
     """A sink with tables a and b, ten records per partition, and Spark's batch 0 planned over them."""
-    sink = sink_factory(partitions={"src": partitions}, tables="ab", prefix="k")
-    expected: dict[str, list[int]] = {"a": [], "b": []}
-    for partition in range(partitions):
-        values = [{"id": partition * 100 + i, "table": "ab"[i % 2]} for i in range(10)]
-        produce_json(sink.bootstrap, sink.topic, partition, values)
-        for value in values:
-            expected[str(value["table"])].append(int(str(value["id"])))
-    sink.plan()
-    return sink, sink.topic, {t: sorted(v) for t, v in expected.items()}
+    sink, expected = packed_sink(sink_factory, None, partitions, prefix="k")
+    return sink, sink.topic, expected
 
 
 def test_coordinator_killed_between_table_a_and_table_b(sink_factory: SinkFactory, catalog: Any) -> None:

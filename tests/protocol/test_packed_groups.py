@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from support.common import make_processor, produce_json, read_slice, run_planned_batch, table_ids
-from support.sink_factory import SinkFactory, SinkUnderTest
+from support.common import make_processor, read_slice, run_planned_batch, table_ids
+from support.sink_factory import SinkFactory, SinkUnderTest, packed_sink
 
 from fanout_sink import faults
 from fanout_sink.errors import ProducerFencedError, StartSupersededError
@@ -34,25 +34,12 @@ from fanout_sink.protocol.worker import SliceWorker
 PARTITIONS = 4
 
 
-def _packed_sink(sink_factory: SinkFactory, groups: int) -> tuple[SinkUnderTest, dict[str, list[int]]]:
-    """Tables a and b, ten records per partition of a 4-partition topic, batch 0 planned."""
-    sink = sink_factory(partitions={"src": PARTITIONS}, tables="ab", prefix="pack", partition_groups=groups)
-    expected: dict[str, list[int]] = {"a": [], "b": []}
-    for partition in range(PARTITIONS):
-        values = [{"id": partition * 100 + i, "table": "ab"[i % 2]} for i in range(10)]
-        produce_json(sink.bootstrap, sink.topic, partition, values)
-        for value in values:
-            expected[str(value["table"])].append(int(str(value["id"])))
-    sink.plan()
-    return sink, {t: sorted(v) for t, v in expected.items()}
-
-
 def _started_sink(
     sink_factory: SinkFactory, start: str
 ) -> tuple[SinkUnderTest, dict[str, list[int]], list[tuple[str, int]], SinkChannel]:
-    """A 2-group sink (:func:`_packed_sink`) whose app started as ``start``: its control topic made
-    and its start and layout recorded, as the app does before its first batch."""
-    sink, expected = _packed_sink(sink_factory, groups=2)
+    """A 2-group sink (:func:`~support.sink_factory.packed_sink`) whose app started as ``start``: its
+    control topic made and its start and layout recorded, as the app does before its first batch."""
+    sink, expected = packed_sink(sink_factory, groups=2)
     partitions = [(sink.topic, p) for p in range(PARTITIONS)]
     ensure_control_topic(sink.channel)
     app = dataclasses.replace(sink.channel, start_id=start)
@@ -78,7 +65,7 @@ def _parquet(tmp_path: Path, table: str) -> list[Path]:
 def test_one_group_delivers_all_its_partitions_in_one_transaction_and_one_file_per_table(
     sink_factory: SinkFactory, catalog: Any, tmp_path: Path
 ) -> None:
-    sink, expected = _packed_sink(sink_factory, groups=1)
+    sink, expected = packed_sink(sink_factory, groups=1)
     worker = sink.worker()
     try:
         results = run_planned_batch(worker, sink.bootstrap, sink.plan(), make_processor(catalog))
@@ -102,7 +89,7 @@ def test_a_worker_killed_between_two_groups_of_a_batch_delivers_each_record_once
     """SIGKILL right after the first group's transaction (mid-batch: the second group never ran), then
     after its transaction was sent but before it committed; each replay of the batch delivers the
     rest once."""
-    sink, expected = _packed_sink(sink_factory, groups=2)
+    sink, expected = packed_sink(sink_factory, groups=2)
     sink.run_child("worker", "worker.after-commit=kill", expect=-signal.SIGKILL)
     done = {p for p, (offset, _) in _offsets(sink).items() if offset == 10}
     assert done and len(done) < PARTITIONS  # exactly the first group's partitions, all of them
@@ -121,7 +108,7 @@ def test_a_restart_with_another_group_count_fences_the_old_layouts_open_transact
     """I3 across layouts: a worker of the 2-group layout holds its transaction open (a live zombie);
     the driver starts with 3 groups, whose ids the zombie's would not fence. Starting fences the old
     ids first, so the 3-group worker delivers everything and the zombie's commit fails."""
-    sink, expected = _packed_sink(sink_factory, groups=2)
+    sink, expected = packed_sink(sink_factory, groups=2)
     ensure_control_topic(sink.channel)  # as the app does before it fences and records its layout
     assert group_layout.fence_other_layouts(sink.channel, [(sink.topic, p) for p in range(PARTITIONS)]) == 0
     release = tmp_path / "release-zombie"
@@ -154,7 +141,7 @@ def test_the_first_start_with_packing_fences_the_partitions_own_ids_that_deliver
 ) -> None:
     """A sink that ran before packing (one transactional id per partition, offsets without a name)
     has no layout record: the ids that committed the sink group's offsets are fenced."""
-    sink, _expected = _packed_sink(sink_factory, groups=2)
+    sink, _expected = packed_sink(sink_factory, groups=2)
     unpacked = dataclasses.replace(sink.channel, partition_groups=PartitionGroups())
     worker = SliceWorker(unpacked)
     try:

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import yaml
-from support.common import produce_json, table_ids
-from support.sink_factory import SinkFactory
+from support.common import table_ids
+from support.sink_factory import SinkFactory, packed_sink
 
 from fanout_sink import faults
 from fanout_sink.config.loading import parse_config
@@ -103,16 +102,7 @@ def test_one_task_delivers_two_groups_at_once_on_threads_each_in_its_own_transac
     files before either commits (a barrier at the fault point between files and transaction: one
     group after the other never meets it), each with a consumer of its own; each partition's
     sink-group offset is committed by its own group's transactional id, and every row lands once."""
-    sink = sink_factory(partitions={"src": PARTITIONS}, tables="ab", partition_groups=2)
-    settings = yaml.safe_load(sink.config_file.read_text())
-    settings["spark"]["groups-per-task"] = 2
-    sink.config_file.write_text(yaml.safe_dump(settings))
-    expected: dict[str, list[int]] = {"a": [], "b": []}
-    for partition in range(PARTITIONS):
-        values = [{"id": partition * 100 + i, "table": "ab"[i % 2]} for i in range(10)]
-        produce_json(sink.bootstrap, sink.topic, partition, values)
-        for value in values:
-            expected[str(value["table"])].append(int(str(value["id"])))
+    sink, expected = packed_sink(sink_factory, groups=2, partitions=PARTITIONS)
     slices = [Slice(t, p, start, end) for (t, p), (start, end) in sorted(sink.plan().items())]
     groups = sink.channel.partition_groups.pack(slices)
     assert len(groups) == 2, groups
@@ -143,5 +133,4 @@ def test_one_task_delivers_two_groups_at_once_on_threads_each_in_its_own_transac
         (sink.topic, p): (10, sink.channel.worker_transactional_id(sink.topic, p)) for p in range(PARTITIONS)
     }
     sink.run_child("coordinator")
-    assert table_ids(catalog, "a") == sorted(expected["a"])
-    assert table_ids(catalog, "b") == sorted(expected["b"])
+    assert table_ids(catalog, "a") == expected["a"] and table_ids(catalog, "b") == expected["b"]

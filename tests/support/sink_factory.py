@@ -41,6 +41,7 @@ from support.common import (
     embedded_catalog_settings,
     end_offset,
     make_processor,
+    produce_json,
     read_slice,
     run_batch,
     sink_channel,
@@ -395,3 +396,20 @@ def sink_factory(request: pytest.FixtureRequest, tmp_path: Path) -> SinkFactory:
         return new_sink(server, tmp_path, settings, catalog=request.getfixturevalue("catalog"), **options)
 
     return make
+
+
+def packed_sink(
+    sink_factory: SinkFactory, groups: int | None, partitions: int = 4, prefix: str = "pack"
+) -> tuple[SinkUnderTest, dict[str, list[int]]]:
+    """Tables a and b, ten records per partition of a ``partitions``-partition topic packed into
+    ``groups`` partition groups (``None``: one per partition), Spark's batch 0 planned over them; the
+    ids expected per table."""
+    sink = sink_factory(partitions={"src": partitions}, tables="ab", prefix=prefix, partition_groups=groups)
+    expected: dict[str, list[int]] = {"a": [], "b": []}
+    for partition in range(partitions):
+        values = [{"id": partition * 100 + i, "table": "ab"[i % 2]} for i in range(10)]
+        produce_json(sink.bootstrap, sink.topic, partition, values)
+        for value in values:
+            expected[str(value["table"])].append(int(str(value["id"])))
+    sink.plan()
+    return sink, {t: sorted(v) for t, v in expected.items()}
