@@ -239,12 +239,18 @@ def test_soak_md_shows_the_verdicts_the_series_per_minute_and_the_output() -> No
 
 def test_command_keys_keep_runs_of_other_systems_variants_and_sizes_apart() -> None:
     def key(
-        systems: str, variants: str, records: int = 1_000_000, taskset: str | None = None, partitions: int = 2
+        systems: str,
+        variants: str,
+        records: int = 1_000_000,
+        taskset: str | None = None,
+        partitions: int = 2,
+        spark: tuple[tuple[str, str], ...] = (),
     ) -> str:
         return side_by_side.command_key(
             argparse.Namespace(
                 cores=2,
                 taskset=taskset,
+                spark=list(spark),
                 records=records,
                 partitions=partitions,
                 systems=systems.split(","),
@@ -259,6 +265,7 @@ def test_command_keys_keep_runs_of_other_systems_variants_and_sizes_apart() -> N
         key("available-now,connect", "uniform-3", records=10_000_000),
         key("continuous,connect", "uniform-3", taskset="0-1"),
         key("continuous", "uniform-3", partitions=8),
+        key("available-now", "uniform-3", spark=(("groups-per-task", "2"),)),  # an A/B of a setting
     ]
     assert len(set(runs)) == len(runs)
     assert key("available-now", "uniform-3") == runs[1], "the same run again replaces its own command"
