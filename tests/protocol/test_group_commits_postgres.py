@@ -63,11 +63,11 @@ def test_two_sinks_groups_over_the_same_tables_swapping_at_once_both_land_withou
     sink_factory: SinkFactory, catalog: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two sinks share tables c-f (one has a, b, the other g, h); both stage their rounds on the same
-    pointers, then swap at once: the first's transaction holds a-c while the second's waits on a row
-    lock. Taken in name order, the second holds none of d-f yet, so the first moves them and commits;
-    the second then finds c-f moved and commits those alone. Taken in other orders, the two would
-    deadlock (PostgreSQL then fails one transaction, and its tables are committed alone). No deadlock,
-    every table exact, each sink's rows once."""
+    pointers; the first's transaction takes a-c, then the second's swaps and waits on a row lock.
+    Taken in name order, the second holds none of d-f yet, so the first moves them and commits; the
+    second then finds c-f moved and commits those alone. Taken in other orders, the two would deadlock
+    (PostgreSQL then fails one transaction, and its tables are committed alone). No deadlock, every
+    table exact, each sink's rows once."""
     first = sink_factory(partitions={"src": 1}, tables="abcdef", prefix="gc1")
     second = sink_factory(partitions={"src": 1}, tables="gh", prefix="gc2", overrides=field_routes("cdefgh"))
     expected: dict[str, list[int]] = {t: [] for t in "abcdefgh"}
@@ -82,14 +82,21 @@ def test_two_sinks_groups_over_the_same_tables_swapping_at_once_both_land_withou
     first_updates: list[str] = []
     watcher = create_engine(catalog.engine.url)
 
+    first_holds_a_to_c = threading.Event()
+
     def swap_together(**_: Any) -> None:
+        """Both groups staged on the same pointers, then the second swaps once the first holds a-c."""
         if threading.current_thread().name in {"first", "second"}:  # a group's swap, not a retry's
             both_staged.wait()
+        if threading.current_thread().name == "second":
+            first_holds_a_to_c.wait(timeout=120)
 
     def hold_a_to_c(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         """The first group, on its third row (c), waits until the second's waits on a row lock."""
         if threading.current_thread().name == "first" and statement.startswith("UPDATE iceberg_tables"):
             first_updates.append(statement)
+            if len(first_updates) == 3:
+                first_holds_a_to_c.set()
             for _attempt in range(600 if len(first_updates) == 3 else 0):
                 if _waiting_on_a_row_lock(watcher):
                     break
