@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Producer
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.cimpl import NewPartitions, NewTopic
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import HourTransform
@@ -151,9 +151,19 @@ def create_tables(catalog: Any, plan: HourPlan) -> None:
         catalog.create_table(name, schema=SCHEMA, partition_spec=SPEC)
 
 
+PARTITIONS_PER_REQUEST = 5_000
+"""Partitions one admin request adds: a KRaft controller refuses an operation of more than 10,000
+metadata records (``POLICY_VIOLATION``, "excessively large batch operation"), and a topic's creation
+is a record per partition, so 10,000 partitions are made in two requests."""
+
+
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin = KafkaClientFactory({"bootstrap.servers": bootstrap}).admin()
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
+    created = min(partitions, PARTITIONS_PER_REQUEST)
+    admin.create_topics([NewTopic(topic, created, 1)])[topic].result(timeout=30)
+    while created < partitions:
+        created = min(partitions, created + PARTITIONS_PER_REQUEST)
+        admin.create_partitions([NewPartitions(topic, created)])[topic].result(timeout=60)
 
 
 def round_values(plan: HourPlan, first_id: int, start_ms: int, rng: random.Random) -> list[tuple[int, bytes]]:
