@@ -46,13 +46,6 @@ class Compacted:
     added_data_files_count: int
     rewritten_bytes_count: int
 
-    def counts(self) -> str:
-        return (
-            f"rewritten_data_files_count={self.rewritten_data_files_count} "
-            f"added_data_files_count={self.added_data_files_count} "
-            f"rewritten_bytes_count={self.rewritten_bytes_count} (in-process)"
-        )
-
 
 def refusal(table: Table, sort_order: str | None) -> str | None:
     """Why the table's compaction must run in Spark; None when it can run here."""

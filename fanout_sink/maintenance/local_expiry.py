@@ -47,15 +47,6 @@ class Expired:
     deleted_manifest_files_count: int
     deleted_manifest_lists_count: int
 
-    def counts(self) -> str:
-        return (
-            f"expired_snapshots={self.expired_snapshots} "
-            f"deleted_data_files_count={self.deleted_data_files_count} "
-            f"deleted_position_delete_files_count={self.deleted_position_delete_files_count} "
-            f"deleted_manifest_files_count={self.deleted_manifest_files_count} "
-            f"deleted_manifest_lists_count={self.deleted_manifest_lists_count} (in-process)"
-        )
-
 
 def refusal(table: Table) -> str | None:
     """Why the table's expiry must run in Spark; None when it can run here."""

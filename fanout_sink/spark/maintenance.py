@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -62,6 +62,7 @@ def _row(spark: Any, sql: str) -> dict[str, Any]:
 
 
 def _counts(row: dict[str, Any]) -> str:
+    """A procedure's result row, or an in-process step's counts under the same names, as one line."""
     return " ".join(f"{key}={value}" for key, value in row.items())
 
 
@@ -158,7 +159,8 @@ class _TableRun:
                 self.settings.min_input_files,
             )
             if done is not None:
-                self.record("compact", "ran", decision.detail + ": " + done.counts(), started)
+                counts = _counts(asdict(done))
+                self.record("compact", "ran", f"{decision.detail}: {counts} (in-process)", started)
                 return
         self.refresh()
         sort = ""
@@ -215,7 +217,7 @@ class _TableRun:
             expired = local_expiry.expire(
                 self.catalog, self.identifier, decision.older_than_ms, decision.keep
             )
-            self.record("expire", "ran", expired.counts(), started)
+            self.record("expire", "ran", _counts(asdict(expired)) + " (in-process)", started)
             return
         self.refresh()
         older_than = dt.datetime.fromtimestamp(decision.older_than_ms / 1000, tz=dt.UTC)
